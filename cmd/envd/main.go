@@ -1,0 +1,117 @@
+// Command envd is sandboxd's in-sandbox agent. See package envd.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/envd"
+	"github.com/sandboxd/sandboxd/envd/permissions"
+	"github.com/sandboxd/sandboxd/envd/pid1"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		listen      = flag.String("listen", "0.0.0.0:49983", "TCP address to serve on; empty to serve only on --socket")
+		socket      = flag.String("socket", "", "unix socket path to serve on (sandboxd's control channel)")
+		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap zombies and forward signals")
+		defaultUser = flag.String("default-user", "user", "user for requests that name none (falls back to root if missing)")
+		workdir     = flag.String("workdir", "", "default working directory (default: the user's home)")
+		disk        = flag.String("disk", "/", "filesystem whose usage /metrics reports")
+		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
+		version     = flag.Bool("version", false, "print the envd protocol version and exit")
+	)
+	flag.Parse()
+	if *version {
+		fmt.Println(envd.Version)
+		return 0
+	}
+	if *initMode && !pid1.IsChild() {
+		code, err := pid1.Supervise(os.Args)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "envd init:", err)
+		}
+		return code
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "envd: bad --log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if *listen == "" && *socket == "" {
+		log.Error("nothing to serve on: set --listen or --socket")
+		return 2
+	}
+	user := *defaultUser
+	if _, err := permissions.Lookup(user); err != nil {
+		log.Warn("default user missing, using root", "user", user)
+		user = "root"
+	}
+
+	srv := envd.New(envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk})
+	defer srv.Close()
+
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // Node's undici may speak h2c; Python uses HTTP/1.1
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+
+	var listeners []net.Listener
+	if *socket != "" {
+		_ = os.Remove(*socket) // a stale socket from a previous run
+		l, err := net.Listen("unix", *socket)
+		if err != nil {
+			log.Error("listen", "socket", *socket, "err", err)
+			return 1
+		}
+		listeners = append(listeners, l)
+	}
+	if *listen != "" {
+		l, err := net.Listen("tcp", *listen)
+		if err != nil {
+			log.Error("listen", "addr", *listen, "err", err)
+			return 1
+		}
+		listeners = append(listeners, l)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	errs := make(chan error, len(listeners))
+	for _, l := range listeners {
+		log.Info("envd serving", "addr", l.Addr().String(), "version", envd.Version, "default_user", user)
+		go func() { errs <- hs.Serve(l) }()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serve", "err", err)
+			return 1
+		}
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(shutdownCtx)
+	return 0
+}

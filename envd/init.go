@@ -1,0 +1,80 @@
+package envd
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+
+	"github.com/sandboxd/sandboxd/envd/auth"
+	"github.com/sandboxd/sandboxd/envd/permissions"
+	"github.com/sandboxd/sandboxd/envd/rpcerr"
+)
+
+// InitRequest is the body of POST /init, which the control plane sends once a
+// sandbox is up (and again when a warm sandbox is claimed). Field names are
+// E2B's; fields E2B's orchestrator uses for Firecracker (volume mounts,
+// hyperloop, CA bundle) are accepted and ignored.
+type InitRequest struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	AccessToken    *string           `json:"accessToken,omitempty"`
+	Timestamp      string            `json:"timestamp,omitempty"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+const maxInitBody = 1 << 20
+
+// init applies /init. The first call may set the access token freely; once a
+// token is set, a caller must prove it knows it (header or body), so a process
+// inside the sandbox cannot take envd over by re-initialising it.
+func (s *Server) init(w http.ResponseWriter, r *http.Request) {
+	var req InitRequest
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxInitBody+1))
+	if err != nil {
+		rpcerr.WriteJSON(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	if len(body) > maxInitBody {
+		rpcerr.WriteJSON(w, http.StatusRequestEntityTooLarge, "init body too large")
+		return
+	}
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, &req); err != nil {
+			rpcerr.WriteJSON(w, http.StatusBadRequest, "invalid init body: "+err.Error())
+			return
+		}
+	}
+	if s.token.IsSet() {
+		header := r.Header.Get(auth.Header)
+		bodyToken := ""
+		if req.AccessToken != nil {
+			bodyToken = *req.AccessToken
+		}
+		if !s.token.Equal(header) && !s.token.Equal(bodyToken) {
+			rpcerr.WriteJSON(w, http.StatusUnauthorized, "access token reset not authorized")
+			return
+		}
+	}
+	if req.DefaultUser != "" {
+		if _, err := permissions.Lookup(req.DefaultUser); err != nil {
+			rpcerr.WriteJSON(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	s.defaults.MergeEnvs(req.EnvVars)
+	s.defaults.SetUser(req.DefaultUser)
+	s.defaults.SetWorkdir(req.DefaultWorkdir)
+	if req.AccessToken != nil {
+		s.token.Set(*req.AccessToken)
+	}
+	s.log.Info("initialised", "envs", len(req.EnvVars), "default_user", s.defaults.User(),
+		"workdir", s.defaults.Workdir(), "token", req.AccessToken != nil && *req.AccessToken != "")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+

@@ -1,0 +1,155 @@
+// Package envd is the agent that runs inside every sandbox. It speaks E2B's
+// envd protocol (Connect RPC process.Process and filesystem.Filesystem in JSON,
+// plus /files, /health, /init, /envs and /metrics) and tunnels TCP to ports on
+// the sandbox's loopback for sandboxd's proxy.
+package envd
+
+import (
+	"log/slog"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/envd/auth"
+	"github.com/sandboxd/sandboxd/envd/execctx"
+	"github.com/sandboxd/sandboxd/envd/files"
+	"github.com/sandboxd/sandboxd/envd/filesystem"
+	"github.com/sandboxd/sandboxd/envd/process"
+	"github.com/sandboxd/sandboxd/envd/rpcerr"
+	"github.com/sandboxd/sandboxd/envd/tunnel"
+)
+
+// Version is the envd protocol version this agent reports. E2B's SDKs gate
+// features on it (wire doc §4); 0.6.13 turns all of them on, and this agent
+// implements every one of them.
+const Version = "0.6.13"
+
+// maxMessageBytes bounds one Connect request message, so a hostile client
+// cannot make envd buffer an arbitrarily large frame.
+const maxMessageBytes = 32 << 20
+
+// Config configures a Server.
+type Config struct {
+	Log         *slog.Logger
+	DefaultUser string // used when a request names no user and /init set none
+	Workdir     string // default working directory; empty = the user's home
+	// DiskPath is the filesystem whose usage /metrics reports.
+	DiskPath string
+}
+
+// Server holds envd's state: execution defaults, the access token and the
+// RPC services.
+type Server struct {
+	log        *slog.Logger
+	defaults   *execctx.Defaults
+	token      auth.Token
+	process    *process.Service
+	filesystem *filesystem.Service
+	diskPath   string
+	cpu        cpuSampler
+	handler    http.Handler
+}
+
+// New builds a Server; Close releases its processes and watchers.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.DiskPath == "" {
+		cfg.DiskPath = "/"
+	}
+	s := &Server{
+		log:      cfg.Log,
+		defaults: execctx.New(cfg.DefaultUser),
+		diskPath: cfg.DiskPath,
+	}
+	s.defaults.SetWorkdir(cfg.Workdir)
+	s.process = process.New(cfg.Log.With("service", "process"), s.defaults)
+	s.filesystem = filesystem.New(cfg.Log.With("service", "filesystem"), s.defaults)
+
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}
+	mux := http.NewServeMux()
+	mux.Handle(s.process.Handler(opts...))
+	mux.Handle(s.filesystem.Handler(opts...))
+	mux.Handle("/files", files.New(cfg.Log.With("service", "files"), s.defaults, &s.token))
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("POST /init", s.init)
+	mux.HandleFunc("GET /envs", s.envs)
+	mux.HandleFunc("GET /metrics", s.metrics)
+	tun := tunnel.New(cfg.Log.With("service", "tunnel"))
+	s.handler = withCORS(s.withAuth(routeConnect(tun, mux)))
+	return s
+}
+
+// Handler serves envd's whole HTTP surface.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close kills envd's processes and stops its watchers.
+func (s *Server) Close() {
+	s.process.Close()
+	s.filesystem.Close()
+}
+
+// routeConnect sends HTTP CONNECT to the tunnel: ServeMux cannot route it,
+// because a CONNECT request has an authority, not a path.
+func routeConnect(tun, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			tun.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// withAuth enforces the access token once /init has set one. /health stays
+// open for liveness probes; /files checks the token or a URL signature itself;
+// /init checks it itself, because the first /init is what sets it.
+func (s *Server) withAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") ||
+			r.URL.Path == "/files" || (r.Method == http.MethodPost && r.URL.Path == "/init")
+		if !exempt && s.token.IsSet() && !s.token.Equal(r.Header.Get(auth.Header)) {
+			s.log.Warn("request without a valid access token", "method", r.Method, "path", r.URL.Path)
+			rpcerr.WriteJSON(w, http.StatusUnauthorized,
+				"unauthorized access, please provide a valid access token or method signing if supported")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// withCORS lets browser SDKs call envd: any origin, any request header, and
+// the Connect headers exposed.
+func withCORS(next http.Handler) http.Handler {
+	const methods = "HEAD, GET, POST, PUT, PATCH, DELETE"
+	const exposed = "Connect-Protocol-Version, Grpc-Status, Grpc-Message, Content-Encoding, Content-Disposition, Content-Length"
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		if r.Header.Get("Origin") != "" {
+			h.Set("Access-Control-Allow-Origin", "*")
+			h.Set("Access-Control-Expose-Headers", exposed)
+		}
+		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+			h.Set("Access-Control-Allow-Methods", methods)
+			if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+				h.Set("Access-Control-Allow-Headers", req)
+			} else {
+				h.Set("Access-Control-Allow-Headers", "*")
+			}
+			h.Set("Access-Control-Max-Age", "7200")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) envs(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.defaults.Envs())
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerates every generated file in the repository. Plugin versions are pinned
+# by the tool directives in go.mod; protoc comes from Debian (protobuf-compiler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+plugins=$(mktemp -d)
+trap 'rm -rf "$plugins"' EXIT
+go build -o "$plugins/protoc-gen-go" google.golang.org/protobuf/cmd/protoc-gen-go
+go build -o "$plugins/protoc-gen-connect-go" connectrpc.com/connect/cmd/protoc-gen-connect-go
+
+rm -rf envd/gen
+mkdir -p envd/gen
+for proto in envd/spec/process/process.proto envd/spec/filesystem/filesystem.proto; do
+  protoc -I envd/spec -I /usr/include \
+    --plugin=protoc-gen-go="$plugins/protoc-gen-go" \
+    --plugin=protoc-gen-connect-go="$plugins/protoc-gen-connect-go" \
+    --go_out=envd/gen --go_opt=module=github.com/sandboxd/sandboxd/envd/gen \
+    --connect-go_out=envd/gen --connect-go_opt=module=github.com/sandboxd/sandboxd/envd/gen \
+    "${proto#envd/spec/}"
+done
