@@ -18,3 +18,7 @@ for proto in envd/spec/process/process.proto envd/spec/filesystem/filesystem.pro
     --connect-go_out=envd/gen --connect-go_opt=module=github.com/sandboxd/sandboxd/envd/gen \
     "${proto#envd/spec/}"
 done
+
+# E2B control-plane REST server: openapi/e2b.yaml -> openapi/e2bapi/e2b.gen.go (chi + strict
+# server, models, embedded spec). oapi-codegen is pinned by the tool directive in go.mod.
+go tool oapi-codegen -config openapi/e2b.cfg.yaml openapi/e2b.yaml

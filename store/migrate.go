@@ -1,0 +1,101 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// migrationFS holds the schema migrations, NNNN_name.sql, applied in order of
+// NNNN. A migration, once released, is never edited: changes go in a new file.
+//
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations sorted by version, which must
+// run 1, 2, 3... without gaps.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, p := range names { // fs.Glob sorts, and versions are zero-padded
+		base := path.Base(p)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: name is not NNNN_name.sql", base)
+		}
+		if v != len(ms)+1 {
+			return nil, fmt.Errorf("migration %s: version %d, want %d", base, v, len(ms)+1)
+		}
+		b, err := migrationFS.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: strings.TrimSuffix(base, ".sql"), sql: string(b)})
+	}
+	return ms, nil
+}
+
+// migrate applies the pending migrations in one write transaction, so a
+// failure leaves the schema as it was and two processes opening a new
+// database at once apply each migration exactly once. A database migrated by
+// a newer sandboxd is refused rather than misread.
+func (s *Store) migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	return s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    INTEGER PRIMARY KEY,
+			name       TEXT    NOT NULL,
+			applied_at INTEGER NOT NULL
+		) STRICT`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		var cur int
+		if err := tx.QueryRowContext(ctx,
+			`SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&cur); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		if cur > len(ms) {
+			return fmt.Errorf("schema version %d is newer than this sandboxd knows (%d): upgrade sandboxd", cur, len(ms))
+		}
+		for _, m := range ms[cur:] {
+			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+				return fmt.Errorf("migration %s: %w", m.name, err)
+			}
+			if _, err := tx.ExecContext(ctx,
+				`INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+				m.version, m.name, unixNano(time.Now())); err != nil {
+				return fmt.Errorf("migration %s: %w", m.name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SchemaVersion returns the version of the newest migration applied.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,210 @@
+// Package store is sandboxd's durable state: tenants and their settings,
+// hashed API keys, and one row per sandbox with its lifecycle. It lives in
+// <data-dir>/sandboxd.db, an embedded SQLite database (modernc.org/sqlite, no
+// cgo), and is the input of boot reconcile: after a crash, every live sandbox
+// is still listed here.
+//
+// Several processes may open the same file at once (a running server and a
+// CLI command such as "sandboxd keys create"). The database runs in WAL mode,
+// so readers never block the writer; each Store sends all its writes through a
+// single connection, and every write transaction starts with BEGIN IMMEDIATE,
+// so a writer that has to wait for another process waits in SQLite's busy
+// handler (up to busyTimeout) instead of failing with "database is locked".
+//
+// Errors that callers branch on wrap ErrNotFound, ErrConflict or ErrInvalid;
+// test them with errors.Is.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+)
+
+// FileName is the database's name inside the data directory.
+const FileName = "sandboxd.db"
+
+// busyTimeout is how long a connection waits for another connection's lock
+// (typically the other process's write transaction) before giving up.
+const busyTimeout = 10 * time.Second
+
+// Errors wrapped by the store's methods. They are the errdefs kinds, so the
+// surfaces map a store failure to a status without knowing the store.
+var (
+	// ErrNotFound: no such tenant, key or sandbox, or not one the caller's
+	// tenant owns.
+	ErrNotFound = errdefs.ErrNotFound
+	// ErrConflict: the name or id is taken, or a sandbox's generation moved
+	// since the caller read it.
+	ErrConflict = errdefs.ErrConflict
+	// ErrInvalid: an argument failed validation (name, id, state, settings,
+	// cursor).
+	ErrInvalid = errdefs.ErrInvalidArgument
+)
+
+// Store is an open sandboxd database. It is safe for concurrent use.
+type Store struct {
+	path string
+	// w holds exactly one connection: all writes of this process queue on
+	// it, and its transactions begin IMMEDIATE (take the write lock up front).
+	w *sql.DB
+	// r holds read-only connections; under WAL they read concurrently with
+	// the writer and with each other.
+	r *sql.DB
+}
+
+// Open opens, creating it if needed, the database in dataDir (created with
+// mode 0700 if missing) and brings its schema up to date. Close it when done.
+func Open(ctx context.Context, dataDir string) (*Store, error) {
+	if dataDir == "" {
+		return nil, fmt.Errorf("open store: %w: empty data dir", ErrInvalid)
+	}
+	dir, err := filepath.Abs(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	// The database holds envd access tokens and sandbox env vars: create it
+	// private. SQLite gives the -wal and -shm files the database's mode.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+
+	w, err := openDB(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+
+	r, err := openDB(path, true)
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	n := max(4, runtime.GOMAXPROCS(0))
+	r.SetMaxOpenConns(n)
+	r.SetMaxIdleConns(n)
+
+	s := &Store{path: path, w: w, r: r}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// openDB opens a connection pool on path. Writer connections switch the file
+// to WAL (a persistent setting) and use synchronous=NORMAL: in WAL mode a
+// commit survives a crash of the process (SIGKILL) and the database stays
+// consistent on power loss, which may drop the last few commits; boot
+// reconcile copes with that. Reader connections are query_only.
+func openDB(path string, readOnly bool) (*sql.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	q.Add("_pragma", "foreign_keys(1)")
+	if readOnly {
+		q.Add("_pragma", "query_only(1)")
+	} else {
+		q.Add("_pragma", "journal_mode(WAL)")
+		q.Add("_pragma", "synchronous(NORMAL)")
+		q.Set("_txlock", "immediate")
+	}
+	// A file: URI, so that '?' or '#' in the path cannot be taken for the
+	// query; SQLite percent-decodes the path.
+	dsn := "file:" + (&url.URL{Path: filepath.ToSlash(path)}).EscapedPath() + "?" + q.Encode()
+	c, err := sqlite.NewConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(c), nil
+}
+
+// Path returns the database file's absolute path.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the database. Operations in flight fail or finish first.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// write runs fn in a write transaction (BEGIN IMMEDIATE on the single writer
+// connection) and commits it if fn returns nil. fn must not call other Store
+// methods that write: the writer connection is taken.
+func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback() // the error from fn is the one to report
+		return err
+	}
+	return tx.Commit()
+}
+
+// sqliteCode returns the extended result code of a SQLite error, or 0.
+func sqliteCode(err error) int {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code()
+	}
+	return 0
+}
+
+// isUniqueViolation reports whether err is a PRIMARY KEY or UNIQUE violation.
+func isUniqueViolation(err error) bool {
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+}
+
+// isForeignKeyViolation reports whether err is a FOREIGN KEY violation.
+func isForeignKeyViolation(err error) bool {
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+// Times are stored as Unix nanoseconds and read back in UTC.
+
+func unixNano(t time.Time) int64 { return t.UnixNano() }
+
+func fromUnixNano(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func nullTime(n sql.NullInt64) time.Time {
+	if !n.Valid {
+		return time.Time{}
+	}
+	return fromUnixNano(n.Int64)
+}
+
+// validTime reports whether t can be stored: not zero and within the range of
+// Unix nanoseconds (years 1678 to 2262).
+func validTime(t time.Time) bool {
+	return !t.IsZero() && t.Year() > 1678 && t.Year() < 2262
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

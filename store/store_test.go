@@ -1,0 +1,328 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// openStore opens a store in dir (a fresh temp dir if empty) and closes it
+// when the test ends.
+func openStore(t *testing.T, dir string) *Store {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	s, err := Open(t.Context(), dir)
+	if err != nil {
+		t.Fatalf("Open(%s) = %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close() = %v", err)
+		}
+	})
+	return s
+}
+
+// mustTenant creates tenant name in s.
+func mustTenant(t *testing.T, s *Store, name string) tenant.ID {
+	t.Helper()
+	tn, err := s.CreateTenant(t.Context(), name)
+	if err != nil {
+		t.Fatalf("CreateTenant(%q) = %v", name, err)
+	}
+	return tn.ID
+}
+
+// base is a fixed start time for test sandboxes.
+var base = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// newSandbox returns a valid running sandbox of tenant tn started at base+i s.
+func newSandbox(id string, tn tenant.ID, i int) *Sandbox {
+	started := base.Add(time.Duration(i) * time.Second)
+	return &Sandbox{
+		ID:        id,
+		Tenant:    tn,
+		Template:  "base",
+		State:     StateRunning,
+		StartedAt: started,
+		EndAt:     started.Add(5 * time.Minute),
+		CPUCount:  2,
+		MemoryMB:  512,
+		DiskMB:    1024,
+		Backend:   "local",
+		Handle:    "h-" + id,
+	}
+}
+
+func TestOpenTwiceIsIdempotent(t *testing.T) {
+	dir := t.TempDir()
+	ms, err := migrations()
+	if err != nil {
+		t.Fatalf("migrations() = %v", err)
+	}
+	for i := range 3 {
+		s, err := Open(t.Context(), dir)
+		if err != nil {
+			t.Fatalf("Open #%d = %v", i+1, err)
+		}
+		v, err := s.SchemaVersion(t.Context())
+		if err != nil || v != len(ms) {
+			t.Errorf("Open #%d: SchemaVersion() = %d, %v; want %d, nil", i+1, v, err, len(ms))
+		}
+		var applied int
+		if err := s.r.QueryRow(`SELECT COUNT(*) FROM schema_migrations`).Scan(&applied); err != nil || applied != len(ms) {
+			t.Errorf("Open #%d: %d migration rows, %v; want %d", i+1, applied, err, len(ms))
+		}
+		var mode string
+		if err := s.r.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+			t.Errorf("Open #%d: journal_mode = %q, %v; want wal", i+1, mode, err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close #%d = %v", i+1, err)
+		}
+	}
+}
+
+func TestOpenConcurrentFirstOpen(t *testing.T) {
+	// Several processes (here: handles) opening a new database at once must
+	// each see the schema applied exactly once.
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := Open(context.Background(), dir)
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open #%d = %v", i, err)
+		}
+	}
+}
+
+func TestOpenRefusesNewerSchema(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	if _, err := s.w.Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, 'future', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(t.Context(), dir); err == nil {
+		t.Errorf("Open() of a database from a newer sandboxd = nil; want an error")
+	}
+}
+
+func TestOpenFileMode(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nested", "data?#dir")
+	s := openStore(t, dir)
+	want := filepath.Join(dir, FileName)
+	if s.Path() != want {
+		t.Errorf("Path() = %q; want %q", s.Path(), want)
+	}
+	fi, err := os.Stat(want)
+	if err != nil {
+		t.Fatalf("database file: %v", err)
+	}
+	if m := fi.Mode().Perm(); m != 0o600 {
+		t.Errorf("database mode = %o; want 600", m)
+	}
+}
+
+func TestOpenEmptyDir(t *testing.T) {
+	if _, err := Open(t.Context(), ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Open(\"\") = %v; want ErrInvalid", err)
+	}
+}
+
+func TestReopenKeepsData(t *testing.T) {
+	dir := t.TempDir()
+	ctx := t.Context()
+	s, err := Open(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := mustTenant(t, s, "acme")
+	key, _, err := s.CreateKey(ctx, tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := newSandbox("sbx1", tn, 0)
+	sb.Metadata = map[string]string{"k": "v"}
+	if err := s.InsertSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openStore(t, dir)
+	if got, err := s.LookupKey(ctx, key); err != nil || got != tn {
+		t.Errorf("after reopen: LookupKey() = %q, %v; want %q, nil", got, err, tn)
+	}
+	got, err := s.GetSandbox(ctx, tn, "sbx1")
+	if err != nil {
+		t.Fatalf("after reopen: GetSandbox() = %v", err)
+	}
+	if got.Metadata["k"] != "v" || got.Generation != 1 || !got.StartedAt.Equal(sb.StartedAt) {
+		t.Errorf("after reopen: GetSandbox() = %+v; want %+v", got, sb)
+	}
+}
+
+// TestTwoHandlesConcurrentWrites simulates a server and CLI commands on the
+// same data dir: two Stores write and read at once and none may fail with
+// "database is locked".
+func TestTwoHandlesConcurrentWrites(t *testing.T) {
+	dir := t.TempDir()
+	server, cli := openStore(t, dir), openStore(t, dir)
+	ctx := t.Context()
+	tn := mustTenant(t, server, "acme")
+
+	const workers, perWorker = 4, 40
+	var wg sync.WaitGroup
+	errc := make(chan error, 2*workers*perWorker)
+	for h, s := range []*Store{server, cli} {
+		for w := range workers {
+			wg.Go(func() {
+				for i := range perWorker {
+					id := fmt.Sprintf("h%dw%di%d", h, w, i)
+					sb := newSandbox(id, tn, i)
+					if err := s.InsertSandbox(ctx, sb); err != nil {
+						errc <- err
+						continue
+					}
+					sb.State = StatePaused
+					if err := s.UpdateSandbox(ctx, sb); err != nil {
+						errc <- err
+					}
+					if _, err := s.UpdateTenantSettings(ctx, tn, func(st *Settings) {
+						n := i
+						st.MinWarm = &n
+					}); err != nil {
+						errc <- err
+					}
+					if _, err := s.CountLive(ctx, tn); err != nil {
+						errc <- err
+					}
+				}
+			})
+		}
+		// The CLI side also mints keys meanwhile.
+		wg.Go(func() {
+			for range perWorker {
+				if _, _, err := s.CreateKey(ctx, tn); err != nil {
+					errc <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Errorf("concurrent write: %v", err)
+	}
+	if n, err := cli.CountLive(ctx, tn); err != nil || n != 2*workers*perWorker {
+		t.Errorf("CountLive() = %d, %v; want %d", n, err, 2*workers*perWorker)
+	}
+}
+
+// childEnv names the data dir a child process writes to in
+// TestCrossProcessWrites; the helper test does nothing without it.
+const childEnv = "SANDBOXD_STORE_TEST_CHILD_DIR"
+
+// TestCrossProcessWrites runs writers in separate processes (the test binary
+// re-executed) against one database, while this process writes too.
+func TestCrossProcessWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	tn := mustTenant(t, s, "acme")
+
+	const children, perProc = 3, 30
+	var (
+		cmds []*exec.Cmd
+		outs []*bytes.Buffer
+	)
+	for c := range children {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperChildWriter$", "-test.count=1")
+		cmd.Env = append(os.Environ(), childEnv+"="+dir, "CHILD_INDEX="+strconv.Itoa(c))
+		out := new(bytes.Buffer)
+		cmd.Stdout, cmd.Stderr = out, out
+		outs = append(outs, out)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for i := range perProc {
+		if err := s.InsertSandbox(t.Context(), newSandbox(fmt.Sprintf("parent%d", i), tn, i)); err != nil {
+			t.Errorf("parent insert: %v", err)
+		}
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child %d: %v\n%s", i, err, outs[i])
+		}
+	}
+	if n, err := s.CountLive(t.Context(), tn); err != nil || n != (children+1)*perProc {
+		t.Errorf("CountLive() = %d, %v; want %d", n, err, (children+1)*perProc)
+	}
+}
+
+// TestHelperChildWriter is the child of TestCrossProcessWrites.
+func TestHelperChildWriter(t *testing.T) {
+	dir := os.Getenv(childEnv)
+	if dir == "" {
+		t.Skip("only run as a child of TestCrossProcessWrites")
+	}
+	s := openStore(t, dir)
+	for i := range 30 {
+		sb := newSandbox(fmt.Sprintf("c%sn%d", os.Getenv("CHILD_INDEX"), i), "acme", i)
+		if err := s.InsertSandbox(t.Context(), sb); err != nil {
+			t.Fatalf("child insert: %v", err)
+		}
+		sb.State = StatePaused
+		if err := s.UpdateSandbox(t.Context(), sb); err != nil {
+			t.Fatalf("child update: %v", err)
+		}
+	}
+}
+
+func TestErrorsAreErrdefsKinds(t *testing.T) {
+	s := openStore(t, "")
+	mustTenant(t, s, "acme")
+	_, errNotFound := s.GetSandboxAny(t.Context(), "nope")
+	_, errConflict := s.CreateTenant(t.Context(), "acme")
+	_, errInvalid := s.CreateTenant(t.Context(), "-")
+	for _, tt := range []struct {
+		err  error
+		kind error
+	}{
+		{errNotFound, errdefs.ErrNotFound},
+		{errConflict, errdefs.ErrConflict},
+		{errInvalid, errdefs.ErrInvalidArgument},
+	} {
+		if !errors.Is(tt.err, tt.kind) {
+			t.Errorf("errors.Is(%v, %v) = false; want true", tt.err, tt.kind)
+		}
+	}
+}
