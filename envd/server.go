@@ -45,6 +45,7 @@ type Server struct {
 	token      auth.Token
 	process    *process.Service
 	filesystem *filesystem.Service
+	tunnel     *tunnel.Handler
 	diskPath   string
 	cpu        cpuSampler
 	handler    http.Handler
@@ -76,16 +77,18 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /init", s.init)
 	mux.HandleFunc("GET /envs", s.envs)
 	mux.HandleFunc("GET /metrics", s.metrics)
-	tun := tunnel.New(cfg.Log.With("service", "tunnel"))
-	s.handler = withCORS(s.withAuth(routeConnect(tun, mux)))
+	s.tunnel = tunnel.New(cfg.Log.With("service", "tunnel"))
+	s.handler = withCORS(s.withAuth(routeConnect(s.tunnel, mux)))
 	return s
 }
 
 // Handler serves envd's whole HTTP surface.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Close kills envd's processes and stops its watchers.
+// Close kills envd's processes, stops its watchers and closes open tunnels
+// (http.Server.Shutdown does not see hijacked connections).
 func (s *Server) Close() {
+	s.tunnel.Close()
 	s.process.Close()
 	s.filesystem.Close()
 }
