@@ -3,28 +3,37 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build envd generate run test test-go test-compat vet fmt bench clean
+.PHONY: all build envd sandboxd generate run test test-go test-compat vet fmt bench clean
 
 all: build
 
-build: envd
+build: envd sandboxd
 
 # envd is static (no cgo) so the same binary runs inside any template.
 envd:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 
+# sandboxd needs cgo (libcontainer's nsenter) and libseccomp (the seccomp
+# profile of local sandboxes); see runtime/local/DEPS.md.
+sandboxd:
+	CGO_ENABLED=1 $(GO) build -tags seccomp -trimpath -o $(BIN)/sandboxd ./cmd/sandboxd
+
 generate:
 	./scripts/generate.sh
 
-# Until the control plane lands, `make run` serves envd standalone on
-# localhost:49983, which E2B's SDKs reach in debug mode.
+# Serve sandboxd on the local backend at 127.0.0.1:3000 and print the three
+# exports an E2B SDK needs.
 run: build
+	./scripts/run.sh
+
+# envd alone on localhost:49983, for E2B's SDKs in debug mode.
+run-envd: envd
 	./scripts/run-envd.sh
 
 test: build test-go test-compat
 
 test-go:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -tags seccomp -count=1 ./...
 
 test-compat: build
 	./compat-tests/run.sh

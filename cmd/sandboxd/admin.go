@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
+	if dataDir == "" {
+		return nil, errors.New("--data-dir is required")
+	}
+	return store.Open(ctx, dataDir)
+}
+
+// keys manages API keys. They work while a server runs on the same data
+// dir: the store is shared through SQLite's WAL.
+func keys(args []string) error {
+	if len(args) == 0 {
+		return errors.New("keys: want create, list or revoke")
+	}
+	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "./data", "state directory")
+	tenantName := fs.String("tenant", "", "tenant name")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := openStore(ctx, *dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	switch args[0] {
+	case "create":
+		if *tenantName == "" {
+			return errors.New("keys create: --tenant is required")
+		}
+		if _, err := st.EnsureTenant(ctx, *tenantName); err != nil {
+			return err
+		}
+		key, info, err := st.CreateKey(ctx, tenant.ID(*tenantName))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "created key %s (%s...) for tenant %s\n", info.ID, info.Prefix, info.Tenant)
+		fmt.Println(key)
+	case "list":
+		var ts []tenant.ID
+		if *tenantName != "" {
+			ts = []tenant.ID{tenant.ID(*tenantName)}
+		} else {
+			all, err := st.ListTenants(ctx)
+			if err != nil {
+				return err
+			}
+			for _, t := range all {
+				ts = append(ts, t.ID)
+			}
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tTENANT\tPREFIX\tCREATED\tREVOKED")
+		for _, t := range ts {
+			ks, err := st.ListKeys(ctx, t)
+			if err != nil {
+				return err
+			}
+			for _, k := range ks {
+				revoked := "-"
+				if k.Revoked() {
+					revoked = k.RevokedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s...\t%s\t%s\n", k.ID, k.Tenant, k.Prefix, k.CreatedAt.Format(time.RFC3339), revoked)
+			}
+		}
+		return tw.Flush()
+	case "revoke":
+		if fs.NArg() != 1 {
+			return errors.New("keys revoke: want one key ID")
+		}
+		info, err := st.RevokeKey(ctx, fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "revoked key %s of tenant %s\n", info.ID, info.Tenant)
+	default:
+		return fmt.Errorf("keys: unknown subcommand %q", args[0])
+	}
+	return nil
+}
+
+func tenants(args []string) error {
+	if len(args) == 0 {
+		return errors.New("tenants: want list or create")
+	}
+	fs := flag.NewFlagSet("tenants "+args[0], flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "./data", "state directory")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := openStore(ctx, *dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	switch args[0] {
+	case "create":
+		if fs.NArg() != 1 {
+			return errors.New("tenants create: want one NAME")
+		}
+		t, err := st.CreateTenant(ctx, fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		fmt.Println(t.ID)
+	case "list":
+		all, err := st.ListTenants(ctx)
+		if err != nil {
+			return err
+		}
+		for _, t := range all {
+			fmt.Println(t.ID)
+		}
+	default:
+		return fmt.Errorf("tenants: unknown subcommand %q", args[0])
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/envd"
+	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server"
+)
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var (
+		listen     = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
+		dataDir    = fs.String("data-dir", "./data", "state directory (SQLite store)")
+		backend    = fs.String("backend", "local", "isolation backend: local")
+		domain     = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
+		envdPath   = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
+		runRoot    = fs.String("run-dir", "/run/sandboxd/local", "host state of the local backend")
+		maxTimeout = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if *envdPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		*envdPath = filepath.Join(filepath.Dir(exe), "envd")
+	}
+	st, err := openStore(ctx, *dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	if *backend != "local" {
+		return fmt.Errorf("--backend %q: only local is available in this build", *backend)
+	}
+	be, err := local.New(ctx, local.Options{Root: *runRoot, EnvdPath: *envdPath, Log: log.With("component", "local")})
+	if err != nil {
+		return fmt.Errorf("local backend: %w", err)
+	}
+
+	metrics := server.NewMetrics()
+	mgr := sandbox.New(sandbox.Config{
+		Store: st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
+		EnvdVersion: envd.Version, MaxTimeout: *maxTimeout,
+		OnCreate: func(template string, took time.Duration) { metrics.ObserveCreate(template, "cold", took) },
+	})
+	var ready atomic.Bool
+	handler := server.New(server.Config{
+		Manager: mgr, Store: st, Templates: be, Metrics: metrics, Log: log,
+		EnvdVersion: envd.Version, Domain: *domain, Ready: ready.Load,
+	})
+
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	hs := &http.Server{
+		Handler:           handler,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+
+	// Reconcile before taking API traffic: sandboxes from an earlier run are
+	// re-adopted, what a crash left half-made is removed.
+	if err := mgr.Reconcile(ctx); err != nil {
+		_ = hs.Close()
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	ready.Store(true)
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	sweepDone := make(chan struct{})
+	go func() { defer close(sweepDone); mgr.Run(sweepCtx, time.Second) }()
+	log.Info("sandboxd serving", "addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
+		"e2b_api_url", "http://"+ln.Addr().String()+server.E2BPrefix, "version", version)
+
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+	}
+	stopSweep()
+	<-sweepDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(shutdownCtx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	// Sandboxes outlive a sandboxd restart: they are re-adopted at the next
+	// start, and the sweeper then enforces their end times.
+	log.Info("sandboxd stopped")
+	return err
+}

@@ -1,0 +1,593 @@
+// Package sandbox owns the lifecycle of sandboxes: one state machine from
+// create to kill, shared by every API surface. It keeps the store and the
+// backend in step, serialises actions on one sandbox, writes an audit line
+// for every state change, enforces end times (the sweeper) and re-adopts or
+// removes what a crash of sandboxd left behind (Reconcile).
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// Config configures a Manager.
+type Config struct {
+	Store       *store.Store
+	Backend     runtime.Backend
+	BackendName string
+	Log         *slog.Logger
+	// EnvdVersion is what the API reports as each sandbox's envdVersion.
+	EnvdVersion string
+	// DefaultUser is the user processes run as when a request names none.
+	DefaultUser string
+	// DefaultTimeout applies when a create gives none; MaxTimeout caps
+	// every timeout.
+	DefaultTimeout, MaxTimeout time.Duration
+	// Defaults are the resources of a sandbox whose create names none.
+	DefaultCPU, DefaultMemoryMB, DefaultDiskMB int
+	// KilledRetention is how long killed sandboxes stay in the store.
+	KilledRetention time.Duration
+	// OnCreate, when set, observes every successful create (metrics).
+	OnCreate func(template string, took time.Duration)
+}
+
+// Manager is the lifecycle state machine. Its methods are safe for
+// concurrent use; actions on one sandbox are serialised.
+type Manager struct {
+	cfg     Config
+	store   *store.Store
+	backend runtime.Backend
+	log     *slog.Logger
+	locks   sync.Map // sandbox id -> *sync.Mutex
+	now     func() time.Time
+}
+
+// New returns a Manager; call Reconcile before serving and Run to sweep.
+func New(cfg Config) *Manager {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = 300 * time.Second
+	}
+	if cfg.MaxTimeout == 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "user"
+	}
+	if cfg.DefaultCPU == 0 {
+		cfg.DefaultCPU = 2
+	}
+	if cfg.DefaultMemoryMB == 0 {
+		cfg.DefaultMemoryMB = 512
+	}
+	if cfg.DefaultDiskMB == 0 {
+		cfg.DefaultDiskMB = 1024
+	}
+	if cfg.KilledRetention == 0 {
+		cfg.KilledRetention = time.Hour
+	}
+	return &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
+}
+
+// lock serialises lifecycle actions on one sandbox id.
+func (m *Manager) lock(id string) func() {
+	v, _ := m.locks.LoadOrStore(id, &sync.Mutex{})
+	mu := v.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+// audit writes the one line every state change gets: who, what, which
+// sandbox, and the result.
+func (m *Manager) audit(ctx context.Context, action string, sb *store.Sandbox, err error, attrs ...any) {
+	t, _ := tenant.FromContext(ctx)
+	if t == "" && sb != nil {
+		t = sb.Tenant
+	}
+	args := []any{"audit", true, "action", action, "tenant", string(t)}
+	if sb != nil {
+		args = append(args, "sandbox_id", sb.ID, "state", string(sb.State), "template", sb.Template)
+	}
+	args = append(args, attrs...)
+	if err != nil {
+		m.log.Warn("sandbox "+action, append(args, "result", "error", "err", err.Error())...)
+		return
+	}
+	m.log.Info("sandbox "+action, append(args, "result", "ok")...)
+}
+
+// CreateRequest is what a caller may ask of a new sandbox.
+type CreateRequest struct {
+	Template      string
+	Timeout       time.Duration // 0 = default
+	Secure        bool          // hand out an envd access token and require it
+	AllowInternet bool
+	Metadata      map[string]string
+	EnvVars       map[string]string
+	Lifecycle     store.Lifecycle
+	CPUCount      int
+	MemoryMB      int
+	DiskMB        int
+	Network       *NetworkConfig
+}
+
+// NetworkConfig is what sandboxd stores of E2B's network settings. Only
+// AllowPublicTraffic is enforced today (by the proxy); the rest is kept and
+// returned so clients read back what they set.
+type NetworkConfig struct {
+	AllowOut           []string        `json:"allowOut,omitempty"`
+	DenyOut            []string        `json:"denyOut,omitempty"`
+	Rules              json.RawMessage `json:"rules,omitempty"`
+	AllowPublicTraffic *bool           `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string          `json:"maskRequestHost,omitempty"`
+	// TrafficAccessToken is minted when AllowPublicTraffic is false.
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
+}
+
+// Network decodes a stored sandbox's network configuration.
+func Network(sb *store.Sandbox) NetworkConfig {
+	var n NetworkConfig
+	if len(sb.Network) > 0 {
+		_ = json.Unmarshal(sb.Network, &n) // written only by this package
+	}
+	return n
+}
+
+func (m *Manager) clampTimeout(d time.Duration) (time.Duration, error) {
+	if d < 0 {
+		return 0, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+	}
+	if d == 0 {
+		d = m.cfg.DefaultTimeout
+	}
+	return min(d, m.cfg.MaxTimeout), nil
+}
+
+// newID returns a sandbox id: 20 lowercase hex-and-letters characters from
+// crypto/rand, matching E2B's `[a-z0-9]+` id format.
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+func newToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Create starts a sandbox for the tenant in ctx. On any failure nothing is
+// left: not the backend's sandbox and not the store row.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sandbox, err error) {
+	t, ok := tenant.FromContext(ctx)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrUnauthenticated, "no tenant")
+	}
+	start := m.now()
+	timeout, err := m.clampTimeout(req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	if req.Template == "" {
+		req.Template = "base"
+	}
+	if req.CPUCount < 0 || req.MemoryMB < 0 || req.DiskMB < 0 {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
+	}
+	sb = &store.Sandbox{
+		ID:                  newID(),
+		Tenant:              t,
+		Template:            req.Template,
+		State:               store.StateCreating,
+		StartedAt:           start.UTC(),
+		EndAt:               start.Add(timeout).UTC(),
+		CPUCount:            cmpOr(req.CPUCount, m.cfg.DefaultCPU),
+		MemoryMB:            cmpOr(req.MemoryMB, m.cfg.DefaultMemoryMB),
+		DiskMB:              cmpOr(req.DiskMB, m.cfg.DefaultDiskMB),
+		Metadata:            req.Metadata,
+		EnvVars:             req.EnvVars,
+		Secure:              req.Secure,
+		AllowInternetAccess: req.AllowInternet,
+		Lifecycle:           req.Lifecycle,
+		Backend:             m.cfg.BackendName,
+	}
+	if req.Secure {
+		sb.EnvdAccessToken = newToken()
+	}
+	if req.Network != nil {
+		n := *req.Network
+		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
+			n.TrafficAccessToken = newToken()
+		}
+		raw, err := json.Marshal(n)
+		if err != nil {
+			return nil, fmt.Errorf("encode network config: %w", err)
+		}
+		sb.Network = raw
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+
+	// The row goes in first, as "creating": if sandboxd dies before the
+	// backend call returns, Reconcile finds the row and destroys whatever
+	// the backend made of it.
+	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	var undo []func(context.Context)
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx := context.WithoutCancel(ctx)
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i](cctx)
+		}
+		m.audit(ctx, "create", sb, err)
+	}()
+	undo = append(undo, func(ctx context.Context) {
+		if derr := m.store.DeleteSandbox(ctx, sb.ID); derr != nil {
+			m.log.Error("revert create: delete row", "sandbox_id", sb.ID, "err", derr)
+		}
+	})
+
+	spec := runtime.Spec{
+		ID:            sb.ID,
+		Template:      sb.Template,
+		CPUCount:      sb.CPUCount,
+		MemoryMB:      sb.MemoryMB,
+		DiskSizeMB:    sb.DiskMB,
+		Env:           sb.EnvVars,
+		AccessToken:   sb.EnvdAccessToken,
+		AllowInternet: sb.AllowInternetAccess,
+	}
+	if _, err := m.backend.Create(ctx, spec); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
+	}
+	undo = append(undo, func(ctx context.Context) {
+		if derr := m.backend.Destroy(ctx, sb.ID); derr != nil {
+			m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "err", derr)
+		}
+	})
+	if err := m.initEnvd(ctx, sb); err != nil {
+		return nil, fmt.Errorf("create sandbox: init envd: %w", err)
+	}
+	sb.State = store.StateRunning
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	took := m.now().Sub(start)
+	if m.cfg.OnCreate != nil {
+		m.cfg.OnCreate(sb.Template, took)
+	}
+	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()))
+	return sb, nil
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Get returns a sandbox of the tenant in ctx; a foreign or killed sandbox is
+// ErrNotFound, exactly like a missing one.
+func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	t, _ := tenant.FromContext(ctx)
+	sb, err := m.store.GetSandbox(ctx, t, id)
+	if err != nil {
+		return nil, notFound(id, err)
+	}
+	if !sb.State.Live() {
+		return nil, notFound(id, errdefs.ErrNotFound)
+	}
+	return &sb, nil
+}
+
+func notFound(id string, err error) error {
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("sandbox %q not found", id))
+	}
+	return err
+}
+
+// List returns a page of the tenant's sandboxes.
+func (m *Manager) List(ctx context.Context, f store.ListFilter) ([]store.Sandbox, string, error) {
+	t, _ := tenant.FromContext(ctx)
+	f.Tenant = t
+	return m.store.ListSandboxes(ctx, f)
+}
+
+// Kill destroys a sandbox. Killing a killed or missing one is ErrNotFound.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return m.kill(ctx, sb, "kill")
+}
+
+// kill runs with the sandbox's lock held.
+func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string) error {
+	sb.State = store.StateKilling
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		m.audit(ctx, reason, sb, err)
+		return err
+	}
+	if err := m.backend.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
+		// The row stays "killing": the sweeper and Reconcile retry it.
+		m.audit(ctx, reason, sb, err)
+		return fmt.Errorf("kill sandbox %s: %w", sb.ID, backendErr(err))
+	}
+	sb.State = store.StateKilled
+	sb.EndAt = m.now().UTC()
+	err := m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err)
+	return err
+}
+
+// Pause freezes a running sandbox. A paused one is ErrConflict (E2B's 409).
+// memory=false (a filesystem-only snapshot in E2B) is served as a memory
+// pause: the sandbox resumes exactly where it was, which is a superset of
+// what the caller asked for.
+func (m *Manager) Pause(ctx context.Context, id string, memory bool) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return m.pause(ctx, sb, "pause", memory)
+}
+
+func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, memory bool) error {
+	if sb.State == store.StatePaused {
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is already paused", sb.ID))
+	}
+	if sb.State != store.StateRunning {
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", sb.ID, sb.State))
+	}
+	if err := m.backend.Pause(ctx, sb.ID); err != nil {
+		m.audit(ctx, reason, sb, err)
+		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
+	}
+	sb.State = store.StatePaused
+	err := m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err, "memory", memory)
+	return err
+}
+
+// Connect makes sure a sandbox runs (resuming it if paused) and extends its
+// end time to at least now+timeout; it never shortens it. resumed says
+// whether it was paused (E2B answers 201 then, 200 otherwise).
+func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (sb *store.Sandbox, resumed bool, err error) {
+	timeout, err = m.clampTimeout(timeout)
+	if err != nil {
+		return nil, false, err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err = m.Get(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	if sb.State == store.StatePaused {
+		if err := m.resume(ctx, sb, "resume"); err != nil {
+			return nil, false, err
+		}
+		resumed = true
+	}
+	if sb.State != store.StateRunning {
+		return nil, false, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", id, sb.State))
+	}
+	if end := m.now().Add(timeout).UTC(); end.After(sb.EndAt) {
+		sb.EndAt = end
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return nil, false, err
+		}
+	}
+	return sb, resumed, nil
+}
+
+// Resume continues a paused sandbox (E2B's legacy /resume). A running one is
+// ErrConflict.
+func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (*store.Sandbox, error) {
+	timeout, err := m.clampTimeout(timeout)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != store.StatePaused {
+		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is already running", id))
+	}
+	sb.EndAt = m.now().Add(timeout).UTC()
+	if err := m.resume(ctx, sb, "resume"); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
+	if err := m.backend.Resume(ctx, sb.ID); err != nil {
+		m.audit(ctx, reason, sb, err)
+		return fmt.Errorf("resume sandbox %s: %w", sb.ID, backendErr(err))
+	}
+	sb.State = store.StateRunning
+	if now := m.now(); sb.EndAt.Before(now) {
+		sb.EndAt = now.Add(m.cfg.DefaultTimeout).UTC()
+	}
+	err := m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err)
+	return err
+}
+
+// SetTimeout sets the end time to now+timeout, shorter or longer.
+func (m *Manager) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
+	if timeout <= 0 {
+		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must be positive")
+	}
+	timeout = min(timeout, m.cfg.MaxTimeout)
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	sb.EndAt = m.now().Add(timeout).UTC()
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, "set_timeout", sb, err, "timeout_s", int(timeout.Seconds()))
+	return err
+}
+
+// Refresh extends the end time by d from now, never shortening it.
+func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error {
+	if d <= 0 {
+		d = m.cfg.DefaultTimeout
+	}
+	d = min(d, m.cfg.MaxTimeout)
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if end := m.now().Add(d).UTC(); end.After(sb.EndAt) {
+		sb.EndAt = end
+		err = m.store.UpdateSandbox(ctx, sb)
+	}
+	m.audit(ctx, "refresh", sb, err, "duration_s", int(d.Seconds()))
+	return err
+}
+
+// UpdateNetwork replaces the stored network settings (E2B: omitted = cleared).
+func (m *Manager) UpdateNetwork(ctx context.Context, id string, n NetworkConfig, allowInternet *bool) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	n.TrafficAccessToken = Network(sb).TrafficAccessToken
+	if n.AllowPublicTraffic == nil || *n.AllowPublicTraffic {
+		n.TrafficAccessToken = ""
+	}
+	raw, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
+	sb.Network = raw
+	if allowInternet != nil {
+		sb.AllowInternetAccess = *allowInternet
+	}
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, "update_network", sb, err)
+	return err
+}
+
+// Stats reports a sandbox's resource use.
+func (m *Manager) Stats(ctx context.Context, id string) (*store.Sandbox, runtime.Stats, error) {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, runtime.Stats{}, err
+	}
+	st, err := m.backend.Stats(ctx, id)
+	if err != nil {
+		return nil, runtime.Stats{}, fmt.Errorf("stats of sandbox %s: %w", id, backendErr(err))
+	}
+	return sb, st, nil
+}
+
+// DialSandbox reaches port inside any tenant's sandbox, for the data-plane
+// proxy (which envd's access token and the traffic token protect, as in
+// E2B). A paused sandbox with auto-resume is resumed first.
+func (m *Manager) DialSandbox(ctx context.Context, id string, port int) (net.Conn, error) {
+	sb, err := m.store.GetSandboxAny(ctx, id)
+	if err != nil || !sb.State.Live() {
+		return nil, errdefs.ErrNotFound
+	}
+	if sb.State == store.StatePaused {
+		if !sb.Lifecycle.AutoResume {
+			return nil, errdefs.ErrNotFound
+		}
+		if err := m.autoResume(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := m.backend.Dial(ctx, id, port)
+	if err != nil {
+		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, backendErr(err))
+	}
+	return conn, nil
+}
+
+func (m *Manager) autoResume(ctx context.Context, id string) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.store.GetSandboxAny(ctx, id)
+	if err != nil {
+		return errdefs.ErrNotFound
+	}
+	if sb.State != store.StatePaused {
+		return nil // resumed by someone else meanwhile
+	}
+	return m.resume(ctx, &sb, "auto_resume")
+}
+
+// TrafficToken is the token the proxy requires on non-envd ports, or "".
+func (m *Manager) TrafficToken(ctx context.Context, id string) (string, error) {
+	sb, err := m.store.GetSandboxAny(ctx, id)
+	if err != nil || !sb.State.Live() {
+		return "", errdefs.ErrNotFound
+	}
+	return Network(&sb).TrafficAccessToken, nil
+}
+
+// backendErr maps runtime errors to errdefs kinds, keeping the cause.
+func backendErr(err error) error {
+	kind := errdefs.ErrUnavailable
+	switch {
+	case errors.Is(err, runtime.ErrNotFound), errors.Is(err, runtime.ErrNotRunning):
+		kind = errdefs.ErrNotFound
+	case errors.Is(err, runtime.ErrTemplateNotFound):
+		return errdefs.New(errdefs.ErrInvalidArgument, "template not found")
+	case errors.Is(err, runtime.ErrInvalidSpec):
+		kind = errdefs.ErrInvalidArgument
+	case errors.Is(err, runtime.ErrAlreadyExists):
+		kind = errdefs.ErrConflict
+	case errors.Is(err, runtime.ErrPaused):
+		kind = errdefs.ErrConflict
+	case errors.Is(err, runtime.ErrUnsupported):
+		kind = errdefs.ErrNotImplemented
+	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrNotFound):
+		return err
+	}
+	return fmt.Errorf("%w: %w", kind, err)
+}

@@ -1,0 +1,138 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Run sweeps until ctx ends: every interval it enforces end times and purges
+// old killed rows. It returns when ctx is done.
+func (m *Manager) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Sweep(ctx)
+		}
+	}
+}
+
+// Sweep acts once on every sandbox whose end time has passed: pause or kill,
+// as its lifecycle says. It acts on the (id, generation) it read, so a
+// sandbox whose timeout was extended meanwhile is left alone.
+func (m *Manager) Sweep(ctx context.Context) {
+	now := m.now()
+	expired, err := m.store.ListExpired(ctx, now)
+	if err != nil {
+		m.log.Error("sweep: list expired", "err", err)
+		return
+	}
+	for _, e := range expired {
+		m.expire(ctx, e)
+	}
+	if _, err := m.store.PurgeKilled(ctx, now.Add(-m.cfg.KilledRetention)); err != nil {
+		m.log.Error("sweep: purge killed", "err", err)
+	}
+}
+
+func (m *Manager) expire(ctx context.Context, seen store.Sandbox) {
+	unlock := m.lock(seen.ID)
+	defer unlock()
+	sb, err := m.store.GetSandboxAny(ctx, seen.ID)
+	if err != nil || sb.Generation != seen.Generation || sb.State != store.StateRunning {
+		return // changed since we looked: its new owner decides
+	}
+	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause {
+		err = m.pause(ctx, &sb, "timeout_pause", true)
+	} else {
+		err = m.kill(ctx, &sb, "timeout_kill")
+	}
+	if err != nil {
+		m.log.Error("sweep: expire", "sandbox_id", sb.ID, "tenant", string(sb.Tenant), "err", err)
+	}
+}
+
+// Reconcile makes the store and the backend agree after a start (or a
+// crash): the backend cleans up what dead sandboxes left; sandboxes the
+// backend holds without a live store row, or whose create or kill was
+// interrupted, are destroyed; rows whose sandbox vanished are marked killed;
+// interrupted pauses and resumes are settled to what the backend says.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	if r, ok := m.backend.(runtime.Reconciler); ok {
+		if err := r.Reconcile(ctx); err != nil {
+			return err
+		}
+	}
+	held, err := m.backend.List(ctx)
+	if err != nil {
+		return err
+	}
+	live, err := m.store.ListLive(ctx)
+	if err != nil {
+		return err
+	}
+	rows := make(map[string]*store.Sandbox, len(live))
+	for i := range live {
+		rows[live[i].ID] = &live[i]
+	}
+	inBackend := make(map[string]runtime.State, len(held))
+	for _, h := range held {
+		inBackend[h.ID] = h.State
+		row := rows[h.ID]
+		if row == nil || row.State == store.StateCreating || row.State == store.StateKilling {
+			// Not ours any more, or a create/kill a crash interrupted.
+			if err := m.backend.Destroy(ctx, h.ID); err != nil {
+				m.log.Error("reconcile: destroy orphan", "sandbox_id", h.ID, "err", err)
+			}
+			delete(inBackend, h.ID)
+			if row != nil {
+				m.markKilled(ctx, row, "reconcile_orphan")
+			} else {
+				m.log.Info("sandbox reconcile_orphan", "audit", true, "sandbox_id", h.ID, "result", "ok")
+			}
+		}
+	}
+	for _, row := range rows {
+		if row.State == store.StateKilled {
+			continue
+		}
+		state, ok := inBackend[row.ID]
+		switch {
+		case !ok:
+			m.markKilled(ctx, row, "reconcile_vanished")
+		case state == runtime.StatePaused && row.State != store.StatePaused:
+			row.State = store.StatePaused
+			m.update(ctx, row, "reconcile_paused")
+		case state == runtime.StateRunning && row.State != store.StateRunning:
+			row.State = store.StateRunning
+			m.update(ctx, row, "reconcile_running")
+		}
+	}
+	m.log.Info("reconciled", "backend_sandboxes", len(inBackend), "store_rows", len(rows))
+	return nil
+}
+
+func (m *Manager) markKilled(ctx context.Context, row *store.Sandbox, reason string) {
+	if row.State == store.StateKilled {
+		return
+	}
+	row.State = store.StateKilled
+	row.EndAt = m.now().UTC()
+	m.update(ctx, row, reason)
+}
+
+func (m *Manager) update(ctx context.Context, row *store.Sandbox, reason string) {
+	err := m.store.UpdateSandbox(ctx, row)
+	if errors.Is(err, errdefs.ErrConflict) {
+		return
+	}
+	m.audit(ctx, reason, row, err)
+}

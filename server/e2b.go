@@ -1,0 +1,606 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/e2bapi"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// e2bAPI implements E2B's control-plane REST surface on the lifecycle
+// manager. Wire types stop here: nothing below sees e2bapi.
+type e2bAPI struct {
+	notImplemented
+	mgr         *sandbox.Manager
+	templates   runtime.TemplateLister // nil if the backend cannot list
+	envdVersion string
+	domain      string // returned as the sandbox domain; "" = the client's own
+	log         *slog.Logger
+}
+
+var _ e2bapi.StrictServerInterface = (*e2bAPI)(nil)
+
+// clientID is a dead field E2B's Python SDK still requires.
+const clientID = "sandboxd"
+
+func ptr[T any](v T) *T { return &v }
+
+func (a *e2bAPI) sandboxBody(sb *store.Sandbox) e2bapi.Sandbox {
+	out := e2bapi.Sandbox{
+		SandboxID:   sb.ID,
+		TemplateID:  sb.Template,
+		ClientID:    clientID,
+		EnvdVersion: a.envdVersion,
+	}
+	if sb.Alias != "" {
+		out.Alias = ptr(sb.Alias)
+	}
+	if sb.EnvdAccessToken != "" {
+		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
+	}
+	if tok := sandbox.Network(sb).TrafficAccessToken; tok != "" {
+		out.TrafficAccessToken = ptr(tok)
+	}
+	if a.domain != "" {
+		out.Domain = ptr(a.domain)
+	}
+	return out
+}
+
+// newSandbox is the common part of NewSandbox and NewSandboxV2.
+type newSandbox struct {
+	template      string
+	timeout       *int32
+	secure        bool
+	allowInternet *bool
+	metadata      *e2bapi.SandboxMetadata
+	envVars       *e2bapi.EnvVars
+	autoPause     *bool
+	autoResume    *e2bapi.SandboxAutoResumeConfig
+	network       *e2bapi.SandboxNetworkConfig
+	mcp, volumes  bool
+}
+
+func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, error) {
+	if n.mcp {
+		return nil, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
+	}
+	if n.volumes {
+		return nil, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
+	}
+	req := sandbox.CreateRequest{
+		Template:      n.template,
+		Secure:        n.secure,
+		AllowInternet: n.allowInternet == nil || *n.allowInternet,
+	}
+	if n.timeout != nil {
+		if *n.timeout < 0 {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+		}
+		req.Timeout = time.Duration(*n.timeout) * time.Second
+	}
+	if n.metadata != nil {
+		req.Metadata = *n.metadata
+	}
+	if n.envVars != nil {
+		req.EnvVars = *n.envVars
+	}
+	if n.autoPause != nil && *n.autoPause {
+		req.Lifecycle.OnTimeout = store.OnTimeoutPause
+	}
+	if n.autoResume != nil {
+		req.Lifecycle.AutoResume = n.autoResume.Enabled
+	}
+	if n.network != nil {
+		nc, err := networkConfig(n.network.AllowOut, n.network.DenyOut, n.network.Rules)
+		if err != nil {
+			return nil, err
+		}
+		nc.AllowPublicTraffic = n.network.AllowPublicTraffic
+		if n.network.MaskRequestHost != nil {
+			nc.MaskRequestHost = *n.network.MaskRequestHost
+		}
+		req.Network = &nc
+	}
+	return a.mgr.Create(ctx, req)
+}
+
+func networkConfig(allowOut, denyOut *[]string, rules *map[string][]e2bapi.SandboxNetworkRule) (sandbox.NetworkConfig, error) {
+	var nc sandbox.NetworkConfig
+	if allowOut != nil {
+		nc.AllowOut = *allowOut
+	}
+	if denyOut != nil {
+		nc.DenyOut = *denyOut
+	}
+	if rules != nil {
+		raw, err := json.Marshal(rules)
+		if err != nil {
+			return nc, err
+		}
+		nc.Rules = raw
+	}
+	return nc, nil
+}
+
+func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
+	if req.Body == nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
+	}
+	b := req.Body
+	sb, err := a.create(ctx, newSandbox{
+		template: b.TemplateID, timeout: b.Timeout, secure: b.Secure == nil || *b.Secure,
+		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
+		autoPause: b.AutoPause, autoResume: b.AutoResume, network: b.Network,
+		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e2bapi.CreateSandbox201JSONResponse(a.sandboxBody(sb)), nil
+}
+
+// CreateSandboxV2 is the current SDKs' create. Its body has no `secure`:
+// every v2 sandbox gets an envd access token, as on E2B.
+func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2RequestObject) (e2bapi.CreateSandboxV2ResponseObject, error) {
+	if req.Body == nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
+	}
+	b := req.Body
+	sb, err := a.create(ctx, newSandbox{
+		template: b.TemplateID, timeout: b.Timeout, secure: true,
+		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
+		autoPause: b.AutoPause, autoResume: b.AutoResume, network: b.Network,
+		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e2bapi.CreateSandboxV2201JSONResponse(a.sandboxBody(sb)), nil
+}
+
+func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
+	d := e2bapi.SandboxDetail{
+		SandboxID:           sb.ID,
+		TemplateID:          sb.Template,
+		ClientID:            clientID,
+		EnvdVersion:         a.envdVersion,
+		StartedAt:           sb.StartedAt,
+		EndAt:               sb.EndAt,
+		CpuCount:            int32(sb.CPUCount),
+		MemoryMB:            int32(sb.MemoryMB),
+		DiskSizeMB:          int32(sb.DiskMB),
+		State:               apiState(sb.State),
+		Metadata:            ptr(e2bapi.SandboxMetadata(nonNil(sb.Metadata))),
+		AllowInternetAccess: ptr(sb.AllowInternetAccess),
+		Lifecycle: &e2bapi.SandboxLifecycle{
+			OnTimeout:  e2bapi.SandboxOnTimeoutKill,
+			AutoResume: sb.Lifecycle.AutoResume,
+		},
+	}
+	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause {
+		d.Lifecycle.OnTimeout = e2bapi.SandboxOnTimeoutPause
+	}
+	if sb.Alias != "" {
+		d.Alias = ptr(sb.Alias)
+	}
+	if sb.EnvdAccessToken != "" {
+		d.EnvdAccessToken = ptr(sb.EnvdAccessToken)
+	}
+	if a.domain != "" {
+		d.Domain = ptr(a.domain)
+	}
+	if len(sb.Network) > 0 {
+		n := sandbox.Network(sb)
+		nc := &e2bapi.SandboxNetworkConfig{AllowPublicTraffic: n.AllowPublicTraffic}
+		if len(n.AllowOut) > 0 {
+			nc.AllowOut = ptr(n.AllowOut)
+		}
+		if len(n.DenyOut) > 0 {
+			nc.DenyOut = ptr(n.DenyOut)
+		}
+		if n.MaskRequestHost != "" {
+			nc.MaskRequestHost = ptr(n.MaskRequestHost)
+		}
+		if len(n.Rules) > 0 {
+			var rules map[string][]e2bapi.SandboxNetworkRule
+			if json.Unmarshal(n.Rules, &rules) == nil {
+				nc.Rules = &rules
+			}
+		}
+		d.Network = nc
+	}
+	return d
+}
+
+func listed(d e2bapi.SandboxDetail) e2bapi.ListedSandbox {
+	return e2bapi.ListedSandbox{
+		SandboxID: d.SandboxID, TemplateID: d.TemplateID, ClientID: d.ClientID, Alias: d.Alias,
+		EnvdVersion: d.EnvdVersion, StartedAt: d.StartedAt, EndAt: d.EndAt, CpuCount: d.CpuCount,
+		MemoryMB: d.MemoryMB, DiskSizeMB: d.DiskSizeMB, State: d.State, Metadata: d.Metadata,
+	}
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// apiState folds the in-progress states into the two E2B knows (anything
+// else crashes the Python SDK).
+func apiState(s store.State) e2bapi.SandboxState {
+	switch s {
+	case store.StatePaused, store.StatePausing:
+		return e2bapi.SandboxStatePaused
+	}
+	return e2bapi.SandboxStateRunning
+}
+
+func (a *e2bAPI) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
+	sb, err := a.mgr.Get(ctx, req.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return e2bapi.GetSandbox200JSONResponse(a.detail(sb)), nil
+}
+
+func (a *e2bAPI) KillSandbox(ctx context.Context, req e2bapi.KillSandboxRequestObject) (e2bapi.KillSandboxResponseObject, error) {
+	if err := a.mgr.Kill(ctx, req.SandboxID); err != nil {
+		return nil, err
+	}
+	return e2bapi.KillSandbox204Response{}, nil
+}
+
+// parseMetadataFilter decodes E2B's metadata query: the SDKs percent-encode
+// each key and value, join them as a form, and encode that once more; the
+// HTTP stack has undone one layer already.
+func parseMetadataFilter(q *string) (map[string]string, error) {
+	if q == nil || *q == "" {
+		return nil, nil
+	}
+	raw, err := url.QueryUnescape(*q)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter: "+err.Error())
+	}
+	out := map[string]string{}
+	for _, pair := range strings.Split(raw, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		key, err1 := url.QueryUnescape(k)
+		val, err2 := url.QueryUnescape(v)
+		if err1 != nil || err2 != nil || key == "" {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("metadata filter: bad pair %q", pair))
+		}
+		out[key] = val
+	}
+	return out, nil
+}
+
+func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequestObject) (e2bapi.ListSandboxesResponseObject, error) {
+	md, err := parseMetadataFilter(req.Params.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	out := e2bapi.ListSandboxes200JSONResponse{}
+	f := store.ListFilter{Metadata: md, States: []store.State{store.StateRunning}, Limit: 100}
+	for {
+		page, next, err := a.mgr.List(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		for i := range page {
+			out = append(out, listed(a.detail(&page[i])))
+		}
+		if next == "" {
+			return out, nil
+		}
+		f.Cursor = next
+	}
+}
+
+func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2RequestObject) (e2bapi.ListSandboxesV2ResponseObject, error) {
+	p := req.Params
+	md, err := parseMetadataFilter(p.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	f := store.ListFilter{Metadata: md, Order: store.OrderDesc}
+	if p.State != nil {
+		for _, s := range *p.State {
+			switch s {
+			case e2bapi.SandboxStateRunning:
+				f.States = append(f.States, store.StateRunning)
+			case e2bapi.SandboxStatePaused:
+				f.States = append(f.States, store.StatePaused)
+			default:
+				return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("state %q: want running or paused", s))
+			}
+		}
+	}
+	if len(f.States) == 0 {
+		f.States = []store.State{store.StateRunning, store.StatePaused}
+	}
+	if p.StartedAfter != nil {
+		f.StartedAfter = *p.StartedAfter
+	}
+	if p.Template != nil {
+		f.Template = *p.Template
+	}
+	if p.Order != nil {
+		switch *p.Order {
+		case e2bapi.OrderDirectionAsc:
+			f.Order = store.OrderAsc
+		case e2bapi.OrderDirectionDesc:
+		default:
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "order: want asc or desc")
+		}
+	}
+	f.Limit = 100
+	if p.Limit != nil {
+		if *p.Limit < 1 || *p.Limit > 100 {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "limit: want 1..100")
+		}
+		f.Limit = int(*p.Limit)
+	}
+	if p.NextToken != nil {
+		f.Cursor = *p.NextToken
+	}
+	page, next, err := a.mgr.List(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	resp := e2bapi.ListSandboxesV2200JSONResponse{Body: []e2bapi.ListedSandbox{}}
+	for i := range page {
+		resp.Body = append(resp.Body, listed(a.detail(&page[i])))
+	}
+	if next != "" {
+		resp.Headers.XNextToken = ptr(next)
+	}
+	return resp, nil
+}
+
+func timeoutOf(t *int32, def time.Duration) (time.Duration, error) {
+	if t == nil {
+		return def, nil
+	}
+	if *t < 0 {
+		return 0, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+	}
+	return time.Duration(*t) * time.Second, nil
+}
+
+func (a *e2bAPI) connect(ctx context.Context, id string, timeout *int32) (e2bapi.Sandbox, bool, error) {
+	d, err := timeoutOf(timeout, 0)
+	if err != nil {
+		return e2bapi.Sandbox{}, false, err
+	}
+	sb, resumed, err := a.mgr.Connect(ctx, id, d)
+	if err != nil {
+		return e2bapi.Sandbox{}, false, err
+	}
+	return a.sandboxBody(sb), resumed, nil
+}
+
+func (a *e2bAPI) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRequestObject) (e2bapi.ConnectSandboxResponseObject, error) {
+	var t *int32
+	if req.Body != nil {
+		t = &req.Body.Timeout
+	}
+	sb, resumed, err := a.connect(ctx, req.SandboxID, t)
+	if err != nil {
+		return nil, err
+	}
+	if resumed {
+		return e2bapi.ConnectSandbox201JSONResponse(sb), nil
+	}
+	return e2bapi.ConnectSandbox200JSONResponse(sb), nil
+}
+
+func (a *e2bAPI) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandboxV2RequestObject) (e2bapi.ConnectSandboxV2ResponseObject, error) {
+	var t *int32
+	if req.Body != nil {
+		t = req.Body.Timeout
+	}
+	sb, resumed, err := a.connect(ctx, req.SandboxID, t)
+	if err != nil {
+		return nil, err
+	}
+	if resumed {
+		return e2bapi.ConnectSandboxV2201JSONResponse(sb), nil
+	}
+	return e2bapi.ConnectSandboxV2200JSONResponse(sb), nil
+}
+
+func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequestObject) (e2bapi.ResumeSandboxResponseObject, error) {
+	var t *int32
+	if req.Body != nil {
+		t = req.Body.Timeout
+	}
+	d, err := timeoutOf(t, 0)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := a.mgr.Resume(ctx, req.SandboxID, d)
+	if err != nil {
+		return nil, err
+	}
+	return e2bapi.ResumeSandbox201JSONResponse(a.sandboxBody(sb)), nil
+}
+
+func (a *e2bAPI) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxRequestObject) (e2bapi.PauseSandboxResponseObject, error) {
+	memory := true
+	if req.Body != nil && req.Body.Memory != nil {
+		memory = *req.Body.Memory
+	}
+	if err := a.mgr.Pause(ctx, req.SandboxID, memory); err != nil {
+		return nil, err
+	}
+	return e2bapi.PauseSandbox204Response{}, nil
+}
+
+func (a *e2bAPI) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeoutRequestObject) (e2bapi.SetSandboxTimeoutResponseObject, error) {
+	if req.Body == nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
+	}
+	if err := a.mgr.SetTimeout(ctx, req.SandboxID, time.Duration(req.Body.Timeout)*time.Second); err != nil {
+		return nil, err
+	}
+	return e2bapi.SetSandboxTimeout204Response{}, nil
+}
+
+func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
+	var d time.Duration
+	if req.Body != nil && req.Body.Duration != nil {
+		if *req.Body.Duration < 0 || *req.Body.Duration > 3600 {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "duration: want 0..3600 seconds")
+		}
+		d = time.Duration(*req.Body.Duration) * time.Second
+	}
+	if err := a.mgr.Refresh(ctx, req.SandboxID, d); err != nil {
+		return nil, err
+	}
+	return e2bapi.RefreshSandbox204Response{}, nil
+}
+
+func (a *e2bAPI) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
+	var nc sandbox.NetworkConfig
+	var allow *bool
+	if req.Body != nil {
+		var err error
+		if nc, err = networkConfig(req.Body.AllowOut, req.Body.DenyOut, req.Body.Rules); err != nil {
+			return nil, err
+		}
+		allow = req.Body.AllowInternetAccess
+		if req.Body.EgressProxy != nil {
+			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
+		}
+	}
+	if err := a.mgr.UpdateNetwork(ctx, req.SandboxID, nc, allow); err != nil {
+		return nil, err
+	}
+	return e2bapi.UpdateSandboxNetwork204Response{}, nil
+}
+
+func metric(st runtime.Stats, at time.Time) e2bapi.SandboxMetric {
+	m := e2bapi.SandboxMetric{
+		Timestamp:     at.UTC(),
+		TimestampUnix: at.Unix(),
+		CpuCount:      int32(st.CPUCount),
+		MemUsed:       int64(st.MemoryBytes),
+		MemTotal:      int64(st.MemoryLimitBytes),
+		DiskUsed:      int64(st.DiskBytes),
+		DiskTotal:     int64(st.DiskLimitBytes),
+	}
+	return m
+}
+
+// GetSandboxMetrics answers with the current sample: sandboxd keeps no
+// metric history, so a window yields at most one point (the latest).
+func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
+	_, st, err := a.mgr.Stats(ctx, req.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if req.Params.End != nil && *req.Params.End < now.Unix()-60 {
+		return e2bapi.GetSandboxMetrics200JSONResponse{}, nil
+	}
+	return e2bapi.GetSandboxMetrics200JSONResponse{metric(st, now)}, nil
+}
+
+func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
+	if len(req.Params.SandboxIds) > 100 {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most 100")
+	}
+	out := e2bapi.ListSandboxesMetrics200JSONResponse{Sandboxes: map[string]e2bapi.SandboxMetric{}}
+	now := time.Now()
+	for _, id := range req.Params.SandboxIds {
+		_, st, err := a.mgr.Stats(ctx, id)
+		if err != nil {
+			continue // E2B omits sandboxes it cannot measure
+		}
+		out.Sandboxes[id] = metric(st, now)
+	}
+	return out, nil
+}
+
+// Logs: sandboxd does not collect a sandbox's system logs (E2B streams its
+// VM's journal); the routes answer an empty, well-formed list.
+func (a *e2bAPI) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
+	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+		return nil, err
+	}
+	return e2bapi.GetSandboxLogs200JSONResponse{Logs: []e2bapi.SandboxLog{}, LogEntries: []e2bapi.SandboxLogEntry{}}, nil
+}
+
+func (a *e2bAPI) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
+	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+		return nil, err
+	}
+	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil
+}
+
+func (a *e2bAPI) templateNames(ctx context.Context) ([]string, error) {
+	if a.templates == nil {
+		return nil, nil
+	}
+	return a.templates.Templates(ctx)
+}
+
+func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
+	names, err := a.templateNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := e2bapi.ListTemplates200JSONResponse{}
+	for _, n := range names {
+		out = append(out, e2bapi.Template{
+			TemplateID: n, BuildID: n, Aliases: []string{n}, Names: []string{n}, Public: true,
+			BuildStatus: "ready", EnvdVersion: a.envdVersion, CpuCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
+		})
+	}
+	return out, nil
+}
+
+func (a *e2bAPI) findTemplate(ctx context.Context, name string) error {
+	names, err := a.templateNames(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == name {
+			return nil
+		}
+	}
+	return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("template %q not found", name))
+}
+
+func (a *e2bAPI) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
+	if err := a.findTemplate(ctx, req.TemplateID); err != nil {
+		return nil, err
+	}
+	return e2bapi.GetTemplate200JSONResponse{Body: e2bapi.TemplateWithBuilds{
+		TemplateID: req.TemplateID, Aliases: []string{req.TemplateID}, Names: []string{req.TemplateID},
+		Public: true, Builds: []e2bapi.TemplateBuild{},
+	}}, nil
+}
+
+func (a *e2bAPI) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
+	if err := a.findTemplate(ctx, req.Alias); err != nil {
+		return nil, err
+	}
+	return e2bapi.GetTemplateByAlias200JSONResponse{TemplateID: req.Alias, Public: true}, nil
+}

@@ -1,0 +1,64 @@
+package server
+
+import (
+	"context"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/e2bapi"
+)
+
+// notImplemented answers the E2B routes sandboxd does not serve yet with 501
+// and E2B's error body. Each is listed in the README's compatibility table.
+type notImplemented struct{}
+
+func unimplemented(what string) error {
+	return errdefs.New(errdefs.ErrNotImplemented, what+" is not implemented by sandboxd")
+}
+
+func (notImplemented) ForkSandbox(context.Context, e2bapi.ForkSandboxRequestObject) (e2bapi.ForkSandboxResponseObject, error) {
+	return nil, unimplemented("ForkSandbox")
+}
+
+func (notImplemented) CreateSnapshot(context.Context, e2bapi.CreateSnapshotRequestObject) (e2bapi.CreateSnapshotResponseObject, error) {
+	return nil, unimplemented("CreateSnapshot")
+}
+
+func (notImplemented) ListSnapshots(context.Context, e2bapi.ListSnapshotsRequestObject) (e2bapi.ListSnapshotsResponseObject, error) {
+	return nil, unimplemented("ListSnapshots")
+}
+
+func (notImplemented) DeleteTemplateTags(context.Context, e2bapi.DeleteTemplateTagsRequestObject) (e2bapi.DeleteTemplateTagsResponseObject, error) {
+	return nil, unimplemented("DeleteTemplateTags")
+}
+
+func (notImplemented) AssignTemplateTags(context.Context, e2bapi.AssignTemplateTagsRequestObject) (e2bapi.AssignTemplateTagsResponseObject, error) {
+	return nil, unimplemented("AssignTemplateTags")
+}
+
+func (notImplemented) DeleteTemplate(context.Context, e2bapi.DeleteTemplateRequestObject) (e2bapi.DeleteTemplateResponseObject, error) {
+	return nil, unimplemented("DeleteTemplate")
+}
+
+func (notImplemented) GetTemplateBuildStatus(context.Context, e2bapi.GetTemplateBuildStatusRequestObject) (e2bapi.GetTemplateBuildStatusResponseObject, error) {
+	return nil, unimplemented("GetTemplateBuildStatus")
+}
+
+func (notImplemented) GetTemplateFilesUploadLink(context.Context, e2bapi.GetTemplateFilesUploadLinkRequestObject) (e2bapi.GetTemplateFilesUploadLinkResponseObject, error) {
+	return nil, unimplemented("GetTemplateFilesUploadLink")
+}
+
+func (notImplemented) ListTemplateTags(context.Context, e2bapi.ListTemplateTagsRequestObject) (e2bapi.ListTemplateTagsResponseObject, error) {
+	return nil, unimplemented("ListTemplateTags")
+}
+
+func (notImplemented) CreateTemplateV2(context.Context, e2bapi.CreateTemplateV2RequestObject) (e2bapi.CreateTemplateV2ResponseObject, error) {
+	return nil, unimplemented("CreateTemplateV2")
+}
+
+func (notImplemented) StartTemplateBuildV2(context.Context, e2bapi.StartTemplateBuildV2RequestObject) (e2bapi.StartTemplateBuildV2ResponseObject, error) {
+	return nil, unimplemented("StartTemplateBuildV2")
+}
+
+func (notImplemented) CreateTemplateV3(context.Context, e2bapi.CreateTemplateV3RequestObject) (e2bapi.CreateTemplateV3ResponseObject, error) {
+	return nil, unimplemented("CreateTemplateV3")
+}

@@ -1,0 +1,145 @@
+// Package server is sandboxd's HTTP surface: E2B's control-plane REST API
+// (generated from openapi/e2b.yaml) with API-key auth, the data-plane proxy
+// into sandboxes, health and Prometheus metrics. It talks to the lifecycle
+// layer (package sandbox) and never to a backend directly.
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/e2bapi"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// E2BPrefix is where E2B's REST API is mounted; users set
+// E2B_API_URL=http://HOST:PORT/v1/sandboxes/e2b. It is also served at the
+// root, so E2B_API_URL=http://HOST:PORT works as well.
+const E2BPrefix = "/v1/sandboxes/e2b"
+
+// Config wires a server.
+type Config struct {
+	Manager     *sandbox.Manager
+	Store       *store.Store
+	Templates   runtime.TemplateLister // optional
+	Metrics     *Metrics
+	Log         *slog.Logger
+	EnvdVersion string
+	// Domain enables host routing (`<port>-<id>.<domain>`) and is returned
+	// to SDKs as the sandbox domain.
+	Domain string
+	// Ready reports whether the server may take traffic (reconcile done).
+	Ready func() bool
+}
+
+// New returns sandboxd's whole HTTP handler.
+func New(cfg Config) http.Handler {
+	log := cfg.Log
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Store, log))
+
+	api := &e2bAPI{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: log}
+	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
+		return func(w http.ResponseWriter, r *http.Request, err error) {
+			if status == http.StatusBadRequest {
+				writeErrorStatus(w, status, err.Error())
+				return
+			}
+			writeError(w, r, log, err)
+		}
+	}
+	strict := e2bapi.NewStrictHandlerWithOptions(api, nil, e2bapi.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  jsonErr(http.StatusBadRequest),
+		ResponseErrorHandlerFunc: jsonErr(http.StatusInternalServerError),
+	})
+	e2b := chi.NewRouter()
+	e2b.Use(authenticate(cfg.Store, log))
+	notImpl := func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
+	}
+	e2b.NotFound(notImpl)
+	e2b.MethodNotAllowed(notImpl)
+	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2b, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})
+
+	root := chi.NewRouter()
+	root.Use(middleware.RequestID, accessLog(log), middleware.Recoverer, cfg.Metrics.HTTPMiddleware)
+	root.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
+		if cfg.Ready != nil && !cfg.Ready() {
+			writeErrorStatus(w, http.StatusServiceUnavailable, "starting")
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	root.Mount(E2BPrefix, e2b)
+	root.Mount("/", e2b)
+
+	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
+	return p.Wrap(root)
+}
+
+// accessLog writes one JSON line per API request with its request id and
+// tenant (the proxy logs its own streams).
+func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			var t tenant.ID
+			r = r.WithContext(withTenantSlot(r.Context(), &t))
+			next.ServeHTTP(ww, r)
+			if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+				return
+			}
+			log.Info("http request", "method", r.Method, "path", r.URL.Path, "status", ww.Status(),
+				"duration_ms", float64(time.Since(start).Microseconds())/1000,
+				"request_id", middleware.GetReqID(r.Context()), "tenant", string(t))
+		})
+	}
+}
+
+type tenantSlotKey struct{}
+
+// withTenantSlot lets the auth middleware, deeper in the chain, report the
+// tenant back to the access log.
+func withTenantSlot(ctx context.Context, t *tenant.ID) context.Context {
+	return context.WithValue(ctx, tenantSlotKey{}, t)
+}
+
+func reportTenant(ctx context.Context, t tenant.ID) {
+	if slot, ok := ctx.Value(tenantSlotKey{}).(*tenant.ID); ok {
+		*slot = t
+	}
+}
+
+// sandboxCounter counts live sandboxes by tenant and state at scrape time.
+func sandboxCounter(st *store.Store, log *slog.Logger) func() map[string]map[string]int {
+	return func() map[string]map[string]int {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		live, err := st.ListLive(ctx)
+		if err != nil {
+			log.Error("metrics: list sandboxes", "err", err)
+			return nil
+		}
+		out := map[string]map[string]int{}
+		for _, sb := range live {
+			if out[string(sb.Tenant)] == nil {
+				out[string(sb.Tenant)] = map[string]int{}
+			}
+			out[string(sb.Tenant)][string(sb.State)]++
+		}
+		return out
+	}
+}
