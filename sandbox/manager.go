@@ -53,6 +53,27 @@ type Manager struct {
 	log     *slog.Logger
 	locks   sync.Map // sandbox id -> *sync.Mutex
 	now     func() time.Time
+
+	hookMu    sync.Mutex
+	stopHooks []func(id string)
+}
+
+// OnStop registers fn to run after a sandbox is paused or killed, so that
+// holders of connections into it (the proxy's pool) drop them: a connection
+// to a frozen sandbox does not fail, it hangs.
+func (m *Manager) OnStop(fn func(id string)) {
+	m.hookMu.Lock()
+	defer m.hookMu.Unlock()
+	m.stopHooks = append(m.stopHooks, fn)
+}
+
+func (m *Manager) stopped(id string) {
+	m.hookMu.Lock()
+	hooks := m.stopHooks
+	m.hookMu.Unlock()
+	for _, fn := range hooks {
+		fn(id)
+	}
 }
 
 // New returns a Manager; call Reconcile before serving and Run to sweep.
@@ -342,6 +363,7 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string) er
 		m.audit(ctx, reason, sb, err)
 		return fmt.Errorf("kill sandbox %s: %w", sb.ID, backendErr(err))
 	}
+	m.stopped(sb.ID)
 	sb.State = store.StateKilled
 	sb.EndAt = m.now().UTC()
 	err := m.store.UpdateSandbox(ctx, sb)
@@ -374,6 +396,7 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 		m.audit(ctx, reason, sb, err)
 		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
 	}
+	m.stopped(sb.ID)
 	sb.State = store.StatePaused
 	err := m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err, "memory", memory)

@@ -86,6 +86,7 @@ func New(cfg Config) http.Handler {
 	root.Mount("/", e2b)
 
 	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
+	cfg.Manager.OnStop(p.CloseSandbox)
 	return p.Wrap(root)
 }
 

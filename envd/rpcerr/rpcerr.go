@@ -22,6 +22,11 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	ErrNotFound        = errors.New("not found")
 	ErrAlreadyExists   = errors.New("already exists")
+	// ErrFailedPrecondition: the target is in the wrong state for the call
+	// (stdin of a process that has none, a resize of a non-PTY process).
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrResourceExhausted: a bounded buffer or limit was exceeded.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 // Code returns the Connect code for err.
@@ -44,6 +49,10 @@ func Code(err error) connect.Code {
 		errors.Is(err, unix.ENAMETOOLONG), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTEMPTY),
 		errors.Is(err, unix.EXDEV):
 		return connect.CodeInvalidArgument
+	case errors.Is(err, ErrFailedPrecondition):
+		return connect.CodeFailedPrecondition
+	case errors.Is(err, ErrResourceExhausted):
+		return connect.CodeResourceExhausted
 	case errors.Is(err, ErrNotFound), errors.Is(err, fs.ErrNotExist):
 		return connect.CodeNotFound
 	case errors.Is(err, ErrAlreadyExists), errors.Is(err, fs.ErrExist):

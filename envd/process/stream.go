@@ -1,0 +1,68 @@
+package process
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	rpc "github.com/sandboxd/sandboxd/envd/gen/process"
+	"github.com/sandboxd/sandboxd/envd/keepalive"
+	"github.com/sandboxd/sandboxd/envd/rpcerr"
+)
+
+// stream sends p's events to one reader: start first (E2B's SDKs reject a
+// stream that opens with anything else), then data as it arrives, with a
+// keepalive whenever the stream has been idle for the client's interval,
+// then the end event. sub is nil when p had already ended; the reader then
+// gets start and end only. Leaving early (ctx ends) detaches the reader and
+// leaves the process alone.
+func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *subscription[*rpc.ProcessEvent], send func(*rpc.ProcessEvent) error) error {
+	if sub != nil {
+		defer sub.cancel()
+	}
+	if err := send(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_Start{Start: &rpc.ProcessEvent_StartEvent{Pid: p.pid}}}); err != nil {
+		return rpcerr.Connect(err)
+	}
+	if sub == nil {
+		return rpcerr.Connect(send(endOf(p)))
+	}
+
+	interval := keepalive.Interval(h)
+	idle := time.NewTimer(interval)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return rpcerr.Connect(ctx.Err())
+		case <-idle.C:
+			if err := send(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_Keepalive{Keepalive: &rpc.ProcessEvent_KeepAlive{}}}); err != nil {
+				return rpcerr.Connect(err)
+			}
+			idle.Reset(interval)
+		case ev, ok := <-sub.C():
+			if !ok {
+				if err := sub.Err(); err != nil {
+					s.log.Warn("process reader disconnected", "pid", p.pid, "err", err)
+					return rpcerr.Connect(fmt.Errorf("process %d: %w", p.pid, err))
+				}
+				// The end event is published before the fanout closes, so
+				// this is not expected; still, never end a stream without it.
+				return rpcerr.Connect(send(endOf(p)))
+			}
+			if err := send(ev); err != nil {
+				return rpcerr.Connect(err)
+			}
+			if ev.GetEnd() != nil {
+				return nil
+			}
+			idle.Reset(interval)
+		}
+	}
+}
+
+// endOf is the end event of a process that has ended.
+func endOf(p *process) *rpc.ProcessEvent {
+	<-p.done // immediate in practice: the fanout closes just before done
+	return &rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}}
+}

@@ -1,0 +1,277 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics is sandboxd's Prometheus instrumentation. It owns its registry (no
+// global state, so tests and several servers in one process do not collide)
+// with the Go runtime and process collectors, the control plane's HTTP
+// metrics, sandbox create latency, sandbox counts by tenant and state, and
+// the data-plane proxy's requests, bytes and open streams.
+//
+// All methods are safe on a nil *Metrics, where they do nothing.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	httpRequests *prometheus.CounterVec   // route, method, code
+	httpDuration *prometheus.HistogramVec // route, method
+
+	// CreateLatency observes how long creating a sandbox took, labelled by
+	// template and by where it was served from (e.g. "cold", "snapshot",
+	// "pool"); see ObserveCreate.
+	CreateLatency *prometheus.HistogramVec
+
+	sandboxCounts atomic.Pointer[func() map[string]map[string]int]
+
+	proxyRequests *prometheus.CounterVec // port_class, code
+	proxyBytes    *prometheus.CounterVec // direction
+	proxyStreams  prometheus.Gauge
+
+	// Children resolved once: the proxy adds to these on every read/write.
+	proxyBytesIn, proxyBytesOut prometheus.Counter
+}
+
+// Labels of the proxy metrics.
+const (
+	portClassEnvd = "envd" // requests to envd's port
+	portClassPort = "port" // requests to any other port in the sandbox
+	portClassNone = "none" // requests refused before a port was known
+
+	directionIn  = "in"  // client to sandbox
+	directionOut = "out" // sandbox to client
+)
+
+// routeOther labels requests that matched no chi route; raw paths are never
+// used as labels (sandbox ids in paths would make cardinality unbounded).
+const routeOther = "other"
+
+// NewMetrics builds the metrics and their registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_http_requests_total",
+		Help: "Control-plane HTTP requests by chi route pattern, method and status code.",
+	}, []string{"route", "method", "code"})
+	m.httpDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sandboxd_http_request_duration_seconds",
+		Help:    "Control-plane HTTP request latency by chi route pattern and method.",
+		Buckets: prometheus.DefBuckets,
+	}, []string{"route", "method"})
+	m.CreateLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sandboxd_sandbox_create_seconds",
+		Help:    "Time to create a sandbox, until envd answers, by template and where it was served from.",
+		Buckets: []float64{.025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+	}, []string{"template", "served_from"})
+	m.proxyRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_proxy_requests_total",
+		Help: "Data-plane requests proxied to sandboxes, by port class (envd or port) and status code.",
+	}, []string{"port_class", "code"})
+	m.proxyBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_proxy_bytes_total",
+		Help: "Bytes the data-plane proxy carried to sandboxes (in) and from them (out), HTTP framing included.",
+	}, []string{"direction"})
+	m.proxyStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sandboxd_proxy_open_streams",
+		Help: "Data-plane requests in flight, including long-lived streams and upgraded connections.",
+	})
+	m.proxyBytesIn = m.proxyBytes.WithLabelValues(directionIn)
+	m.proxyBytesOut = m.proxyBytes.WithLabelValues(directionOut)
+
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.httpRequests, m.httpDuration, m.CreateLatency,
+		m.proxyRequests, m.proxyBytes, m.proxyStreams,
+		sandboxCollector{m},
+	)
+	return m
+}
+
+// Registry is the registry the metrics live in, for callers that add their
+// own collectors.
+func (m *Metrics) Registry() *prometheus.Registry {
+	if m == nil {
+		return nil
+	}
+	return m.reg
+}
+
+// Handler serves the metrics in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	if m == nil {
+		return http.NotFoundHandler()
+	}
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ObserveCreate records one sandbox creation.
+func (m *Metrics) ObserveCreate(template, servedFrom string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.CreateLatency.WithLabelValues(template, servedFrom).Observe(d.Seconds())
+}
+
+// RegisterSandboxCounter sets the function that reports live sandboxes as
+// tenant -> state -> count. It is called at every scrape (so it must be
+// cheap and safe for concurrent use) and exported as
+// sandboxd_sandboxes{tenant,state}. A later call replaces an earlier one;
+// nil removes it.
+func (m *Metrics) RegisterSandboxCounter(f func() map[string]map[string]int) {
+	if m == nil {
+		return
+	}
+	if f == nil {
+		m.sandboxCounts.Store(nil)
+		return
+	}
+	m.sandboxCounts.Store(&f)
+}
+
+var sandboxesDesc = prometheus.NewDesc("sandboxd_sandboxes",
+	"Live sandboxes by tenant and lifecycle state.", []string{"tenant", "state"}, nil)
+
+// sandboxCollector asks the lifecycle layer for its counts at scrape time.
+type sandboxCollector struct{ m *Metrics }
+
+func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
+
+func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.m.sandboxCounts.Load()
+	if f == nil {
+		return
+	}
+	for tenant, states := range (*f)() {
+		for state, n := range states {
+			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), tenant, state)
+		}
+	}
+}
+
+// HTTPMiddleware records sandboxd_http_requests_total and
+// sandboxd_http_request_duration_seconds for next. The route label is the
+// chi route pattern the request matched (read after next ran), or "other".
+// It works both as a chi middleware (router.Use) and wrapped around a chi
+// router from outside: then it supplies the routing context chi fills in.
+func (m *Metrics) HTTPMiddleware(next http.Handler) http.Handler {
+	if m == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rctx := chi.RouteContext(r.Context())
+		if rctx == nil {
+			rctx = chi.NewRouteContext()
+			r = r.WithContext(context.WithValue(r.Context(), chi.RouteCtxKey, rctx))
+		}
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() {
+			route := rctx.RoutePattern()
+			if route == "" {
+				route = routeOther
+			}
+			method := methodLabel(r.Method)
+			code := rec.status
+			if code == 0 {
+				code = http.StatusOK // nothing written: net/http answers 200
+			}
+			m.httpRequests.WithLabelValues(route, method, strconv.Itoa(code)).Inc()
+			m.httpDuration.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// methodLabel bounds the method label to the standard methods.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return method
+	}
+	return "OTHER"
+}
+
+// Proxy instrumentation, used by proxy.go.
+
+func (m *Metrics) proxyRequest(portClass string, code int) {
+	if m == nil {
+		return
+	}
+	m.proxyRequests.WithLabelValues(portClass, strconv.Itoa(code)).Inc()
+}
+
+func (m *Metrics) proxyStreamOpened() {
+	if m != nil {
+		m.proxyStreams.Inc()
+	}
+}
+
+func (m *Metrics) proxyStreamClosed() {
+	if m != nil {
+		m.proxyStreams.Dec()
+	}
+}
+
+func (m *Metrics) proxyBytesAdd(direction string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	if direction == directionIn {
+		m.proxyBytesIn.Add(float64(n))
+	} else {
+		m.proxyBytesOut.Add(float64(n))
+	}
+}
+
+// statusRecorder remembers the status a handler wrote. Unwrap lets
+// http.ResponseController reach the real writer's Flush, Hijack and
+// EnableFullDuplex; Flush is also implemented directly for handlers that
+// type-assert http.Flusher.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	// 1xx other than 101 are informational; the final status comes later.
+	if r.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *statusRecorder) Flush() {
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+// Hijack takes over the connection (an upgrade such as a websocket): the
+// status is then 101, written by whoever hijacked.
+func (r *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(r.ResponseWriter).Hijack()
+	if err == nil && r.status == 0 {
+		r.status = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
