@@ -220,14 +220,15 @@ func writeFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-// noTempFiles fails if an upload left a temporary file anywhere under dir.
+// noTempFiles fails if an upload left a stray hidden file (an editor-style
+// temporary) anywhere under dir; uploads write in place and make none.
 func noTempFiles(t *testing.T, dir string) {
 	t.Helper()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if strings.HasPrefix(d.Name(), tempPrefix) {
+		if p != dir && strings.HasPrefix(d.Name(), ".") {
 			t.Errorf("temporary file left behind: %s", p)
 		}
 		return nil

@@ -5,7 +5,9 @@ import (
 	"compress/gzip"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"mime/multipart"
 	"net/http"
@@ -334,15 +336,13 @@ func TestUploadErrors(t *testing.T) {
 	}
 }
 
-// A failed upload must leave the previous content where it was, and no
-// temporary file behind.
-func TestFailedUploadKeepsOldFile(t *testing.T) {
+// A failed upload of a new file leaves nothing behind.
+func TestFailedUploadOfNewFileLeavesNothing(t *testing.T) {
 	e := newEnv(t)
-	path := e.path("keep/me.txt")
-	writeFile(t, path, []byte("old content"))
 	big := make([]byte, 1<<20)
 	rand.Read(big)
 	gz := gzipBytes(t, big)
+	path := e.path("gone/me.txt")
 	ct, mp := multipartBody(t, part{filename: path, data: big})
 	tests := []struct {
 		name string
@@ -357,11 +357,36 @@ func TestFailedUploadKeepsOldFile(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := e.post(t, url.Values{"path": {path}}, tt.ct, bytes.NewReader(tt.body), tt.hdr)
 			r.wantError(t, http.StatusBadRequest)
-			if b := readFile(t, path); string(b) != "old content" {
-				t.Errorf("after failed upload the file holds %d bytes; want the old content", len(b))
+			if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("after a failed upload the new file exists (err %v)", err)
 			}
-			noTempFiles(t, e.dir)
 		})
+	}
+}
+
+// An overwrite rewrites the file in place, as E2B's envd does: the inode
+// stays, so a hard link sees the new content (and watchers see a WRITE of
+// the file, not a rename of a temporary one).
+func TestUploadOverwriteInPlace(t *testing.T) {
+	e := newEnv(t)
+	path := e.path("inplace.txt")
+	writeFile(t, path, []byte("old"))
+	link := e.path("hardlink.txt")
+	if err := os.Link(path, link); err != nil {
+		t.Fatal(err)
+	}
+	e.postRaw(t, path, []byte("new content"), nil).entries(t)
+	if b := readFile(t, link); string(b) != "new content" {
+		t.Errorf("hard link reads %q; want the new content", b)
+	}
+	entries, err := os.ReadDir(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range entries {
+		if strings.HasPrefix(d.Name(), ".") {
+			t.Errorf("unexpected hidden file %s after upload", d.Name())
+		}
 	}
 }
 

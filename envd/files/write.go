@@ -1,8 +1,6 @@
 package files
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,10 +20,6 @@ import (
 // constant whatever the file size.
 const copyBufSize = 256 << 10
 
-// tempPrefix names in-progress uploads. A fixed-length name (not derived
-// from the target's) cannot hit NAME_MAX, and the dot keeps it out of ls.
-const tempPrefix = ".sandboxd-upload-"
-
 // writer stores uploaded files for one user.
 type writer struct {
 	log  *slog.Logger
@@ -43,12 +37,12 @@ func newWriter(log *slog.Logger, u *permissions.User, meta map[string]string) *w
 // directories are created owned by the user; the file ends up owned by the
 // user with the request's metadata.
 //
-// A regular file is written to a temporary file beside it and renamed over
-// the old one, so a failed or interrupted upload leaves the previous content
-// in place and never a half-written file. The price is that hard links to
-// the old file keep the old content, and a crash of envd mid-upload leaves a
-// `.sandboxd-upload-*` file behind. A symlink is written through (the file
-// it points to is replaced), as `echo > link` would.
+// Files are written in place (truncated, then rewritten), as E2B's envd does:
+// watchers then see a WRITE of the file itself, open readers and hard links
+// see the new content, and no temporary names appear in the directory. The
+// cost is that a failed upload over an existing file leaves it truncated or
+// partly written; a failed upload of a new file removes it. A symlink is
+// written through, as `echo > link` would.
 func (wr *writer) write(path string, src io.Reader) (string, error) {
 	if err := permissions.EnsureDir(filepath.Dir(path), wr.user); err != nil {
 		return "", err
@@ -68,6 +62,9 @@ func (wr *writer) write(path string, src io.Reader) (string, error) {
 			}
 		} else {
 			// A dangling link: replace the link itself with the file.
+			if err := os.Remove(path); err != nil {
+				return "", err
+			}
 			fi = nil
 		}
 	}
@@ -76,62 +73,50 @@ func (wr *writer) write(path string, src io.Reader) (string, error) {
 		case mode.IsDir():
 			return "", fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, path)
 		case mode&fs.ModeCharDevice != 0:
-			// /dev/null and friends: write to the device, never replace or
-			// chown it.
+			// /dev/null and friends: write to the device, never chown it.
 			return target, wr.writeInPlace(target, src, false)
 		case !mode.IsRegular():
 			// Opening a FIFO for writing would block until a reader appears.
 			return "", fmt.Errorf("%w: path %q is not a regular file", rpcerr.ErrInvalidArgument, path)
 		}
+		return target, wr.writeInPlace(target, src, true)
 	}
 
-	tmp, err := createTemp(filepath.Dir(target))
+	// Mode 0o666 goes through the umask, as a plain create would.
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o666)
+	if errors.Is(err, fs.ErrExist) {
+		// Created by someone else since we looked: overwrite it like any
+		// existing file.
+		return wr.write(path, src)
+	}
 	if err != nil {
-		if fi != nil {
-			// The directory refuses new entries but the file exists: pseudo
-			// filesystems (/proc, /sys), a read-only directory over a writable
-			// file, or no inodes left. Writing in place is what still works.
-			wr.log.Debug("cannot create temporary file, writing in place", "path", target, "err", err)
-			return target, wr.writeInPlace(target, src, true)
-		}
-		return "", err
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-
-	// chown before chmod: chown clears set-id bits.
-	if err := tmp.Chown(int(wr.user.UID), int(wr.user.GID)); err != nil {
-		return "", fmt.Errorf("chown %s: %w", path, err)
-	}
-	if fi != nil {
-		// Overwriting keeps the old file's permissions, as truncating it would.
-		if err := tmp.Chmod(fi.Mode().Perm()); err != nil {
-			return "", fmt.Errorf("chmod %s: %w", path, err)
-		}
-	}
-	if err := wr.copy(tmp, src); err != nil {
-		return "", err
-	}
-	if err := wr.setMetadata(tmp.Name()); err != nil {
-		return "", err
-	}
-	// Close reports deferred write errors (ENOSPC, EDQUOT on some filesystems).
-	if err := tmp.Close(); err != nil {
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), target); err != nil {
 		if errors.Is(err, unix.EISDIR) {
-			// A directory appeared at the path since we looked.
 			return "", fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, path)
 		}
 		return "", err
 	}
-	keep = true
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(target)
+		}
+	}()
+	// chown before anything else: the file is the user's from the start.
+	if err := f.Chown(int(wr.user.UID), int(wr.user.GID)); err != nil {
+		return "", fmt.Errorf("chown %s: %w", path, err)
+	}
+	if err := wr.copy(f, src); err != nil {
+		return "", err
+	}
+	if err := wr.setMetadata(target); err != nil {
+		return "", err
+	}
+	// Close reports deferred write errors (ENOSPC, EDQUOT on some filesystems).
+	if err := f.Close(); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	ok = true
 	return target, nil
 }
 
@@ -216,20 +201,4 @@ func (s *srcReader) Read(p []byte) (int, error) {
 		s.err = err
 	}
 	return n, err
-}
-
-// createTemp makes an empty file in dir that nobody else can be using.
-// Mode 0o666 goes through the umask, as a plain create would.
-func createTemp(dir string) (*os.File, error) {
-	var rnd [8]byte
-	for range 10 {
-		rand.Read(rnd[:])
-		name := filepath.Join(dir, tempPrefix+hex.EncodeToString(rnd[:]))
-		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		return f, err
-	}
-	return nil, fmt.Errorf("create temporary file in %s: too many collisions", dir)
 }
