@@ -41,7 +41,26 @@ type Config struct {
 	// KilledRetention is how long killed sandboxes stay in the store.
 	KilledRetention time.Duration
 	// OnCreate, when set, observes every successful create (metrics).
+	// Deprecated: use OnCreateFrom, which also says where it came from.
 	OnCreate func(template string, took time.Duration)
+	// OnCreateFrom, when set, observes every successful create with where
+	// it was served from: "pool" (a warm member) or "cold".
+	OnCreateFrom func(template, servedFrom string, took time.Duration)
+
+	// Settings holds the per-tenant quotas (max sandboxes, max memory) and
+	// min_warm; nil means no quotas and no min_warm.
+	Settings *Settings
+	// HostMemoryMB, when above zero, budgets the memory limits of all live
+	// sandboxes (paused included) plus warm pool members: a create that
+	// would exceed it is refused with ErrUnavailable (503 + Retry-After).
+	HostMemoryMB int
+	// HostReserveMB, when above zero, refuses a cold create (and holds back
+	// pool refills) when the host's MemAvailable minus this reserve is
+	// below the sandbox's memory.
+	HostReserveMB int
+	// MemAvailable reports the host's MemAvailable in MiB; nil reads
+	// /proc/meminfo.
+	MemAvailable func() (int, error)
 }
 
 // Manager is the lifecycle state machine. Its methods are safe for
@@ -56,6 +75,10 @@ type Manager struct {
 
 	hookMu    sync.Mutex
 	stopHooks []func(id string)
+
+	tenantLocks sync.Map   // tenant id -> *sync.Mutex: quota check + insert
+	hostMu      sync.Mutex // host budget check + insert, when HostMemoryMB > 0
+	pool        Pool       // nil: every create is cold
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -246,15 +269,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sand
 		}
 		sb.Network = raw
 	}
-	unlock := m.lock(sb.ID)
-	defer unlock()
-
-	// The row goes in first, as "creating": if sandboxd dies before the
-	// backend call returns, Reconcile finds the row and destroys whatever
-	// the backend made of it.
-	if err := m.store.InsertSandbox(ctx, sb); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w", err)
-	}
+	unlock := func() {}
+	defer func() { unlock() }() // after the undos below
 	var undo []func(context.Context)
 	defer func() {
 		if err == nil {
@@ -266,11 +282,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sand
 		}
 		m.audit(ctx, "create", sb, err)
 	}()
-	undo = append(undo, func(ctx context.Context) {
-		if derr := m.store.DeleteSandbox(ctx, sb.ID); derr != nil {
-			m.log.Error("revert create: delete row", "sandbox_id", sb.ID, "err", derr)
-		}
-	})
+
+	// Quota, warm claim and host guard, then the row, under the tenant's
+	// lock: two concurrent creates cannot both pass the last free slot.
+	// admit registers its undos (the claimed member, the row) and takes
+	// the sandbox's lock.
+	member, unlockSandbox, err := m.admit(ctx, sb, req, &undo)
+	if err != nil {
+		return nil, err
+	}
+	unlock = unlockSandbox
+	servedFrom := "cold"
+	if member != nil {
+		servedFrom = "pool"
+	}
 
 	spec := runtime.Spec{
 		ID:            sb.ID,
@@ -282,14 +307,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sand
 		AccessToken:   sb.EnvdAccessToken,
 		AllowInternet: sb.AllowInternetAccess,
 	}
-	if _, err := m.backend.Create(ctx, spec); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
-	}
-	undo = append(undo, func(ctx context.Context) {
-		if derr := m.backend.Destroy(ctx, sb.ID); derr != nil {
-			m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "err", derr)
+	if member == nil {
+		if _, err := m.backend.Create(ctx, spec); err != nil {
+			return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
 		}
-	})
+		undo = append(undo, func(ctx context.Context) {
+			if derr := m.backend.Destroy(ctx, sb.ID); derr != nil {
+				m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "err", derr)
+			}
+		})
+	}
 	if err := m.initEnvd(ctx, sb); err != nil {
 		return nil, fmt.Errorf("create sandbox: init envd: %w", err)
 	}
@@ -298,10 +325,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sand
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	took := m.now().Sub(start)
-	if m.cfg.OnCreate != nil {
+	if m.cfg.OnCreateFrom != nil {
+		m.cfg.OnCreateFrom(sb.Template, servedFrom, took)
+	} else if m.cfg.OnCreate != nil {
 		m.cfg.OnCreate(sb.Template, took)
 	}
-	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()))
+	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()),
+		"served_from", servedFrom)
 	return sb, nil
 }
 

@@ -14,7 +14,9 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/e2bapi"
+	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/store"
@@ -39,6 +41,15 @@ type Config struct {
 	Domain string
 	// Ready reports whether the server may take traffic (reconcile done).
 	Ready func() bool
+	// Limits rate-limits each tenant per route class (nil: no limits);
+	// IPLimiter with IPLimit limits each client address before auth.
+	Limits    *ratelimit.Tenants
+	IPLimiter *ratelimit.Limiter
+	IPLimit   ratelimit.Limit
+	// Pools, when set, exports the warm pools' series on /metrics.
+	Pools PoolStats
+	// JWT verifies the native API's bearer tokens; nil accepts API keys only.
+	JWT *jwtauth.Verifier
 }
 
 // New returns sandboxd's whole HTTP handler.
@@ -63,8 +74,9 @@ func New(cfg Config) http.Handler {
 		RequestErrorHandlerFunc:  jsonErr(http.StatusBadRequest),
 		ResponseErrorHandlerFunc: jsonErr(http.StatusInternalServerError),
 	})
+	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
 	e2b := chi.NewRouter()
-	e2b.Use(authenticate(cfg.Store, log))
+	e2b.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}
@@ -82,6 +94,7 @@ func New(cfg Config) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	root.Mount(NativePrefix, newNative(cfg)) // E2BPrefix, longer, still routes to e2b
 	root.Mount(E2BPrefix, e2b)
 	root.Mount("/", e2b)
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -99,12 +100,32 @@ func keys(args []string) error {
 
 func tenants(args []string) error {
 	if len(args) == 0 {
-		return errors.New("tenants: want list or create")
+		return errors.New("tenants: want list, create or set")
 	}
 	fs := flag.NewFlagSet("tenants "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "./data", "state directory")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	var settings settingFlags
+	if args[0] == "set" {
+		settings.register(fs)
+	}
+	// NAME may come before the flags (`tenants set acme --min-warm 2`),
+	// which the flag package alone would not parse.
+	rest, name := args[1:], ""
+	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		name, rest = rest[0], rest[1:]
+	}
+	if err := parseFlags(fs, rest); err != nil {
 		return err
+	}
+	if name == "" && fs.NArg() > 0 {
+		// NAME between flags: parse the flags after it too.
+		name = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("tenants %s: unexpected %q", args[0], fs.Arg(0))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -115,22 +136,25 @@ func tenants(args []string) error {
 	defer st.Close()
 	switch args[0] {
 	case "create":
-		if fs.NArg() != 1 {
+		if name == "" {
 			return errors.New("tenants create: want one NAME")
 		}
-		t, err := st.CreateTenant(ctx, fs.Arg(0))
+		t, err := st.CreateTenant(ctx, name)
 		if err != nil {
 			return err
 		}
 		fmt.Println(t.ID)
+	case "set":
+		if name == "" {
+			return errors.New("tenants set: want NAME")
+		}
+		return tenantsSet(ctx, st, name, &settings, os.Stdout)
 	case "list":
 		all, err := st.ListTenants(ctx)
 		if err != nil {
 			return err
 		}
-		for _, t := range all {
-			fmt.Println(t.ID)
-		}
+		return printTenants(os.Stdout, all)
 	default:
 		return fmt.Errorf("tenants: unknown subcommand %q", args[0])
 	}

@@ -34,6 +34,10 @@ func main() {
 		err = keys(os.Args[2:])
 	case "tenants":
 		err = tenants(os.Args[2:])
+	case "token":
+		err = token(os.Args[2:])
+	case "sandbox":
+		err = sandboxCmd(os.Args[2:])
 	case "version":
 		fmt.Println(version)
 	case "-h", "--help", "help":

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +23,8 @@ import (
 	"github.com/sandboxd/sandboxd/server"
 )
 
+const defaultRunDir = "/run/sandboxd/local"
+
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var (
@@ -29,10 +33,12 @@ func serve(args []string) error {
 		backend    = fs.String("backend", "local", "isolation backend: local")
 		domain     = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
 		envdPath   = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
-		runRoot    = fs.String("run-dir", "/run/sandboxd/local", "host state of the local backend")
+		runRoot    = fs.String("run-dir", defaultRunDir, "host state of the local backend")
 		maxTimeout = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
 	)
+	var lim limitOpts
+	lim.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -51,6 +57,10 @@ func serve(args []string) error {
 		}
 		*envdPath = filepath.Join(filepath.Dir(exe), "envd")
 	}
+	jwtVerifier, err := nativeJWT(*dataDir)
+	if err != nil {
+		return err
+	}
 	st, err := openStore(ctx, *dataDir)
 	if err != nil {
 		return err
@@ -60,21 +70,32 @@ func serve(args []string) error {
 	if *backend != "local" {
 		return fmt.Errorf("--backend %q: only local is available in this build", *backend)
 	}
-	be, err := local.New(ctx, local.Options{Root: *runRoot, EnvdPath: *envdPath, Log: log.With("component", "local")})
+	be, err := local.New(ctx, local.Options{
+		Root: *runRoot, CgroupParent: cgroupParent(*runRoot), EnvdPath: *envdPath,
+		Log: log.With("component", "local"),
+	})
 	if err != nil {
 		return fmt.Errorf("local backend: %w", err)
 	}
 
 	metrics := server.NewMetrics()
+	settings := sandbox.NewSettings(st, lim.defaults(), log.With("component", "settings"))
+	if err := settings.Refresh(ctx); err != nil {
+		return fmt.Errorf("tenant settings: %w", err)
+	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
 		EnvdVersion: envd.Version, MaxTimeout: *maxTimeout,
-		OnCreate: func(template string, took time.Duration) { metrics.ObserveCreate(template, "cold", took) },
+		OnCreateFrom: metrics.ObserveCreate,
+		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 	})
+	pools := lim.newPools(mgr, be, log)
+	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
 	handler := server.New(server.Config{
 		Manager: mgr, Store: st, Templates: be, Metrics: metrics, Log: log,
-		EnvdVersion: envd.Version, Domain: *domain, Ready: ready.Load,
+		EnvdVersion: envd.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
+		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 	})
 
 	var protocols http.Protocols
@@ -100,6 +121,16 @@ func serve(args []string) error {
 		_ = hs.Close()
 		return fmt.Errorf("reconcile: %w", err)
 	}
+	// Settings are polled so `sandboxd tenants set` applies without a
+	// restart. Warm pools start after Reconcile (which destroys members a
+	// previous process left: backend sandboxes without a row) and are
+	// drained after the HTTP server has shut down.
+	stopSettings := background(context.Background(), func(ctx context.Context) { settings.Run(ctx, lim.settingsPoll) })
+	defer stopSettings()
+	stopPools := func() {}
+	if pools != nil {
+		stopPools = background(context.Background(), pools.Run)
+	}
 	ready.Store(true)
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	sweepDone := make(chan struct{})
@@ -116,6 +147,7 @@ func serve(args []string) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = hs.Shutdown(shutdownCtx)
+	stopPools()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -123,4 +155,16 @@ func serve(args []string) error {
 	// start, and the sweeper then enforces their end times.
 	log.Info("sandboxd stopped")
 	return err
+}
+
+// cgroupParent gives every run dir its own cgroup parent: the local
+// backend's Reconcile removes cgroups under its parent that its run dir does
+// not know, so two sandboxd instances (tests, benchmarks) sharing a parent
+// would tear down each other's sandboxes.
+func cgroupParent(runDir string) string {
+	if filepath.Clean(runDir) == defaultRunDir {
+		return "/sandboxd"
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(runDir)))
+	return "/sandboxd-" + hex.EncodeToString(sum[:6])
 }

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Machine is the report's header: what the numbers were measured on.
+type Machine struct {
+	Hostname    string   `json:"hostname"`
+	CPUs        int      `json:"cpus"`
+	CPUModel    string   `json:"cpuModel"`
+	MemTotalMiB float64  `json:"memTotalMiB"`
+	Kernel      string   `json:"kernel"`
+	OS          string   `json:"os"`
+	CgroupMode  string   `json:"cgroupMode"`
+	PidMax      int      `json:"pidMax"`
+	GoVersion   string   `json:"goVersion"`
+	Bubblewrap  string   `json:"bubblewrap"`
+	JSSDK       string   `json:"jsSdk"`
+	PythonSDK   string   `json:"pythonSdk"`
+	Node        string   `json:"node"`
+	Python      string   `json:"python"`
+	Commit      string   `json:"commit"`
+	Dirty       bool     `json:"dirty"`
+	Load        []string `json:"loadavgAtStart"`
+}
+
+func machineFacts(root string) Machine {
+	m := Machine{CPUs: goruntime.NumCPU(), GoVersion: goruntime.Version()}
+	m.Hostname, _ = os.Hostname()
+	m.Kernel = readTrim("/proc/sys/kernel/osrelease")
+	m.PidMax, _ = strconv.Atoi(readTrim("/proc/sys/kernel/pid_max"))
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	m.MemTotalMiB = float64(meminfo()["MemTotal"]) / (1 << 20)
+	if raw, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, l := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(l, "PRETTY_NAME="); ok {
+				m.OS = strings.Trim(v, `"`)
+			}
+		}
+	}
+	switch {
+	case exists("/sys/fs/cgroup/cgroup.controllers"):
+		m.CgroupMode = "v2"
+	case exists("/sys/fs/cgroup/unified"):
+		m.CgroupMode = "hybrid (v1 controllers + v2 unified)"
+	default:
+		m.CgroupMode = "v1"
+	}
+	m.Bubblewrap = firstLine(exec.Command("bwrap", "--version"))
+	m.Node = firstLine(exec.Command("node", "--version"))
+	if raw, err := os.ReadFile(filepath.Join(root, "compat-tests/js/node_modules/e2b/package.json")); err == nil {
+		var pkg struct{ Version string }
+		if json.Unmarshal(raw, &pkg) == nil {
+			m.JSSDK = "e2b " + pkg.Version + " (npm)"
+		}
+	}
+	if py := pythonBin(root); py != "" {
+		m.Python = firstLine(exec.Command(py, "--version"))
+		dists, _ := filepath.Glob(filepath.Join(root, "compat-tests/python/.venv/lib/python*/site-packages/e2b-*.dist-info"))
+		if len(dists) > 0 {
+			v := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(dists[0]), "e2b-"), ".dist-info")
+			m.PythonSDK = "e2b " + v + " (PyPI)"
+		}
+	}
+	m.Commit = firstLine(exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD"))
+	if out, err := exec.Command("git", "-C", root, "status", "--porcelain").Output(); err == nil {
+		m.Dirty = len(strings.TrimSpace(string(out))) > 0
+	}
+	m.Load = loadavg()
+	return m
+}
+
+func pythonBin(root string) string {
+	p := filepath.Join(root, "compat-tests/python/.venv/bin/python")
+	if exists(p) {
+		return p
+	}
+	return ""
+}
+
+func readTrim(path string) string {
+	raw, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(raw))
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func firstLine(cmd *exec.Cmd) string {
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	l, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return l
+}
+
+// loadavg returns the 1, 5 and 15 minute load averages.
+func loadavg() []string {
+	f := strings.Fields(readTrim("/proc/loadavg"))
+	if len(f) < 3 {
+		return nil
+	}
+	return f[:3]
+}
+
+// meminfo returns /proc/meminfo in bytes.
+func meminfo() map[string]int64 {
+	out := map[string]int64{}
+	raw, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		if len(f) > 1 && f[1] == "kB" {
+			n *= 1024
+		}
+		out[k] = n
+	}
+	return out
+}
+
+// memAvailable samples MemAvailable a few times, spaced out, and returns
+// the median: one sample is at the mercy of whatever else the box is doing.
+func memAvailable(samples int, gap time.Duration) float64 {
+	var v []float64
+	for i := range samples {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		v = append(v, float64(meminfo()["MemAvailable"]))
+	}
+	return median(v)
+}
+
+// procMem is a process's resident memory: RSS counts every page it maps,
+// PSS divides shared pages (envd's text, shared by every sandbox) among the
+// processes that map them.
+type procMem struct {
+	RSS, PSS, PSSAnon float64 // bytes
+	Threads           int
+}
+
+func readProcMem(pid int) (procMem, error) {
+	var m procMem
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return m, err
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseFloat(f[0], 64)
+		switch k {
+		case "Rss":
+			m.RSS = n * 1024
+		case "Pss":
+			m.PSS = n * 1024
+		case "Pss_Anon":
+			m.PSSAnon = n * 1024
+		}
+	}
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err == nil {
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+				m.Threads, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+	}
+	return m, nil
+}
+
+const mib = 1 << 20

@@ -1,0 +1,333 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Warm pools and rate limits (issue 5) are measured only when this build's
+// `sandboxd serve` has their flags; otherwise their rows say "not
+// available". Each of these scenarios runs a sandboxd of its own, so that
+// the cold scenarios never meet a pool or a limiter.
+
+// metricSum scrapes h's /metrics and sums the samples of name whose labels
+// include all of want. ok is false when /metrics cannot be read.
+func (h *Harness) metricSum(ctx context.Context, name string, want map[string]string) (sum float64, ok bool) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.addr+"/metrics", nil)
+	resp, err := h.api.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, name) || strings.HasPrefix(l, "#") {
+			continue
+		}
+		series, val, found := strings.Cut(l, " ")
+		if !found {
+			continue
+		}
+		metric, labels, _ := strings.Cut(series, "{")
+		if metric != name {
+			continue
+		}
+		match := true
+		for k, v := range want {
+			if !strings.Contains(labels, k+`="`+v+`"`) {
+				match = false
+				break
+			}
+		}
+		if !match {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.Fields(val)[0], 64); err == nil {
+			sum += f
+		}
+	}
+	return sum, true
+}
+
+// poolReady waits until h's pools hold at least want ready members, or
+// within passes; it returns how many are ready.
+func (h *Harness) poolReady(ctx context.Context, want int, within time.Duration) int {
+	deadline := time.Now().Add(within)
+	for {
+		n, _ := h.metricSum(ctx, "sandboxd_pool_members", map[string]string{"state": "ready"})
+		if int(n) >= want || time.Now().After(deadline) || ctx.Err() != nil {
+			return int(n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (h *Harness) poolClaims(ctx context.Context) (hits, misses float64) {
+	hits, _ = h.metricSum(ctx, "sandboxd_pool_claims_total", map[string]string{"result": "hit"})
+	misses, _ = h.metricSum(ctx, "sandboxd_pool_claims_total", map[string]string{"result": "miss"})
+	return hits, misses
+}
+
+// startSide starts a second sandboxd for one scenario; the caller closes it.
+func (b *Bench) startSide(ctx context.Context, tenants []string, extra ...string) (*Harness, error) {
+	h, err := newHarness(b.cfg.Root, b.cfg.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	h.keepLogs = b.cfg.KeepLogs
+	if err := h.startSandboxd(ctx, tenants, extra...); err != nil {
+		h.Close()
+		return nil, err
+	}
+	b.logf("second sandboxd on %s with %s", h.addr, strings.Join(extra, " "))
+	return h, nil
+}
+
+// coldP50 finds this run's cold create p50 (internet on), if measured.
+func (b *Bench) coldP50() *float64 {
+	for _, r := range b.rows {
+		if r.Scenario == "create" && strings.HasPrefix(r.Measure, "cold create → 201, internet on") {
+			return r.P50
+		}
+	}
+	return nil
+}
+
+// warmScenario: claims from a warm pool through POST /v2/sandboxes, one at
+// a time against a full pool (each claim waits for the refill of the one
+// before, so that it meets a full pool and no refill in flight); the SDKs'
+// Sandbox.create() against the same pool; and a burst of concurrent creates
+// against a pool of fixed size (issue 8: 200 against 50).
+func warmScenario(ctx context.Context, b *Bench) error {
+	if !b.flags["pool"] || !b.flags["min-warm"] {
+		why := "warm pools (issue 5) are not implemented in this build"
+		b.add(
+			unavailable("warm", "warm claim through POST /v2/sandboxes with a pool", why),
+			unavailable("warm", "SDK-observed Sandbox.create() from a pool", why),
+			unavailable("warm", "200 concurrent creates against a pool of 50", why),
+		)
+		return nil
+	}
+	const size = 5
+	extra := append(noLimits(b.flags), "--pool=true", fmt.Sprintf("--min-warm=%d", size))
+	if b.flags["pool-lead"] {
+		extra = append(extra, "--pool-lead=-1s") // fixed size: no adaptive growth during the measurement
+	}
+	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if got := h.poolReady(ctx, size, 60*time.Second); got < size {
+		return fmt.Errorf("pool holds %d ready members after 60s, want %d", got, size)
+	}
+
+	n := b.iters(1, 2, 20)
+	var claim, healthy []time.Duration
+	errs, waits := 0, 0
+	h0, m0 := h.poolClaims(ctx)
+	b.loop(ctx, n, func(int) {
+		if h.poolReady(ctx, size, 10*time.Second) < size {
+			waits++
+		}
+		t0 := time.Now()
+		sb, err := h.create(ctx, true)
+		tc := time.Since(t0)
+		if err != nil {
+			errs++
+			b.logf("warm claim: %v", err)
+			return
+		}
+		t := h.proxyTarget(sb)
+		err = t.health(ctx)
+		th := time.Since(t0)
+		t.close()
+		_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
+		if err != nil {
+			errs++
+			return
+		}
+		claim, healthy = append(claim, tc), append(healthy, th)
+	})
+	h1, m1 := h.poolClaims(ctx)
+	c := durDist("warm", fmt.Sprintf("warm claim → 201 (POST /v2/sandboxes, pool of %d, full)", size), claim, errs)
+	c.Goal = "≤ 15 ms"
+	c.Compare = fmt.Sprintf("%.0f hits, %.0f misses (pool metrics)", h1-h0, m1-m0)
+	if cold := b.coldP50(); cold != nil && c.P50 != nil {
+		c.Compare += fmt.Sprintf("; p50 %.1f× faster than this run's cold create", *cold / *c.P50)
+	}
+	if waits > 0 {
+		c.Note = fmt.Sprintf("%d claims met a pool not yet refilled", waits)
+	}
+	b.add(c, durDist("warm", "warm claim → first /health via proxy", healthy, 0))
+
+	// The SDKs against the same pool: their creates come one after
+	// another, so the refill races the next create.
+	if ctx.Err() == nil {
+		h.poolReady(ctx, size, 10*time.Second)
+		sh0, sm0 := h.poolClaims(ctx)
+		iters, runs := b.iters(1, 5, 10), 3
+		if b.cfg.Quick {
+			iters, runs = 2, 1
+		}
+		if err := b.runSDKs(ctx, h, "warm", "pool: ", iters, runs, ""); err != nil {
+			return err
+		}
+		sh1, sm1 := h.poolClaims(ctx)
+		for i := range b.rows {
+			if r := &b.rows[i]; r.Scenario == "warm" && strings.HasSuffix(r.Measure, ": Sandbox.create()") && r.Compare == "" {
+				r.Goal = "≤ 15 ms warm"
+				r.Compare = fmt.Sprintf("the SDKs' creates together: %.0f hits, %.0f misses", sh1-sh0, sm1-sm0)
+			}
+		}
+	}
+	h.Close()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return warmBurst(ctx, b)
+}
+
+// warmBurst fires cfg.Burst*4 concurrent creates (200 by default) at a
+// pool of cfg.Burst (50).
+func warmBurst(ctx context.Context, b *Bench) error {
+	size, fire := b.cfg.Burst, 4*b.cfg.Burst
+	extra := append(noLimits(b.flags), "--pool=true", fmt.Sprintf("--min-warm=%d", size))
+	if b.flags["pool-lead"] {
+		extra = append(extra, "--pool-lead=-1s")
+	}
+	if b.flags["pool-max"] {
+		extra = append(extra, fmt.Sprintf("--pool-max=%d", max(size, 64)))
+	}
+	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if got := h.poolReady(ctx, size, 3*time.Minute); got < size {
+		return fmt.Errorf("pool holds %d ready members after 3 min, want %d", got, size)
+	}
+	h0, m0 := h.poolClaims(ctx)
+	var ids sync.Map
+	each, wall, errs := concurrently(ctx, fire, func(ctx context.Context) error {
+		sb, err := h.create(ctx, true)
+		if err == nil {
+			ids.Store(sb.ID, true)
+		}
+		return err
+	})
+	h1, m1 := h.poolClaims(ctx)
+	r := durDist("warm", fmt.Sprintf("%d concurrent creates against a pool of %d, each", fire, size), each, errs)
+	r.Compare = fmt.Sprintf("%.0f hits, %.0f misses; all done in %.0f ms", h1-h0, m1-m0, float64(wall)/float64(time.Millisecond))
+	b.add(r)
+	var all []string
+	ids.Range(func(k, _ any) bool { all = append(all, k.(string)); return true })
+	h.destroyAll(context.WithoutCancel(ctx), all, 4)
+	return nil
+}
+
+// fairnessScenario: tenant B creates one sandbox at a time, alone and then
+// while tenant A floods creates from many clients, with the build's default
+// per-tenant limits on.
+func fairnessScenario(ctx context.Context, b *Bench) error {
+	if !b.flags["create-rate"] {
+		b.add(unavailable("fairness", "tenant B's create latency while tenant A floods, vs B alone",
+			"per-tenant rate limits (issue 5) are not implemented in this build"))
+		return nil
+	}
+	var extra []string
+	if b.flags["pool"] {
+		extra = append(extra, "--pool=false") // cold creates on both sides
+	}
+	h, err := b.startSide(ctx, []string{"b", "a"}, extra...) // default limits
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	keyA, keyB := h.keys["a"], h.keys["b"]
+	n := b.iters(1, 4, 10)
+	gap := 250 * time.Millisecond // B is a modest user: 4 creates/s at most
+	if b.cfg.Quick {
+		gap = 50 * time.Millisecond
+	}
+
+	runB := func() ([]time.Duration, int) {
+		var took []time.Duration
+		errs := 0
+		b.loop(ctx, n, func(int) {
+			t0 := time.Now()
+			sb, err := h.createAs(ctx, keyB, true)
+			d := time.Since(t0)
+			if err != nil {
+				errs++
+				b.logf("tenant b: %v", err)
+			} else {
+				took = append(took, d)
+				_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
+			}
+			time.Sleep(gap)
+		})
+		return took, errs
+	}
+
+	alone, aloneErrs := runB()
+
+	// A floods: 8 clients creating as fast as they are let, each backing
+	// off 50 ms after a 429, bounded by B's run and by a request count.
+	var (
+		stop          atomic.Bool
+		okA, limitedA atomic.Int64
+		otherA, reqA  atomic.Int64
+		wg            sync.WaitGroup
+	)
+	const maxRequests = 20000
+	for range 8 {
+		wg.Go(func() {
+			for !stop.Load() && ctx.Err() == nil && reqA.Add(1) <= maxRequests {
+				sb, err := h.createAs(ctx, keyA, true)
+				switch {
+				case err == nil:
+					okA.Add(1)
+					_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
+				case errors.Is(err, errRateLimited):
+					limitedA.Add(1)
+					time.Sleep(50 * time.Millisecond)
+				default:
+					otherA.Add(1)
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second) // let A use up its burst first
+	t0 := time.Now()
+	flooded, floodErrs := runB()
+	floodFor := time.Since(t0)
+	stop.Store(true)
+	wg.Wait()
+
+	a := durDist("fairness", "tenant B cold create, alone", alone, aloneErrs)
+	f := durDist("fairness", "tenant B cold create while tenant A floods (8 clients)", flooded, floodErrs)
+	if a.P50 != nil && f.P50 != nil {
+		f.Compare = fmt.Sprintf("p50 %.1f×, p99 %.1f× B alone", *f.P50 / *a.P50, *f.P99 / *a.P99)
+	}
+	f.Note = "B's errors include any 429: B must never be limited by A's flood"
+	rate := float64(okA.Load()) / (floodFor + time.Second).Seconds()
+	fl := value("fairness", "tenant A's creates let through during the flood", "creates/s", rate, int(okA.Load()))
+	fl.Note = fmt.Sprintf("%d created, %d refused with 429, %d other errors, over %.1f s; limits are the build's defaults", okA.Load(), limitedA.Load(), otherA.Load(), (floodFor + time.Second).Seconds())
+	b.add(a, f, fl)
+	return nil
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// sdkIter is one line of sdk_bench.py / sdk_bench.mjs.
+type sdkIter struct {
+	Kind         string    `json:"kind"`
+	Warmup       bool      `json:"warmup"`
+	CreateMs     float64   `json:"create_ms"`
+	FirstRunMs   float64   `json:"first_run_ms"`
+	RunsMs       []float64 `json:"runs_ms"`
+	DirectRunsMs []float64 `json:"direct_runs_ms"`
+	KillMs       float64   `json:"kill_ms"`
+	Error        string    `json:"error"`
+}
+
+// sdkScenario runs the real SDKs (installed for compat-tests) against the
+// bench's sandboxd: Sandbox.create(), the first commands.run('true'), more
+// runs on the same sandbox through the proxy and, with the same SDK, straight
+// to the standalone envd, and kill().
+func sdkScenario(ctx context.Context, b *Bench) error {
+	iters := b.iters(1, 5, 10)
+	runs := b.iters(1, 5, 10)
+	if b.cfg.Quick {
+		iters, runs = 2, 3
+	}
+	return b.runSDKs(ctx, b.h, "sdk", "", iters, runs, "http://"+b.envd.addr)
+}
+
+// runSDKs runs each SDK's script against h's sandboxd; scenario and prefix
+// label the rows (the warm scenario runs them against a sandboxd with a
+// pool).
+func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string, iters, runs int, direct string) error {
+	for _, sdk := range b.cfg.SDKs {
+		var argv []string
+		env := []string{}
+		label := ""
+		switch sdk {
+		case "python", "py":
+			py := pythonBin(b.cfg.Root)
+			if py == "" {
+				b.add(unavailable(scenario, "Python SDK", "compat-tests/python/.venv is missing (scripts/ci-deps.sh installs it)"))
+				continue
+			}
+			argv = []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_bench.py")}
+			label = prefix + "Python SDK"
+		case "js", "node":
+			entry := filepath.Join(b.cfg.Root, "compat-tests/js/node_modules/e2b/dist/index.mjs")
+			node, err := exec.LookPath("node")
+			if err != nil || !exists(entry) {
+				b.add(unavailable(scenario, "JS SDK", "node or compat-tests/js/node_modules/e2b is missing (scripts/ci-deps.sh installs it)"))
+				continue
+			}
+			argv = []string{node, filepath.Join(b.cfg.Root, "bench", "sdk_bench.mjs")}
+			env = append(env, "E2B_JS_SDK="+entry)
+			label = prefix + "JS SDK"
+		default:
+			return fmt.Errorf("unknown SDK %q (python, js)", sdk)
+		}
+		argv = append(argv, strconv.Itoa(iters), strconv.Itoa(runs))
+		if direct != "" {
+			argv = append(argv, direct)
+		}
+		res, err := b.runSDK(ctx, h, argv, env)
+		if err != nil {
+			b.logf("%s: %v", label, err)
+		}
+		b.addSDKRows(scenario, label, res, err)
+	}
+	return nil
+}
+
+func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]sdkIter, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.Budget)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = filepath.Join(b.cfg.Root, "bench")
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL=http://"+h.addr+apiPrefix,
+		"E2B_SANDBOX_URL=http://"+h.addr,
+		"E2B_API_KEY="+h.key,
+		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost",
+		"HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=", "ALL_PROXY=", "all_proxy=",
+	)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var res []sdkIter
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var it sdkIter
+		if json.Unmarshal(sc.Bytes(), &it) == nil && it.Kind != "" {
+			res = append(res, it)
+		}
+	}
+	if err != nil {
+		tail := strings.TrimSpace(stderr.String())
+		if len(tail) > 400 {
+			tail = tail[len(tail)-400:]
+		}
+		return res, fmt.Errorf("%v: %s", err, tail)
+	}
+	return res, nil
+}
+
+func (b *Bench) addSDKRows(scenario, label string, res []sdkIter, runErr error) {
+	var create, first, total, runs, direct, kill []float64
+	errs := 0
+	for _, it := range res {
+		if it.Kind == "error" {
+			errs++
+			b.logf("%s: %s", label, it.Error)
+			continue
+		}
+		if it.Warmup {
+			continue
+		}
+		create = append(create, it.CreateMs)
+		first = append(first, it.FirstRunMs)
+		total = append(total, it.CreateMs+it.FirstRunMs)
+		runs = append(runs, it.RunsMs...)
+		direct = append(direct, it.DirectRunsMs...)
+		kill = append(kill, it.KillMs)
+	}
+	if runErr != nil {
+		errs++
+	}
+	c := dist(scenario, label+": Sandbox.create()", "ms", create, errs)
+	c.Goal = "≤ 60 ms cold (≤ 15 ms warm: no pools yet)"
+	t := dist(scenario, label+": Sandbox.create() → first commands.run('true') done", "ms", total, 0)
+	f := dist(scenario, label+": first commands.run('true') on a new sandbox", "ms", first, 0)
+	r := dist(scenario, label+": commands.run('true') via proxy", "ms", runs, 0)
+	r.Goal = "≤ 5 ms (issue 8), proxy adds ≤ 1 ms p50"
+	d := dist(scenario, label+": commands.run('true') straight to a standalone envd (same SDK)", "ms", direct, 0)
+	if len(runs) > 0 && len(direct) > 0 {
+		r.Compare = fmt.Sprintf("%+.2f ms p50 vs straight to a standalone envd (includes the sandbox vs host bash difference)", median(runs)-median(direct))
+	}
+	k := dist(scenario, label+": kill()", "ms", kill, 0)
+	if len(direct) == 0 {
+		b.add(c, f, t, r, k)
+		return
+	}
+	b.add(c, f, t, r, d, k)
+}

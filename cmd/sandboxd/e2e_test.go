@@ -1,0 +1,835 @@
+package main
+
+// End-to-end tests of the control plane: a real sandboxd (built from this
+// tree) on the local backend, driven over loopback HTTP exactly as E2B's
+// SDKs drive it. The harness is in testutil_test.go. The tests run one at a
+// time (no t.Parallel): every sandboxd on a host shares the cgroup parent
+// /sandboxd, see TestTwoServersOnOneHost.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// TestLifecycle drives one tenant's sandboxes through every state of E2B's
+// REST API: create (v2 and v1), detail, list (metadata filter, state filter,
+// paging), pause, connect (resume), resume, timeout, kill.
+func TestLifecycle(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+
+	// Metadata with every character the SDKs' triple encoding must carry.
+	md := map[string]string{"suite": "lifecycle", "odd key/é": "a&b=c %/é+?#~!'()*"}
+
+	// --- create ---------------------------------------------------------
+	type created struct {
+		sb  e2eSandbox
+		raw e2eResponse
+	}
+	var sbs []created
+	for _, c := range []struct {
+		name, path string
+		body       map[string]any
+		wantToken  bool
+	}{
+		{"v2", "/v2/sandboxes", map[string]any{"timeout": 120, "metadata": md}, true},
+		// Above --max-timeout (24h by default): clamped.
+		{"v1 secure", "/sandboxes", map[string]any{"timeout": 90000, "secure": true, "metadata": map[string]string{"suite": "lifecycle"}}, true},
+		// 0 is what the Python SDK sends for "no timeout given": the default, 300s.
+		{"v1 not secure", "/sandboxes", map[string]any{"timeout": 0, "secure": false}, false},
+	} {
+		sb, r := e.create(t, c.path, key, c.body)
+		if sb.TemplateID != "base" {
+			t.Errorf("create %s: templateID %q, want base", c.name, sb.TemplateID)
+		}
+		if got := sb.EnvdAccessToken != nil && *sb.EnvdAccessToken != ""; got != c.wantToken {
+			t.Errorf("create %s: envdAccessToken present=%v, want %v (%s)", c.name, got, c.wantToken, r.body)
+		}
+		if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+			t.Errorf("create %s: Content-Type %q", c.name, ct)
+		}
+		sbs = append(sbs, created{sb, r})
+	}
+	a, b, c := sbs[0].sb, sbs[1].sb, sbs[2].sb
+	if a.SandboxID == b.SandboxID || b.SandboxID == c.SandboxID || a.SandboxID == c.SandboxID {
+		t.Fatalf("sandbox ids are not unique: %s %s %s", a.SandboxID, b.SandboxID, c.SandboxID)
+	}
+
+	// --- detail -----------------------------------------------------------
+	d := s.get(t, key, a.SandboxID)
+	if d.State != "running" || d.SandboxID != a.SandboxID || d.TemplateID != "base" {
+		t.Errorf("detail of %s: %+v", a.SandboxID, d)
+	}
+	if got := d.EndAt.Sub(d.StartedAt); got != 120*time.Second {
+		t.Errorf("detail: endAt-startedAt = %v, want the requested timeout 120s", got)
+	}
+	if !maps.Equal(d.Metadata, md) {
+		t.Errorf("detail: metadata %v, want %v", d.Metadata, md)
+	}
+	for _, c := range []struct {
+		id   string
+		want time.Duration
+	}{{b.SandboxID, 24 * time.Hour}, {c.SandboxID, 300 * time.Second}} {
+		if d := s.get(t, key, c.id); d.EndAt.Sub(d.StartedAt) != c.want {
+			t.Errorf("detail of %s: endAt-startedAt = %v, want %v", c.id, d.EndAt.Sub(d.StartedAt), c.want)
+		}
+	}
+	if d.EnvdAccessToken == nil || *d.EnvdAccessToken != *a.EnvdAccessToken {
+		t.Errorf("detail: envdAccessToken %v, want the one create returned (SDKs 2.0-2.5 read it here)", d.EnvdAccessToken)
+	}
+
+	// --- list -------------------------------------------------------------
+	all, _ := s.list(t, key, "")
+	if got, want := e2eSortedIDs(all), e2eSorted(a.SandboxID, b.SandboxID, c.SandboxID); !slices.Equal(got, want) {
+		t.Fatalf("list: %v, want %v", got, want)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i].StartedAt.After(all[i-1].StartedAt) {
+			t.Errorf("list: not in the default descending startedAt order: %v", e2eIDs(all))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		md   map[string]string
+		want []string
+	}{
+		{"both keys", md, []string{a.SandboxID}},
+		{"odd pair only", map[string]string{"odd key/é": "a&b=c %/é+?#~!'()*"}, []string{a.SandboxID}},
+		{"shared pair", map[string]string{"suite": "lifecycle"}, e2eSorted(a.SandboxID, b.SandboxID)},
+		{"value differs", map[string]string{"suite": "lifecycle", "odd key/é": "a&b=c"}, nil},
+		{"unknown key", map[string]string{"nope": "lifecycle"}, nil},
+	} {
+		got, _ := s.list(t, key, e2eMetadataQuery(f.md))
+		if !slices.Equal(e2eSortedIDs(got), f.want) {
+			t.Errorf("list with metadata filter %s (%s): %v, want %v", f.name, e2eMetadataQuery(f.md), e2eIDs(got), f.want)
+		}
+	}
+	// Paging: limit=2 gives two pages, linked by X-Next-Token.
+	page1, r1 := s.list(t, key, "limit=2")
+	tok := r1.header.Get("X-Next-Token")
+	if len(page1) != 2 || tok == "" {
+		t.Fatalf("list limit=2, page 1: %d items, X-Next-Token %q; want 2 and a token", len(page1), tok)
+	}
+	page2, r2 := s.list(t, key, "limit=2&nextToken="+url.QueryEscape(tok))
+	if len(page2) != 1 || r2.header.Get("X-Next-Token") != "" {
+		t.Fatalf("list limit=2, page 2: %d items, X-Next-Token %q; want 1 and none", len(page2), r2.header.Get("X-Next-Token"))
+	}
+	if got := append(e2eIDs(page1), e2eIDs(page2)...); !slices.Equal(got, e2eIDs(all)) {
+		t.Errorf("pages %v, want the full listing %v in order", got, e2eIDs(all))
+	}
+	asc1, ra := s.list(t, key, "order=asc&limit=2")
+	asc2, _ := s.list(t, key, "order=asc&limit=2&nextToken="+url.QueryEscape(ra.header.Get("X-Next-Token")))
+	want := e2eIDs(all)
+	slices.Reverse(want)
+	if got := append(e2eIDs(asc1), e2eIDs(asc2)...); !slices.Equal(got, want) {
+		t.Errorf("order=asc pages %v, want the reverse of %v", got, e2eIDs(all))
+	}
+	wantError(t, "a next token of the other order", s.api(t, http.MethodGet, "/v2/sandboxes?order=asc&limit=2&nextToken="+url.QueryEscape(tok), key, nil), http.StatusBadRequest)
+
+	// --- pause ------------------------------------------------------------
+	wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/pause", key, map[string]any{}), http.StatusNoContent)
+	wantError(t, "pause again", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/pause", key, map[string]any{}), http.StatusConflict)
+	if got := s.get(t, key, a.SandboxID).State; got != "paused" {
+		t.Errorf("state after pause: %q, want paused", got)
+	}
+	paused, _ := s.list(t, key, "state=paused")
+	if !slices.Equal(e2eIDs(paused), []string{a.SandboxID}) {
+		t.Errorf("list state=paused: %v, want [%s]", e2eIDs(paused), a.SandboxID)
+	}
+	running, _ := s.list(t, key, "state=running")
+	if got, want := e2eSortedIDs(running), e2eSorted(b.SandboxID, c.SandboxID); !slices.Equal(got, want) {
+		t.Errorf("list state=running: %v, want %v", got, want)
+	}
+	both, _ := s.list(t, key, "state="+url.QueryEscape("running,paused")) // JS joins arrays with commas
+	if len(both) != 3 {
+		t.Errorf("list state=running,paused: %v, want all three", e2eIDs(both))
+	}
+	var v1 []json.RawMessage
+	r := s.api(t, http.MethodGet, "/sandboxes", key, nil)
+	wantStatus(t, "GET /sandboxes", r, http.StatusOK)
+	e2eDecode(t, "GET /sandboxes", r, &v1)
+	if len(v1) != 2 {
+		t.Errorf("GET /sandboxes (v1, running only): %s, want b and c", r.body)
+	}
+
+	// --- connect: 201 when it resumed, 200 when it was running ------------
+	for _, route := range []struct {
+		name, path string
+		sb         e2eSandbox
+	}{
+		{"v2 connect", "/v2/sandboxes/%s/connect", a},
+		{"v1 connect", "/sandboxes/%s/connect", b},
+	} {
+		id := route.sb.SandboxID
+		if route.sb.SandboxID != a.SandboxID { // a is paused already
+			wantStatus(t, "pause "+id, s.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, nil), http.StatusNoContent)
+		}
+		path := fmt.Sprintf(route.path, id)
+		r := s.api(t, http.MethodPost, path, key, map[string]any{"timeout": 60})
+		wantStatus(t, route.name+" of a paused sandbox", r, http.StatusCreated)
+		if got := wantSandboxBody(t, route.name, r.body); got.SandboxID != id || got.EnvdAccessToken == nil || *got.EnvdAccessToken != *route.sb.EnvdAccessToken {
+			t.Errorf("%s: %s, want sandbox %s with its access token", route.name, r.body, id)
+		}
+		r = s.api(t, http.MethodPost, path, key, map[string]any{"timeout": 60})
+		wantStatus(t, route.name+" of a running sandbox", r, http.StatusOK)
+		wantSandboxBody(t, route.name, r.body)
+		if got := s.get(t, key, id).State; got != "running" {
+			t.Errorf("%s: state %q after connect, want running", route.name, got)
+		}
+	}
+	// connect only ever extends the timeout: a's end stays ~now+120s.
+	before := s.get(t, key, a.SandboxID).EndAt
+	wantStatus(t, "connect with a shorter timeout", s.api(t, http.MethodPost, "/v2/sandboxes/"+a.SandboxID+"/connect", key, map[string]any{"timeout": 5}), http.StatusOK)
+	if after := s.get(t, key, a.SandboxID).EndAt; after.Before(before) {
+		t.Errorf("connect with timeout 5 moved endAt back from %v to %v; it must only extend", before, after)
+	}
+
+	// Legacy resume (SDK 2.0-2.5): 409 while running, 201 once paused.
+	wantError(t, "resume of a running sandbox", s.api(t, http.MethodPost, "/sandboxes/"+c.SandboxID+"/resume", key, map[string]any{"timeout": 60}), http.StatusConflict)
+	wantStatus(t, "pause c", s.api(t, http.MethodPost, "/sandboxes/"+c.SandboxID+"/pause", key, nil), http.StatusNoContent)
+	r = s.api(t, http.MethodPost, "/sandboxes/"+c.SandboxID+"/resume", key, map[string]any{"timeout": 60})
+	wantStatus(t, "resume of a paused sandbox", r, http.StatusCreated)
+	wantSandboxBody(t, "resume", r.body)
+
+	// --- timeout: overwrites the end time from now, shorter or longer ------
+	before = s.get(t, key, a.SandboxID).EndAt
+	wantStatus(t, "set timeout", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/timeout", key, map[string]any{"timeout": 30}), http.StatusNoContent)
+	if after := s.get(t, key, a.SandboxID).EndAt; !after.Before(before) {
+		t.Errorf("timeout 30: endAt %v, want it moved before %v (now+120s)", after, before)
+	}
+	wantStatus(t, "refresh", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/refreshes", key, map[string]any{"duration": 60}), http.StatusNoContent)
+
+	// --- the other sandbox routes answer their success statuses -----------
+	r = s.api(t, http.MethodGet, "/sandboxes/"+a.SandboxID+"/metrics", key, nil)
+	wantStatus(t, "metrics", r, http.StatusOK)
+	var metrics []json.RawMessage
+	e2eDecode(t, "metrics", r, &metrics)
+	for _, m := range metrics {
+		wantKeys(t, "metric", m, "timestamp", "timestampUnix", "cpuCount", "cpuUsedPct", "memUsed", "memTotal", "memCache", "diskUsed", "diskTotal")
+	}
+	wantStatus(t, "logs", s.api(t, http.MethodGet, "/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
+	wantStatus(t, "logs v2", s.api(t, http.MethodGet, "/v2/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
+	wantStatus(t, "network", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{"allowOut": []string{"10.0.0.0/8"}}), http.StatusNoContent)
+
+	// --- kill -------------------------------------------------------------
+	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+a.SandboxID, key, nil), http.StatusNoContent)
+	wantError(t, "kill again", s.api(t, http.MethodDelete, "/sandboxes/"+a.SandboxID, key, nil), http.StatusNotFound)
+	wantError(t, "GET after kill", s.api(t, http.MethodGet, "/sandboxes/"+a.SandboxID, key, nil), http.StatusNotFound)
+	wantError(t, "connect after kill", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/connect", key, map[string]any{"timeout": 10}), http.StatusNotFound)
+	wantError(t, "pause after kill", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/pause", key, nil), http.StatusNotFound)
+	left, _ := s.list(t, key, "")
+	if slices.Contains(e2eIDs(left), a.SandboxID) {
+		t.Errorf("list after kill still has %s: %v", a.SandboxID, e2eIDs(left))
+	}
+	if e2eExists(filepath.Join(e.runDir, "sandboxes", a.SandboxID)) {
+		t.Errorf("kill left the state dir of %s", a.SandboxID)
+	}
+
+	// The API is also served at the root (E2B_API_URL=http://HOST:PORT).
+	r = s.do(t, http.MethodGet, "/sandboxes/"+b.SandboxID, key, nil)
+	wantStatus(t, "GET at the root alias", r, http.StatusOK)
+	wantDetailBody(t, "GET at the root alias", r.body)
+
+	// Prometheus metrics answer and count sandboxes.
+	r = s.do(t, http.MethodGet, "/metrics", "", nil)
+	wantStatus(t, "GET /metrics", r, http.StatusOK)
+	for _, name := range []string{"sandboxd_http_requests_total", "sandboxd_sandbox_create_seconds"} {
+		if !strings.Contains(string(r.body), name) {
+			t.Errorf("GET /metrics lacks %s", name)
+		}
+	}
+}
+
+// TestErrors checks the error answers of the REST API: 401 without a valid
+// key on every route, 400 for a body that is not JSON and for negative
+// timeouts, 501 for routes sandboxd does not serve; always E2B's
+// {code, message} with code equal to the status.
+func TestErrors(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 300})
+	id := sb.SandboxID
+
+	type route struct{ method, path, body string }
+	sandboxRoutes := []route{
+		{"GET", "/sandboxes/%s", ""},
+		{"DELETE", "/sandboxes/%s", ""},
+		{"POST", "/sandboxes/%s/connect", `{"timeout":10}`},
+		{"POST", "/v2/sandboxes/%s/connect", `{"timeout":10}`},
+		{"POST", "/sandboxes/%s/pause", `{}`},
+		{"POST", "/sandboxes/%s/resume", `{"timeout":10}`},
+		{"POST", "/sandboxes/%s/timeout", `{"timeout":10}`},
+		{"POST", "/sandboxes/%s/refreshes", `{"duration":10}`},
+		{"GET", "/sandboxes/%s/metrics", ""},
+		{"GET", "/sandboxes/%s/logs", ""},
+		{"GET", "/v2/sandboxes/%s/logs", ""},
+		{"PUT", "/sandboxes/%s/network", `{}`},
+		{"POST", "/sandboxes/%s/fork", `{}`},
+		{"POST", "/sandboxes/%s/snapshots", `{}`},
+	}
+	otherRoutes := []route{
+		{"POST", "/sandboxes", `{"templateID":"base","allow_internet_access":false}`},
+		{"POST", "/v2/sandboxes", `{"templateID":"base","allow_internet_access":false}`},
+		{"GET", "/sandboxes", ""},
+		{"GET", "/v2/sandboxes", ""},
+		{"GET", "/sandboxes/metrics?sandbox_ids=" + id, ""},
+		{"GET", "/templates", ""},
+		{"GET", "/templates/base", ""},
+		{"GET", "/templates/aliases/base", ""},
+		{"GET", "/snapshots", ""},
+		{"POST", "/v3/templates", `{"name":"x"}`},
+		{"GET", "/no/such/route", ""},
+	}
+	var all []route
+	for _, r := range sandboxRoutes {
+		all = append(all, route{r.method, fmt.Sprintf(r.path, id), r.body})
+	}
+	all = append(all, otherRoutes...)
+
+	t.Run("401", func(t *testing.T) {
+		creds := []struct {
+			name string
+			hdr  http.Header
+		}{
+			{"no key", nil},
+			{"unknown key of the right format", http.Header{"X-Api-Key": {"e2b_" + strings.Repeat("0", 40)}}},
+			{"malformed key", http.Header{"X-Api-Key": {"not-a-key"}}},
+			{"unknown bearer token", http.Header{"Authorization": {"Bearer e2b_" + strings.Repeat("1", 40)}}},
+			{"empty bearer token", http.Header{"Authorization": {"Bearer "}}},
+		}
+		for _, prefix := range []string{e2eAPIPrefix, ""} {
+			for _, rt := range all {
+				for _, c := range creds {
+					what := fmt.Sprintf("%s %s%s with %s", rt.method, prefix, rt.path, c.name)
+					var body any
+					if rt.body != "" {
+						body = rt.body
+					}
+					r, err := s.tryDo(rt.method, prefix+rt.path, "", body, c.hdr)
+					if err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+					wantError(t, what, r, http.StatusUnauthorized)
+				}
+			}
+		}
+		// Nothing was done on the sandbox's behalf.
+		if d := s.get(t, key, id); d.State != "running" {
+			t.Errorf("sandbox is %s after the unauthenticated calls, want running", d.State)
+		}
+		// The same key as a bearer token works (users add it through apiHeaders).
+		r, err := s.tryDo(http.MethodGet, e2eAPIPrefix+"/sandboxes/"+id, "", nil, http.Header{"Authorization": {"Bearer " + key}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantStatus(t, "GET with a valid bearer token", r, http.StatusOK)
+	})
+
+	t.Run("400 bad JSON", func(t *testing.T) {
+		for _, rt := range []route{
+			{"POST", "/sandboxes", ""},
+			{"POST", "/v2/sandboxes", ""},
+			{"POST", "/sandboxes/" + id + "/connect", ""},
+			{"POST", "/v2/sandboxes/" + id + "/connect", ""},
+			{"POST", "/sandboxes/" + id + "/resume", ""},
+			{"POST", "/sandboxes/" + id + "/pause", ""},
+			{"POST", "/sandboxes/" + id + "/timeout", ""},
+			{"POST", "/sandboxes/" + id + "/refreshes", ""},
+			{"PUT", "/sandboxes/" + id + "/network", ""},
+		} {
+			for _, body := range []string{`{bad`, `[1,2]`, `"str"`} {
+				wantError(t, fmt.Sprintf("%s %s with body %s", rt.method, rt.path, body),
+					s.api(t, rt.method, rt.path, key, body), http.StatusBadRequest)
+			}
+		}
+	})
+
+	t.Run("400 negative timeout", func(t *testing.T) {
+		for _, rt := range []route{
+			{"POST", "/sandboxes", `{"templateID":"base","timeout":-1,"allow_internet_access":false}`},
+			{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1,"allow_internet_access":false}`},
+			{"POST", "/sandboxes/" + id + "/connect", `{"timeout":-1}`},
+			{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":-1}`},
+			{"POST", "/sandboxes/" + id + "/resume", `{"timeout":-1}`},
+			{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":-1}`},
+			{"POST", "/sandboxes/" + id + "/refreshes", `{"duration":-1}`},
+		} {
+			wantError(t, rt.method+" "+rt.path+" "+rt.body, s.api(t, rt.method, rt.path, key, rt.body), http.StatusBadRequest)
+		}
+		if got := s.get(t, key, id); got.State != "running" {
+			t.Errorf("state %s after rejected calls, want running", got.State)
+		}
+	})
+
+	t.Run("400 bad list parameters", func(t *testing.T) {
+		for _, q := range []string{"limit=0", "limit=101", "limit=x", "state=bogus", "order=up", "nextToken=garbage", "startedAfter=yesterday"} {
+			wantError(t, "GET /v2/sandboxes?"+q, s.api(t, http.MethodGet, "/v2/sandboxes?"+q, key, nil), http.StatusBadRequest)
+		}
+	})
+
+	t.Run("501", func(t *testing.T) {
+		for _, prefix := range []string{e2eAPIPrefix, ""} {
+			for _, rt := range []route{
+				{"GET", "/no/such/route", ""},
+				{"POST", "/v9/sandboxes", `{}`},
+				{"PATCH", "/sandboxes/" + id, `{}`},
+				{"GET", "/sandboxes/" + id + "/nope", ""},
+				{"POST", "/sandboxes/" + id + "/fork", `{}`},
+				{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
+				{"GET", "/snapshots", ""},
+				{"POST", "/v3/templates", `{"name":"x"}`},
+			} {
+				var body any
+				if rt.body != "" {
+					body = rt.body
+				}
+				wantError(t, rt.method+" "+prefix+rt.path, s.do(t, rt.method, prefix+rt.path, key, body), http.StatusNotImplemented)
+			}
+		}
+	})
+}
+
+// TestCrossTenant checks that another tenant's sandbox is, on every sandbox
+// route, answered exactly like a sandbox that does not exist, is not listed,
+// and is left untouched.
+func TestCrossTenant(t *testing.T) {
+	e := newE2EEnv(t, "alice", "bob")
+	s := e.start()
+	keyA, keyB := e.keys["alice"], e.keys["bob"]
+	md := map[string]string{"owner": "alice"}
+	running, _ := e.create(t, "/v2/sandboxes", keyA, map[string]any{"timeout": 300, "metadata": md})
+	paused, _ := e.create(t, "/sandboxes", keyA, map[string]any{"timeout": 300, "metadata": md})
+	wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+paused.SandboxID+"/pause", keyA, nil), http.StatusNoContent)
+	beforeRunning := s.get(t, keyA, running.SandboxID)
+	beforePaused := s.get(t, keyA, paused.SandboxID)
+
+	routes := []struct{ method, path, body string }{
+		{"GET", "/sandboxes/%s", ""},
+		{"POST", "/sandboxes/%s/connect", `{"timeout":600}`},
+		{"POST", "/v2/sandboxes/%s/connect", `{"timeout":600}`},
+		{"POST", "/sandboxes/%s/pause", `{}`},
+		{"POST", "/sandboxes/%s/resume", `{"timeout":600}`},
+		{"POST", "/sandboxes/%s/timeout", `{"timeout":1}`},
+		{"POST", "/sandboxes/%s/refreshes", `{"duration":600}`},
+		{"GET", "/sandboxes/%s/metrics", ""},
+		{"GET", "/sandboxes/%s/logs", ""},
+		{"GET", "/v2/sandboxes/%s/logs", ""},
+		{"PUT", "/sandboxes/%s/network", `{"allowOut":["1.1.1.1"]}`},
+		{"DELETE", "/sandboxes/%s", ""}, // last: were it to succeed, the rest would test nothing
+	}
+	for _, target := range []struct {
+		state string
+		id    string
+	}{{"running", running.SandboxID}, {"paused", paused.SandboxID}} {
+		for _, rt := range routes {
+			missing := e2eMissingID()
+			var body any
+			if rt.body != "" {
+				body = rt.body
+			}
+			foreign := s.api(t, rt.method, fmt.Sprintf(rt.path, target.id), keyB, body)
+			absent := s.api(t, rt.method, fmt.Sprintf(rt.path, missing), keyB, body)
+			what := fmt.Sprintf("%s %s of a %s foreign sandbox", rt.method, rt.path, target.state)
+			wantError(t, what, foreign, http.StatusNotFound)
+			// Same status and body, once each id is replaced by a placeholder
+			// (the message may name the id the caller gave).
+			norm := func(r e2eResponse, id string) string { return strings.ReplaceAll(string(r.body), id, "<ID>") }
+			if foreign.status != absent.status || norm(foreign, target.id) != norm(absent, missing) {
+				t.Errorf("%s: answered %s, but a missing id gets %s", what, foreign, absent)
+			}
+			if foreign.header.Get("Content-Type") != absent.header.Get("Content-Type") {
+				t.Errorf("%s: Content-Type %q vs %q for a missing id", what, foreign.header.Get("Content-Type"), absent.header.Get("Content-Type"))
+			}
+		}
+	}
+	// The batch metrics route leaves foreign ids out, like missing ones.
+	r := s.api(t, http.MethodGet, "/sandboxes/metrics?sandbox_ids="+running.SandboxID+","+paused.SandboxID, keyB, nil)
+	wantStatus(t, "GET /sandboxes/metrics as bob", r, http.StatusOK)
+	if strings.Contains(string(r.body), running.SandboxID) || strings.Contains(string(r.body), paused.SandboxID) {
+		t.Errorf("GET /sandboxes/metrics as bob shows alice's sandboxes: %s", r.body)
+	}
+
+	// Bob lists nothing, with or without alice's metadata as a filter.
+	for _, q := range []string{"", e2eMetadataQuery(md), "state=paused", "state=running"} {
+		if got, _ := s.list(t, keyB, q); len(got) != 0 {
+			t.Errorf("bob's list ?%s shows %v", q, e2eIDs(got))
+		}
+	}
+	r = s.api(t, http.MethodGet, "/sandboxes", keyB, nil)
+	wantStatus(t, "GET /sandboxes as bob", r, http.StatusOK)
+	if strings.TrimSpace(string(r.body)) != "[]" {
+		t.Errorf("bob's v1 list: %s, want []", r.body)
+	}
+
+	// Alice's sandboxes are as they were: states, end times, network.
+	for _, c := range []struct {
+		before e2eDetail
+		state  string
+	}{{beforeRunning, "running"}, {beforePaused, "paused"}} {
+		after := s.get(t, keyA, c.before.SandboxID)
+		if after.State != c.state {
+			t.Errorf("alice's %s sandbox is %s after bob's calls", c.state, after.State)
+		}
+		if !after.EndAt.Equal(c.before.EndAt) {
+			t.Errorf("alice's %s sandbox: endAt changed from %v to %v by bob's calls", c.state, c.before.EndAt, after.EndAt)
+		}
+		r := s.api(t, http.MethodGet, "/sandboxes/"+c.before.SandboxID, keyA, nil)
+		if strings.Contains(string(r.body), "1.1.1.1") {
+			t.Errorf("bob's network update reached alice's sandbox: %s", r.body)
+		}
+	}
+	aliceList, _ := s.list(t, keyA, "")
+	if got, want := e2eSortedIDs(aliceList), e2eSorted(running.SandboxID, paused.SandboxID); !slices.Equal(got, want) {
+		t.Errorf("alice's list: %v, want %v", got, want)
+	}
+	s.mustRun(t, running.SandboxID, *running.EnvdAccessToken, "true")
+}
+
+// TestDataPlane runs commands and moves files through sandboxd's proxy with
+// the routing headers, and checks the proxy's answers for missing
+// credentials, unknown, paused and dead sandboxes.
+func TestDataPlane(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 300, "envVars": map[string]string{"E2E_VAR": "set at create"}})
+	id, token := sb.SandboxID, *sb.EnvdAccessToken
+
+	t.Run("commands", func(t *testing.T) {
+		for _, c := range []struct {
+			script, stdout, stderr string
+			exit                   int32
+		}{
+			{"echo hi", "hi\n", "", 0},
+			{"echo out; echo err >&2; exit 3", "out\n", "err\n", 3},
+			{"id -un; pwd", "user\n/home/user\n", "", 0},
+			{`printf %s "$E2E_VAR"`, "set at create", "", 0}, // envVars reach envd through /init
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			res, err := s.run(ctx, id, token, c.script)
+			cancel()
+			if err != nil {
+				t.Fatalf("run %q: %v", c.script, err)
+			}
+			if !res.ended || res.exitCode != c.exit || res.stdout != c.stdout || res.stderr != c.stderr {
+				t.Errorf("run %q: ended=%v exit=%d stdout=%q stderr=%q; want exit=%d stdout=%q stderr=%q",
+					c.script, res.ended, res.exitCode, res.stdout, res.stderr, c.exit, c.stdout, c.stderr)
+			}
+		}
+	})
+
+	t.Run("envd health and files", func(t *testing.T) {
+		wantStatus(t, "GET /health through the proxy", s.envd(t, id, token, http.MethodGet, "/health", nil, ""), http.StatusNoContent)
+		content := []byte("written through the proxy " + e2eRandHex(8) + "\n")
+		s.writeFile(t, id, token, "/tmp/e2e/data.txt", content)
+		if got := s.readFile(t, id, token, "/tmp/e2e/data.txt"); string(got) != string(content) {
+			t.Errorf("read back %q, want %q", got, content)
+		}
+		if res := s.mustRun(t, id, token, "cat /tmp/e2e/data.txt"); res.stdout != string(content) {
+			t.Errorf("cat: %q, want %q", res.stdout, content)
+		}
+	})
+
+	t.Run("access token", func(t *testing.T) {
+		for _, tok := range []struct{ name, value string }{{"no token", ""}, {"wrong token", token + "x"}} {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_, err := s.run(ctx, id, tok.value, "echo hi")
+			cancel()
+			if connect.CodeOf(err) != connect.CodeUnauthenticated {
+				t.Errorf("process.Start with %s: %v, want unauthenticated", tok.name, err)
+			}
+			// The same call at the HTTP level: 401.
+			r := s.envd(t, id, tok.value, http.MethodPost, "/process.Process/Start",
+				[]byte(`{"process":{"cmd":"/bin/sh","args":["-c","echo hi"]}}`), "application/json")
+			wantStatus(t, "POST /process.Process/Start with "+tok.name, r, http.StatusUnauthorized)
+			r = s.envd(t, id, tok.value, http.MethodGet, "/files?path=/tmp/e2e/data.txt", nil, "")
+			wantStatus(t, "GET /files with "+tok.name, r, http.StatusUnauthorized)
+		}
+	})
+
+	t.Run("envd internal routes are not exposed", func(t *testing.T) {
+		for _, p := range []string{"/init", "/init/", "//init", "/x/../init"} {
+			r := s.envd(t, id, token, http.MethodPost, p, []byte(`{"accessToken":"stolen"}`), "application/json")
+			if r.status != http.StatusNotFound {
+				t.Errorf("POST %s through the proxy: %s, want 404", p, r)
+			}
+		}
+		// The token was not replaced.
+		s.mustRun(t, id, token, "true")
+	})
+
+	t.Run("unknown sandbox", func(t *testing.T) {
+		missing := e2eMissingID()
+		for _, p := range []string{"/health", "/files?path=/etc/hostname", "/process.Process/Start"} {
+			r := s.envd(t, missing, token, http.MethodGet, p, nil, "")
+			wantProxyNotFound(t, "GET "+p+" of an unknown sandbox", r, missing)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.run(ctx, missing, token, "echo hi"); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Errorf("process.Start in an unknown sandbox: %v, want unavailable (Connect's code for 502)", err)
+		}
+	})
+
+	t.Run("paused sandbox", func(t *testing.T) {
+		// Warm the proxy's connection pool first: a pooled connection into
+		// a frozen sandbox must not make the next request hang.
+		s.mustRun(t, id, token, "true")
+		wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, nil), http.StatusNoContent)
+		wantProxyNotFound(t, "GET /health of a paused sandbox without auto-resume", s.envd(t, id, token, http.MethodGet, "/health", nil, ""), id)
+		wantStatus(t, "connect", s.api(t, http.MethodPost, "/v2/sandboxes/"+id+"/connect", key, map[string]any{"timeout": 300}), http.StatusCreated)
+		if res := s.mustRun(t, id, token, "echo back"); res.stdout != "back\n" {
+			t.Errorf("after resume: stdout %q", res.stdout)
+		}
+	})
+
+	t.Run("killed sandbox", func(t *testing.T) {
+		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+		for _, p := range []string{"/health", "/files?path=/tmp/e2e/data.txt"} {
+			wantProxyNotFound(t, "GET "+p+" after kill", s.envd(t, id, token, http.MethodGet, p, nil, ""), id)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.run(ctx, id, token, "echo hi"); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Errorf("process.Start after kill: %v, want unavailable (Connect's code for 502)", err)
+		}
+	})
+}
+
+// TestRestart SIGKILLs sandboxd with a running and a paused sandbox, starts
+// a new sandboxd on the same data and run dirs, and checks that both are
+// back with their state, files and processes, and that a sandbox that
+// expired meanwhile is swept.
+func TestRestart(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s1 := e.start()
+	key := e.keys["alice"]
+	run, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600, "metadata": map[string]string{"role": "running"}})
+	pau, _ := e.create(t, "/sandboxes", key, map[string]any{"timeout": 600, "metadata": map[string]string{"role": "paused"}})
+	runTok, pauTok := *run.EnvdAccessToken, *pau.EnvdAccessToken
+
+	runFile := []byte("survives a restart " + e2eRandHex(8))
+	pauFile := []byte("survives a pause and a restart " + e2eRandHex(8))
+	s1.writeFile(t, run.SandboxID, runTok, "/home/user/restart.txt", runFile)
+	s1.writeFile(t, pau.SandboxID, pauTok, "/tmp/paused.txt", pauFile)
+	// A process that runs across the restart.
+	s1.mustRun(t, run.SandboxID, runTok, "sleep 3600 >/dev/null 2>&1 </dev/null & echo $! >/tmp/sleep.pid")
+	wantStatus(t, "pause", s1.api(t, http.MethodPost, "/sandboxes/"+pau.SandboxID+"/pause", key, nil), http.StatusNoContent)
+	before := map[string]e2eDetail{
+		run.SandboxID: s1.get(t, key, run.SandboxID),
+		pau.SandboxID: s1.get(t, key, pau.SandboxID),
+	}
+
+	// One more whose end time passes while no sandboxd runs: the next one
+	// must sweep it. The sweeper looks once a second, so SIGKILL, a few
+	// milliseconds after the create, comes well before it could act; if it
+	// ever did, that part of the test is skipped below, not failed.
+	exp, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 3})
+
+	if err := s1.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{run.SandboxID, pau.SandboxID} {
+		if !e2eExists(filepath.Join(e.runDir, "sandboxes", id)) {
+			t.Fatalf("sandbox %s did not outlive sandboxd", id)
+		}
+	}
+	expSweptByS1 := auditLine(s1, "timeout_kill", exp.SandboxID) != nil
+
+	s2 := e.start()
+	if expSweptByS1 {
+		t.Logf("the first sandboxd swept %s before its SIGKILL; not checking the sweep after restart", exp.SandboxID)
+	} else {
+		e2eEventually(t, "the restarted sandboxd sweeps the sandbox that expired while none ran", 15*time.Second, 100*time.Millisecond,
+			func() (bool, string) {
+				r := s2.api(t, http.MethodGet, "/sandboxes/"+exp.SandboxID, key, nil)
+				return r.status == http.StatusNotFound && auditLine(s2, "timeout_kill", exp.SandboxID) != nil, r.String()
+			})
+		if e2eExists(filepath.Join(e.runDir, "sandboxes", exp.SandboxID)) {
+			t.Errorf("the sweep after restart left the state dir of %s", exp.SandboxID)
+		}
+	}
+	listed, _ := s2.list(t, key, "")
+	if got, want := e2eSortedIDs(listed), e2eSorted(run.SandboxID, pau.SandboxID); !slices.Equal(got, want) {
+		t.Fatalf("list after restart: %v, want %v", got, want)
+	}
+	for _, d := range listed {
+		want := map[string]string{run.SandboxID: "running", pau.SandboxID: "paused"}[d.SandboxID]
+		if d.State != want {
+			t.Errorf("after restart %s is %s, want %s", d.SandboxID, d.State, want)
+		}
+		b := before[d.SandboxID]
+		if !d.StartedAt.Equal(b.StartedAt) || !d.EndAt.Equal(b.EndAt) || !maps.Equal(d.Metadata, b.Metadata) {
+			t.Errorf("after restart %s: startedAt %v endAt %v metadata %v; before %v %v %v",
+				d.SandboxID, d.StartedAt, d.EndAt, d.Metadata, b.StartedAt, b.EndAt, b.Metadata)
+		}
+	}
+	if got := s2.get(t, key, pau.SandboxID).State; got != "paused" {
+		t.Errorf("paused sandbox after restart: %s", got)
+	}
+
+	// The running one: file, process, access token.
+	if got := s2.readFile(t, run.SandboxID, runTok, "/home/user/restart.txt"); string(got) != string(runFile) {
+		t.Errorf("file after restart: %q, want %q", got, runFile)
+	}
+	if res := s2.mustRun(t, run.SandboxID, runTok, `kill -0 "$(cat /tmp/sleep.pid)" && echo alive`); res.stdout != "alive\n" {
+		t.Errorf("the background process did not survive the restart: %q %q", res.stdout, res.stderr)
+	}
+	r := s2.envd(t, run.SandboxID, "", http.MethodGet, "/files?path=/home/user/restart.txt", nil, "")
+	wantStatus(t, "GET /files without the token after restart", r, http.StatusUnauthorized)
+
+	// The paused one: unreachable until connect resumes it.
+	wantProxyNotFound(t, "GET /health of the paused sandbox", s2.envd(t, pau.SandboxID, pauTok, http.MethodGet, "/health", nil, ""), pau.SandboxID)
+	r = s2.api(t, http.MethodPost, "/sandboxes/"+pau.SandboxID+"/connect", key, map[string]any{"timeout": 600})
+	wantStatus(t, "connect the paused sandbox after restart", r, http.StatusCreated)
+	if got := wantSandboxBody(t, "connect", r.body); got.EnvdAccessToken == nil || *got.EnvdAccessToken != pauTok {
+		t.Errorf("connect after restart: %s, want the same access token", r.body)
+	}
+	if res := s2.mustRun(t, pau.SandboxID, pauTok, "cat /tmp/paused.txt"); res.stdout != string(pauFile) {
+		t.Errorf("file of the resumed sandbox: %q, want %q", res.stdout, pauFile)
+	}
+
+	for _, id := range []string{run.SandboxID, pau.SandboxID} {
+		wantStatus(t, "kill "+id, s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+		if e2eExists(filepath.Join(e.runDir, "sandboxes", id)) {
+			t.Errorf("kill after restart left the state dir of %s", id)
+		}
+		if cg := e2eSandboxCgroups(id); len(cg) != 0 {
+			t.Errorf("kill after restart left cgroups %v", cg)
+		}
+	}
+	if got, _ := s2.list(t, key, ""); len(got) != 0 {
+		t.Errorf("list after killing both: %v", e2eIDs(got))
+	}
+	// The env's cleanup checks the run dir, mounts and cgroups once more.
+}
+
+// TestSweeper lets the sweeper enforce end times: kill by default, pause
+// with autoPause; each writes its audit line.
+func TestSweeper(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+
+	for _, c := range []struct {
+		name      string
+		autoPause bool
+		action    string
+	}{
+		{"kill", false, "timeout_kill"},
+		{"pause", true, "timeout_pause"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 2, "autoPause": c.autoPause})
+			id := sb.SandboxID
+			e2eEventually(t, "the sweeper acts on "+id, 15*time.Second, 100*time.Millisecond, func() (bool, string) {
+				r := s.api(t, http.MethodGet, "/sandboxes/"+id, key, nil)
+				if c.autoPause {
+					var d e2eDetail
+					_ = json.Unmarshal(r.body, &d)
+					return r.status == http.StatusOK && d.State == "paused", r.String()
+				}
+				return r.status == http.StatusNotFound, r.String()
+			})
+			e2eEventually(t, "audit line "+c.action, 5*time.Second, 50*time.Millisecond, func() (bool, string) {
+				l := auditLine(s, c.action, id)
+				if l == nil {
+					return false, "no line with \"action\":\"" + c.action + "\" for " + id + " in sandboxd's stderr"
+				}
+				if l["audit"] != true || l["result"] != "ok" || l["tenant"] != "alice" {
+					return false, fmt.Sprintf("audit line %v: want audit=true result=ok tenant=alice", l)
+				}
+				return true, ""
+			})
+			if !strings.Contains(string(s.logs()), `"action":"`+c.action+`"`) {
+				t.Errorf("stderr lacks the literal %q", `"action":"`+c.action+`"`)
+			}
+			if c.autoPause {
+				wantProxyNotFound(t, "proxy to the auto-paused sandbox", s.envd(t, id, *sb.EnvdAccessToken, http.MethodGet, "/health", nil, ""), id)
+				wantStatus(t, "connect", s.api(t, http.MethodPost, "/v2/sandboxes/"+id+"/connect", key, map[string]any{"timeout": 300}), http.StatusCreated)
+				s.mustRun(t, id, *sb.EnvdAccessToken, "true")
+				wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+				return
+			}
+			wantProxyNotFound(t, "proxy to the swept sandbox", s.envd(t, id, *sb.EnvdAccessToken, http.MethodGet, "/health", nil, ""), id)
+			wantError(t, "kill after the sweep", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNotFound)
+			if e2eExists(filepath.Join(e.runDir, "sandboxes", id)) {
+				t.Errorf("the sweep left the state dir of %s", id)
+			}
+			if cg := e2eSandboxCgroups(id); len(cg) != 0 {
+				t.Errorf("the sweep left cgroups %v", cg)
+			}
+		})
+	}
+}
+
+// TestTwoServersOnOneHost runs two sandboxd with their own data and run
+// dirs on one host, as two users (or a test next to `make run`) would.
+func TestTwoServersOnOneHost(t *testing.T) {
+	skipKnownBug(t, bugSharedCgroupParent)
+	e1 := newE2EEnv(t, "alice")
+	s1 := e1.start()
+	sb, _ := e1.create(t, "/v2/sandboxes", e1.keys["alice"], map[string]any{"timeout": 300})
+
+	e2 := newE2EEnv(t, "bob")
+	s2 := e2.start() // fails today
+	sb2, _ := e2.create(t, "/v2/sandboxes", e2.keys["bob"], map[string]any{"timeout": 300})
+	s2.mustRun(t, sb2.SandboxID, *sb2.EnvdAccessToken, "true")
+	s1.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "true")
+	// A restart of either must not touch the other's sandboxes.
+	if err := s2.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	s2 = e2.start()
+	s2.mustRun(t, sb2.SandboxID, *sb2.EnvdAccessToken, "true")
+	s1.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "true")
+}
+
+// auditLine returns sandboxd's audit line for action on sandbox id, or nil.
+func auditLine(s *e2eServer, action, id string) map[string]any {
+	for _, l := range s.logLines() {
+		if l["action"] == action && l["sandbox_id"] == id {
+			return l
+		}
+	}
+	return nil
+}
+
+// bugSharedCgroupParent is the known bug TestTwoServersOnOneHost shows.
+const bugSharedCgroupParent = "BUG: every sandboxd on a host uses the cgroup parent /sandboxd (serve has no " +
+	"--cgroup-parent, and local.Options.CgroupParent defaults to /sandboxd whatever --run-dir is), and the local " +
+	"backend's Reconcile (runtime/local/local.go, the loop over strayCgroups) removes every child cgroup of it that " +
+	"it does not own: a second sandboxd exits with \"reconcile: remove cgroup /sandboxd/<id>\" while another one " +
+	"has a live sandbox (and could remove the cgroup of one it is creating)"
+
+// skipKnownBug skips a test that a known bug in sandboxd fails, unless
+// SANDBOXD_E2E_KNOWN_BUGS=1 asks to run it (to check a fix).
+func skipKnownBug(t *testing.T, bug string) {
+	t.Helper()
+	if os.Getenv("SANDBOXD_E2E_KNOWN_BUGS") != "1" {
+		t.Skip(bug)
+	}
+}
+
+func e2eSorted(s ...string) []string {
+	return slices.Sorted(slices.Values(s))
+}
+
+func e2eSortedIDs(ds []e2eDetail) []string {
+	return e2eSorted(e2eIDs(ds)...)
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/ratelimit"
+	sbxruntime "github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// limitOpts are serve's flags for rate limits, quotas, the host guard and
+// the warm pools.
+type limitOpts struct {
+	createRate, lifecycleRate, readRate, ipRate     float64
+	createBurst, lifecycleBurst, readBurst, ipBurst int
+	maxSandboxes, maxMemoryMB, minWarm              int
+	hostMemoryMB, hostReserveMB                     int
+	settingsPoll                                    time.Duration
+
+	pool                   bool
+	poolLead, poolHalfLife time.Duration
+	poolIdle, poolForget   time.Duration
+	poolMax, poolParallel  int
+}
+
+func (o *limitOpts) register(fs *flag.FlagSet) {
+	fs.Float64Var(&o.createRate, "create-rate", 5, "default sandbox creates (create, resume, connect) per second per tenant; 0: no limit (tenants set --create-rate overrides)")
+	fs.IntVar(&o.createBurst, "create-burst", 20, "default create token bucket size per tenant")
+	fs.Float64Var(&o.lifecycleRate, "lifecycle-rate", 20, "other mutating API calls per second per tenant; 0: no limit")
+	fs.IntVar(&o.lifecycleBurst, "lifecycle-burst", 50, "lifecycle token bucket size per tenant")
+	fs.Float64Var(&o.readRate, "read-rate", 50, "API reads (GET) per second per tenant; 0: no limit")
+	fs.IntVar(&o.readBurst, "read-burst", 100, "read token bucket size per tenant")
+	fs.Float64Var(&o.ipRate, "ip-rate", 0, "API requests per second per client address, checked before auth; 0: no limit")
+	fs.IntVar(&o.ipBurst, "ip-burst", 200, "per-address token bucket size")
+	fs.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "default live sandboxes per tenant, paused included; 0: no limit")
+	fs.IntVar(&o.maxMemoryMB, "max-memory-mb", 0, "default total memory (MiB) of a tenant's live sandboxes; 0: no limit")
+	fs.IntVar(&o.minWarm, "min-warm", 0, "default warm sandboxes kept per tenant's default pool")
+	fs.IntVar(&o.hostMemoryMB, "host-memory-mb", 0, "budget (MiB) for the memory limits of all live sandboxes plus warm members; 0: no budget")
+	fs.IntVar(&o.hostReserveMB, "host-memory-reserve-mb", 512, "refuse creates (503) when MemAvailable minus this is below the sandbox's memory; 0: off")
+	fs.DurationVar(&o.settingsPoll, "settings-poll", 2*time.Second, "how often tenant settings are re-read from the store")
+	fs.BoolVar(&o.pool, "pool", true, "keep warm pools (min_warm and adaptive)")
+	fs.DurationVar(&o.poolLead, "pool-lead", 5*time.Second, "adaptive pool size: keep this many seconds of recent claims warm; negative: off")
+	fs.DurationVar(&o.poolHalfLife, "pool-half-life", time.Minute, "half-life of the claim-rate average")
+	fs.DurationVar(&o.poolIdle, "pool-idle", 5*time.Minute, "a pool without claims this long shrinks to min_warm")
+	fs.DurationVar(&o.poolForget, "pool-forget", time.Hour, "a non-default pool without claims this long is removed")
+	fs.IntVar(&o.poolMax, "pool-max", 64, "largest target of any one pool")
+	fs.IntVar(&o.poolParallel, "pool-parallel", max(runtime.NumCPU(), 2), "warm member creates in flight at once")
+}
+
+func (o *limitOpts) defaults() sandbox.Defaults {
+	return sandbox.Defaults{
+		MinWarm: o.minWarm, CreateRate: o.createRate, CreateBurst: o.createBurst,
+		MaxSandboxes: o.maxSandboxes, MaxMemoryMB: o.maxMemoryMB,
+	}
+}
+
+// tenantLimiter builds the per-tenant limiter over the settings cache.
+func (o *limitOpts) tenantLimiter(settings *sandbox.Settings) *ratelimit.Tenants {
+	return &ratelimit.Tenants{
+		Limiter: ratelimit.New(10*time.Minute, nil),
+		Policy: ratelimit.Policy{
+			Defaults: map[ratelimit.Class]ratelimit.Limit{
+				ratelimit.Create:    {Rate: o.createRate, Burst: o.createBurst},
+				ratelimit.Lifecycle: {Rate: o.lifecycleRate, Burst: o.lifecycleBurst},
+				ratelimit.Read:      {Rate: o.readRate, Burst: o.readBurst},
+			},
+			Settings: func(t tenant.ID) store.Settings { return settings.Stored(t) },
+		},
+	}
+}
+
+func (o *limitOpts) ipLimiter() (*ratelimit.Limiter, ratelimit.Limit) {
+	return ratelimit.New(10*time.Minute, nil), ratelimit.Limit{Rate: o.ipRate, Burst: o.ipBurst}
+}
+
+// newPools builds the warm pools over mgr (nil when --pool=false).
+func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *slog.Logger) *pool.Pools {
+	if !o.pool {
+		return nil
+	}
+	p := pool.New(pool.Config{
+		Backend: be, Health: mgr.EnvdHealth, MinWarm: mgr.MinWarm, Seeds: mgr.PoolSeeds,
+		Admit: mgr.AdmitMember, NewID: sandbox.NewID, NewToken: sandbox.NewToken,
+		Log:  log.With("component", "pool"),
+		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,
+		MaxPerPool: o.poolMax, Parallel: o.poolParallel,
+	})
+	mgr.UsePool(p)
+	return p
+}
+
+// background runs fn in a goroutine that stop cancels and waits for.
+func background(parent context.Context, fn func(ctx context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); fn(ctx) }() // exits when ctx is cancelled
+	return func() { cancel(); wg.Wait() }
+}
+
+// poolStats avoids a typed nil in server.Config.Pools.
+func poolStats(p *pool.Pools) server.PoolStats {
+	if p == nil {
+		return nil
+	}
+	return p
+}

@@ -1,0 +1,515 @@
+// Package pool keeps warm sandboxes: backend sandboxes created ahead of
+// demand, one pool per (tenant, template, resource shape), so that a create
+// claims a ready sandbox instead of booting one.
+//
+// Rules, each against a failure other warm pools are known for:
+//   - A member is claimable only once the backend's Create has returned and
+//     its envd answered /health (never hand out an unready member).
+//   - A claim removes the member from the pool for good: it becomes the
+//     caller's sandbox, which destroys it when it ends (never reuse).
+//   - A claim carries no per-user data: the caller hands env vars, access
+//     token and default user to envd's /init after the claim, so per-user
+//     data never forces a cold start. The member's access token is minted
+//     at warm time, so the backend's port tunnel already knows it.
+//   - Refill is event-driven: every claim wakes the refiller at once; a
+//     slow tick only trims, forgets and retries after failures.
+//   - Members have no store row and no end time, so the TTL sweeper never
+//     sees them; sandboxd's start-up Reconcile destroys members a previous
+//     process left (backend sandboxes without a row), and Run drains the
+//     pool when it ends.
+//   - An empty pool is a miss, counted and reported; the caller cold
+//     creates (served_from=cold), never waits on the pool.
+//
+// Sizing: target = max(min_warm, round(claim rate × Lead)), where the claim
+// rate is an exponentially weighted moving average of claims (hits and
+// misses) per second with half-life HalfLife, capped at MaxPerPool and by
+// Admit (the tenant's quota and the host's capacity). A pool without claims
+// for IdleAfter drops its adaptive part and shrinks to min_warm; a pool that
+// is not a tenant's default pool (Seeds) is forgotten after ForgetAfter
+// without claims.
+package pool
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// Key names a pool: members of one key are interchangeable.
+type Key struct {
+	Tenant        tenant.ID
+	Template      string
+	CPUCount      int
+	MemoryMB      int
+	DiskMB        int
+	AllowInternet bool
+}
+
+// Member is a warm sandbox. After Claim it belongs to the caller.
+type Member struct {
+	// ID is the backend sandbox's id; it becomes the sandbox id.
+	ID string
+	// AccessToken is the token the backend was created with (its port
+	// tunnel sends it); the caller gives it to envd if the sandbox is
+	// secure.
+	AccessToken string
+	Key         Key
+	ReadyAt     time.Time
+}
+
+// Config configures Pools.
+type Config struct {
+	Backend runtime.Backend
+	// Health checks a new member's envd (GET /health over the backend's
+	// private channel). Required.
+	Health func(ctx context.Context, id string) error
+	// MinWarm is a tenant's min_warm setting.
+	MinWarm func(tenant.ID) int
+	// Seeds returns the pools that exist even before their first claim
+	// (tenants' default pools when their min_warm is above zero).
+	Seeds func() []Key
+	// Admit says whether one more member of key may be created, given that
+	// the key's tenant already has members members of memoryMB in total
+	// across its pools: the tenant's quota and the host's capacity. nil
+	// admits everything.
+	Admit func(ctx context.Context, key Key, members, memoryMB int) error
+	// NewID and NewToken mint member ids and access tokens.
+	NewID, NewToken func() string
+	Log             *slog.Logger
+
+	// Lead is how many seconds of claims to keep warm beyond min_warm
+	// (adaptive sizing); 0 means 5 s, negative disables the adaptive part.
+	Lead time.Duration
+	// HalfLife of the claim-rate average; default 1 min.
+	HalfLife time.Duration
+	// IdleAfter without claims a pool shrinks to min_warm; default 5 min.
+	IdleAfter time.Duration
+	// ForgetAfter without claims a non-seed pool is removed; default 1 h.
+	ForgetAfter time.Duration
+	// MaxPerPool caps any pool's target; default 64.
+	MaxPerPool int
+	// Parallel bounds concurrent member creates across all pools; default 2.
+	Parallel int
+	// Tick is the period of the trimming/retry pass; default 1 s.
+	Tick time.Duration
+}
+
+// Stat describes one pool, for metrics.
+type Stat struct {
+	Key      Key
+	Ready    int
+	Starting int
+	Target   int
+}
+
+// Count is the cumulative claims of a (tenant, template), for metrics.
+type Count struct {
+	Tenant   tenant.ID
+	Template string
+	Hits     uint64
+	Misses   uint64
+}
+
+// Pools is every warm pool of a sandboxd. Its methods are safe for
+// concurrent use.
+type Pools struct {
+	cfg Config
+	log *slog.Logger
+
+	kick chan struct{}
+	wg   sync.WaitGroup // member creates and destroys in flight
+
+	mu       sync.Mutex
+	pools    map[Key]*pool
+	counts   map[countKey]*Count
+	starting int // creates in flight, all pools
+	closed   bool
+}
+
+type countKey struct {
+	t        tenant.ID
+	template string
+}
+
+type pool struct {
+	key      Key
+	ready    []*Member
+	starting int
+	target   int
+	seed     bool
+
+	rate      float64   // claims per second, as of rateAt
+	rateAt    time.Time //
+	lastClaim time.Time
+	created   time.Time
+
+	failures int
+	retryAt  time.Time
+}
+
+// New returns Pools; call Run to fill them.
+func New(cfg Config) *Pools {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Lead == 0 {
+		cfg.Lead = 5 * time.Second
+	}
+	if cfg.HalfLife <= 0 {
+		cfg.HalfLife = time.Minute
+	}
+	if cfg.IdleAfter <= 0 {
+		cfg.IdleAfter = 5 * time.Minute
+	}
+	if cfg.ForgetAfter <= 0 {
+		cfg.ForgetAfter = time.Hour
+	}
+	if cfg.MaxPerPool <= 0 {
+		cfg.MaxPerPool = 64
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 2
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.MinWarm == nil {
+		cfg.MinWarm = func(tenant.ID) int { return 0 }
+	}
+	return &Pools{
+		cfg: cfg, log: cfg.Log,
+		kick:   make(chan struct{}, 1),
+		pools:  map[Key]*pool{},
+		counts: map[countKey]*Count{},
+	}
+}
+
+func (p *Pools) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// rateAt decays the claim rate to now.
+func (pl *pool) rateNow(now time.Time, halfLife time.Duration) float64 {
+	if pl.rateAt.IsZero() {
+		return 0
+	}
+	dt := now.Sub(pl.rateAt)
+	if dt <= 0 {
+		return pl.rate
+	}
+	return pl.rate * math.Exp2(-float64(dt)/float64(halfLife))
+}
+
+// Claim takes a ready member of key, or reports a miss. It never waits.
+// Either way it wakes the refiller, and the claim feeds key's claim rate.
+func (p *Pools) Claim(key Key) (*Member, bool) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, false
+	}
+	pl := p.pools[key]
+	if pl == nil {
+		pl = &pool{key: key, created: now}
+		p.pools[key] = pl
+	}
+	// Each claim adds 1/τ (τ = half-life / ln 2) to a rate decaying by
+	// e^(-t/τ): at a steady λ claims/s the average converges to λ.
+	pl.rate = pl.rateNow(now, p.cfg.HalfLife) + math.Ln2/p.cfg.HalfLife.Seconds()
+	pl.rateAt = now
+	pl.lastClaim = now
+	c := p.count(key)
+	defer p.wake()
+	if len(pl.ready) == 0 {
+		c.Misses++
+		return nil, false
+	}
+	m := pl.ready[0]
+	pl.ready[0] = nil
+	pl.ready = pl.ready[1:]
+	c.Hits++
+	return m, true
+}
+
+func (p *Pools) count(key Key) *Count {
+	ck := countKey{key.Tenant, key.Template}
+	c := p.counts[ck]
+	if c == nil {
+		c = &Count{Tenant: key.Tenant, Template: key.Template}
+		p.counts[ck] = c
+	}
+	return c
+}
+
+// targetOf computes a pool's target at now; p.mu is held.
+func (p *Pools) targetOf(pl *pool, now time.Time) int {
+	recent := !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.ForgetAfter
+	minWarm := 0
+	if pl.seed || recent {
+		minWarm = p.cfg.MinWarm(pl.key.Tenant)
+	}
+	adaptive := 0
+	if p.cfg.Lead > 0 && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {
+		adaptive = int(math.Round(pl.rateNow(now, p.cfg.HalfLife) * p.cfg.Lead.Seconds()))
+	}
+	return min(max(minWarm, adaptive), p.cfg.MaxPerPool)
+}
+
+// Run keeps the pools at their targets until ctx ends, then drains them:
+// in-flight creates are cancelled and every ready member is destroyed. It
+// returns once the drain is done.
+func (p *Pools) Run(ctx context.Context) {
+	t := time.NewTicker(p.cfg.Tick)
+	defer t.Stop()
+	for {
+		p.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			p.drain()
+			return
+		case <-p.kick:
+		case <-t.C:
+		}
+	}
+}
+
+type plan struct {
+	pl   *pool
+	want int // members to start
+}
+
+// reconcile runs one pass: seeds, targets, trims, forgets and starts
+// creates. Only Run calls it, so starts never race each other.
+func (p *Pools) reconcile(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	var seeds []Key
+	if p.cfg.Seeds != nil {
+		seeds = p.cfg.Seeds()
+	}
+	now := time.Now()
+	var plans []plan
+	var trim []*Member
+	p.mu.Lock()
+	for _, pl := range p.pools {
+		pl.seed = false
+	}
+	for _, k := range seeds {
+		pl := p.pools[k]
+		if pl == nil {
+			pl = &pool{key: k, created: now}
+			p.pools[k] = pl
+		}
+		pl.seed = true
+	}
+	for k, pl := range p.pools {
+		pl.target = p.targetOf(pl, now)
+		have := len(pl.ready) + pl.starting
+		switch {
+		case have > pl.target && len(pl.ready) > 0:
+			n := min(have-pl.target, len(pl.ready))
+			// Trim the newest: the oldest are handed out first anyway.
+			trim = append(trim, pl.ready[len(pl.ready)-n:]...)
+			pl.ready = pl.ready[:len(pl.ready)-n]
+		case have < pl.target && !now.Before(pl.retryAt):
+			plans = append(plans, plan{pl: pl, want: pl.target - have})
+		case have == 0 && pl.target == 0 && !pl.seed && (pl.lastClaim.IsZero() || now.Sub(pl.lastClaim) >= p.cfg.ForgetAfter):
+			delete(p.pools, k)
+		}
+	}
+	p.mu.Unlock()
+
+	for _, m := range trim {
+		p.log.Info("pool trim", "tenant", string(m.Key.Tenant), "template", m.Key.Template, "member", m.ID)
+		p.destroy(m.ID)
+	}
+	// Fairness: the pools furthest below target first.
+	sort.Slice(plans, func(i, j int) bool { return plans[i].want > plans[j].want })
+	for _, pl := range plans {
+		for range pl.want {
+			if !p.startOne(ctx, pl.pl) {
+				break
+			}
+		}
+	}
+}
+
+// startOne launches one member create for pl, if the parallelism bound and
+// Admit allow; it reports whether it did.
+func (p *Pools) startOne(ctx context.Context, pl *pool) bool {
+	p.mu.Lock()
+	if p.closed || p.starting >= p.cfg.Parallel {
+		p.mu.Unlock()
+		return false
+	}
+	members, memMB := p.tenantMembersLocked(pl.key.Tenant)
+	p.mu.Unlock()
+	if p.cfg.Admit != nil {
+		if err := p.cfg.Admit(ctx, pl.key, members, memMB); err != nil {
+			p.log.Debug("pool refill held back", "tenant", string(pl.key.Tenant), "template", pl.key.Template, "reason", err.Error())
+			return false
+		}
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	p.starting++
+	pl.starting++
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() { // exits when the backend's Create (bounded by ctx) returns
+		defer p.wg.Done()
+		p.create(ctx, pl)
+	}()
+	return true
+}
+
+// tenantMembersLocked counts t's members, ready and starting, and their
+// memory.
+func (p *Pools) tenantMembersLocked(t tenant.ID) (n, memMB int) {
+	for _, pl := range p.pools {
+		if pl.key.Tenant == t {
+			c := len(pl.ready) + pl.starting
+			n += c
+			memMB += c * pl.key.MemoryMB
+		}
+	}
+	return n, memMB
+}
+
+func (p *Pools) create(ctx context.Context, pl *pool) {
+	k := pl.key
+	m := &Member{ID: p.cfg.NewID(), AccessToken: p.cfg.NewToken(), Key: k}
+	start := time.Now()
+	_, err := p.cfg.Backend.Create(ctx, runtime.Spec{
+		ID: m.ID, Template: k.Template, CPUCount: k.CPUCount, MemoryMB: k.MemoryMB, DiskSizeMB: k.DiskMB,
+		AccessToken: m.AccessToken, AllowInternet: k.AllowInternet,
+	})
+	if err == nil {
+		if err = p.cfg.Health(ctx, m.ID); err != nil {
+			err = errors.Join(errors.New("envd health"), err)
+			_ = p.cfg.Backend.Destroy(context.WithoutCancel(ctx), m.ID)
+		}
+	}
+	now := time.Now()
+	p.mu.Lock()
+	p.starting--
+	pl.starting--
+	if err != nil {
+		pl.failures++
+		backoff := min(time.Second<<min(pl.failures-1, 6), time.Minute)
+		pl.retryAt = now.Add(backoff)
+		// A pool born of a claim for a template the backend does not have
+		// (or a shape it refuses) is dropped: retrying cannot help, and the
+		// claims already got the error from their cold creates.
+		permanent := errors.Is(err, runtime.ErrTemplateNotFound) || errors.Is(err, runtime.ErrInvalidSpec)
+		if permanent && !pl.seed && p.pools[k] == pl && pl.starting == 0 && len(pl.ready) == 0 {
+			delete(p.pools, k)
+		}
+		p.mu.Unlock()
+		if ctx.Err() == nil {
+			p.log.Warn("pool member create failed", "tenant", string(k.Tenant), "template", k.Template,
+				"err", err, "retry_in", backoff.String())
+		}
+		p.wake()
+		return
+	}
+	pl.failures = 0
+	m.ReadyAt = now
+	// A member made for a pool that was forgotten meanwhile, or after the
+	// drain began, is destroyed rather than kept.
+	if p.closed || p.pools[k] != pl {
+		p.mu.Unlock()
+		_ = p.cfg.Backend.Destroy(context.WithoutCancel(ctx), m.ID)
+		return
+	}
+	pl.ready = append(pl.ready, m)
+	p.mu.Unlock()
+	p.log.Debug("pool member ready", "tenant", string(k.Tenant), "template", k.Template, "member", m.ID,
+		"took_ms", now.Sub(start).Milliseconds())
+	p.wake()
+}
+
+// destroy removes a member in the background (tracked by wg).
+func (p *Pools) destroy(id string) {
+	p.wg.Add(1)
+	go func() { // exits when the backend's Destroy returns
+		defer p.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := p.cfg.Backend.Destroy(ctx, id); err != nil {
+			p.log.Error("pool: destroy member", "member", id, "err", err)
+		}
+	}()
+}
+
+// drain stops claims, waits for creates in flight and destroys every member.
+func (p *Pools) drain() {
+	p.mu.Lock()
+	p.closed = true
+	var all []*Member
+	for _, pl := range p.pools {
+		all = append(all, pl.ready...)
+		pl.ready = nil
+	}
+	p.mu.Unlock()
+	for _, m := range all {
+		p.destroy(m.ID)
+	}
+	p.wg.Wait()
+	p.log.Info("pools drained", "members", len(all))
+}
+
+// ReservedMB is the memory of all members, ready and starting.
+func (p *Pools) ReservedMB() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, pl := range p.pools {
+		n += (len(pl.ready) + pl.starting) * pl.key.MemoryMB
+	}
+	return n
+}
+
+// Stats describes every pool, ordered by tenant and template.
+func (p *Pools) Stats() []Stat {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Stat, 0, len(p.pools))
+	for _, pl := range p.pools {
+		out = append(out, Stat{Key: pl.key, Ready: len(pl.ready), Starting: pl.starting, Target: pl.target})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Key, out[j].Key
+		if a.Tenant != b.Tenant {
+			return a.Tenant < b.Tenant
+		}
+		return a.Template < b.Template
+	})
+	return out
+}
+
+// Counts returns the cumulative hits and misses per (tenant, template).
+func (p *Pools) Counts() []Count {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Count, 0, len(p.counts))
+	for _, c := range p.counts {
+		out = append(out, *c)
+	}
+	return out
+}

@@ -1,0 +1,335 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+var keyA = Key{Tenant: "a", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024, AllowInternet: true}
+
+type env struct {
+	be      *sandboxtest.Backend
+	p       *Pools
+	cancel  context.CancelFunc
+	done    chan struct{}
+	minWarm atomic.Int64
+	seeds   []Key
+}
+
+// start runs Pools over a fake backend inside the current synctest bubble.
+// cfg's Backend, Health, NewID, NewToken and MinWarm are filled in unless set.
+func start(t *testing.T, cfg Config, minWarm int) *env {
+	t.Helper()
+	e := &env{be: sandboxtest.New(), done: make(chan struct{}), seeds: []Key{keyA}}
+	e.be.CreateDelay = 100 * time.Millisecond
+	e.minWarm.Store(int64(minWarm))
+	var n atomic.Int64
+	cfg.Backend = e.be
+	if cfg.Health == nil {
+		cfg.Health = func(context.Context, string) error { return nil }
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = func() string { return fmt.Sprintf("m%d", n.Add(1)) }
+	}
+	cfg.NewToken = func() string { return "tok" }
+	if cfg.MinWarm == nil {
+		cfg.MinWarm = func(tenant.ID) int { return int(e.minWarm.Load()) }
+	}
+	if cfg.Seeds == nil {
+		cfg.Seeds = func() []Key { return e.seeds }
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = time.Hour // refills must not depend on the tick
+	}
+	cfg.Log = slog.New(slog.DiscardHandler)
+	e.p = New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	go func() { defer close(e.done); e.p.Run(ctx) }()
+	t.Cleanup(func() {
+		e.stop()
+		e.be.Close()
+	})
+	return e
+}
+
+func (e *env) stop() {
+	e.cancel()
+	<-e.done
+}
+
+func (e *env) stat(k Key) Stat {
+	for _, s := range e.p.Stats() {
+		if s.Key == k {
+			return s
+		}
+	}
+	return Stat{Key: k}
+}
+
+func TestFillsToMinWarmAndRefillsOnClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Parallel: 2}, 3)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 3 || s.Target != 3 {
+			t.Fatalf("after fill: %+v, want 3 ready, target 3", s)
+		}
+		m, ok := e.p.Claim(keyA)
+		if !ok {
+			t.Fatal("claim missed a full pool")
+		}
+		if m.Key != keyA || m.AccessToken != "tok" || e.be.Get(m.ID) == nil {
+			t.Fatalf("claimed member %+v is not a live backend sandbox", m)
+		}
+		if got := e.be.Get(m.ID).Spec.AccessToken; got != m.AccessToken {
+			t.Errorf("backend token %q, member token %q", got, m.AccessToken)
+		}
+		// The tick is an hour away: only the claim's wake-up can refill.
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready+s.Starting != 3 {
+			t.Fatalf("right after claim: %+v, want a refill under way", s)
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 3 {
+			t.Fatalf("after refill: %+v, want 3 ready", s)
+		}
+		if got := e.be.Len(); got != 4 {
+			t.Fatalf("backend holds %d, want 4 (3 warm + the claimed one)", got)
+		}
+		// The claimed member is never handed out again.
+		for range 3 {
+			m2, ok := e.p.Claim(keyA)
+			if !ok || m2.ID == m.ID {
+				t.Fatalf("claim: %+v %v (first claim was %s)", m2, ok, m.ID)
+			}
+		}
+		c := e.p.Counts()
+		if len(c) != 1 || c[0].Hits != 4 || c[0].Misses != 0 {
+			t.Fatalf("counts = %+v, want 4 hits", c)
+		}
+	})
+}
+
+func TestMissOnEmptyPool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{}, 0)
+		other := keyA
+		other.Template = "python"
+		if _, ok := e.p.Claim(other); ok {
+			t.Fatal("claim hit an empty pool")
+		}
+		c := e.p.Counts()
+		if len(c) != 1 || c[0].Misses != 1 || c[0].Template != "python" {
+			t.Fatalf("counts = %+v, want one miss of python", c)
+		}
+		// One claim is not demand enough for a member (min_warm is 0).
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := e.be.Len(); got != 0 {
+			t.Fatalf("backend holds %d members, want 0", got)
+		}
+	})
+}
+
+func TestAdaptiveSizingAndTrim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Lead: 5 * time.Second, HalfLife: time.Minute, IdleAfter: 5 * time.Minute,
+			ForgetAfter: time.Hour, Parallel: 4, Tick: time.Second}, 1)
+		k := keyA
+		k.Template = "busy"
+		// Two claims a second for two minutes: the average reaches
+		// 2 × (1 - 2^-2) = 1.5/s, so the target is round(1.5 × 5) = 8.
+		for range 240 {
+			e.p.Claim(k)
+			time.Sleep(500 * time.Millisecond)
+		}
+		synctest.Wait()
+		s := e.stat(k)
+		if s.Target < 7 || s.Target > 9 {
+			t.Fatalf("target after 2/s for 2 min = %d, want about 8", s.Target)
+		}
+		if s.Ready+s.Starting < s.Target-1 {
+			t.Fatalf("pool %+v lags its target", s)
+		}
+		// Claims stop: after IdleAfter the adaptive part goes; min_warm stays.
+		time.Sleep(6 * time.Minute)
+		synctest.Wait()
+		if s := e.stat(k); s.Target != 1 || s.Ready != 1 {
+			t.Fatalf("after idle: %+v, want target 1 (min_warm), 1 ready", s)
+		}
+		// After ForgetAfter a non-seed pool goes entirely.
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		for _, s := range e.p.Stats() {
+			if s.Key == k {
+				t.Fatalf("idle pool %+v not forgotten", s)
+			}
+		}
+		// The seed (default) pool keeps min_warm throughout.
+		if s := e.stat(keyA); s.Ready != 1 {
+			t.Fatalf("seed pool %+v, want 1 ready", s)
+		}
+	})
+}
+
+func TestMinWarmChangePickedUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Tick: time.Second}, 2)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 2 {
+			t.Fatalf("%+v, want 2 ready", s)
+		}
+		e.minWarm.Store(0) // `tenants set a --min-warm 0`
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got := e.be.Len(); got != 0 {
+			t.Fatalf("backend holds %d after min_warm 0, want 0", got)
+		}
+		e.minWarm.Store(4)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 4 {
+			t.Fatalf("%+v, want 4 ready", s)
+		}
+	})
+}
+
+func TestAdmitCapsThePool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var seen []int
+		admit := func(_ context.Context, k Key, members, memMB int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, members)
+			if members+1 > 2 {
+				return errors.New("quota")
+			}
+			if memMB != members*k.MemoryMB {
+				return fmt.Errorf("memory %d for %d members", memMB, members)
+			}
+			return nil
+		}
+		e := start(t, Config{Admit: admit, Tick: time.Second}, 5)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 2 || s.Target != 5 {
+			t.Fatalf("%+v, want 2 ready (capped by Admit) of target 5", s)
+		}
+	})
+}
+
+func TestUnhealthyMemberNeverClaimable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var fail atomic.Bool
+		fail.Store(true)
+		health := func(context.Context, string) error {
+			if fail.Load() {
+				return errors.New("envd not answering")
+			}
+			return nil
+		}
+		e := start(t, Config{Health: health, Parallel: 1, Tick: time.Second}, 1)
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if _, ok := e.p.Claim(keyA); ok {
+			t.Fatal("claimed a member whose envd failed /health")
+		}
+		if got := e.be.Len(); got != 0 {
+			t.Fatalf("backend holds %d unhealthy members, want 0 (destroyed)", got)
+		}
+		fail.Store(false)
+		time.Sleep(5 * time.Second) // backoff, then retry
+		synctest.Wait()
+		if _, ok := e.p.Claim(keyA); !ok {
+			t.Fatal("no member after envd recovered")
+		}
+	})
+}
+
+func TestCreateFailureBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Count attempts through NewID calls: each create mints an id.
+		var n atomic.Int64
+		newID := func() string { return fmt.Sprintf("m%d", n.Add(1)) }
+		e := start(t, Config{Parallel: 1, Tick: 100 * time.Millisecond, NewID: newID}, 1)
+		boom := errors.New("backend down")
+		e.be.FailCreate.Store(&boom)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		attempts := int(n.Load())
+		// Backoff 1, 2, 4, 8 s: a handful of attempts in 10 s, not 100.
+		if attempts > 6 {
+			t.Fatalf("%d create attempts in 10 s against a failing backend", attempts)
+		}
+		e.be.FailCreate.Store(nil)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 1 {
+			t.Fatalf("%+v after recovery, want 1 ready", s)
+		}
+	})
+}
+
+func TestDrainDestroysMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Parallel: 4}, 3)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		claimed, ok := e.p.Claim(keyA)
+		if !ok {
+			t.Fatal("claim missed")
+		}
+		time.Sleep(50 * time.Millisecond) // a refill is in flight
+		e.stop()
+		if ids := e.be.IDs(); len(ids) != 1 || ids[0] != claimed.ID {
+			t.Fatalf("after drain backend holds %v, want only the claimed %s", ids, claimed.ID)
+		}
+		if _, ok := e.p.Claim(keyA); ok {
+			t.Fatal("claim after drain")
+		}
+	})
+}
+
+func TestReservedMB(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{}, 2)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := e.p.ReservedMB(); got != 2*512 {
+			t.Fatalf("reserved = %d MiB, want 1024", got)
+		}
+	})
+}
+
+func TestUnknownTemplatePoolDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Tick: time.Second, Seeds: func() []Key { return nil }}, 1)
+		boom := fmt.Errorf("template nope: %w", runtime.ErrTemplateNotFound)
+		e.be.FailCreate.Store(&boom)
+		k := keyA
+		k.Template = "nope"
+		e.p.Claim(k) // a miss: the pool is born with min_warm 1
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for _, s := range e.p.Stats() {
+			if s.Key == k {
+				t.Fatalf("pool of an unknown template kept: %+v", s)
+			}
+		}
+	})
+}

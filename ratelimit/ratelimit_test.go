@@ -1,0 +1,199 @@
+package ratelimit
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func TestLimiterBucket(t *testing.T) {
+	type step struct {
+		after      time.Duration // advance the clock first
+		allowed    bool
+		remaining  int
+		retryAfter time.Duration
+		lim        *Limit // change the limit from this step on
+		anyRetry   bool   // do not check retryAfter
+	}
+	tests := []struct {
+		name  string
+		lim   Limit
+		steps []step
+	}{
+		{"burst then refusals", Limit{Rate: 1, Burst: 3}, []step{
+			{allowed: true, remaining: 2},
+			{allowed: true, remaining: 1},
+			{allowed: true, remaining: 0},
+			{allowed: false, remaining: 0, retryAfter: time.Second},
+			{after: 500 * time.Millisecond, allowed: false, retryAfter: 500 * time.Millisecond},
+			{after: 500 * time.Millisecond, allowed: true, remaining: 0},
+			{after: 10 * time.Second, allowed: true, remaining: 2}, // refilled to burst, not beyond
+		}},
+		{"refusals do not push out the next slot", Limit{Rate: 2, Burst: 1}, []step{
+			{allowed: true},
+			{allowed: false, retryAfter: 500 * time.Millisecond},
+			{allowed: false, retryAfter: 500 * time.Millisecond},
+			{allowed: false, retryAfter: 500 * time.Millisecond},
+			{after: 500 * time.Millisecond, allowed: true},
+		}},
+		{"zero burst is one", Limit{Rate: 1, Burst: 0}, []step{
+			{allowed: true},
+			{allowed: false, retryAfter: time.Second},
+		}},
+		{"unlimited", Limit{Rate: 0, Burst: 0}, []step{
+			{allowed: true}, {allowed: true}, {allowed: true},
+		}},
+		{"raised limit applies at once", Limit{Rate: 0.1, Burst: 1}, []step{
+			{allowed: true},
+			{allowed: false, retryAfter: 10 * time.Second},
+			// The new rate refills from the change on: 10/s gives a token
+			// 100 ms later, not 10 s.
+			{lim: &Limit{Rate: 10, Burst: 5}, after: 100 * time.Millisecond, allowed: false, anyRetry: true},
+			{after: 100 * time.Millisecond, allowed: true},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+			l := New(time.Minute, clk.now)
+			lim := tt.lim
+			for i, s := range tt.steps {
+				clk.advance(s.after)
+				if s.lim != nil {
+					lim = *s.lim
+				}
+				d := l.Allow("k", lim)
+				if d.Allowed != s.allowed {
+					t.Fatalf("step %d: allowed = %v, want %v", i, d.Allowed, s.allowed)
+				}
+				if d.Remaining != s.remaining {
+					t.Errorf("step %d: remaining = %d, want %d", i, d.Remaining, s.remaining)
+				}
+				if !s.anyRetry && d.RetryAfter != s.retryAfter {
+					t.Errorf("step %d: retry after = %v, want %v", i, d.RetryAfter, s.retryAfter)
+				}
+			}
+		})
+	}
+}
+
+func TestLimiterReset(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	l := New(time.Minute, clk.now)
+	lim := Limit{Rate: 2, Burst: 4}
+	for range 4 {
+		l.Allow("k", lim)
+	}
+	d := l.Allow("k", lim)
+	if got, want := d.Reset, 2*time.Second; got != want {
+		t.Errorf("reset = %v, want %v (4 tokens at 2/s)", got, want)
+	}
+}
+
+func TestLimiterKeysAreIndependent(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	l := New(time.Minute, clk.now)
+	lim := Limit{Rate: 1, Burst: 1}
+	if !l.Allow("a", lim).Allowed || l.Allow("a", lim).Allowed {
+		t.Fatal("a: want one allowed, then refused")
+	}
+	if !l.Allow("b", lim).Allowed {
+		t.Fatal("b refused because of a")
+	}
+}
+
+func TestLimiterEvictsIdleBuckets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := New(time.Minute, nil) // time.Now is the bubble's fake clock
+		lim := Limit{Rate: 1, Burst: 2}
+		l.Allow("a", lim)
+		l.Allow("a", lim)
+		l.Allow("b", lim)
+		if got := l.Len(); got != 2 {
+			t.Fatalf("buckets = %d, want 2", got)
+		}
+		time.Sleep(30 * time.Second)
+		l.Allow("b", lim) // b stays active
+		time.Sleep(45 * time.Second)
+		l.Allow("c", lim) // sweeps: a idle 75 s and refilled; b idle 45 s
+		if got := l.Len(); got != 2 {
+			t.Fatalf("buckets after sweep = %d, want 2 (b and c)", got)
+		}
+		// An evicted bucket comes back full: eviction forgets nothing.
+		if d := l.Allow("a", lim); !d.Allowed || d.Remaining != 1 {
+			t.Fatalf("a after eviction: %+v", d)
+		}
+	})
+}
+
+func TestPolicy(t *testing.T) {
+	rate, burst := 0.5, 7
+	p := Policy{
+		Defaults: map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40}, Read: {Rate: 50, Burst: 100}},
+		Settings: func(t tenant.ID) store.Settings {
+			if t == "slow" {
+				return store.Settings{CreateRate: &rate, CreateBurst: &burst}
+			}
+			return store.Settings{}
+		},
+	}
+	tests := []struct {
+		t    tenant.ID
+		c    Class
+		want Limit
+	}{
+		{"slow", Create, Limit{Rate: 0.5, Burst: 7}},
+		{"slow", Read, Limit{Rate: 50, Burst: 100}},
+		{"other", Create, Limit{Rate: 5, Burst: 10}},
+		{"other", Lifecycle, Limit{Rate: 20, Burst: 40}},
+	}
+	for _, tt := range tests {
+		if got := p.Limit(tt.t, tt.c); got != tt.want {
+			t.Errorf("Limit(%s, %s) = %+v, want %+v", tt.t, tt.c, got, tt.want)
+		}
+	}
+}
+
+func TestTenantsPickUpSettings(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	var cur store.Settings
+	ts := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{
+		Defaults: map[Class]Limit{Create: {Rate: 1, Burst: 1}},
+		Settings: func(tenant.ID) store.Settings { return cur },
+	}}
+	if !ts.Allow("a", Create).Allowed || ts.Allow("a", Create).Allowed {
+		t.Fatal("default 1/s burst 1: want allowed then refused")
+	}
+	burst := 3
+	cur.CreateBurst = &burst // as if `tenants set a --create-burst 3` was polled in
+	clk.advance(time.Second)
+	allowed := 0
+	for range 5 {
+		if ts.Allow("a", Create).Allowed {
+			allowed++
+		}
+	}
+	// SetBurstAt keeps the tokens the bucket had (1 after a second), so the
+	// new burst shows once the bucket has refilled.
+	if allowed < 1 {
+		t.Fatalf("allowed = %d after the change", allowed)
+	}
+	clk.advance(10 * time.Second)
+	allowed = 0
+	for range 5 {
+		if ts.Allow("a", Create).Allowed {
+			allowed++
+		}
+	}
+	if allowed != 3 {
+		t.Fatalf("allowed = %d after refill, want the new burst 3", allowed)
+	}
+}

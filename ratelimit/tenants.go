@@ -1,0 +1,59 @@
+package ratelimit
+
+import (
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// Class is a route class; each tenant has one bucket per class, so a flood
+// of reads never starves its creates and the other way round.
+type Class string
+
+const (
+	// Create is what makes a sandbox run: create, resume, connect, fork.
+	Create Class = "create"
+	// Lifecycle is every other mutating call (kill, pause, timeout, ...).
+	Lifecycle Class = "lifecycle"
+	// Read is GET and HEAD: get, list, metrics, logs, templates.
+	Read Class = "read"
+)
+
+// Classes lists the tenant classes.
+var Classes = []Class{Create, Lifecycle, Read}
+
+// Policy says which limit applies to a tenant's class: the server defaults,
+// with the tenant's own create_rate / create_burst (store settings) over the
+// Create class.
+type Policy struct {
+	Defaults map[Class]Limit
+	// Settings returns the tenant's stored settings (nil fields: default).
+	// It is called on every request, so it must be cheap (a cache).
+	Settings func(tenant.ID) store.Settings
+}
+
+// Limit returns the limit of class c for tenant t.
+func (p Policy) Limit(t tenant.ID, c Class) Limit {
+	l := p.Defaults[c]
+	if c != Create || p.Settings == nil {
+		return l
+	}
+	s := p.Settings(t)
+	if s.CreateRate != nil {
+		l.Rate = *s.CreateRate
+	}
+	if s.CreateBurst != nil {
+		l.Burst = *s.CreateBurst
+	}
+	return l
+}
+
+// Tenants limits tenants by class.
+type Tenants struct {
+	*Limiter
+	Policy Policy
+}
+
+// Allow takes a token from tenant t's bucket of class c.
+func (ts *Tenants) Allow(t tenant.ID, c Class) Decision {
+	return ts.Limiter.Allow(string(c)+"/"+string(t), ts.Policy.Limit(t, c))
+}

@@ -1,0 +1,301 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/revert"
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// Create starts a sandbox and returns once envd answers /health. Every step
+// registers its undo, so a failed or cancelled Create leaves nothing.
+func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Template == "" {
+		spec.Template = BaseTemplate
+	}
+	tpl := b.templates[spec.Template]
+	if tpl == nil {
+		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	}
+	spec.CPUCount = orDefault(spec.CPUCount, b.opts.CPUCount)
+	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
+	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
+	if ncpu := numCPU(); spec.CPUCount > ncpu {
+		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
+		defer cancel()
+	}
+
+	t0 := time.Now()
+	dir := filepath.Join(b.sandboxesDir(), spec.ID)
+	s := &sandbox{
+		id:    spec.ID,
+		dir:   dir,
+		ready: make(chan struct{}),
+		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC()},
+	}
+	if spec.AllowInternet {
+		if err := haveNft(); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
+		}
+		if err := b.egress.setup(); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
+		}
+	}
+	b.mu.Lock()
+	if _, exists := b.sbx[spec.ID]; exists {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
+	}
+	var ip netip.Addr
+	if spec.AllowInternet {
+		var err error
+		if ip, err = b.egress.allocate(b.ips); err != nil {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		}
+		b.ips[ip] = true
+	}
+	b.sbx[spec.ID] = s
+	b.mu.Unlock()
+
+	r := revert.New()
+	defer func() {
+		if err != nil {
+			r.Fail()
+		}
+		close(s.ready)
+	}()
+	r.Add(func() {
+		b.mu.Lock()
+		delete(b.sbx, spec.ID)
+		if ip.IsValid() {
+			delete(b.ips, ip)
+		}
+		b.mu.Unlock()
+	})
+	wrap := func(step string, err error) error {
+		return fmt.Errorf("create sandbox %s: %s: %w", spec.ID, step, err)
+	}
+
+	// A directory left by an earlier process is a live sandbox (adopt would
+	// have found it) or debris for Reconcile: either way the id is taken.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
+		}
+		return nil, wrap("state dir", err)
+	}
+	r.Add(func() {
+		if err := b.cleanup(spec.ID, dir); err != nil {
+			b.log.Warn("undo create", "sandbox", spec.ID, "err", err)
+		}
+	})
+
+	var (
+		disk   = filepath.Join(dir, "disk")
+		rootfs = filepath.Join(dir, "rootfs")
+		// Everything the sandbox can write to lives on its disk tmpfs, so
+		// its size bounds it: the overlay's upper layer, the socket
+		// directory (bind-mounted in, writable by root inside) and envd's
+		// log (which root inside can write through /proc/1/fd/2).
+		upper   = filepath.Join(disk, "upper")
+		work    = filepath.Join(disk, "work")
+		sockDir = filepath.Join(disk, "envd")
+		logPath = filepath.Join(disk, "envd.log")
+	)
+	for _, d := range []string{disk, rootfs} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, wrap("state dir", err)
+		}
+	}
+	// cleanup unmounts everything under dir, so the mounts need no undo of
+	// their own.
+	if err := mountTmpfs(disk, spec.DiskSizeMB); err != nil {
+		return nil, wrap("disk", err)
+	}
+	for _, d := range []string{upper, work, sockDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, wrap("disk", err)
+		}
+	}
+	if err := os.Chmod(sockDir, 0o700); err != nil {
+		return nil, wrap("disk", err)
+	}
+	if err := mountOverlay(rootfs, tpl.lower, upper, work); err != nil {
+		return nil, wrap("rootfs", err)
+	}
+	if err := os.Chmod(rootfs, 0o755); err != nil {
+		return nil, wrap("rootfs", err)
+	}
+
+	var netPeer, resolv string
+	if ip.IsValid() {
+		// cleanup deletes the links too.
+		ni, err := b.egress.createVeth(spec.ID, ip)
+		if err != nil {
+			return nil, wrap("network", err)
+		}
+		s.meta.Net = &ni
+		_, netPeer = linkNames(spec.ID)
+		resolv = filepath.Join(dir, "resolv.conf")
+		if err := os.WriteFile(resolv, resolvConf(), 0o644); err != nil {
+			return nil, wrap("network", err)
+		}
+	}
+
+	tMounted := time.Now()
+	oci := ociSpec(specInput{
+		spec:      spec,
+		pidsMax:   int64(b.opts.PidsMax),
+		swap:      b.swap,
+		rootfs:    rootfs,
+		tpl:       tpl,
+		envdHost:  b.opts.EnvdPath,
+		socketDir: sockDir,
+		cgroup:    b.cgroupPath(spec.ID),
+		seccomp:   b.seccomp,
+		logLevel:  b.opts.EnvdLogLevel,
+		netPeer:   netPeer,
+		resolv:    resolv,
+	})
+	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName: spec.ID,
+		Spec:       oci,
+	})
+	if err != nil {
+		return nil, wrap("config", err)
+	}
+	ctr, err := libcontainer.Create(filepath.Join(dir, "ctr"), spec.ID, cfg)
+	if err != nil {
+		return nil, wrap("container", err)
+	}
+	s.ctr = ctr
+	// cleanup removes the cgroups and the state by path as well; Destroy
+	// here keeps libcontainer's view consistent while it can.
+	r.Add(func() { _ = ctr.Destroy() })
+
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, wrap("log", err)
+	}
+	defer logf.Close()
+	proc := &libcontainer.Process{
+		Args:   oci.Process.Args,
+		Env:    oci.Process.Env,
+		Cwd:    oci.Process.Cwd,
+		Stdout: logf,
+		Stderr: logf,
+		Init:   true,
+	}
+	tCreated := time.Now()
+	if err := ctr.Run(proc); err != nil {
+		return nil, wrap("start", err)
+	}
+	tStarted := time.Now()
+	s.exited = make(chan struct{})
+	// The waiter reaps init. It exits when init does: on Destroy, or when
+	// envd dies on its own.
+	go func(exited chan struct{}) {
+		_, _ = proc.Wait()
+		close(exited)
+	}(s.exited)
+	r.Add(func() {
+		_ = ctr.Signal(unix.SIGKILL)
+		<-s.exited
+	})
+	if s.meta.Net != nil {
+		pid, err := proc.Pid()
+		if err != nil {
+			return nil, wrap("network", err)
+		}
+		if err := addDefaultRoute(pid, s.meta.Net.Gateway); err != nil {
+			return nil, wrap("network", err)
+		}
+	}
+
+	if err := writeJSON(filepath.Join(dir, "meta.json"), s.meta); err != nil {
+		return nil, wrap("meta", err)
+	}
+	if err := waitHealthy(ctx, s.dialEnvd, s.exited); err != nil {
+		return nil, wrap("envd", err)
+	}
+
+	b.log.Debug("sandbox created", "sandbox", spec.ID,
+		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
+		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted), "total", time.Since(t0))
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.created = true
+	r.Success()
+	return s.info()
+}
+
+// waitHealthy polls envd's /health until it answers 204, init exits or ctx
+// ends.
+func waitHealthy(ctx context.Context, dial func(context.Context) (net.Conn, error), exited <-chan struct{}) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		DisableKeepAlives: true,
+	}}
+	defer hc.CloseIdleConnections()
+	delay := 500 * time.Microsecond
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("/health answered %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-exited:
+			return fmt.Errorf("%w: envd exited before answering (its log is disk/envd.log): %v", runtime.ErrUnavailable, last)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Millisecond)
+	}
+}
+
+// writeJSON writes v to path atomically: a reader sees all of it or nothing.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

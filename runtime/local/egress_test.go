@@ -1,0 +1,246 @@
+package local_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+)
+
+// The egress test's stand-in for the internet: a network namespace of our
+// own, reached from the host through a veth, in a random /24 of
+// 198.18.0.0/15 (a range reserved for testing). No packet leaves the
+// machine: the test checks the route to it before anything is sent.
+
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// fakeInternet sets up the namespace and serves HTTP in it; it returns the
+// server's address and the host's address towards it.
+func fakeInternet(t *testing.T) (server, inetHost string) {
+	t.Helper()
+	var rnd [1]byte
+	_, _ = rand.Read(rnd[:])
+	inetHost = fmt.Sprintf("198.18.%d.1", rnd[0])
+	inetServer := fmt.Sprintf("198.18.%d.2", rnd[0])
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs ip (iproute2) for the fake internet")
+	}
+	suffix := randHex()
+	name, hostIf, nsIf := "rtinet-"+suffix, "rti"+suffix, "rto"+suffix
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ipCmd(t, "link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
+	ipCmd(t, "link", "set", nsIf, "netns", name)
+	ipCmd(t, "-n", name, "addr", "add", inetServer+"/24", "dev", nsIf)
+	ipCmd(t, "-n", name, "link", "set", nsIf, "up")
+	ipCmd(t, "-n", name, "link", "set", "lo", "up")
+	ipCmd(t, "-n", name, "route", "add", "default", "via", inetHost)
+	ipCmd(t, "addr", "add", inetHost+"/24", "dev", hostIf)
+	ipCmd(t, "link", "set", hostIf, "up")
+	out, err := exec.Command("ip", "route", "get", inetServer).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "dev "+hostIf) {
+		t.Fatalf("route to %s is not via %s (%s, %v): refusing to send anything", inetServer, hostIf, out, err)
+	}
+
+	// Listen inside the namespace: the socket stays there after the thread
+	// switches back.
+	ln := func() net.Listener {
+		goruntime.LockOSThread()
+		defer goruntime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Fatal(err)
+		}
+		ln, lerr := net.Listen("tcp", inetServer+":0")
+		if err := netns.Set(orig); err != nil {
+			panic(err) // this thread must not run anything else
+		}
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		return ln
+	}()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "from-inet %s", r.RemoteAddr)
+	})}
+	go func() { _ = srv.Serve(ln) }() // ends on Close
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), inetHost
+}
+
+func TestEgress(t *testing.T) {
+	env := newEnv(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("needs python3 in the base template for a TCP client")
+	}
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
+	server, inetHost := fakeInternet(t)
+
+	b := env.open(t)
+	ctx := t.Context()
+	mk := func(internet bool) string {
+		id := runtimetest.NewID()
+		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, AllowInternet: internet}); err != nil {
+			t.Fatalf("Create(internet %v) = %v", internet, err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+		return id
+	}
+	on, other, off := mk(true), mk(true), mk(false)
+
+	// connect runs a TCP connect (and an HTTP GET) from sandbox id.
+	connect := func(id, addr string) runtimetest.Result {
+		host, port, _ := net.SplitHostPort(addr)
+		script := fmt.Sprintf(`
+import socket, sys
+s = socket.create_connection((%q, %s), timeout=1.5)
+s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+print(s.recv(4096).decode(errors="replace"))
+`, host, port)
+		res, err := runtimetest.Exec(ctx, b, id, "user", "/usr/bin/python3", "-c", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, "from-inet "+inetHost+":") {
+		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
+	}
+	res := connect(off, server)
+	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("without internet: GET %s succeeded: %v", server, res)
+	}
+
+	// Never the host: not its loopback, not the gateway address, not its
+	// own addresses, whatever the listener is bound to.
+	hostLn, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go func() { // ends on Close
+		for {
+			c, err := hostLn.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost")
+			c.Close()
+		}
+	}()
+	_, hostPort, _ := net.SplitHostPort(hostLn.Addr().String())
+	// Targets: loopback, the gateway, and the addresses of the machine's
+	// own lasting interfaces: not those of sandboxes or of other tests,
+	// which may vanish (and then route elsewhere) before the connect.
+	targets := []string{"127.0.0.1", env.egress.Addr().Next().String()}
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if strings.HasPrefix(ifc.Name, "sbx") || strings.HasPrefix(ifc.Name, "sbp") || strings.HasPrefix(ifc.Name, "rt") {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !slices.Contains(targets, ipn.IP.String()) {
+				targets = append(targets, ipn.IP.String())
+			}
+		}
+	}
+	for _, h := range targets {
+		// Send nothing unless the address is this machine's right now.
+		if out, err := exec.Command("ip", "route", "get", h).Output(); err != nil || !strings.HasPrefix(string(out), "local ") {
+			t.Fatalf("%s is not a local address (%s, %v): refusing to send anything", h, out, err)
+		}
+		res := connect(on, net.JoinHostPort(h, hostPort))
+		t.Logf("sandbox → host %s:%s: %s", h, hostPort, lastLine(res.Stderr))
+		if res.ExitCode == 0 {
+			t.Errorf("sandbox with internet reached the host at %s:%s: %v", h, hostPort, res)
+		}
+	}
+
+	// Never another sandbox.
+	otherIP := strings.TrimSpace(mustExec(t, b, other, "ip -o -4 addr show dev eth0 | awk '{print $4}' | cut -d/ -f1"))
+	if otherIP == "" {
+		t.Fatal("no address on eth0 in the other sandbox")
+	}
+	if out, err := exec.Command("ip", "route", "get", otherIP).Output(); err != nil || !strings.Contains(string(out), "dev "+hostIfOf(other)) {
+		t.Fatalf("%s is not routed to the other sandbox (%s, %v): refusing to send anything", otherIP, out, err)
+	}
+	mustExec(t, b, other, "cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5")
+	res = connect(on, otherIP+":8000")
+	t.Logf("sandbox → sandbox %s:8000: %s", otherIP, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("sandbox reached another sandbox at %s: %v", otherIP, res)
+	}
+	if res := connect(other, "127.0.0.1:8000"); res.ExitCode != 0 {
+		t.Errorf("the other sandbox cannot reach its own server: %v", res) // the check above is meaningful
+	}
+
+	if got := mustExec(t, b, on, "cat /etc/resolv.conf"); strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "nameserver") {
+		t.Errorf("resolv.conf with internet = %q; want the host's non-loopback nameservers", got)
+	}
+
+	if err := b.Destroy(ctx, on); err != nil {
+		t.Fatal(err)
+	}
+	host := hostIfOf(on)
+	if _, err := net.InterfaceByName(host); err == nil {
+		t.Errorf("veth %s left after Destroy", host)
+	}
+}
+
+func mustExec(t *testing.T, b runtime.Backend, id, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", script)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%q: %v, %v", script, res, err)
+	}
+	return res.Stdout
+}
+
+func hostIfOf(id string) string { return local.HostInterface(id) }
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}

@@ -1,0 +1,7 @@
+package local
+
+// HostInterface is the name of sandbox id's host veth end, for tests.
+func HostInterface(id string) string {
+	host, _ := linkNames(id)
+	return host
+}

@@ -1,0 +1,507 @@
+// Package local is the embedded runtime.Backend: each sandbox is a Linux
+// container made by runc's libcontainer inside the sandboxd process, with no
+// daemon and no per-sandbox helper process.
+//
+// A sandbox has its own mount, pid, uts, ipc, net and cgroup namespaces; its
+// root is an overlayfs whose lower layer is the template (read-only) and
+// whose upper and work directories live on a per-sandbox tmpfs sized by
+// DiskSizeMB; cgroup limits bound its memory, pids and CPU; it runs with a
+// reduced capability set, no_new_privs, runc's masked /proc paths and, when
+// built with -tags seccomp, a seccomp deny list. envd is bind-mounted
+// read-only and started as the sandbox's init; sandboxd reaches it over a
+// unix socket in a per-sandbox host directory bind-mounted into the sandbox,
+// so no network is needed. The network namespace has loopback only, unless
+// the spec allows internet access: then a veth pair, routing and nftables
+// masquerading give it egress (see net.go), never to the host itself or to
+// other sandboxes.
+//
+// Everything a sandbox holds on the host lives under one directory,
+// <Root>/sandboxes/<id>, plus its cgroup <CgroupParent>/<id> and, with
+// internet access, a veth whose name derives from the id:
+//
+//	meta.json        the spec it was created with (written last: a
+//	                 directory without it is a failed or interrupted create)
+//	disk/            tmpfs of DiskSizeMB, holding all the sandbox can write:
+//	  upper/ work/   the overlay's layers
+//	  envd/          envd's socket directory (/run/envd inside)
+//	  envd.log       envd's stdout and stderr
+//	rootfs/          the overlay mount, the sandbox's /
+//	ctr/             libcontainer's state (state.json)
+//	resolv.conf      the sandbox's /etc/resolv.conf, with internet only
+//
+// Sandboxes outlive sandboxd: New re-adopts live ones, and Reconcile removes
+// what dead ones left (mounts, cgroups, directories).
+//
+// The binary that uses this package must call Init first thing in main
+// (and in TestMain): libcontainer starts every sandbox by re-executing
+// /proc/self/exe with the argument "init". It needs cgo (libcontainer's
+// nsenter); seccomp needs -tags seccomp and libseccomp (see DEPS.md).
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	// Device cgroup rules fail without the devices controller's
+	// implementation, which is registered by import.
+	_ "github.com/opencontainers/cgroups/devices"
+	"github.com/opencontainers/runc/libcontainer"
+	// nsenter's C constructor runs the namespace setup of "init" before the
+	// Go runtime starts; libcontainer cannot start a container without it.
+	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+func init() {
+	// Keep the main goroutine on the main thread for the life of the
+	// process, so that no other goroutine ever runs there. libcontainer
+	// joins a sandbox's mount namespace on a locked thread while it starts
+	// the sandbox and lets the Go runtime end that thread afterwards; but
+	// the main thread is never ended, only parked, and one that joined a
+	// sandbox's mount namespace would keep it (and its tmpfs) alive after
+	// Destroy, and make /proc/self/mountinfo show the sandbox's mounts. A
+	// LockOSThread in an init function binds main to the main thread.
+	goruntime.LockOSThread()
+}
+
+// Init runs libcontainer's container init and never returns when this
+// process was started as one (os.Args[1] == "init"); otherwise it returns at
+// once. Call it first in main, and in TestMain of tests that create
+// sandboxes, before any other work.
+func Init() {
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		libcontainer.Init() // exits
+	}
+}
+
+// Options configure a Backend. Zero fields take the defaults below.
+type Options struct {
+	// Root holds all host state of the backend. Default /run/sandboxd/local.
+	Root string
+	// EnvdPath is the host path of the static envd binary. Required.
+	EnvdPath string
+	// CgroupParent is the cgroup (in every hierarchy) under which each
+	// sandbox gets <id>. Default /sandboxd.
+	CgroupParent string
+	// Templates maps extra template names to root filesystem directories
+	// used as the read-only lower layer as they are. "base" is built in.
+	Templates map[string]string
+	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory,
+	// 1024 MiB disk. PidsMax bounds tasks per sandbox: default 1024.
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+	PidsMax    int
+	// EnvdLogLevel is envd's --log-level; its log goes to disk/envd.log
+	// in the sandbox's state directory, on its disk tmpfs. Default "warn":
+	// at "info" envd logs every process start, which eats into the disk.
+	EnvdLogLevel string
+	// EgressSubnet is where sandboxes with AllowInternet get their address;
+	// its first address is every sandbox's gateway. Default 10.133.0.0/16.
+	EgressSubnet netip.Prefix
+	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
+	StartTimeout time.Duration
+	// Log receives warnings about cleanup. Default slog.Default().
+	Log *slog.Logger
+}
+
+// Backend is the local runtime.Backend.
+type Backend struct {
+	opts    Options
+	log     *slog.Logger
+	egress  *egress
+	swap    bool // memory.memsw.* exists: limit memory+swap too
+	seccomp bool
+
+	mu  sync.Mutex
+	sbx map[string]*sandbox // live and in-creation sandboxes
+	ips map[netip.Addr]bool // egress addresses of the sandboxes in sbx
+	// templates is built once in New.
+	templates map[string]*template
+}
+
+var (
+	_ runtime.Backend        = (*Backend)(nil)
+	_ runtime.Reconciler     = (*Backend)(nil)
+	_ runtime.TemplateLister = (*Backend)(nil)
+)
+
+// sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
+// on it. Lock order: sandbox.mu, then Backend.mu (Destroy removes the
+// sandbox from the map while holding its mu); never the other way round.
+type sandbox struct {
+	id  string
+	dir string
+
+	mu      sync.Mutex
+	meta    meta
+	ctr     *libcontainer.Container
+	exited  chan struct{} // closed when init exits; nil for adopted sandboxes
+	gone    bool          // destroyed
+	ready   chan struct{} // closed when Create finished (either way)
+	created bool          // Create succeeded
+}
+
+// meta is what <dir>/meta.json records.
+type meta struct {
+	Spec      runtime.Spec `json:"spec"`
+	Template  string       `json:"templateDir"`
+	CreatedAt time.Time    `json:"createdAt"`
+	Net       *netInfo     `json:"net,omitempty"`
+}
+
+// New prepares Root (building the base template), re-adopts sandboxes that
+// are still alive from an earlier process and returns the Backend. It does
+// not remove dead sandboxes' leftovers: call Reconcile for that.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.Root == "" {
+		opts.Root = "/run/sandboxd/local"
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = "/sandboxd"
+	}
+	opts.CPUCount = orDefault(opts.CPUCount, 2)
+	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
+	opts.DiskSizeMB = orDefault(opts.DiskSizeMB, 1024)
+	opts.PidsMax = orDefault(opts.PidsMax, 1024)
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 30 * time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if !opts.EgressSubnet.IsValid() {
+		opts.EgressSubnet = netip.MustParsePrefix("10.133.0.0/16")
+	}
+	if opts.EnvdLogLevel == "" {
+		opts.EnvdLogLevel = "warn"
+	}
+	if opts.EnvdPath == "" {
+		return nil, fmt.Errorf("local backend: %w: no envd binary given", runtime.ErrUnavailable)
+	}
+	envd, err := filepath.Abs(opts.EnvdPath)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(envd); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("local backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
+	}
+	opts.EnvdPath = envd
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
+	}
+	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+	}
+
+	b := &Backend{
+		opts:      opts,
+		log:       opts.Log,
+		seccomp:   seccompEnabled,
+		sbx:       map[string]*sandbox{},
+		ips:       map[netip.Addr]bool{},
+		templates: map[string]*template{},
+	}
+	if b.egress, err = newEgress(opts.EgressSubnet); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	// Limit memory+swap to the memory limit (no swap) where the kernel
+	// accounts swap: v1 with memsw files, or v2 (memory.swap.max).
+	_, err = os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+	b.swap = err == nil || cgroups.IsCgroup2UnifiedMode()
+	if !b.seccomp {
+		b.log.Warn("local backend built without -tags seccomp: sandboxes run without a seccomp " +
+			"profile and can create user namespaces (and mount inside them)")
+	}
+
+	ents, mounts, err := baseEntries()
+	if err != nil {
+		return nil, fmt.Errorf("local backend: base template: %w", err)
+	}
+	baseDir := filepath.Join(opts.Root, "templates", BaseTemplate+"-"+digest(ents))
+	if err := writeTemplate(baseDir, ents); err != nil {
+		return nil, fmt.Errorf("local backend: base template: %w", err)
+	}
+	b.templates[BaseTemplate] = &template{name: BaseTemplate, lower: baseDir, mounts: mounts}
+	for name, d := range opts.Templates {
+		if name == BaseTemplate {
+			return nil, fmt.Errorf("local backend: template %q is built in", name)
+		}
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("local backend: template %q: %s is not a directory", name, d)
+		}
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return nil, err
+		}
+		b.templates[name] = &template{name: name, lower: abs}
+	}
+
+	if err := b.adopt(ctx); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	return b, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// SeccompEnabled reports whether sandboxes get the seccomp profile: only a
+// binary built with -tags seccomp can apply one.
+func (b *Backend) SeccompEnabled() bool { return b.seccomp }
+
+// Templates lists the template names this backend can create from.
+func (b *Backend) Templates(context.Context) ([]string, error) {
+	return slices.Sorted(maps.Keys(b.templates)), nil
+}
+
+func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
+
+func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.CgroupParent, id) }
+
+// HostPaths lists the host paths sandbox id holds while it lives: its state
+// directory, its cgroup in each hierarchy and its veth (with internet). runtimetest checks that none
+// of them exist after Destroy.
+func (b *Backend) HostPaths(id string) []string {
+	host, _ := linkNames(id)
+	paths := []string{filepath.Join(b.sandboxesDir(), id), "/sys/class/net/" + host}
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		paths = append(paths, filepath.Join(h, b.cgroupPath(id)))
+	}
+	if len(hier) == 0 {
+		paths = append(paths, filepath.Join("/sys/fs/cgroup", b.cgroupPath(id)))
+	}
+	return paths
+}
+
+// adopt loads every live sandbox under Root into the map. Dead ones are left
+// for Reconcile.
+func (b *Backend) adopt(ctx context.Context) error {
+	ents, err := os.ReadDir(b.sandboxesDir())
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		id := e.Name()
+		if !e.IsDir() || !runtime.ValidID(id) {
+			continue
+		}
+		b.mu.Lock()
+		_, known := b.sbx[id]
+		b.mu.Unlock()
+		if known {
+			continue
+		}
+		s, err := b.load(id)
+		if err != nil {
+			continue // dead or half-made: Reconcile removes it
+		}
+		b.mu.Lock()
+		if _, known := b.sbx[id]; !known {
+			b.sbx[id] = s
+			if s.meta.Net != nil {
+				b.ips[s.meta.Net.IP] = true
+			}
+		}
+		b.mu.Unlock()
+	}
+	return nil
+}
+
+// load reads a sandbox of an earlier process from disk. It fails unless the
+// sandbox is complete and its init is alive (running or paused).
+func (b *Backend) load(id string) (*sandbox, error) {
+	dir := filepath.Join(b.sandboxesDir(), id)
+	raw, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return nil, err
+	}
+	var m meta
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	ctr, err := libcontainer.Load(filepath.Join(dir, "ctr"), id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := ctr.Status()
+	if err != nil {
+		return nil, err
+	}
+	if st != libcontainer.Running && st != libcontainer.Paused {
+		return nil, fmt.Errorf("sandbox %s is %s", id, st)
+	}
+	ready := make(chan struct{})
+	close(ready)
+	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, ready: ready, created: true}, nil
+}
+
+// get returns the live sandbox id, waiting for a Create in progress to end.
+func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
+	if !runtime.ValidID(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, runtime.ErrNotFound)
+	}
+	b.mu.Lock()
+	s := b.sbx[id]
+	b.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if !s.created {
+		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	return s, nil
+}
+
+// info reports s; the caller holds s.mu.
+func (s *sandbox) info() (*runtime.Sandbox, error) {
+	st, err := s.ctr.Status()
+	if err != nil {
+		return nil, err
+	}
+	var state runtime.State
+	switch st {
+	case libcontainer.Running, libcontainer.Created:
+		state = runtime.StateRunning
+	case libcontainer.Paused:
+		state = runtime.StatePaused
+	default:
+		return nil, fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
+	}
+	return &runtime.Sandbox{
+		ID:        s.id,
+		Template:  s.meta.Spec.Template,
+		State:     state,
+		Spec:      s.meta.Spec,
+		CreatedAt: s.meta.CreatedAt,
+	}, nil
+}
+
+// List returns the live sandboxes, adopting any that an earlier process of
+// sandboxd left running.
+func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
+	if err := b.adopt(ctx); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	all := make([]*sandbox, 0, len(b.sbx))
+	for _, s := range b.sbx {
+		all = append(all, s)
+	}
+	b.mu.Unlock()
+	var out []*runtime.Sandbox
+	for _, s := range all {
+		select {
+		case <-s.ready:
+		default:
+			continue // still being created: not live yet
+		}
+		s.mu.Lock()
+		if s.created && !s.gone {
+			if info, err := s.info(); err == nil {
+				out = append(out, info)
+			}
+		}
+		s.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b *runtime.Sandbox) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// Reconcile removes what dead sandboxes left behind: state directories
+// whose init is gone or that an interrupted Create left half-made, with
+// their mounts and cgroups; cgroups under CgroupParent with no directory; and
+// old base templates no live sandbox uses. Live sandboxes and creates in
+// progress in this process are untouched.
+func (b *Backend) Reconcile(ctx context.Context) error {
+	if err := b.adopt(ctx); err != nil {
+		return err
+	}
+	if err := b.reconcileDead(ctx); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	known := map[string]bool{}
+	lowers := map[string]bool{}
+	for id, s := range b.sbx {
+		known[id] = true
+		lowers[s.meta.Template] = true
+	}
+	for _, t := range b.templates {
+		lowers[t.lower] = true
+	}
+	b.mu.Unlock()
+
+	var errs []error
+	ents, err := os.ReadDir(b.sandboxesDir())
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if known[e.Name()] {
+			continue
+		}
+		if err := b.cleanup(e.Name(), filepath.Join(b.sandboxesDir(), e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, id := range strayCgroups(b.opts.CgroupParent) {
+		if known[id] || !runtime.ValidID(id) {
+			continue
+		}
+		if err := removeCgroup(b.cgroupPath(id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	tpls, _ := os.ReadDir(filepath.Join(b.opts.Root, "templates"))
+	for _, e := range tpls {
+		p := filepath.Join(b.opts.Root, "templates", e.Name())
+		if lowers[p] {
+			continue
+		}
+		if err := removeDir(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

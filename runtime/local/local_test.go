@@ -1,0 +1,465 @@
+package local_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+)
+
+// envdBin is the envd binary the tests' sandboxes run: $SANDBOXD_ENVD, or
+// one built for this test run.
+var envdBin string
+
+// skipReason is set when the host cannot run the tests.
+var skipReason string
+
+func TestMain(m *testing.M) {
+	local.Init() // libcontainer re-executes this binary as the container init
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	switch {
+	case os.Geteuid() != 0:
+		skipReason = "runtime/local needs root (namespaces, mounts, cgroups); run the tests as root"
+	case !exists("/sys/fs/cgroup"):
+		skipReason = "runtime/local needs cgroups at /sys/fs/cgroup"
+	}
+	if skipReason == "" {
+		envdBin = os.Getenv("SANDBOXD_ENVD")
+		if envdBin == "" {
+			dir, err := os.MkdirTemp("", "runtime-local-envd-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			envdBin = filepath.Join(dir, "envd")
+			cmd := exec.Command("go", "build", "-trimpath", "-o", envdBin, "github.com/sandboxd/sandboxd/cmd/envd")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
+				return 1
+			}
+		}
+	}
+	return m.Run()
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func randHex() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// testEnv is one backend's private root, cgroup parent and egress subnet.
+type testEnv struct {
+	root, cgroupParent string
+	egress             netip.Prefix
+}
+
+func newEnv(t testing.TB) testEnv {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	var x [1]byte
+	_, _ = rand.Read(x[:])
+	e := testEnv{
+		root:         filepath.Join("/run/sandboxd-test", randHex()),
+		cgroupParent: "/sandboxd-test-" + randHex(),
+		egress:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 133, x[0], 0}), 24),
+	}
+	t.Cleanup(func() { e.remove(t) })
+	return e
+}
+
+// testWriter sends a backend's log to t.Log, shown for failed or -v tests.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+func (e testEnv) options(t testing.TB) local.Options {
+	return local.Options{
+		Root:         e.root,
+		EnvdPath:     envdBin,
+		CgroupParent: e.cgroupParent,
+		EgressSubnet: e.egress,
+		Log:          slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	}
+}
+
+func (e testEnv) open(t testing.TB) *local.Backend {
+	t.Helper()
+	b, err := local.New(context.Background(), e.options(t))
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	return b
+}
+
+// remove destroys whatever the tests left and removes the root and the
+// cgroup parent. It runs after every backend's own cleanups.
+func (e testEnv) remove(t testing.TB) {
+	b, err := local.New(context.Background(), e.options(t))
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	l, _ := b.List(context.Background())
+	for _, s := range l {
+		_ = b.Destroy(context.Background(), s.ID)
+	}
+	if err := b.Reconcile(context.Background()); err != nil {
+		t.Errorf("cleanup: Reconcile: %v", err)
+	}
+	if err := os.RemoveAll(filepath.Join(e.root, "templates")); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	if err := os.RemoveAll(e.root); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	_ = os.Remove(filepath.Dir(e.root)) // the last test's cleanup removes it
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		if err := os.Remove(filepath.Join(h, e.cgroupParent)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("cleanup: %v", err)
+		}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Backend {
+		return newEnv(t).open(t)
+	})
+}
+
+// TestRecovery: sandboxes outlive the Backend that made them; a new one
+// adopts the live ones, and Reconcile removes what dead ones left.
+func TestRecovery(t *testing.T) {
+	env := newEnv(t)
+	ctx := t.Context()
+	b1 := env.open(t)
+	live, dead, paused := runtimetest.NewID(), runtimetest.NewID(), runtimetest.NewID()
+	for _, id := range []string{live, dead, paused} {
+		if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b1.Pause(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	// A crash between steps of a create leaves a directory without meta.
+	halfMade := filepath.Join(env.root, "sandboxes", runtimetest.NewID())
+	if err := os.MkdirAll(filepath.Join(halfMade, "disk"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	// "Restart": a second backend on the same root, while b1 is simply
+	// forgotten (its processes stay, as after a crash of sandboxd).
+	b2 := env.open(t)
+	got := list(t, b2)
+	want := []string{dead, live, paused}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("List() after restart = %v; want %v", got, want)
+	}
+	if err := runtimetestHealth(b2, live); err != nil {
+		t.Fatalf("adopted sandbox: %v", err)
+	}
+	if err := b2.Resume(ctx, paused); err != nil {
+		t.Fatalf("Resume(adopted paused) = %v", err)
+	}
+	if err := runtimetestHealth(b2, paused); err != nil {
+		t.Fatalf("adopted paused sandbox after resume: %v", err)
+	}
+
+	// Kill one sandbox's processes behind the backend's back.
+	killSandbox(t, env, dead)
+	if err := b2.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile() = %v", err)
+	}
+	if got := list(t, b2); !slices.Equal(got, sorted(live, paused)) {
+		t.Errorf("List() after Reconcile = %v; want %v", got, sorted(live, paused))
+	}
+	for _, p := range append(b2.HostPaths(dead), halfMade) {
+		if exists(p) {
+			t.Errorf("Reconcile left %s", p)
+		}
+	}
+	for _, id := range []string{live, paused} {
+		if err := b2.Destroy(ctx, id); err != nil {
+			t.Errorf("Destroy(adopted %s) = %v", id, err)
+		}
+		for _, p := range b2.HostPaths(id) {
+			if exists(p) {
+				t.Errorf("Destroy(adopted) left %s", p)
+			}
+		}
+	}
+}
+
+func sorted(s ...string) []string { sort.Strings(s); return s }
+
+func list(t *testing.T, b *local.Backend) []string {
+	t.Helper()
+	l, err := b.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range l {
+		ids = append(ids, s.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func runtimetestHealth(b runtime.Backend, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := runtimetest.Exec(ctx, b, id, "user", "/bin/true")
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("/bin/true: %v", res)
+	}
+	return nil
+}
+
+// killSandbox SIGKILLs every process in the sandbox's cgroup from the host.
+func killSandbox(t *testing.T, env testEnv, id string) {
+	t.Helper()
+	procs := filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs")
+	raw, err := os.ReadFile(procs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(raw)) {
+		_ = exec.Command("kill", "-9", f).Run()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		raw, _ := os.ReadFile(procs)
+		if len(strings.TrimSpace(string(raw))) == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("processes of %s survived SIGKILL", id)
+}
+
+// TestDirTemplate: a template from a directory is used as the lower layer
+// as it is; envd, bind-mounted, needs nothing from it but /etc/passwd.
+func TestDirTemplate(t *testing.T) {
+	env := newEnv(t)
+	tpl := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tpl, "marker"), []byte("from the template"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := env.options(t)
+	opts.Templates = map[string]string{"empty": tpl}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := b.Templates(t.Context())
+	if err != nil || !slices.Equal(names, []string{"base", "empty"}) {
+		t.Errorf("Templates() = %v, %v; want [base empty]", names, err)
+	}
+	id := runtimetest.NewID()
+	sb, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "empty"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if sb.Template != "empty" {
+		t.Errorf("Create().Template = %q; want empty", sb.Template)
+	}
+	hc := runtimetest.EnvdClient(b, id)
+	resp, err := hc.Get("http://envd/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 204 {
+		t.Errorf("GET /health = %s; want 204", resp.Status)
+	}
+	// No shell in this template: read the marker through envd's /files.
+	resp, err = hc.Get("http://envd/files?path=/marker&username=root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "from the template" {
+		t.Errorf("GET /files?path=/marker = %s %q; want the template's file", resp.Status, body)
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(tpl, "marker")); err != nil {
+		t.Errorf("Destroy touched the template directory: %v", err)
+	}
+}
+
+// TestSeccomp: with -tags seccomp, what the profile blocks fails inside.
+func TestSeccomp(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	if !b.SeccompEnabled() {
+		t.Skip("built without -tags seccomp: sandboxes have no seccomp profile")
+	}
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "grep Seccomp: /proc/self/status")
+	if err != nil || !strings.Contains(res.Stdout, "2") {
+		t.Errorf("Seccomp mode = %v, %v; want 2 (filter)", res, err)
+	}
+	for _, script := range []string{
+		"unshare -U true", // user namespaces: the way around CAP_SYS_ADMIN
+		"unshare -n true", // namespaces in general
+		"unshare -Urm mount -t tmpfs none /mnt",
+	} {
+		res, err := runtimetest.Exec(ctx, b, id, "user", "/bin/sh", "-c", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 {
+			t.Errorf("%q succeeded under seccomp", script)
+		}
+	}
+	if exists("/usr/bin/python3") {
+		res, err := runtimetest.Exec(ctx, b, id, "user", "/usr/bin/python3", "-c",
+			"import ctypes,os; r=ctypes.CDLL(None,use_errno=True).syscall(250, 0,0,0,0,0); print(r, ctypes.get_errno())") // keyctl
+		if err != nil || strings.TrimSpace(res.Stdout) != "-1 1" {
+			t.Errorf("keyctl: %v, %v; want -1 EPERM(1)", res, err)
+		}
+	}
+}
+
+// BenchmarkCreateDestroy measures create → envd healthy, and destroy, one
+// sandbox at a time, with the base template. Run:
+//
+//	go test -run '^$' -bench CreateDestroy -benchtime 50x ./runtime/local/
+func BenchmarkCreateDestroy(b *testing.B) {
+	env := newEnv(b)
+	be := env.open(b)
+	ctx := context.Background()
+	var creates, destroys []time.Duration
+	for b.Loop() {
+		id := runtimetest.NewID()
+		t0 := time.Now()
+		if _, err := be.Create(ctx, runtime.Spec{ID: id}); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := be.Destroy(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		creates = append(creates, t1.Sub(t0))
+		destroys = append(destroys, time.Since(t1))
+	}
+	b.ReportMetric(ms(pct(creates, 50)), "create-p50-ms")
+	b.ReportMetric(ms(pct(creates, 99)), "create-p99-ms")
+	b.ReportMetric(ms(pct(destroys, 50)), "destroy-p50-ms")
+	b.ReportMetric(ms(pct(destroys, 99)), "destroy-p99-ms")
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TestSocketDir: root inside the sandbox owns the socket directory. What it
+// writes there counts against the sandbox's disk, and a symlink planted as
+// envd.sock must not lead sandboxd to a host socket.
+func TestSocketDir(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 32}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/run/envd/fill bs=1M count=64; rm -f /run/envd/fill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Stderr, "No space left on device") {
+		t.Errorf("filling /run/envd with 64 MiB on a 32 MiB disk: %v; want ENOSPC", res)
+	}
+
+	hostSock := filepath.Join(t.TempDir(), "host.sock")
+	ln, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() { // ends when ln is closed
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "rm /run/envd/envd.sock && ln -s "+hostSock+" /run/envd/envd.sock")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("plant symlink: %v, %v", res, err)
+	}
+	if c, err := b.Dial(ctx, id, runtime.EnvdPort); err == nil {
+		c.Close()
+		t.Errorf("Dial(envd) through a planted symlink succeeded")
+	}
+	select {
+	case <-accepted:
+		t.Errorf("sandboxd connected to the host socket the sandbox's symlink named")
+	case <-time.After(100 * time.Millisecond):
+	}
+}

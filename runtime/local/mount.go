@@ -1,0 +1,110 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// mountTmpfs mounts a tmpfs of sizeMB at dir: the sandbox's whole writable
+// layer, so its size is the disk limit. Pages written to it are charged to
+// the memory cgroup of the writer, that is the sandbox.
+func mountTmpfs(dir string, sizeMB int) error {
+	opts := fmt.Sprintf("size=%dm,mode=0755", sizeMB)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// mountOverlay mounts lower (read-only) with upper and work at dir.
+func mountOverlay(dir, lower, upper, work string) error {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmount unmounts dir if it is a mount point. A busy mount is retried
+// briefly, then detached: by the time we unmount, the sandbox's processes are
+// gone, and a lingering reference (a process still closing files) must not
+// make destroy fail.
+func unmount(dir string) error {
+	for i := 0; ; i++ {
+		err := unix.Unmount(dir, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			continue // stacked mounts: repeat until EINVAL
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not a mount point (any more)
+		case errors.Is(err, unix.EBUSY) && i < 5:
+			time.Sleep(time.Duration(1<<i) * time.Millisecond)
+		case errors.Is(err, unix.EBUSY):
+			if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("unmount %s: %w", dir, err)
+			}
+			return nil
+		default:
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+	}
+}
+
+// mountsUnder returns the mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Mountpoint)
+	}
+	// Deepest first, so that nested mounts go before their parents.
+	slices.SortStableFunc(out, func(a, b string) int {
+		return strings.Count(b, "/") - strings.Count(a, "/")
+	})
+	return out, nil
+}
+
+// removeDir unmounts everything at or below dir, then removes it. It refuses
+// to remove anything while a mount remains below dir, so a failed unmount can
+// never make it delete through a mount into a template or the host.
+func removeDir(dir string) error {
+	ms, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := unmount(m); err != nil {
+			return err
+		}
+	}
+	if ms, err := mountsUnder(dir); err != nil {
+		return err
+	} else if len(ms) > 0 {
+		return fmt.Errorf("remove %s: still mounted: %v", dir, ms)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// dirUsage returns the used and total bytes of the filesystem at dir.
+func dirUsage(dir string) (used, total uint64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Clean(dir), &st); err != nil {
+		return 0, 0, err
+	}
+	bs := uint64(st.Bsize)
+	return (st.Blocks - st.Bfree) * bs, st.Blocks * bs, nil
+}

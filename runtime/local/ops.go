@@ -1,0 +1,303 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/envd/tunnel"
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+func numCPU() int { return goruntime.NumCPU() }
+
+// Destroy kills the sandbox and removes everything it held. It is
+// idempotent, and also removes the leftovers of a sandbox whose init died.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !runtime.ValidID(id) {
+		return nil // cannot exist
+	}
+	dir := filepath.Join(b.sandboxesDir(), id)
+	b.mu.Lock()
+	s := b.sbx[id]
+	if s == nil {
+		// Unknown here: maybe a dead sandbox of an earlier process. Hold
+		// the id while cleaning up, so that a concurrent Create of the
+		// same id fails (ErrAlreadyExists) instead of racing the cleanup.
+		hold := &sandbox{id: id, dir: dir, ready: make(chan struct{})}
+		b.sbx[id] = hold
+		b.mu.Unlock()
+		err := b.cleanup(id, dir)
+		b.mu.Lock()
+		delete(b.sbx, id)
+		b.mu.Unlock()
+		close(hold.ready)
+		if err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
+		return nil
+	}
+	b.mu.Unlock()
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !s.created {
+		return nil // the failed Create undid itself
+	}
+
+	// From here on, ctx is not consulted: a destroy runs to the end even
+	// if the caller gives up.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return nil
+	}
+	// SIGKILL to init kills the whole pid namespace; libcontainer thaws a
+	// paused sandbox first so that the kill is delivered.
+	if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		b.log.Warn("destroy: kill", "sandbox", id, "err", err)
+	}
+	if err := s.waitExit(); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if err := b.cleanup(id, dir); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	s.gone = true
+	b.mu.Lock()
+	if b.sbx[id] == s {
+		delete(b.sbx, id)
+		if s.meta.Net != nil {
+			delete(b.ips, s.meta.Net.IP)
+		}
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// waitExit waits for init to be gone after a SIGKILL: through the reaper for
+// a sandbox this process started, by polling for one adopted from an earlier
+// process (whose init is reaped by its new parent).
+func (s *sandbox) waitExit() error {
+	if s.exited != nil {
+		select {
+		case <-s.exited:
+			return nil
+		case <-time.After(10 * time.Second):
+			return errors.New("init did not exit after SIGKILL")
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := s.ctr.Status()
+		if err != nil || st == libcontainer.Stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("init did not exit after SIGKILL")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// cleanup removes what sandbox id holds on the host, whatever state it is
+// in: it kills any process left in its cgroups, unmounts everything under
+// dir, removes dir and removes the cgroups. Mounts go before cgroups so that
+// the tmpfs's pages are freed while they are still charged to the sandbox.
+func (b *Backend) cleanup(id, dir string) error {
+	cg := b.cgroupPath(id)
+	killCgroup(cg)
+	deleteLinks(id)
+	var errs []error
+	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if err := removeCgroup(cg); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Pause freezes every process of the sandbox (cgroup freezer); memory stays.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if err := s.ctr.Pause(); err != nil {
+		if st, _ := s.ctr.Status(); st == libcontainer.Paused {
+			return nil
+		}
+		if errors.Is(err, libcontainer.ErrNotRunning) {
+			return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotRunning)
+		}
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox.
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if err := s.ctr.Resume(); err != nil {
+		if errors.Is(err, libcontainer.ErrNotPaused) {
+			if st, _ := s.ctr.Status(); st == libcontainer.Running {
+				return nil
+			}
+			return fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotRunning)
+		}
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Dial connects to port on the sandbox's loopback. EnvdPort is envd's unix
+// socket in the sandbox's socket directory; other ports go through envd's
+// CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
+// errors.Is tunnel.ErrPortNotOpen.
+func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("dial sandbox %s: %w: port %d", id, runtime.ErrInvalidSpec, port)
+	}
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	s.mu.Lock()
+	info, err := s.info()
+	gone := s.gone
+	s.mu.Unlock()
+	switch {
+	case gone:
+		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("dial sandbox %s: %w", id, err)
+	case info.State == runtime.StatePaused:
+		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrPaused)
+	}
+	if port == runtime.EnvdPort {
+		c, err := s.dialEnvd(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dial sandbox %s: envd: %w", id, err)
+		}
+		return c, nil
+	}
+	c, err := tunnel.Dial(ctx, s.dialEnvd, s.meta.Spec.AccessToken, port)
+	if err != nil {
+		var se *tunnel.StatusError
+		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
+			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
+		}
+		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, err)
+	}
+	return c, nil
+}
+
+// dialEnvd connects to envd's unix socket. The socket directory is writable
+// by root inside the sandbox, which could replace envd.sock with a symlink
+// to a host socket (resolved in the host's namespace by connect): so the
+// socket is opened with O_PATH|O_NOFOLLOW, checked to be a socket, and
+// connected through its /proc/self/fd link, which names that inode only.
+func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
+	fd, err := unix.Open(filepath.Join(s.dir, "disk", "envd", "envd.sock"), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("open envd.sock", err)}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, os.NewSyscallError("fstat envd.sock", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("envd.sock in sandbox %s is not a socket (mode %#o)", s.id, st.Mode)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+// Stats reads the sandbox's cgroup counters and its disk's usage.
+func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	st, err := s.ctr.Stats()
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
+	}
+	cg := st.CgroupStats
+	out := runtime.Stats{
+		CPUTime:          time.Duration(cg.CpuStats.CpuUsage.TotalUsage),
+		CPUCount:         s.meta.Spec.CPUCount,
+		MemoryBytes:      cg.MemoryStats.Usage.Usage,
+		MemoryLimitBytes: cg.MemoryStats.Usage.Limit,
+		Pids:             cg.PidsStats.Current,
+		PidsLimit:        cg.PidsStats.Limit,
+	}
+	if used, total, err := dirUsage(filepath.Join(s.dir, "disk")); err == nil {
+		out.DiskBytes, out.DiskLimitBytes = used, total
+	}
+	return out, nil
+}
+
+// reconcileDead destroys sandboxes in the map whose init died on its own.
+func (b *Backend) reconcileDead(ctx context.Context) error {
+	b.mu.Lock()
+	all := make([]*sandbox, 0, len(b.sbx))
+	for _, s := range b.sbx {
+		all = append(all, s)
+	}
+	b.mu.Unlock()
+	var dead []string
+	for _, s := range all {
+		select {
+		case <-s.ready:
+		default:
+			continue
+		}
+		s.mu.Lock()
+		if s.created && !s.gone {
+			if _, err := s.info(); errors.Is(err, runtime.ErrNotRunning) {
+				dead = append(dead, s.id)
+			}
+		}
+		s.mu.Unlock()
+	}
+	var errs []error
+	for _, id := range dead {
+		if err := b.Destroy(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,164 @@
+// Package runtime is the contract between sandboxd's control plane and an
+// isolation backend: what a sandbox is asked to be (Spec), what a backend
+// reports back (Sandbox, Stats), the errors callers branch on, and the
+// Backend interface itself.
+//
+// It owns no backend code and no policy. Lifecycle states, per-sandbox
+// locking, timeouts, tenants and the store live in package sandbox; a backend
+// only makes the machine do what it is told and reports what exists. Every
+// backend (runtime/local, incus) must pass the conformance suite in
+// runtime/runtimetest.
+//
+// The wire stops before this package: Spec is filled from E2B's create
+// request by the server, and nothing here knows HTTP or Connect.
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// EnvdPort is the TCP port envd serves on inside every sandbox. Dial with
+// this port reaches envd itself, by whatever path the backend prefers.
+const EnvdPort = 49983
+
+// Backend is what sandboxd needs from an isolation backend. All methods are
+// safe for concurrent use; calls for different sandboxes do not serialize on
+// each other. Callers serialize lifecycle calls for one sandbox (package
+// sandbox holds a per-sandbox lock); a backend must still not corrupt its
+// state if they do not.
+type Backend interface {
+	// Create starts a sandbox from s and returns once envd inside answers
+	// GET /health. On error nothing of the sandbox is left behind. It fails
+	// with ErrAlreadyExists if s.ID is in use, ErrInvalidSpec for a bad
+	// spec and ErrTemplateNotFound for an unknown template.
+	Create(ctx context.Context, s Spec) (*Sandbox, error)
+	// Destroy kills every process of the sandbox and removes all it held on
+	// the host. It is idempotent: destroying a sandbox that is already gone,
+	// or never existed, returns nil. A paused sandbox can be destroyed.
+	Destroy(ctx context.Context, id string) error
+	// Pause stops every process of the sandbox, keeping its memory, so that
+	// Resume continues it where it was. Pausing a paused sandbox returns nil.
+	Pause(ctx context.Context, id string) error
+	// Resume continues a paused sandbox. Resuming a running one returns nil.
+	Resume(ctx context.Context, id string) error
+	// Dial opens a byte stream to TCP port on the sandbox's loopback. Dial
+	// of EnvdPort reaches envd. It fails with ErrPaused while the sandbox
+	// is paused.
+	Dial(ctx context.Context, id string, port int) (net.Conn, error)
+	// Stats reports the sandbox's current resource use.
+	Stats(ctx context.Context, id string) (Stats, error)
+	// List returns the sandboxes this backend holds that are alive (running
+	// or paused), including those started by an earlier process of sandboxd,
+	// so that the control plane can re-adopt them after a restart.
+	List(ctx context.Context) ([]*Sandbox, error)
+}
+
+// Optional abilities. The control plane finds them by type assertion; a
+// backend without one simply does not implement it.
+
+// Reconciler is a backend that can clean up after a crash: remove what dead
+// sandboxes left behind (mounts, cgroups, directories) without touching live
+// ones. sandboxd calls it once at start, before List.
+type Reconciler interface {
+	Reconcile(ctx context.Context) error
+}
+
+// TemplateLister is a backend that can say which templates it can create
+// sandboxes from.
+type TemplateLister interface {
+	Templates(ctx context.Context) ([]string, error)
+}
+
+// Spec is what a sandbox should be. Zero resource fields mean the backend's
+// defaults for the template.
+type Spec struct {
+	// ID names the sandbox; see ValidID.
+	ID string
+	// Template is the name of the root filesystem to start from.
+	Template string
+	// CPUCount is the number of CPUs the sandbox may use (E2B cpuCount).
+	CPUCount int
+	// MemoryMB is the memory limit in MiB (E2B memoryMB).
+	MemoryMB int
+	// DiskSizeMB is the size of the sandbox's writable layer in MiB (E2B
+	// diskSizeMB).
+	DiskSizeMB int
+	// Env is the environment envd starts with, and so the default
+	// environment of every process it runs.
+	Env map[string]string
+	// AccessToken is the token envd requires once the control plane has
+	// set it through /init; Dial sends it when it tunnels to a port. Empty
+	// for sandboxes without one.
+	AccessToken string
+	// AllowInternet gives the sandbox egress to the internet. Without it,
+	// the sandbox has loopback only. It never reaches the host's loopback.
+	AllowInternet bool
+}
+
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
+
+// ValidID reports whether id can name a sandbox: 1 to 63 ASCII letters,
+// digits, '-' and '_', starting with a letter or digit. Backends use ids in
+// paths, cgroup names and hostnames, so they accept nothing else.
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// Validate checks what a backend cannot default: the id, that no resource is
+// negative and that the environment can be passed to a process.
+func (s Spec) Validate() error {
+	if !ValidID(s.ID) {
+		return fmt.Errorf("%w: bad sandbox id %q", ErrInvalidSpec, s.ID)
+	}
+	if s.CPUCount < 0 || s.MemoryMB < 0 || s.DiskSizeMB < 0 {
+		return fmt.Errorf("%w: negative resource (cpu %d, memory %d MiB, disk %d MiB)",
+			ErrInvalidSpec, s.CPUCount, s.MemoryMB, s.DiskSizeMB)
+	}
+	for k, v := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%w: bad environment variable %q", ErrInvalidSpec, k)
+		}
+	}
+	return nil
+}
+
+// State is where a live sandbox is in its lifecycle, as the backend sees it.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+)
+
+// Sandbox is a live sandbox as a backend reports it.
+type Sandbox struct {
+	ID       string
+	Template string
+	State    State
+	// Spec is the spec it was created with, resources defaulted.
+	Spec      Spec
+	CreatedAt time.Time
+}
+
+// Stats is a sandbox's resource use at one moment. A backend that cannot
+// measure a field leaves it zero.
+type Stats struct {
+	// CPUTime is the CPU time used by all processes since creation.
+	CPUTime time.Duration
+	// CPUCount is the CPU limit.
+	CPUCount int
+	// MemoryBytes is the memory charged to the sandbox now, and
+	// MemoryLimitBytes its limit.
+	MemoryBytes      uint64
+	MemoryLimitBytes uint64
+	// DiskBytes is the space used in the sandbox's writable layer, and
+	// DiskLimitBytes its size.
+	DiskBytes      uint64
+	DiskLimitBytes uint64
+	// Pids is the number of tasks, and PidsLimit the most it may have.
+	Pids      uint64
+	PidsLimit uint64
+}

@@ -1,0 +1,103 @@
+package runtimetest
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	rpc "github.com/sandboxd/sandboxd/envd/gen/process"
+	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// Result is what a command run through envd produced.
+type Result struct {
+	Stdout, Stderr string
+	// ExitCode is the exit status, -1 for a death by signal.
+	ExitCode int
+	// Status is envd's description, such as "exit status 1" or
+	// "signal: killed".
+	Status string
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("exit %d (%s), stdout %q, stderr %q", r.ExitCode, r.Status, trim(r.Stdout), trim(r.Stderr))
+}
+
+func trim(s string) string {
+	if len(s) > 2000 {
+		return s[:1000] + "…" + s[len(s)-1000:]
+	}
+	return s
+}
+
+// EnvdClient returns an HTTP client whose every connection is a Dial of
+// envd in sandbox id, so any URL host reaches envd.
+func EnvdClient(b runtime.Backend, id string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return b.Dial(ctx, id, runtime.EnvdPort)
+		},
+		DisableKeepAlives: true,
+	}}
+}
+
+// Exec runs name with args in sandbox id as user (empty: envd's default
+// user) through envd's Process service, and waits for it to end.
+func Exec(ctx context.Context, b runtime.Backend, id, user, name string, args ...string) (Result, error) {
+	hc := EnvdClient(b, id)
+	defer hc.CloseIdleConnections()
+	client := processconnect.NewProcessClient(hc, "http://envd", connect.WithProtoJSON())
+	req := connect.NewRequest(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: name, Args: args}})
+	if user != "" {
+		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	}
+	stream, err := client.Start(ctx, req)
+	if err != nil {
+		return Result{}, err
+	}
+	defer stream.Close()
+	var (
+		res    Result
+		stdout strings.Builder
+		stderr strings.Builder
+		ended  bool
+	)
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			stdout.Write(d.GetStdout())
+			stderr.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil {
+			res.ExitCode = int(e.GetExitCode())
+			res.Status = e.GetStatus()
+			if e.GetError() != "" && res.Status == "" {
+				res.Status = e.GetError()
+			}
+			ended = true
+		}
+	}
+	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	if err := stream.Err(); err != nil {
+		return res, err
+	}
+	if !ended {
+		return res, errors.New("stream ended without an end event")
+	}
+	return res, nil
+}
+
+// sh runs a shell script in sandbox id as user, with a deadline.
+func sh(ctx context.Context, b runtime.Backend, id, user, script string) (Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return Exec(ctx, b, id, user, "/bin/sh", "-c", script)
+}

@@ -1,0 +1,871 @@
+// Package runtimetest is the conformance suite every runtime.Backend must
+// pass: lifecycle, errors, pause, stats, list, concurrency, leaks, limits and
+// isolation. A backend's own tests call Run and add only what is specific to
+// it (recovery after a restart, for one, needs a backend-specific reopen).
+//
+// The suite drives sandboxes the way sandboxd does: through the Backend
+// methods, and inside the sandbox only through envd (its /health, and its
+// Process service for commands). It needs /bin/sh and coreutils in the
+// backend's default template; tests that need more (bash, python3) skip
+// without it.
+package runtimetest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// HostPaths is implemented by backends that keep per-sandbox state in host
+// paths (state directories, cgroups). After Destroy, the suite checks that
+// none of them exists.
+type HostPaths interface {
+	HostPaths(id string) []string
+}
+
+// Resources of the sandboxes the suite creates, small enough for a 2-core
+// CI machine to run several at once.
+const (
+	memoryMB = 256
+	diskMB   = 128
+	cpuCount = 1
+)
+
+// Run runs the suite. newBackend is called once per subtest and must return
+// a backend that holds no sandboxes; it should register its own cleanup with
+// t.Cleanup. Subtests destroy what they create.
+func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, b runtime.Backend)
+	}{
+		{"CreateHealth", testCreateHealth},
+		{"CreateErrors", testCreateErrors},
+		{"CreateCancelled", testCreateCancelled},
+		{"DestroyTwice", testDestroyTwice},
+		{"PauseResume", testPauseResume},
+		{"Stats", testStats},
+		{"List", testList},
+		{"Concurrency", testConcurrency},
+		{"NoLeaks", testNoLeaks},
+		{"Exec", testExec},
+		{"DialPort", testDialPort},
+		{"Limits/Memory", testMemoryLimit},
+		{"Limits/Pids", testPidsLimit},
+		{"Limits/Disk", testDiskLimit},
+		{"Isolation/HostProcesses", testHostProcesses},
+		{"Isolation/HostFiles", testHostFiles},
+		{"Isolation/HostLoopback", testHostLoopback},
+		{"Isolation/Mount", testMount},
+		{"Isolation/Capabilities", testCapabilities},
+		{"Isolation/Template", testTemplate},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t)
+			tc.fn(t, b)
+		})
+	}
+}
+
+// NewID returns a fresh sandbox id with a recognizable prefix.
+func NewID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "rt-" + hex.EncodeToString(b[:])
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func spec(id string) runtime.Spec {
+	return runtime.Spec{ID: id, CPUCount: cpuCount, MemoryMB: memoryMB, DiskSizeMB: diskMB}
+}
+
+// create creates a sandbox with the suite's resources and registers its
+// destruction (and a check that it left nothing) with t.Cleanup.
+func create(t *testing.T, b runtime.Backend) *runtime.Sandbox {
+	t.Helper()
+	id := NewID()
+	sb, err := b.Create(ctxFor(t), spec(id))
+	if err != nil {
+		t.Fatalf("Create(%s) = %v", id, err)
+	}
+	t.Cleanup(func() {
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Errorf("cleanup: Destroy(%s) = %v", id, err)
+		}
+		assertNoTrace(t, b, id)
+	})
+	return sb
+}
+
+// health asks envd in sandbox id for GET /health within timeout.
+func health(ctx context.Context, b runtime.Backend, id string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hc := EnvdClient(b, id)
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("GET /health = %s; want 204", resp.Status)
+	}
+	return nil
+}
+
+func mustHealthy(t *testing.T, b runtime.Backend, id string) {
+	t.Helper()
+	if err := health(ctxFor(t), b, id, 10*time.Second); err != nil {
+		t.Fatalf("sandbox %s: %v", id, err)
+	}
+}
+
+// mustSh runs script as user and fails the test unless it exits 0.
+func mustSh(t *testing.T, b runtime.Backend, id, user, script string) Result {
+	t.Helper()
+	res, err := sh(ctxFor(t), b, id, user, script)
+	if err != nil {
+		t.Fatalf("exec %q as %q: %v", script, user, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q as %q: %v; want exit 0", script, user, res)
+	}
+	return res
+}
+
+// hasCommand reports whether name is on PATH in sandbox id.
+func hasCommand(t *testing.T, b runtime.Backend, id, name string) bool {
+	t.Helper()
+	res, err := sh(ctxFor(t), b, id, "root", "command -v "+name)
+	return err == nil && res.ExitCode == 0
+}
+
+// assertNoTrace checks that sandbox id left nothing on the host: no mount
+// whose path names it, no cgroup directory named after it, and none of the
+// backend's HostPaths.
+func assertNoTrace(t *testing.T, b runtime.Backend, id string) {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if strings.Contains(line, "/"+id+"/") || strings.Contains(line, "/"+id+" ") {
+			t.Errorf("mount of destroyed sandbox %s left: %s", id, line)
+		}
+	}
+	for _, p := range cgroupDirsNamed(id) {
+		t.Errorf("cgroup of destroyed sandbox %s left: %s", id, p)
+	}
+	if hp, ok := b.(HostPaths); ok {
+		for _, p := range hp.HostPaths(id) {
+			if _, err := os.Lstat(p); err == nil {
+				t.Errorf("host path of destroyed sandbox %s left: %s", id, p)
+			}
+		}
+	}
+}
+
+// cgroupDirsNamed finds directories named id up to four levels below each
+// cgroup hierarchy.
+func cgroupDirsNamed(id string) []string {
+	var found []string
+	var walk func(dir string, depth int)
+	walk = func(dir string, depth int) {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			if e.Name() == id {
+				found = append(found, p)
+			}
+			if depth < 4 {
+				walk(p, depth+1)
+			}
+		}
+	}
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		walk(h, 1)
+	}
+	if len(hier) == 0 {
+		walk("/sys/fs/cgroup", 1)
+	}
+	return found
+}
+
+func testCreateHealth(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	if sb.State != runtime.StateRunning {
+		t.Errorf("Create().State = %q; want %q", sb.State, runtime.StateRunning)
+	}
+	if sb.Spec.MemoryMB != memoryMB || sb.Spec.DiskSizeMB != diskMB || sb.Spec.CPUCount != cpuCount {
+		t.Errorf("Create().Spec = %+v; want the requested resources", sb.Spec)
+	}
+	if sb.Template == "" || sb.CreatedAt.IsZero() {
+		t.Errorf("Create() = %+v; want Template and CreatedAt set", sb)
+	}
+	// Create returns once envd answers: no retry here.
+	if err := health(ctxFor(t), b, sb.ID, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testCreateErrors(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	sb := create(t, b)
+	if _, err := b.Create(ctx, spec(sb.ID)); !errors.Is(err, runtime.ErrAlreadyExists) {
+		t.Errorf("Create(existing id) = %v; want ErrAlreadyExists", err)
+	}
+	mustHealthy(t, b, sb.ID) // the failed duplicate must not hurt the original
+
+	for _, id := range []string{"", "../x", "a/b", "with space", strings.Repeat("x", 64)} {
+		if _, err := b.Create(ctx, spec(id)); !errors.Is(err, runtime.ErrInvalidSpec) {
+			t.Errorf("Create(id %q) = %v; want ErrInvalidSpec", id, err)
+		}
+	}
+	bad := spec(NewID())
+	bad.MemoryMB = -1
+	if _, err := b.Create(ctx, bad); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("Create(MemoryMB -1) = %v; want ErrInvalidSpec", err)
+	}
+	noTpl := spec(NewID())
+	noTpl.Template = "no-such-template"
+	if _, err := b.Create(ctx, noTpl); !errors.Is(err, runtime.ErrTemplateNotFound) {
+		t.Errorf("Create(unknown template) = %v; want ErrTemplateNotFound", err)
+	}
+	assertNoTrace(t, b, noTpl.ID)
+
+	unknown := NewID()
+	if err := b.Pause(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Pause(unknown) = %v; want ErrNotFound", err)
+	}
+	if err := b.Resume(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Resume(unknown) = %v; want ErrNotFound", err)
+	}
+	if _, err := b.Stats(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Stats(unknown) = %v; want ErrNotFound", err)
+	}
+	if c, err := b.Dial(ctx, unknown, runtime.EnvdPort); !errors.Is(err, runtime.ErrNotFound) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("Dial(unknown) = %v; want ErrNotFound", err)
+	}
+	if err := b.Destroy(ctx, unknown); err != nil {
+		t.Errorf("Destroy(unknown) = %v; want nil", err)
+	}
+}
+
+func testCreateCancelled(t *testing.T, b runtime.Backend) {
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	cancel()
+	id := NewID()
+	if _, err := b.Create(ctx, spec(id)); err == nil {
+		t.Errorf("Create(cancelled ctx) = nil error; want one")
+		_ = b.Destroy(context.Background(), id)
+	}
+	assertNoTrace(t, b, id)
+
+	// A deadline that expires while envd starts: the create is undone.
+	ctx, cancel = context.WithTimeout(ctxFor(t), time.Millisecond)
+	defer cancel()
+	id = NewID()
+	if _, err := b.Create(ctx, spec(id)); err == nil {
+		_ = b.Destroy(context.Background(), id) // fast machine: it made it
+	}
+	assertNoTrace(t, b, id)
+	l, err := b.List(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l) != 0 {
+		t.Errorf("List() after failed creates = %d sandboxes; want 0", len(l))
+	}
+}
+
+func testDestroyTwice(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	id := NewID()
+	if _, err := b.Create(ctx, spec(id)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatalf("Destroy #%d = %v; want nil", i+1, err)
+		}
+	}
+	assertNoTrace(t, b, id)
+	if _, err := b.Stats(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Stats(destroyed) = %v; want ErrNotFound", err)
+	}
+	if c, err := b.Dial(ctx, id, runtime.EnvdPort); !errors.Is(err, runtime.ErrNotFound) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("Dial(destroyed) = %v; want ErrNotFound", err)
+	}
+	// The id can be used again.
+	if _, err := b.Create(ctx, spec(id)); err != nil {
+		t.Fatalf("Create(reused id) = %v", err)
+	}
+	mustHealthy(t, b, id)
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTrace(t, b, id)
+}
+
+func testPauseResume(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	sb := create(t, b)
+	// A connection opened before the pause: the request sent while paused
+	// gets no answer until Resume.
+	conn, err := b.Dial(ctx, sb.ID, runtime.EnvdPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	for i := range 2 {
+		if err := b.Pause(ctx, sb.ID); err != nil {
+			t.Fatalf("Pause #%d = %v", i+1, err)
+		}
+	}
+	assertState(t, b, sb.ID, runtime.StatePaused)
+	if _, err := io.WriteString(conn, "GET /health HTTP/1.1\r\nHost: envd\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	br := bufio.NewReader(conn)
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("envd answered while paused")
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("read while paused: %v; want a timeout", err)
+	}
+	if err := health(ctx, b, sb.ID, 300*time.Millisecond); err == nil {
+		t.Fatal("GET /health succeeded while paused")
+	}
+
+	for i := range 2 {
+		if err := b.Resume(ctx, sb.ID); err != nil {
+			t.Fatalf("Resume #%d = %v", i+1, err)
+		}
+	}
+	assertState(t, b, sb.ID, runtime.StateRunning)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("answer after resume: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("queued GET /health = %s; want 204", resp.Status)
+	}
+	mustHealthy(t, b, sb.ID)
+
+	// A paused sandbox can be destroyed.
+	if err := b.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Destroy(ctx, sb.ID); err != nil {
+		t.Fatalf("Destroy(paused) = %v", err)
+	}
+	assertNoTrace(t, b, sb.ID)
+}
+
+func assertState(t *testing.T, b runtime.Backend, id string, want runtime.State) {
+	t.Helper()
+	l, err := b.List(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l {
+		if s.ID == id {
+			if s.State != want {
+				t.Errorf("List() state of %s = %q; want %q", id, s.State, want)
+			}
+			return
+		}
+	}
+	t.Errorf("List() lacks %s", id)
+}
+
+func testStats(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	sb := create(t, b)
+	st, err := b.Stats(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MemoryBytes == 0 || st.Pids == 0 || st.CPUTime <= 0 {
+		t.Errorf("Stats() = %+v; want memory, pids and CPU time in use", st)
+	}
+	if got, want := st.MemoryLimitBytes, uint64(memoryMB)<<20; got != want {
+		t.Errorf("Stats().MemoryLimitBytes = %d; want %d", got, want)
+	}
+	if st.CPUCount != cpuCount {
+		t.Errorf("Stats().CPUCount = %d; want %d", st.CPUCount, cpuCount)
+	}
+	if lim := uint64(diskMB) << 20; st.DiskLimitBytes < lim*9/10 || st.DiskLimitBytes > lim*11/10 {
+		t.Errorf("Stats().DiskLimitBytes = %d; want about %d", st.DiskLimitBytes, lim)
+	}
+	if st.PidsLimit == 0 {
+		t.Errorf("Stats().PidsLimit = 0; want a limit")
+	}
+
+	mustSh(t, b, sb.ID, "user", "head -c 20000000 /dev/zero > /home/user/blob")
+	st2, err := b.Stats(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.DiskBytes < st.DiskBytes+19_000_000 {
+		t.Errorf("Stats().DiskBytes after writing 20 MB = %d, before %d; want +20 MB", st2.DiskBytes, st.DiskBytes)
+	}
+	if st2.CPUTime <= st.CPUTime {
+		t.Errorf("Stats().CPUTime did not grow: %v then %v", st.CPUTime, st2.CPUTime)
+	}
+}
+
+func ids(l []*runtime.Sandbox) []string {
+	var out []string
+	for _, s := range l {
+		out = append(out, s.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func testList(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	l, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l) != 0 {
+		t.Fatalf("List() on a new backend = %v; want none", ids(l))
+	}
+	x, y := create(t, b), create(t, b)
+	want := []string{x.ID, y.ID}
+	slices.Sort(want)
+	l, err = b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(l); !slices.Equal(got, want) {
+		t.Fatalf("List() = %v; want %v", got, want)
+	}
+	for _, s := range l {
+		if s.State != runtime.StateRunning || s.Spec.MemoryMB != memoryMB {
+			t.Errorf("List() entry %+v; want running with MemoryMB %d", s, memoryMB)
+		}
+	}
+	if err := b.Destroy(ctx, x.ID); err != nil {
+		t.Fatal(err)
+	}
+	l, err = b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(l); !slices.Equal(got, []string{y.ID}) {
+		t.Errorf("List() after Destroy(%s) = %v; want [%s]", x.ID, got, y.ID)
+	}
+}
+
+func testConcurrency(t *testing.T, b runtime.Backend) {
+	const n = 10
+	ctx := ctxFor(t)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		made   []string
+		failed []error
+	)
+	for range n {
+		wg.Go(func() {
+			id := NewID()
+			_, err := b.Create(ctx, spec(id))
+			if err == nil {
+				err = health(ctx, b, id, 10*time.Second)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed = append(failed, fmt.Errorf("%s: %w", id, err))
+			}
+			made = append(made, id)
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, id := range made {
+			_ = b.Destroy(context.Background(), id)
+		}
+	})
+	for _, err := range failed {
+		t.Errorf("parallel Create: %v", err)
+	}
+	l, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l) != n {
+		t.Errorf("List() after %d parallel creates = %d sandboxes", n, len(l))
+	}
+	for _, id := range made {
+		wg.Go(func() {
+			if err := b.Destroy(ctx, id); err != nil {
+				t.Errorf("parallel Destroy(%s) = %v", id, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, id := range made {
+		assertNoTrace(t, b, id)
+	}
+}
+
+func testNoLeaks(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	id := NewID()
+	if _, err := b.Create(ctx, spec(id)); err != nil {
+		t.Fatal(err)
+	}
+	// Leave files, a background process and a paused state behind.
+	mustSh(t, b, id, "user", "echo x > /home/user/f; mkdir -p /tmp/d; (sleep 600 >/dev/null 2>&1 &)")
+	if err := b.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTrace(t, b, id)
+}
+
+func testExec(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	if got := mustSh(t, b, sb.ID, "user", "echo hello; echo err >&2").Stdout; got != "hello\n" {
+		t.Errorf("echo hello printed %q", got)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, sb.ID, "user", "id -u; echo $HOME; pwd").Stdout); got != "1000\n/home/user\n/home/user" {
+		t.Errorf("as user: id/HOME/pwd = %q; want 1000, /home/user, /home/user", got)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, sb.ID, "root", "id -u").Stdout); got != "0" {
+		t.Errorf("as root: id -u = %q; want 0", got)
+	}
+	res, err := sh(ctxFor(t), b, sb.ID, "user", "exit 3")
+	if err != nil || res.ExitCode != 3 {
+		t.Errorf("exit 3 = %v, %v; want exit code 3", res, err)
+	}
+	mustSh(t, b, sb.ID, "user", "echo data > /tmp/t && cat /tmp/t && echo home > ~/h && cat ~/h")
+	for _, tool := range []struct{ name, script string }{
+		{"python3", "python3 -c 'import json,ssl; print(6*7)'"},
+		{"node", "node -e 'console.log(6*7)'"},
+		{"git", "cd /tmp && git init -q r && cd r && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x && git log --oneline | wc -l"},
+	} {
+		if !hasCommand(t, b, sb.ID, tool.name) {
+			t.Logf("%s not in the template; skipped", tool.name)
+			continue
+		}
+		res := mustSh(t, b, sb.ID, "user", tool.script)
+		if got := strings.TrimSpace(res.Stdout); got != "42" && got != "1" {
+			t.Errorf("%s: printed %q", tool.name, got)
+		}
+	}
+}
+
+func testDialPort(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	if !hasCommand(t, b, sb.ID, "python3") {
+		t.Skip("needs python3 in the template for a server")
+	}
+	mustSh(t, b, sb.ID, "user", "cd /tmp && echo served > index.html && "+
+		"(nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &) && "+
+		"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8123))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1")
+	ctx := ctxFor(t)
+	c, err := b.Dial(ctx, sb.ID, 8123)
+	if errors.Is(err, runtime.ErrUnsupported) {
+		t.Skipf("Dial(port) unsupported yet: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Dial(8123) = %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), "served") {
+		t.Errorf("GET through Dial(8123) = %q; want the page", body)
+	}
+	if _, err := b.Dial(ctx, sb.ID, 8124); err == nil {
+		t.Errorf("Dial(closed port) = nil error")
+	}
+}
+
+func testMemoryLimit(t *testing.T, b runtime.Backend) {
+	victim, neighbour := create(t, b), create(t, b)
+	// tail keeps the whole "line" of /dev/zero in memory: it grows until
+	// the sandbox's memory limit, where the OOM killer must take it and
+	// only it.
+	res, err := sh(ctxFor(t), b, victim.ID, "user", "exec tail /dev/zero")
+	if err != nil {
+		t.Fatalf("memory bomb: %v", err)
+	}
+	if res.ExitCode == 0 || !strings.Contains(res.Status, "kill") {
+		t.Errorf("memory bomb ended with %v; want killed", res)
+	}
+	mustHealthy(t, b, victim.ID)
+	mustSh(t, b, victim.ID, "user", "echo alive")
+	mustHealthy(t, b, neighbour.ID)
+}
+
+func testPidsLimit(t *testing.T, b runtime.Backend) {
+	victim, neighbour := create(t, b), create(t, b)
+	ctx := ctxFor(t)
+	st, err := b.Stats(ctx, victim.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PidsLimit == 0 || st.PidsLimit > 100000 {
+		t.Fatalf("PidsLimit = %d; want a limit below 100000", st.PidsLimit)
+	}
+	// Start sleepers until fork fails: the bomb must stop at the limit.
+	// When the shell gives up, its exit trap kills the sleepers with the
+	// kill builtin (no fork needed), so the sandbox recovers at once.
+	script := fmt.Sprintf("pids=; trap 'kill $pids 2>/dev/null' EXIT; i=0; "+
+		"while [ $i -lt %d ]; do sleep 120 & pids=\"$pids $!\"; i=$((i+1)); done; echo started $i",
+		st.PidsLimit+100)
+	res, err := sh(ctx, b, victim.ID, "user", script)
+	if err != nil {
+		t.Fatalf("fork bomb: %v", err)
+	}
+	if strings.Contains(res.Stdout, "started") {
+		t.Errorf("fork bomb started %d sleepers past pids.max %d: %v", st.PidsLimit+100, st.PidsLimit, res)
+	}
+	if !strings.Contains(strings.ToLower(res.Stderr), "fork") {
+		t.Errorf("fork bomb: %v; want a fork failure", res)
+	}
+	mustHealthy(t, b, neighbour.ID)
+	// Once the sleepers are gone, the sandbox works again.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := sh(ctx, b, victim.ID, "user", "echo alive")
+		if err == nil && res.ExitCode == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox did not recover after the fork bomb: %v, %v", res, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	mustHealthy(t, b, victim.ID)
+}
+
+func testDiskLimit(t *testing.T, b runtime.Backend) {
+	victim, neighbour := create(t, b), create(t, b)
+	res, err := sh(ctxFor(t), b, victim.ID, "user",
+		fmt.Sprintf("dd if=/dev/zero of=/home/user/fill bs=1M count=%d", diskMB*2))
+	if err != nil {
+		t.Fatalf("disk fill: %v", err)
+	}
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+		t.Errorf("filling the disk: %v; want ENOSPC", res)
+	}
+	mustHealthy(t, b, neighbour.ID)
+	mustHealthy(t, b, victim.ID)
+	mustSh(t, b, victim.ID, "user", "rm /home/user/fill && echo ok > /home/user/after && cat /home/user/after")
+}
+
+func testHostProcesses(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	// A host process with a unique argument must not show in the sandbox.
+	marker := strconv.Itoa(3000000 + int(time.Now().UnixNano()%1000000))
+	proc, err := os.StartProcess("/bin/sleep", []string{"sleep", marker}, &os.ProcAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Kill(); _, _ = proc.Wait() })
+	res := mustSh(t, b, sb.ID, "root",
+		"n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+	if strings.Contains(res.Stdout, marker) {
+		t.Errorf("the sandbox sees host process 'sleep %s'", marker)
+	}
+	n, _ := strconv.Atoi(strings.SplitN(res.Stdout, "\n", 2)[0])
+	if n == 0 || n > 20 {
+		t.Errorf("the sandbox sees %d processes; want only its own few", n)
+	}
+	if !strings.Contains(mustSh(t, b, sb.ID, "root", "cat /proc/1/cmdline").Stdout, "envd") {
+		t.Errorf("PID 1 in the sandbox is not envd")
+	}
+}
+
+func testHostFiles(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("host-secret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{secret, filepath.Dir(secret)} {
+		res, err := sh(ctxFor(t), b, sb.ID, "root", "cat "+p+" || ls "+p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 || strings.Contains(res.Stdout, "host-secret") {
+			t.Errorf("the sandbox reads host path %s: %v", p, res)
+		}
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, sb.ID, "root", "hostname").Stdout); got == host {
+		t.Errorf("the sandbox has the host's hostname %q", got)
+	}
+}
+
+func testHostLoopback(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() { // exits when ln is closed
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	var script string
+	switch {
+	case hasCommand(t, b, sb.ID, "python3"):
+		script = fmt.Sprintf("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", %d), timeout=2)'", port)
+	case hasCommand(t, b, sb.ID, "bash"):
+		script = fmt.Sprintf("exec bash -c 'echo > /dev/tcp/127.0.0.1/%d'", port)
+	default:
+		t.Skip("needs python3 or bash in the template for a TCP client")
+	}
+	res, err := sh(ctxFor(t), b, sb.ID, "root", script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode == 0 {
+		t.Errorf("the sandbox connected to the host's 127.0.0.1:%d: %v", port, res)
+	}
+	select {
+	case <-accepted:
+		t.Errorf("the host's loopback listener accepted a connection from the sandbox")
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Only loopback: no other interface to reach anything through.
+	ifs := mustSh(t, b, sb.ID, "root", "ls /sys/class/net").Stdout
+	if strings.TrimSpace(ifs) != "lo" {
+		t.Logf("interfaces in the sandbox: %q", ifs) // egress backends add one
+	}
+}
+
+func testMount(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	for _, script := range []string{
+		"mount -t tmpfs none /mnt",
+		"mount --bind /tmp /mnt",
+		"mount -o remount,rw /usr",
+		"mount -t proc proc /mnt",
+	} {
+		res, err := sh(ctxFor(t), b, sb.ID, "root", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 {
+			t.Errorf("as root, %q succeeded", script)
+		}
+	}
+}
+
+const capSysAdmin = 21
+
+func testCapabilities(t *testing.T, b runtime.Backend) {
+	sb := create(t, b)
+	for _, user := range []string{"root", "user"} {
+		res := mustSh(t, b, sb.ID, user, "grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status")
+		fields := map[string]string{}
+		for line := range strings.SplitSeq(strings.TrimSpace(res.Stdout), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			fields[k] = strings.TrimSpace(v)
+		}
+		for _, k := range []string{"CapEff", "CapBnd"} {
+			v, err := strconv.ParseUint(fields[k], 16, 64)
+			if err != nil {
+				t.Fatalf("as %s: %s = %q: %v", user, k, fields[k], err)
+			}
+			if v&(1<<capSysAdmin) != 0 {
+				t.Errorf("as %s: %s = %s has CAP_SYS_ADMIN", user, k, fields[k])
+			}
+		}
+		if fields["NoNewPrivs"] != "1" {
+			t.Errorf("as %s: NoNewPrivs = %q; want 1", user, fields["NoNewPrivs"])
+		}
+	}
+}
+
+func testTemplate(t *testing.T, b runtime.Backend) {
+	x, y := create(t, b), create(t, b)
+	for _, p := range []string{"/usr/bin/sandboxd-test", "/usr/sandboxd-test"} {
+		res, err := sh(ctxFor(t), b, x.ID, "root", "touch "+p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 {
+			t.Errorf("as root, wrote %s in the template", p)
+		}
+	}
+	// Writable paths are per sandbox: what x writes, y does not see.
+	mustSh(t, b, x.ID, "root", "echo x > /etc/sandboxd-marker && echo x > /tmp/sandboxd-marker && echo x > /home/user/sandboxd-marker")
+	res := mustSh(t, b, y.ID, "root", "ls /etc/sandboxd-marker /tmp/sandboxd-marker /home/user/sandboxd-marker 2>/dev/null; true")
+	if strings.TrimSpace(res.Stdout) != "" {
+		t.Errorf("sandbox %s sees files written by %s: %q", y.ID, x.ID, res.Stdout)
+	}
+}

@@ -1,0 +1,397 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+type testEnv struct {
+	st       *store.Store
+	be       *sandboxtest.Backend
+	settings *Settings
+	m        *Manager
+	served   sync.Map // sandbox template -> last served_from
+}
+
+func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, name := range []string{"a", "b"} {
+		if _, err := st.EnsureTenant(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be := sandboxtest.New()
+	t.Cleanup(be.Close)
+	e := &testEnv{st: st, be: be}
+	e.settings = NewSettings(st, Defaults{}, slog.New(slog.DiscardHandler))
+	cfg := Config{
+		Store: st, Backend: be, BackendName: "fake", Log: slog.New(slog.DiscardHandler), Settings: e.settings,
+		OnCreateFrom: func(template, servedFrom string, _ time.Duration) { e.served.Store(template, servedFrom) },
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.m = New(cfg)
+	return e
+}
+
+func (e *testEnv) set(t *testing.T, name string, fn func(*store.Settings)) {
+	t.Helper()
+	if _, err := e.st.UpdateTenantSettings(context.Background(), tenant.ID(name), fn); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.settings.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func as(name string) context.Context {
+	return tenant.WithContext(context.Background(), tenant.ID(name))
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestQuotaMaxSandboxes(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(2) })
+	var ids []string
+	for range 2 {
+		sb, err := e.m.Create(as("a"), CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	// Paused sandboxes still count.
+	if err := e.m.Pause(as("a"), ids[0], true); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.m.Create(as("a"), CreateRequest{})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("third create: %v, want ErrResourceExhausted", err)
+	}
+	if msg, ok := errdefs.Public(err); !ok || msg == "" {
+		t.Fatalf("quota error has no user-facing message: %v", err)
+	}
+	if got := e.be.Len(); got != 2 {
+		t.Fatalf("backend holds %d, want 2: a refused create left something", got)
+	}
+	// Another tenant is not affected.
+	if _, err := e.m.Create(as("b"), CreateRequest{}); err != nil {
+		t.Fatalf("tenant b: %v", err)
+	}
+	// A killed sandbox frees its slot.
+	if err := e.m.Kill(as("a"), ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+		t.Fatalf("after kill: %v", err)
+	}
+}
+
+func TestQuotaIsAtomic(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(3) })
+	var ok, exhausted atomic.Int32
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Go(func() {
+			_, err := e.m.Create(as("a"), CreateRequest{})
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, errdefs.ErrResourceExhausted):
+				exhausted.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 3 || exhausted.Load() != 9 {
+		t.Fatalf("%d created, %d refused; want 3 and 9", ok.Load(), exhausted.Load())
+	}
+}
+
+func TestQuotaMaxMemory(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.set(t, "a", func(s *store.Settings) { s.MaxMemoryMB = ptr(1000) })
+	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 600}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 600}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("over memory quota: %v, want ErrResourceExhausted", err)
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 400}); err != nil {
+		t.Fatalf("within memory quota: %v", err)
+	}
+}
+
+func TestSettingsPickedUp(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(1) })
+	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("want quota refusal, got %v", err)
+	}
+	// As `sandboxd tenants set a --max-sandboxes default` from another
+	// process, then the server's poll.
+	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = nil })
+	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+		t.Fatalf("after clearing the quota: %v", err)
+	}
+	if got := e.settings.Get("a").MaxSandboxes; got != 0 {
+		t.Fatalf("effective max sandboxes %d, want 0 (server default: none)", got)
+	}
+}
+
+func TestHostGuard(t *testing.T) {
+	avail := atomic.Int64{}
+	avail.Store(4096)
+	e := newTestEnv(t, func(c *Config) {
+		c.HostReserveMB = 512
+		c.MemAvailable = func() (int, error) { return int(avail.Load()), nil }
+	})
+	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 512}); err != nil {
+		t.Fatal(err)
+	}
+	avail.Store(900) // 900 - 512 reserved < 512 asked
+	_, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 512})
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("short host: %v, want ErrUnavailable", err)
+	}
+	if _, err := e.m.Create(as("b"), CreateRequest{MemoryMB: 256}); err != nil {
+		t.Fatalf("a small sandbox still fits: %v", err)
+	}
+}
+
+func TestHostBudget(t *testing.T) {
+	e := newTestEnv(t, func(c *Config) { c.HostMemoryMB = 1024 })
+	for _, name := range []string{"a", "b"} {
+		if _, err := e.m.Create(as(name), CreateRequest{MemoryMB: 512}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 512}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("over the host budget: %v, want ErrUnavailable", err)
+	}
+}
+
+func TestParseMemAvailable(t *testing.T) {
+	raw := []byte("MemTotal:       16303452 kB\nMemFree:         1234 kB\nMemAvailable:    8151726 kB\n")
+	got, err := parseMemAvailable(raw)
+	if err != nil || got != 7960 {
+		t.Fatalf("parse = %d, %v; want 7960", got, err)
+	}
+	if _, err := parseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Fatal("no MemAvailable: want an error")
+	}
+	if n, err := MemAvailableMB(); err != nil || n <= 0 {
+		t.Fatalf("MemAvailableMB on this host = %d, %v", n, err)
+	}
+}
+
+// poolEnv runs warm pools over the test env's manager, as serve wires them.
+func (e *testEnv) startPools(t *testing.T) *pool.Pools {
+	t.Helper()
+	p := pool.New(pool.Config{
+		Backend: e.be, Health: e.m.EnvdHealth, MinWarm: e.m.MinWarm, Seeds: e.m.PoolSeeds,
+		Admit: e.m.AdmitMember, NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
+		Tick: 20 * time.Millisecond,
+	})
+	e.m.UsePool(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return p
+}
+
+// waitFor runs in a synctest bubble: it lets the bubble settle, then
+// advances the fake clock in small steps until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	synctest.Wait()
+	for i := 0; !cond(); i++ {
+		if i == 1000 {
+			t.Fatalf("%s: not after %v of fake time", what, 1000*10*time.Millisecond)
+		}
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+	}
+}
+
+func ready(p *pool.Pools, t tenant.ID) int {
+	n := 0
+	for _, s := range p.Stats() {
+		if s.Key.Tenant == t {
+			n += s.Ready
+		}
+	}
+	return n
+}
+
+func TestCreateFromPool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(2) })
+		p := e.startPools(t)
+		waitFor(t, "2 warm members", func() bool { return ready(p, "a") == 2 })
+		warm := map[string]bool{}
+		for _, id := range e.be.IDs() {
+			warm[id] = true
+		}
+
+		// What an SDK's Sandbox.create(envs=..., secure=True) asks for.
+		sb, err := e.m.Create(as("a"), CreateRequest{
+			AllowInternet: true, Secure: true, EnvVars: map[string]string{"FOO": "bar"}, Metadata: map[string]string{"user": "u1"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !warm[sb.ID] {
+			t.Fatalf("sandbox %s was not one of the warm members %v", sb.ID, warm)
+		}
+		if v, _ := e.served.Load("base"); v != "pool" {
+			t.Fatalf("served_from = %v, want pool", v)
+		}
+		// Per-user data reached envd through /init.
+		inits := e.be.Inits(sb.ID)
+		if len(inits) != 1 {
+			t.Fatalf("/init calls = %d, want 1", len(inits))
+		}
+		env, _ := inits[0]["envVars"].(map[string]any)
+		if env["FOO"] != "bar" || inits[0]["accessToken"] != sb.EnvdAccessToken || sb.EnvdAccessToken == "" {
+			t.Fatalf("/init body %v, sandbox token %q", inits[0], sb.EnvdAccessToken)
+		}
+		// The backend's tunnel token is the sandbox's envd token.
+		if got := e.be.Get(sb.ID).Spec.AccessToken; got != sb.EnvdAccessToken {
+			t.Fatalf("backend token %q != envd token %q", got, sb.EnvdAccessToken)
+		}
+		got, err := e.m.Get(as("a"), sb.ID)
+		if err != nil || got.State != store.StateRunning || got.Metadata["user"] != "u1" {
+			t.Fatalf("stored sandbox %+v, %v", got, err)
+		}
+		// Refill: two warm again, plus the claimed one.
+		waitFor(t, "refill", func() bool { return ready(p, "a") == 2 && e.be.Len() == 3 })
+
+		// Another shape misses and is cold.
+		sb2, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, MemoryMB: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := e.served.Load("base"); v != "cold" || warm[sb2.ID] {
+			t.Fatalf("other shape: served_from %v, id %s", v, sb2.ID)
+		}
+		// Killing a claimed sandbox destroys it; it never goes back.
+		if err := e.m.Kill(as("a"), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if e.be.Get(sb.ID) != nil {
+			t.Fatal("killed sandbox still in the backend")
+		}
+		for range 2 {
+			sb3, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb3.ID == sb.ID {
+				t.Fatal("a killed sandbox's id was handed out again")
+			}
+		}
+		c := p.Counts()
+		if len(c) != 1 || c[0].Hits != 3 || c[0].Misses != 1 {
+			t.Fatalf("counts %+v, want 3 hits 1 miss", c)
+		}
+	})
+}
+
+func TestPoolRespectsQuota(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(5); s.MaxSandboxes = ptr(3) })
+		p := e.startPools(t)
+		waitFor(t, "members", func() bool { return ready(p, "a") == 3 })
+		time.Sleep(time.Second) // many ticks: still no more than the quota
+		synctest.Wait()
+		if got := ready(p, "a"); got != 3 {
+			t.Fatalf("%d members, want 3 (max sandboxes)", got)
+		}
+		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err != nil {
+			t.Fatal(err)
+		}
+		// One live sandbox + members stay within 3.
+		waitFor(t, "pool shrinks its room", func() bool { return ready(p, "a") == 2 })
+	})
+}
+
+func TestPoolFailedInitFallsBackCleanly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(1) })
+		p := e.startPools(t)
+		waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
+		member := e.be.IDs()[0]
+		// Its envd dies: /init fails, the create fails and the member is gone
+		// (never returned to the pool), and no row is left.
+		if err := e.be.Pause(context.Background(), member); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {
+			t.Fatal("create on a dead member succeeded")
+		}
+		if e.be.Get(member) != nil {
+			t.Fatal("failed member not destroyed")
+		}
+		if _, err := e.st.GetSandboxAny(context.Background(), member); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("row of failed create: %v", err)
+		}
+		waitFor(t, "refill", func() bool { return ready(p, "a") == 1 })
+	})
+}
+
+func TestReconcileDestroysLeftoverMembers(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(2) })
+	// A previous process's pool: backend sandboxes without rows.
+	for _, id := range []string{"old1", "old2"} {
+		if _, err := e.be.Create(context.Background(), sandboxSpec(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := e.m.Create(as("a"), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.be.IDs(); len(ids) != 1 || ids[0] != sb.ID {
+		t.Fatalf("after reconcile backend holds %v, want only %s", ids, sb.ID)
+	}
+}
+
+func sandboxSpec(id string) runtime.Spec {
+	return runtime.Spec{ID: id, Template: "base", MemoryMB: 512}
+}

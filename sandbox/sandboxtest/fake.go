@@ -1,0 +1,259 @@
+// Package sandboxtest has a minimal in-memory runtime.Backend for unit tests
+// of the control plane's logic (lifecycle, quotas, pools, rate limits): its
+// sandboxes are map entries, and Dial of the envd port reaches a tiny fake
+// envd over net.Pipe that answers /health and records /init. No network,
+// so it works inside testing/synctest bubbles.
+package sandboxtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// Backend is the fake. The zero value is not usable; call New.
+type Backend struct {
+	// CreateDelay is how long Create takes (under synctest: fake time).
+	CreateDelay time.Duration
+	// FailCreate, when set, is returned by Create.
+	FailCreate atomic.Pointer[error]
+
+	Creates, Destroys atomic.Int64
+
+	mu    sync.Mutex
+	sbx   map[string]*runtime.Sandbox
+	inits map[string][]map[string]any
+	// unhealthy ids answer /health with 503.
+	unhealthy map[string]bool
+
+	srv *http.Server
+	ln  *pipeListener
+}
+
+var _ runtime.Backend = (*Backend)(nil)
+
+// New returns a fake backend; Close stops its fake envd.
+func New() *Backend {
+	b := &Backend{sbx: map[string]*runtime.Sandbox{}, inits: map[string][]map[string]any{}, unhealthy: map[string]bool{}}
+	b.ln = &pipeListener{ch: make(chan net.Conn), done: make(chan struct{})}
+	b.srv = &http.Server{
+		Handler: http.HandlerFunc(b.envd),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, idKey{}, c.(*idConn).id)
+		},
+	}
+	go func() { _ = b.srv.Serve(b.ln) }() // exits on Close
+	return b
+}
+
+// Close stops the fake envd.
+func (b *Backend) Close() { _ = b.srv.Close() }
+
+type idKey struct{}
+
+type idConn struct {
+	net.Conn
+	id string
+}
+
+type pipeListener struct {
+	ch        chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "fake-envd", Net: "unix"} }
+
+func (b *Backend) envd(w http.ResponseWriter, r *http.Request) {
+	id, _ := r.Context().Value(idKey{}).(string)
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/health":
+		b.mu.Lock()
+		bad := b.unhealthy[id]
+		b.mu.Unlock()
+		if bad {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && r.URL.Path == "/init":
+		var body map[string]any
+		raw, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(raw, &body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		b.mu.Lock()
+		b.inits[id] = append(b.inits[id], body)
+		b.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// Inits returns the /init bodies sandbox id received.
+func (b *Backend) Inits(id string) []map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inits[id]
+}
+
+// SetUnhealthy makes id's envd answer /health with 503.
+func (b *Backend) SetUnhealthy(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.unhealthy[id] = true
+}
+
+// IDs returns the ids of live sandboxes.
+func (b *Backend) IDs() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ids []string
+	for id := range b.sbx {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Get returns a live sandbox, or nil.
+func (b *Backend) Get(id string) *runtime.Sandbox {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sbx[id]
+}
+
+// Len is the number of live sandboxes.
+func (b *Backend) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sbx)
+}
+
+func (b *Backend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if p := b.FailCreate.Load(); p != nil && *p != nil {
+		return nil, *p
+	}
+	if b.CreateDelay > 0 {
+		t := time.NewTimer(b.CreateDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.sbx[s.ID]; ok {
+		return nil, fmt.Errorf("%s: %w", s.ID, runtime.ErrAlreadyExists)
+	}
+	sb := &runtime.Sandbox{ID: s.ID, Template: s.Template, State: runtime.StateRunning, Spec: s, CreatedAt: time.Now()}
+	b.sbx[s.ID] = sb
+	b.Creates.Add(1)
+	cp := *sb
+	return &cp, nil
+}
+
+func (b *Backend) Destroy(_ context.Context, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.sbx[id]; ok {
+		delete(b.sbx, id)
+		b.Destroys.Add(1)
+	}
+	return nil
+}
+
+func (b *Backend) setState(id string, st runtime.State) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sb, ok := b.sbx[id]
+	if !ok {
+		return fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
+	}
+	sb.State = st
+	return nil
+}
+
+func (b *Backend) Pause(_ context.Context, id string) error {
+	return b.setState(id, runtime.StatePaused)
+}
+
+func (b *Backend) Resume(_ context.Context, id string) error {
+	return b.setState(id, runtime.StateRunning)
+}
+
+// Dial reaches the fake envd for runtime.EnvdPort; other ports are refused.
+func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	b.mu.Lock()
+	sb, ok := b.sbx[id]
+	b.mu.Unlock()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
+	case sb.State == runtime.StatePaused:
+		return nil, fmt.Errorf("%s: %w", id, runtime.ErrPaused)
+	case port != runtime.EnvdPort:
+		return nil, errors.New("fake backend: only the envd port")
+	}
+	client, server := net.Pipe()
+	select {
+	case b.ln.ch <- &idConn{Conn: server, id: id}:
+		return client, nil
+	case <-ctx.Done():
+		client.Close()
+		server.Close()
+		return nil, ctx.Err()
+	case <-b.ln.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (b *Backend) Stats(_ context.Context, id string) (runtime.Stats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sb, ok := b.sbx[id]
+	if !ok {
+		return runtime.Stats{}, fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
+	}
+	return runtime.Stats{CPUCount: sb.Spec.CPUCount, MemoryLimitBytes: uint64(sb.Spec.MemoryMB) << 20}, nil
+}
+
+func (b *Backend) List(context.Context) ([]*runtime.Sandbox, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*runtime.Sandbox, 0, len(b.sbx))
+	for _, sb := range b.sbx {
+		cp := *sb
+		out = append(out, &cp)
+	}
+	return out, nil
+}

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// routeClass sorts an E2B API request into its rate-limit class: creating
+// or waking a sandbox (create, resume, connect, fork) is "create", any other
+// non-GET is "lifecycle", GET and HEAD are "read".
+func routeClass(r *http.Request) ratelimit.Class {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return ratelimit.Read
+	case http.MethodPost:
+		p := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, E2BPrefix), "/")
+		if p == "/sandboxes" || p == "/v2/sandboxes" ||
+			strings.HasSuffix(p, "/connect") || strings.HasSuffix(p, "/resume") || strings.HasSuffix(p, "/fork") {
+			return ratelimit.Create
+		}
+	}
+	return ratelimit.Lifecycle
+}
+
+// limitTenants is the per-tenant limiter: it runs after authenticate (it
+// keys on the tenant in ctx). Over the limit it answers 429 with E2B's body,
+// Retry-After and X-RateLimit-*; within it, it sets X-RateLimit-* and
+// passes on.
+func limitTenants(l *ratelimit.Tenants, lm *limitMetrics) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		if l == nil {
+			return next
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t, _ := tenant.FromContext(r.Context())
+			c := routeClass(r)
+			d := l.Allow(t, c)
+			if !answerLimit(w, d, string(c)) {
+				lm.rejected(string(t), string(c))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// limitIPs is the cheap per-client-address limiter in front of auth, so a
+// flood of bad keys cannot keep the key lookups busy.
+func limitIPs(l *ratelimit.Limiter, lim ratelimit.Limit, lm *limitMetrics) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		if l == nil || lim.Unlimited() {
+			return next
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			host, _, err := net.SplitHostPort(r.RemoteAddr)
+			if err != nil {
+				host = r.RemoteAddr
+			}
+			d := l.Allow("ip/"+host, lim)
+			if !d.Allowed {
+				answerLimit(w, d, "ip")
+				lm.rejected("", "ip")
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// answerLimit sets the X-RateLimit-* headers of d and, when d refuses,
+// answers 429 and reports false.
+//
+//	X-RateLimit-Limit      the bucket size (requests allowed at once)
+//	X-RateLimit-Remaining  requests the bucket takes right now
+//	X-RateLimit-Reset      Unix time (seconds) at which the bucket is full
+//	Retry-After            seconds until one request would pass (>= 1)
+func answerLimit(w http.ResponseWriter, d ratelimit.Decision, class string) bool {
+	if d.Limit.Unlimited() {
+		return true
+	}
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.Itoa(max(d.Limit.Burst, 1)))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(d.Reset).Unix(), 10))
+	if d.Allowed {
+		return true
+	}
+	retry := max(int(math.Ceil(d.RetryAfter.Seconds())), 1)
+	h.Set("Retry-After", strconv.Itoa(retry))
+	writeErrorStatus(w, http.StatusTooManyRequests, fmt.Sprintf(
+		"rate limit exceeded for %s requests (%g/s, burst %d); retry in %ds",
+		class, d.Limit.Rate, max(d.Limit.Burst, 1), retry))
+	return false
+}

@@ -1,0 +1,284 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+type limitClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *limitClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *limitClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+type limitEnv struct {
+	h        http.Handler
+	st       *store.Store
+	be       *sandboxtest.Backend
+	mgr      *sandbox.Manager
+	settings *sandbox.Settings
+	metrics  *Metrics
+	clock    *limitClock
+	keys     map[string]string
+}
+
+// newLimitEnv is the whole sandboxd handler over a real store and a fake
+// backend, with per-tenant limits on a fake clock: tenant "a" may create at
+// 1/s with a burst of 2; the server default (tenant "b") is 1/s burst 2 too.
+func newLimitEnv(t *testing.T) *limitEnv {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &limitEnv{st: st, keys: map[string]string{}, clock: &limitClock{t: time.Unix(1_700_000_000, 0)}}
+	for _, name := range []string{"a", "b"} {
+		if _, err := st.EnsureTenant(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		key, _, err := st.CreateKey(ctx, tenant.ID(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.keys[name] = key
+	}
+	rate, burst := 1.0, 2
+	if _, err := st.UpdateTenantSettings(ctx, "a", func(s *store.Settings) { s.CreateRate, s.CreateBurst = &rate, &burst }); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	e.settings = sandbox.NewSettings(st, sandbox.Defaults{}, log)
+	if err := e.settings.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.be = sandboxtest.New()
+	t.Cleanup(e.be.Close)
+	e.mgr = sandbox.New(sandbox.Config{Store: st, Backend: e.be, BackendName: "fake", Log: log, Settings: e.settings})
+	e.metrics = NewMetrics()
+	limits := &ratelimit.Tenants{
+		Limiter: ratelimit.New(time.Minute, e.clock.now),
+		Policy: ratelimit.Policy{
+			Defaults: map[ratelimit.Class]ratelimit.Limit{
+				ratelimit.Create:    {Rate: 1, Burst: 2},
+				ratelimit.Lifecycle: {Rate: 100, Burst: 100},
+				ratelimit.Read:      {Rate: 100, Burst: 100},
+			},
+			Settings: func(t tenant.ID) store.Settings { return e.settings.Stored(t) },
+		},
+	}
+	e.h = New(Config{Manager: e.mgr, Store: st, Metrics: e.metrics, Log: log, Limits: limits})
+	return e
+}
+
+func (e *limitEnv) do(t *testing.T, who, method, path, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("X-API-KEY", e.keys[who])
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	e.h.ServeHTTP(rec, req)
+	return rec
+}
+
+func (e *limitEnv) create(t *testing.T, who string) *httptest.ResponseRecorder {
+	return e.do(t, who, http.MethodPost, E2BPrefix+"/sandboxes", `{"templateID":"base","timeout":60}`)
+}
+
+func TestRateLimitTenantIsolation(t *testing.T) {
+	e := newLimitEnv(t)
+	var codes []int
+	for range 3 {
+		codes = append(codes, e.create(t, "a").Code)
+	}
+	if codes[0] != 201 || codes[1] != 201 || codes[2] != 429 {
+		t.Fatalf("tenant a creates: %v, want [201 201 429]", codes)
+	}
+	rec := e.create(t, "a")
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a: %d, want 429", rec.Code)
+	}
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After = %q, want 1", got)
+	}
+	for h, want := range map[string]string{"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0"} {
+		if got := rec.Header().Get(h); got != want {
+			t.Errorf("%s = %q, want %q", h, got, want)
+		}
+	}
+	if reset, err := strconv.ParseInt(rec.Header().Get("X-RateLimit-Reset"), 10, 64); err != nil || reset < time.Now().Unix() {
+		t.Errorf("X-RateLimit-Reset = %q", rec.Header().Get("X-RateLimit-Reset"))
+	}
+	var body errorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != 429 || !strings.Contains(body.Message, "rate limit") {
+		t.Fatalf("429 body %q (%v), want E2B's {code:429,message}", rec.Body, err)
+	}
+	// Tenant b is unaffected by a's flood.
+	for i := range 2 {
+		if rec := e.create(t, "b"); rec.Code != 201 {
+			t.Fatalf("tenant b create %d: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	// a's reads have their own bucket.
+	if rec := e.do(t, "a", http.MethodGet, E2BPrefix+"/v2/sandboxes", ""); rec.Code != 200 {
+		t.Fatalf("a list while create-limited: %d %s", rec.Code, rec.Body)
+	}
+	// A second later a has a token again.
+	e.clock.advance(time.Second)
+	if rec := e.create(t, "a"); rec.Code != 201 {
+		t.Fatalf("a after refill: %d %s", rec.Code, rec.Body)
+	}
+	m := scrapeMetrics(t, e.metrics)
+	if got := m[`sandboxd_ratelimit_rejections_total{class="create",tenant="a"}`]; got != 2 {
+		t.Errorf("rejections of a = %v, want 2", got)
+	}
+}
+
+// TestRateLimitFlood: a floods creates at 10× its limit for 10 s while b
+// creates at its own rate; a gets 429s with Retry-After, b none, and once
+// everything is killed nothing is left in the backend or the store.
+func TestRateLimitFlood(t *testing.T) {
+	e := newLimitEnv(t)
+	var aOK, a429, bOK, b429 int
+	for step := range 100 { // 10 s in 100 ms steps
+		rec := e.create(t, "a")
+		switch rec.Code {
+		case 201:
+			aOK++
+		case 429:
+			a429++
+			if rec.Header().Get("Retry-After") == "" {
+				t.Fatal("429 without Retry-After")
+			}
+		default:
+			t.Fatalf("a: %d %s", rec.Code, rec.Body)
+		}
+		if step%10 == 0 {
+			switch rec := e.create(t, "b"); rec.Code {
+			case 201:
+				bOK++
+			case 429:
+				b429++
+			default:
+				t.Fatalf("b: %d %s", rec.Code, rec.Body)
+			}
+		}
+		e.clock.advance(100 * time.Millisecond)
+	}
+	// a: the burst of 2 plus one per second after.
+	if aOK < 10 || aOK > 12 || a429 != 100-aOK {
+		t.Errorf("a: %d created, %d refused; want about 11 and the rest refused", aOK, a429)
+	}
+	if bOK != 10 || b429 != 0 {
+		t.Errorf("b: %d created, %d refused; want 10 and 0", bOK, b429)
+	}
+	// Nothing leaks: refused creates made nothing, and kills clean up.
+	live, err := e.st.ListLive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != aOK+bOK || e.be.Len() != aOK+bOK {
+		t.Fatalf("%d rows, %d backend sandboxes; want %d", len(live), e.be.Len(), aOK+bOK)
+	}
+	for _, sb := range live {
+		e.clock.advance(time.Second)
+		if rec := e.do(t, string(sb.Tenant), http.MethodDelete, E2BPrefix+"/sandboxes/"+sb.ID, ""); rec.Code != 204 {
+			t.Fatalf("kill %s: %d %s", sb.ID, rec.Code, rec.Body)
+		}
+	}
+	if live, _ := e.st.ListLive(context.Background()); len(live) != 0 || e.be.Len() != 0 {
+		t.Fatalf("after kills: %d rows, %d backend sandboxes", len(live), e.be.Len())
+	}
+}
+
+func TestQuotaAnswers429AndHostGuard503(t *testing.T) {
+	e := newLimitEnv(t)
+	one := 1
+	if _, err := e.st.UpdateTenantSettings(context.Background(), "b", func(s *store.Settings) { s.MaxSandboxes = &one }); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.settings.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.create(t, "b"); rec.Code != 201 {
+		t.Fatalf("first: %d %s", rec.Code, rec.Body)
+	}
+	e.clock.advance(time.Second)
+	rec := e.create(t, "b")
+	if rec.Code != 429 || !strings.Contains(rec.Body.String(), "quota") || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("over quota: %d %q Retry-After %q", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
+	}
+}
+
+func TestRouteClass(t *testing.T) {
+	tests := []struct {
+		method, path string
+		want         ratelimit.Class
+	}{
+		{"POST", "/sandboxes", ratelimit.Create},
+		{"POST", E2BPrefix + "/sandboxes", ratelimit.Create},
+		{"POST", "/v2/sandboxes", ratelimit.Create},
+		{"POST", "/sandboxes/abc/connect", ratelimit.Create},
+		{"POST", "/v2/sandboxes/abc/connect", ratelimit.Create},
+		{"POST", E2BPrefix + "/sandboxes/abc/resume", ratelimit.Create},
+		{"POST", "/sandboxes/abc/pause", ratelimit.Lifecycle},
+		{"POST", "/sandboxes/abc/timeout", ratelimit.Lifecycle},
+		{"DELETE", "/sandboxes/abc", ratelimit.Lifecycle},
+		{"PUT", "/sandboxes/abc/network", ratelimit.Lifecycle},
+		{"GET", "/sandboxes/abc", ratelimit.Read},
+		{"GET", "/v2/sandboxes", ratelimit.Read},
+	}
+	for _, tt := range tests {
+		r := httptest.NewRequest(tt.method, tt.path, nil)
+		if got := routeClass(r); got != tt.want {
+			t.Errorf("%s %s: got %s, want %s", tt.method, tt.path, got, tt.want)
+		}
+	}
+}
+
+func TestIPLimitBeforeAuth(t *testing.T) {
+	e := newLimitEnv(t)
+	log := slog.New(slog.DiscardHandler)
+	clk := &limitClock{t: time.Unix(1_700_000_000, 0)}
+	h := New(Config{Manager: e.mgr, Store: e.st, Metrics: NewMetrics(), Log: log,
+		IPLimiter: ratelimit.New(time.Minute, clk.now), IPLimit: ratelimit.Limit{Rate: 1, Burst: 2}})
+	var codes []int
+	for range 3 {
+		req := httptest.NewRequest(http.MethodGet, "/v2/sandboxes", nil)
+		req.Header.Set("X-API-KEY", "e2b_bogus")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		codes = append(codes, rec.Code)
+	}
+	if codes[0] != 401 || codes[1] != 401 || codes[2] != 429 {
+		t.Fatalf("bad-key requests from one address: %v, want [401 401 429]", codes)
+	}
+}

@@ -1,0 +1,42 @@
+package server
+
+import (
+	"testing"
+
+	"github.com/sandboxd/sandboxd/pool"
+)
+
+type stubPools struct{}
+
+func (stubPools) Stats() []pool.Stat {
+	k := pool.Key{Tenant: "a", Template: "base", MemoryMB: 512}
+	k2 := k
+	k2.MemoryMB = 1024 // another shape of the same template: summed
+	return []pool.Stat{
+		{Key: k, Ready: 2, Starting: 1, Target: 3},
+		{Key: k2, Ready: 1, Starting: 0, Target: 1},
+	}
+}
+
+func (stubPools) Counts() []pool.Count {
+	return []pool.Count{{Tenant: "a", Template: "base", Hits: 7, Misses: 2}}
+}
+
+func TestPoolMetrics(t *testing.T) {
+	m := NewMetrics()
+	lm := newLimitMetrics(m.Registry(), stubPools{})
+	lm.rejected("a", "create")
+	got := scrapeMetrics(t, m)
+	for series, want := range map[string]float64{
+		`sandboxd_pool_members{state="ready",template="base",tenant="a"}`:      3,
+		`sandboxd_pool_members{state="starting",template="base",tenant="a"}`:   1,
+		`sandboxd_pool_target{template="base",tenant="a"}`:                     4,
+		`sandboxd_pool_claims_total{result="hit",template="base",tenant="a"}`:  7,
+		`sandboxd_pool_claims_total{result="miss",template="base",tenant="a"}`: 2,
+		`sandboxd_ratelimit_rejections_total{class="create",tenant="a"}`:       1,
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
+	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+)
+
+// Files go through envd's /files (streamed both ways, never buffered here)
+// and its Filesystem service (list, remove).
+
+func (c *envdConn) filesURL(path string) string {
+	q := url.Values{"path": {path}}
+	if c.user != "" {
+		q.Set("username", c.user)
+	}
+	return "http://envd/files?" + q.Encode()
+}
+
+func (c *envdConn) filesystem() filesystemconnect.FilesystemClient {
+	return filesystemconnect.NewFilesystemClient(c.client, "http://envd", connectOpts()...)
+}
+
+func requirePath(p string) error {
+	if p == "" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "missing path")
+	}
+	return nil
+}
+
+func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.UploadFileParams) {
+	if err := requirePath(p.Path); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	c, err := a.envd(r.Context(), id, deref(p.User))
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer c.close()
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, c.filesURL(p.Path), r.Body)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	req.ContentLength = r.ContentLength
+	req.Header.Set("Content-Type", "application/octet-stream")
+	c.auth(req.Header)
+	req.Header.Del("Authorization") // /files takes the user from ?username
+	resp, err := c.client.Do(req)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		writeNativeError(w, r, a.log, envdStatus(resp))
+		return
+	}
+	var entries []struct {
+		Path, Name, Type string
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&entries); err != nil || len(entries) == 0 {
+		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrUnavailable, "envd answered the upload without an entry"))
+		return
+	}
+	e := entries[0]
+	writeJSON(w, http.StatusOK, nativeapi.FileEntry{Name: e.Name, Path: e.Path, Type: fileType(e.Type)})
+}
+
+func fileType(t string) nativeapi.FileEntryType {
+	switch t {
+	case "file", "dir", "symlink":
+		return nativeapi.FileEntryType(t)
+	case "directory":
+		return "dir"
+	}
+	return "other"
+}
+
+func (a *nativeAPI) DownloadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DownloadFileParams) {
+	if err := requirePath(p.Path); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	c, err := a.envd(r.Context(), id, deref(p.User))
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer c.close()
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, c.filesURL(p.Path), nil)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	c.auth(req.Header)
+	req.Header.Del("Authorization")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		writeNativeError(w, r, a.log, envdStatus(resp))
+		return
+	}
+	for _, h := range []string{"Content-Length", "Last-Modified"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	// io.Copy moves 32 KiB at a time: memory stays flat whatever the size.
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		a.log.Debug("download interrupted", "sandbox_id", id, "err", err)
+	}
+}
+
+func (a *nativeAPI) DeleteFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DeleteFileParams) {
+	if err := requirePath(p.Path); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	c, err := a.envd(r.Context(), id, deref(p.User))
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer c.close()
+	req := connect.NewRequest(&filesystem.RemoveRequest{Path: p.Path})
+	c.auth(req.Header())
+	if _, err := c.filesystem().Remove(r.Context(), req); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string, p nativeapi.ListFilesParams) {
+	if err := requirePath(p.Path); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	depth := deref(p.Depth)
+	switch {
+	case depth < 0 || depth > 64:
+		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "depth must be between 1 and 64"))
+		return
+	case depth == 0:
+		depth = 1
+	}
+	c, err := a.envd(r.Context(), id, deref(p.User))
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	defer c.close()
+	req := connect.NewRequest(&filesystem.ListDirRequest{Path: p.Path, Depth: uint32(depth)})
+	c.auth(req.Header())
+	resp, err := c.filesystem().ListDir(r.Context(), req)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	out := nativeapi.FileList{Entries: make([]nativeapi.FileEntry, 0, len(resp.Msg.GetEntries()))}
+	for _, e := range resp.Msg.GetEntries() {
+		fe := nativeapi.FileEntry{Name: e.GetName(), Path: e.GetPath(), Size: ptr(e.GetSize())}
+		switch e.GetType() {
+		case filesystem.FileType_FILE_TYPE_FILE:
+			fe.Type = "file"
+		case filesystem.FileType_FILE_TYPE_DIRECTORY:
+			fe.Type = "dir"
+		case filesystem.FileType_FILE_TYPE_SYMLINK:
+			fe.Type = "symlink"
+		default:
+			fe.Type = "other"
+		}
+		if s := e.GetPermissions(); s != "" {
+			fe.Mode = &s
+		}
+		if e.GetModifiedTime() != nil {
+			fe.ModifiedAt = ptr(e.GetModifiedTime().AsTime())
+		}
+		out.Entries = append(out.Entries, fe)
+	}
+	writeJSON(w, http.StatusOK, out)
+}

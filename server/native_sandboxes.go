@@ -1,0 +1,149 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// maxJSONBody bounds JSON bodies; an exec body carries its stdin.
+const maxJSONBody = 16 << 20
+
+// decodeJSON reads a JSON body strictly (unknown fields are errors, so a
+// typo does not silently fall back to a default).
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.New(errdefs.ErrInvalidArgument, "missing JSON body")
+		}
+		return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: "+err.Error())
+	}
+	return nil
+}
+
+func nativeSandbox(sb *store.Sandbox) nativeapi.Sandbox {
+	out := nativeapi.Sandbox{
+		Id:        sb.ID,
+		Template:  sb.Template,
+		State:     nativeapi.SandboxState(sb.State),
+		StartedAt: sb.StartedAt,
+		EndAt:     sb.EndAt,
+		CpuCount:  sb.CPUCount,
+		MemoryMb:  sb.MemoryMB,
+		DiskMb:    sb.DiskMB,
+	}
+	if len(sb.Metadata) > 0 {
+		out.Metadata = ptr(sb.Metadata)
+	}
+	if sb.EnvdAccessToken != "" {
+		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
+	}
+	return out
+}
+
+func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+	var b nativeapi.SandboxPost
+	if err := decodeJSON(r, &b); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	if deref(b.IdleTtl) != 0 {
+		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrNotImplemented,
+			"idle_ttl is not enforced by this sandboxd yet; use timeout"))
+		return
+	}
+	for name, v := range map[string]*int{"timeout": b.Timeout, "idle_ttl": b.IdleTtl, "cpu_count": b.CpuCount, "memory_mb": b.MemoryMb, "disk_mb": b.DiskMb} {
+		if deref(v) < 0 {
+			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, name+" must not be negative"))
+			return
+		}
+	}
+	sb, err := a.mgr.Create(r.Context(), sandbox.CreateRequest{
+		Template:      deref(b.Template),
+		Timeout:       time.Duration(deref(b.Timeout)) * time.Second,
+		Secure:        true,
+		AllowInternet: b.AllowInternet == nil || *b.AllowInternet,
+		Metadata:      deref(b.Metadata),
+		EnvVars:       deref(b.Env),
+		CPUCount:      deref(b.CpuCount),
+		MemoryMB:      deref(b.MemoryMb),
+		DiskMB:        deref(b.DiskMb),
+	})
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, nativeSandbox(sb))
+}
+
+func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
+	f := store.ListFilter{Template: deref(p.Template), Cursor: deref(p.Cursor), Limit: deref(p.Limit)}
+	if f.Limit < 0 || f.Limit > 1000 {
+		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
+		return
+	}
+	for _, s := range deref(p.State) {
+		st := store.State(s)
+		if !st.Live() {
+			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "unknown state "+string(s)))
+			return
+		}
+		f.States = append(f.States, st)
+	}
+	for _, kv := range deref(p.Metadata) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter "+kv+" is not key=value"))
+			return
+		}
+		if f.Metadata == nil {
+			f.Metadata = map[string]string{}
+		}
+		f.Metadata[k] = v
+	}
+	sbs, next, err := a.mgr.List(r.Context(), f)
+	if err != nil {
+		if errors.Is(err, store.ErrInvalid) {
+			err = errdefs.New(errdefs.ErrInvalidArgument, "invalid cursor")
+		}
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	out := nativeapi.SandboxList{Sandboxes: make([]nativeapi.Sandbox, 0, len(sbs))}
+	for i := range sbs {
+		out.Sandboxes = append(out.Sandboxes, nativeSandbox(&sbs[i]))
+	}
+	if next != "" {
+		out.NextCursor = &next
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	sb, err := a.mgr.Get(r.Context(), id)
+	if err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, nativeSandbox(sb))
+}
+
+func (a *nativeAPI) DeleteSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	if err := a.mgr.Kill(r.Context(), id); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

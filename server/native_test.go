@@ -1,0 +1,484 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// The native API's tests run against the real router. Those that need
+// sandboxes use the real local backend (root, cgroups, and an envd built
+// here); the others need only a store.
+
+var (
+	nativeEnvdBin  string
+	nativeSkipReal string // why sandboxes cannot be created here
+)
+
+func TestMain(m *testing.M) {
+	local.Init() // libcontainer re-executes the test binary as container init
+	os.Exit(runServerTests(m))
+}
+
+func runServerTests(m *testing.M) int {
+	switch {
+	case os.Geteuid() != 0:
+		nativeSkipReal = "the local backend needs root"
+	case !pathExists("/sys/fs/cgroup"):
+		nativeSkipReal = "the local backend needs cgroups"
+	}
+	if nativeSkipReal == "" {
+		nativeEnvdBin = os.Getenv("SANDBOXD_ENVD")
+		if nativeEnvdBin == "" {
+			dir, err := os.MkdirTemp("", "server-test-envd-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			nativeEnvdBin = filepath.Join(dir, "envd")
+			cmd := exec.Command("go", "build", "-trimpath", "-o", nativeEnvdBin, "github.com/sandboxd/sandboxd/cmd/envd")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
+				return 1
+			}
+		}
+	}
+	return m.Run()
+}
+
+func pathExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+var testSecret = []byte("native-api-test-secret-0123456789abcdef")
+
+// nativeEnv is a sandboxd HTTP server on loopback: the real router, a real
+// store, a real Manager (on the local backend when real is set).
+type nativeEnv struct {
+	t      testing.TB
+	srv    *httptest.Server
+	st     *store.Store
+	mgr    *sandbox.Manager
+	keys   map[string]string // tenant -> API key
+	client *http.Client
+}
+
+func newNativeEnv(t testing.TB, real bool) *nativeEnv {
+	t.Helper()
+	if real && nativeSkipReal != "" {
+		t.Skip(nativeSkipReal)
+	}
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	st, err := store.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg := sandbox.Config{Store: st, Log: log, BackendName: "local", EnvdVersion: "0.6.13"}
+	var be *local.Backend
+	if real {
+		root := filepath.Join("/run/sandboxd-servertest", fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()))
+		cg := "/sandboxd-servertest-" + filepath.Base(root)
+		be, err = local.New(ctx, local.Options{Root: root, EnvdPath: nativeEnvdBin, CgroupParent: cg, Log: log,
+			EgressSubnet: netip.MustParsePrefix("10.135.0.0/16")})
+		if err != nil {
+			t.Fatalf("local.New: %v", err)
+		}
+		t.Cleanup(func() {
+			l, _ := be.List(context.Background())
+			for _, s := range l {
+				_ = be.Destroy(context.Background(), s.ID)
+			}
+			_ = os.RemoveAll(root)
+			hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+			for _, h := range hier {
+				_ = os.Remove(filepath.Join(h, cg))
+			}
+			_ = os.Remove(filepath.Join("/sys/fs/cgroup", cg))
+		})
+		cfg.Backend = be
+	}
+	mgr := sandbox.New(cfg)
+	h := New(Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
+		JWT: jwtauth.NewVerifier(testSecret, nil)})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	e := &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: map[string]string{}, client: &http.Client{}}
+	for _, name := range []string{"acme", "other"} {
+		if _, err := st.EnsureTenant(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		key, _, err := st.CreateKey(ctx, tenant.ID(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.keys[name] = key
+	}
+	return e
+}
+
+func (e *nativeEnv) token(tenant string, scopes ...string) string {
+	e.t.Helper()
+	tok, err := jwtauth.Issue(testSecret, tenant, scopes, time.Hour)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tok
+}
+
+// full is a token with both scopes for tenant acme.
+func (e *nativeEnv) full() string { return e.token("acme", jwtauth.ScopeRead, jwtauth.ScopeWrite) }
+
+type resp struct {
+	status int
+	body   []byte
+	header http.Header
+}
+
+func (r resp) String() string { return fmt.Sprintf("%d %s", r.status, bytes.TrimSpace(r.body)) }
+
+func (r resp) errCode() string {
+	var b nativeapi.Error
+	_ = json.Unmarshal(r.body, &b)
+	return b.Error.Code
+}
+
+func (e *nativeEnv) do(method, path, tok string, body any) resp {
+	e.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	case io.Reader:
+		rd = b
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, e.srv.URL+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if body != nil {
+		if _, raw := body.([]byte); raw {
+			req.Header.Set("Content-Type", "application/octet-stream")
+		} else {
+			req.Header.Set("Content-Type", "application/json")
+		}
+	}
+	r, err := e.client.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp{status: r.StatusCode, body: b, header: r.Header}
+}
+
+// create makes a small sandbox for the token's tenant.
+func (e *nativeEnv) create(tok string, extra map[string]any) nativeapi.Sandbox {
+	e.t.Helper()
+	body := map[string]any{"allow_internet": false, "memory_mb": 256, "disk_mb": 256, "timeout": 600}
+	for k, v := range extra {
+		body[k] = v
+	}
+	r := e.do(http.MethodPost, "/v1/sandboxes", tok, body)
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("create = %s; want 201", r)
+	}
+	var sb nativeapi.Sandbox
+	if err := json.Unmarshal(r.body, &sb); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		ctx := tenant.WithContext(context.Background(), tenant.ID("acme"))
+		_ = e.mgr.Kill(ctx, sb.Id)
+	})
+	return sb
+}
+
+func (e *nativeEnv) exec(id, tok string, body map[string]any) nativeapi.ExecResult {
+	e.t.Helper()
+	r := e.do(http.MethodPost, "/v1/sandboxes/"+id+"/exec", tok, body)
+	if r.status != http.StatusOK {
+		e.t.Fatalf("exec = %s; want 200", r)
+	}
+	var res nativeapi.ExecResult
+	if err := json.Unmarshal(r.body, &res); err != nil {
+		e.t.Fatal(err)
+	}
+	return res
+}
+
+// TestNativeRouteTable: every route names a scope, and the table and
+// openapi/native.yaml list the same operations.
+func TestNativeRouteTable(t *testing.T) {
+	routes := nativeRoutes(&nativeapi.ServerInterfaceWrapper{})
+	inTable := map[string]string{}
+	for _, rt := range routes {
+		if rt.scope != jwtauth.ScopeRead && rt.scope != jwtauth.ScopeWrite {
+			t.Errorf("route %s %s has scope %q; want %s or %s", rt.method, rt.pattern, rt.scope, jwtauth.ScopeRead, jwtauth.ScopeWrite)
+		}
+		if rt.handler == nil {
+			t.Errorf("route %s %s has no handler", rt.method, rt.pattern)
+		}
+		p := strings.TrimSuffix(NativePrefix+rt.pattern, "/")
+		inTable[rt.method+" "+p] = rt.operation
+	}
+	spec, err := nativeapi.GetSwagger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inSpec := map[string]string{}
+	for path, item := range spec.Paths.Map() {
+		for method, op := range item.Operations() {
+			inSpec[method+" "+path] = op.OperationID
+		}
+	}
+	for k, op := range inSpec {
+		if got := inTable[k]; got != op {
+			t.Errorf("route table has %q for %s; want %q (from the spec)", got, k, op)
+		}
+	}
+	for k := range inTable {
+		if _, ok := inSpec[k]; !ok {
+			t.Errorf("route table has %s, which the spec does not", k)
+		}
+	}
+}
+
+// TestNativeAuth runs every route with every credential kind and checks
+// the 401/403 decisions (the sandbox does not exist: an authorised request
+// ends in 404 or 400, never 401 or 403).
+func TestNativeAuth(t *testing.T) {
+	e := newNativeEnv(t, false)
+	oldTok := issueAt(t, time.Now().Add(-2*time.Hour), time.Hour)
+	full := e.full()
+	tampered := full[:len(full)-4] + "AAAA"
+	otherSecret, _ := jwtauth.Issue([]byte("some-other-secret-some-other-secret"), "acme", []string{jwtauth.ScopeRead, jwtauth.ScopeWrite}, time.Hour)
+
+	creds := []struct {
+		name         string
+		header       string
+		value        string
+		read, write  bool
+		unauthorized bool
+	}{
+		{"none", "", "", false, false, true},
+		{"garbage bearer", "Authorization", "Bearer nope", false, false, true},
+		{"expired jwt", "Authorization", "Bearer " + oldTok, false, false, true},
+		{"tampered jwt", "Authorization", "Bearer " + tampered, false, false, true},
+		{"jwt of another secret", "Authorization", "Bearer " + otherSecret, false, false, true},
+		{"jwt no scope", "Authorization", "Bearer " + e.token("acme"), false, false, false},
+		{"jwt read", "Authorization", "Bearer " + e.token("acme", jwtauth.ScopeRead), true, false, false},
+		{"jwt write", "Authorization", "Bearer " + e.token("acme", jwtauth.ScopeWrite), false, true, false},
+		{"jwt read+write", "Authorization", "Bearer " + full, true, true, false},
+		{"api key bearer", "Authorization", "Bearer " + e.keys["acme"], true, true, false},
+		{"api key header", "X-API-KEY", e.keys["acme"], true, true, false},
+		{"revoked-like api key", "X-API-KEY", "e2b_" + strings.Repeat("0", 40), false, false, true},
+	}
+	routes := nativeRoutes(&nativeapi.ServerInterfaceWrapper{})
+	for _, c := range creds {
+		for _, rt := range routes {
+			path := NativePrefix + strings.ReplaceAll(rt.pattern, "{id}", "nosuchsandbox0000000")
+			path = strings.TrimSuffix(path, "/")
+			if strings.Contains(path, "/files") {
+				path += "?path=/tmp/x"
+			}
+			t.Run(c.name+"/"+rt.operation, func(t *testing.T) {
+				var body io.Reader
+				switch rt.operation {
+				case "CreateSandbox":
+					body = strings.NewReader(`{"idle_ttl": 5}`) // 501 before any backend call
+				case "Exec":
+					body = strings.NewReader(`{"cmd": "true"}`)
+				}
+				req, _ := http.NewRequest(rt.method, e.srv.URL+path, body)
+				if c.header != "" {
+					req.Header.Set(c.header, c.value)
+				}
+				r, err := e.client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(r.Body)
+				r.Body.Close()
+				got := resp{status: r.StatusCode, body: b}
+				allowed := (rt.scope == jwtauth.ScopeRead && c.read) || (rt.scope == jwtauth.ScopeWrite && c.write)
+				switch {
+				case c.unauthorized:
+					if got.status != http.StatusUnauthorized || got.errCode() != "unauthenticated" {
+						t.Errorf("%s %s = %s; want 401 unauthenticated", rt.method, path, got)
+					}
+				case !allowed:
+					if got.status != http.StatusForbidden || got.errCode() != "permission_denied" {
+						t.Errorf("%s %s = %s; want 403 permission_denied", rt.method, path, got)
+					}
+				default:
+					if got.status == http.StatusUnauthorized || got.status == http.StatusForbidden {
+						t.Errorf("%s %s = %s; want it past auth", rt.method, path, got)
+					}
+				}
+			})
+		}
+	}
+}
+
+func issueAt(t *testing.T, iat time.Time, ttl time.Duration) string {
+	t.Helper()
+	tok, err := jwtauth.IssueAt(testSecret, "acme", []string{jwtauth.ScopeRead, jwtauth.ScopeWrite}, iat, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestNativeAndE2BCoexist: /v1/sandboxes is the native API, while
+// /v1/sandboxes/e2b/... and the root alias stay E2B's.
+func TestNativeAndE2BCoexist(t *testing.T) {
+	e := newNativeEnv(t, false)
+	key := e.keys["acme"]
+	for _, tc := range []struct {
+		path   string
+		status int
+		native bool
+	}{
+		{"/v1/sandboxes", 200, true},
+		{"/v1/sandboxes/", 200, true},
+		{"/v1/sandboxes/e2b/sandboxes", 200, false},
+		{"/v1/sandboxes/e2b/v2/sandboxes", 200, false},
+		{"/sandboxes", 200, false},
+		{"/v2/sandboxes", 200, false},
+		{"/v1/sandboxes/nosuchsandbox0000000", 404, true},
+		{"/v1/sandboxes/e2b/sandboxes/nosuchsandbox0000000", 404, false},
+	} {
+		r := e.do(http.MethodGet, tc.path, key, nil)
+		if r.status != tc.status {
+			t.Errorf("GET %s = %s; want %d", tc.path, r, tc.status)
+			continue
+		}
+		var probe map[string]json.RawMessage
+		isObject := json.Unmarshal(r.body, &probe) == nil
+		// Native answers {"sandboxes": [...]} or {"error": {...}}; E2B a
+		// bare array or {"code", "message"}.
+		_, hasSandboxes := probe["sandboxes"]
+		_, hasError := probe["error"]
+		gotNative := isObject && (hasSandboxes || hasError)
+		if gotNative != tc.native {
+			t.Errorf("GET %s answered %s; want native=%v", tc.path, r, tc.native)
+		}
+	}
+}
+
+// TestNativeSandboxes: create, get, list, delete on the local backend; the
+// E2B surface sees the same sandbox; another tenant sees nothing.
+func TestNativeSandboxes(t *testing.T) {
+	e := newNativeEnv(t, true)
+	tok := e.full()
+	sb := e.create(tok, map[string]any{"metadata": map[string]string{"owner": "ci"}, "env": map[string]string{"GREETING": "hi"}})
+	if sb.State != "running" || sb.Template != "base" || sb.MemoryMb != 256 {
+		t.Errorf("created %+v; want running base with 256 MiB", sb)
+	}
+	if r := e.do(http.MethodGet, "/v1/sandboxes/"+sb.Id, tok, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"owner":"ci"`)) {
+		t.Errorf("get = %s; want 200 with the metadata", r)
+	}
+	for _, q := range []string{"", "?metadata=owner%3Dci", "?state=running&limit=5"} {
+		r := e.do(http.MethodGet, "/v1/sandboxes"+q, tok, nil)
+		if r.status != 200 || !bytes.Contains(r.body, []byte(sb.Id)) {
+			t.Errorf("list%s = %s; want it to contain %s", q, r, sb.Id)
+		}
+	}
+	if r := e.do(http.MethodGet, "/v1/sandboxes?metadata=owner%3Dnobody", tok, nil); r.status != 200 || bytes.Contains(r.body, []byte(sb.Id)) {
+		t.Errorf("list filtered out = %s; want no %s", r, sb.Id)
+	}
+	if r := e.do(http.MethodGet, "/v1/sandboxes?state=bogus", tok, nil); r.status != 400 {
+		t.Errorf("list bad state = %s; want 400", r)
+	}
+	// The E2B surface sees the same sandbox.
+	if r := e.do(http.MethodGet, "/v1/sandboxes/e2b/sandboxes/"+sb.Id, e.keys["acme"], nil); r.status != 200 {
+		t.Errorf("E2B get = %s; want 200", r)
+	}
+	// The env reaches processes.
+	if res := e.exec(sb.Id, tok, map[string]any{"cmd": "echo $GREETING"}); res.Stdout != "hi\n" {
+		t.Errorf("exec echo $GREETING = %q; want \"hi\\n\"", res.Stdout)
+	}
+
+	// Another tenant: every route is 404.
+	foreign := e.token("other", jwtauth.ScopeRead, jwtauth.ScopeWrite)
+	for _, rt := range nativeRoutes(&nativeapi.ServerInterfaceWrapper{}) {
+		if !strings.Contains(rt.pattern, "{id}") {
+			continue
+		}
+		path := NativePrefix + strings.ReplaceAll(rt.pattern, "{id}", sb.Id)
+		if strings.Contains(path, "/files") {
+			path += "?path=/etc/hostname"
+		}
+		var body any
+		if rt.operation == "Exec" {
+			body = map[string]any{"cmd": "true"}
+		}
+		if rt.operation == "UploadFile" {
+			body = []byte("x")
+		}
+		if r := e.do(rt.method, path, foreign, body); r.status != 404 || r.errCode() != "not_found" {
+			t.Errorf("foreign %s %s = %s; want 404 not_found", rt.method, path, r)
+		}
+	}
+	if r := e.do(http.MethodGet, "/v1/sandboxes", foreign, nil); bytes.Contains(r.body, []byte(sb.Id)) {
+		t.Errorf("foreign list = %s; want no %s", r, sb.Id)
+	}
+
+	if r := e.do(http.MethodDelete, "/v1/sandboxes/"+sb.Id, tok, nil); r.status != 204 {
+		t.Fatalf("delete = %s; want 204", r)
+	}
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		if r := e.do(m, "/v1/sandboxes/"+sb.Id, tok, nil); r.status != 404 {
+			t.Errorf("%s after delete = %s; want 404", m, r)
+		}
+	}
+	// Bad create bodies.
+	for _, body := range []string{`{"timeout": -1}`, `{"bogus": 1}`, `not json`, ``} {
+		if r := e.do(http.MethodPost, "/v1/sandboxes", tok, []byte(body)); r.status != 400 {
+			t.Errorf("create %q = %s; want 400", body, r)
+		}
+	}
+	if r := e.do(http.MethodPost, "/v1/sandboxes", tok, map[string]any{"idle_ttl": 60}); r.status != 501 {
+		t.Errorf("create idle_ttl = %s; want 501", r)
+	}
+}

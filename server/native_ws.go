@@ -1,0 +1,345 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/gorilla/websocket"
+
+	"github.com/sandboxd/sandboxd/envd/gen/process"
+	"github.com/sandboxd/sandboxd/errdefs"
+)
+
+// Websocket exec: the frame protocol (docs/native-api.md). Every frame is a
+// JSON text message with a "type"; byte payloads are base64 in "data".
+//
+//	client -> server: start (first, once), stdin, close_stdin, resize, signal
+//	server -> client: started, stdout, stderr, exit (last), error
+//
+// Output frames keep envd's order. The server writes one frame at a time and
+// reads the next event only when the client took the last one, so its
+// memory stays bounded; envd drops a reader that falls far behind (an error
+// frame, code resource_exhausted). Closing the websocket kills the process
+// (its whole group) unless start said detached.
+type wsFrame struct {
+	Type string `json:"type"`
+
+	// start
+	Cmd      string            `json:"cmd,omitempty"`
+	Argv     []string          `json:"argv,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	User     string            `json:"user,omitempty"`
+	PTY      *wsSize           `json:"pty,omitempty"`
+	Stdin    *bool             `json:"stdin,omitempty"` // default true
+	Detached bool              `json:"detached,omitempty"`
+	Timeout  int               `json:"timeout,omitempty"` // seconds, 0 = none
+
+	// stdin, stdout, stderr
+	Data []byte `json:"data,omitempty"`
+	// resize
+	Cols uint32 `json:"cols,omitempty"`
+	Rows uint32 `json:"rows,omitempty"`
+	// signal (SIGTERM or SIGKILL)
+	Signal string `json:"signal,omitempty"`
+
+	// started
+	PID uint32 `json:"pid,omitempty"`
+	// exit; error uses Error, Code and Fatal
+	ExitCode *int   `json:"exit_code,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Code     string `json:"code,omitempty"`
+	Fatal    bool   `json:"fatal,omitempty"`
+}
+
+type wsSize struct {
+	Cols uint32 `json:"cols"`
+	Rows uint32 `json:"rows"`
+}
+
+const (
+	wsStartWait  = 30 * time.Second
+	wsWriteWait  = 30 * time.Second
+	wsPingPeriod = 20 * time.Second
+	wsMaxFrame   = 1 << 20
+)
+
+var wsUpgrader = websocket.Upgrader{
+	ReadBufferSize:  32 << 10,
+	WriteBufferSize: 32 << 10,
+	// Credentials travel in headers, never in cookies, so a foreign origin
+	// gains nothing a plain script would not have.
+	CheckOrigin: func(*http.Request) bool { return true },
+}
+
+// wsConn serialises writes to one websocket.
+type wsConn struct {
+	*websocket.Conn
+	mu sync.Mutex
+}
+
+func (c *wsConn) send(f wsFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_ = c.SetWriteDeadline(time.Now().Add(wsWriteWait))
+	return c.WriteJSON(f)
+}
+
+func (c *wsConn) sendErr(err error, fatal bool) {
+	err = envdErr(err)
+	msg, ok := errdefs.Public(err)
+	if !ok {
+		msg = err.Error()
+	}
+	_ = c.send(wsFrame{Type: "error", Code: nativeErrorCode(statusOf(err)), Error: msg, Fatal: fatal})
+}
+
+func (c *wsConn) closeWith(code int, text string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_ = c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
+}
+
+func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
+	// The sandbox is looked up before the upgrade, so a missing or foreign
+	// one is a plain 404 answer.
+	if _, err := a.mgr.Get(r.Context(), id); err != nil {
+		writeNativeError(w, r, a.log, err)
+		return
+	}
+	raw, err := wsUpgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered the client
+	}
+	conn := &wsConn{Conn: raw}
+	defer conn.Close()
+	conn.SetReadLimit(wsMaxFrame)
+	if err := a.wsSession(r.Context(), conn, id); err != nil {
+		conn.sendErr(err, true)
+		conn.closeWith(websocket.CloseNormalClosure, "")
+	}
+}
+
+// wsSession runs one process for one websocket; it returns an error only
+// before the process started.
+func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) error {
+	_ = conn.SetReadDeadline(time.Now().Add(wsStartWait))
+	var start wsFrame
+	if err := conn.ReadJSON(&start); err != nil {
+		return errdefs.New(errdefs.ErrInvalidArgument, "expected a start frame: "+err.Error())
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	if start.Type != "start" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "the first frame must be start, not "+start.Type)
+	}
+	pc, err := processSpec{cmd: start.Cmd, argv: start.Argv, env: start.Env, cwd: start.Cwd}.config()
+	if err != nil {
+		return err
+	}
+	if start.Timeout < 0 {
+		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+	}
+	c, err := a.envd(ctx, id, start.User)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+
+	// session ends when the client goes away; the stream's context also
+	// carries the timeout, which envd enforces on the process.
+	session, endSession := context.WithCancel(ctx)
+	defer endSession()
+	sctx := session
+	if start.Timeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(session, time.Duration(start.Timeout)*time.Second)
+		defer cancel()
+	}
+	sreq := &process.StartRequest{Process: pc, Stdin: ptr(start.Stdin == nil || *start.Stdin)}
+	if start.PTY != nil {
+		sreq.Pty = &process.PTY{Size: &process.PTY_Size{Cols: start.PTY.Cols, Rows: start.PTY.Rows}}
+	}
+	req := connect.NewRequest(sreq)
+	c.auth(req.Header())
+	stream, err := c.process().Start(sctx, req)
+	if err != nil {
+		return startErr(err)
+	}
+	defer stream.Close()
+
+	// The start event comes first; until then no input can be routed.
+	if !stream.Receive() {
+		if err := stream.Err(); err != nil {
+			return startErr(err)
+		}
+		return errdefs.New(errdefs.ErrUnavailable, "envd ended the stream before the process started")
+	}
+	pid := stream.Msg().GetEvent().GetStart().GetPid()
+	if pid == 0 {
+		return errdefs.New(errdefs.ErrUnavailable, "envd did not report a pid")
+	}
+	if err := conn.send(wsFrame{Type: "started", PID: pid}); err != nil {
+		endSession()
+	}
+
+	// The reader owns the client's frames; it exits when the websocket
+	// fails or closes (after the exit frame, the handler closes it), and
+	// ends the session so the event loop below stops too.
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer endSession()
+		a.wsRead(session, conn, c, pid, start.PTY != nil)
+	}()
+	// The pinger keeps proxies from closing an idle websocket; it exits with
+	// the session.
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(wsPingPeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-session.Done():
+				return
+			case <-t.C:
+				conn.mu.Lock()
+				err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait))
+				conn.mu.Unlock()
+				if err != nil {
+					endSession()
+					return
+				}
+			}
+		}
+	}()
+
+	var end *process.ProcessEvent_EndEvent
+	for end == nil && stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		var f wsFrame
+		switch {
+		case ev.GetData() != nil:
+			d := ev.GetData()
+			switch {
+			case d.GetStdout() != nil:
+				f = wsFrame{Type: "stdout", Data: d.GetStdout()}
+			case d.GetPty() != nil:
+				f = wsFrame{Type: "stdout", Data: d.GetPty()}
+			case d.GetStderr() != nil:
+				f = wsFrame{Type: "stderr", Data: d.GetStderr()}
+			}
+		case ev.GetEnd() != nil:
+			end = ev.GetEnd()
+			continue
+		}
+		if f.Type == "" {
+			continue
+		}
+		if err := conn.send(f); err != nil {
+			endSession()
+			break
+		}
+	}
+
+	clientGone := session.Err() != nil && !errors.Is(sctx.Err(), context.DeadlineExceeded)
+	switch {
+	case end != nil:
+		code := int(end.GetExitCode())
+		f := wsFrame{Type: "exit", ExitCode: &code, Signal: endSignal(end), Error: endError(end)}
+		_ = conn.send(f)
+	case clientGone:
+		if !start.Detached {
+			if err := c.kill(ctx, pid); err != nil {
+				a.log.Warn("exec ws: kill after disconnect", "sandbox_id", id, "pid", pid, "err", err)
+			}
+		}
+	case errors.Is(sctx.Err(), context.DeadlineExceeded):
+		if err := c.kill(ctx, pid); err != nil {
+			a.log.Warn("exec ws: kill after timeout", "sandbox_id", id, "pid", pid, "err", err)
+		}
+		code := -1
+		_ = conn.send(wsFrame{Type: "exit", ExitCode: &code, Signal: "killed", TimedOut: true})
+	default:
+		if !start.Detached {
+			_ = c.kill(ctx, pid)
+		}
+		conn.sendErr(streamErr(stream.Err()), true)
+	}
+	conn.closeWith(websocket.CloseNormalClosure, "")
+	_ = conn.Close() // unblocks the reader
+	endSession()
+	wg.Wait()
+	return nil
+}
+
+func streamErr(err error) error {
+	if err == nil {
+		return errdefs.New(errdefs.ErrUnavailable, "envd ended the stream without an exit event")
+	}
+	return err
+}
+
+// wsRead applies the client's frames to the process, in order. It returns
+// when the websocket fails or closes.
+func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
+	client := c.process()
+	sel := c.selector(pid)
+	for {
+		var f wsFrame
+		_, raw, err := conn.ReadMessage()
+		if err != nil {
+			return
+		}
+		if err := json.Unmarshal(raw, &f); err != nil {
+			conn.sendErr(errdefs.New(errdefs.ErrInvalidArgument, "bad frame: "+err.Error()), false)
+			continue
+		}
+		switch f.Type {
+		case "stdin":
+			in := &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: f.Data}}
+			if pty {
+				in.Input = &process.ProcessInput_Pty{Pty: f.Data}
+			}
+			req := connect.NewRequest(&process.SendInputRequest{Process: sel, Input: in})
+			c.auth(req.Header())
+			_, err = client.SendInput(ctx, req)
+		case "close_stdin":
+			req := connect.NewRequest(&process.CloseStdinRequest{Process: sel})
+			c.auth(req.Header())
+			_, err = client.CloseStdin(ctx, req)
+		case "resize":
+			req := connect.NewRequest(&process.UpdateRequest{Process: sel,
+				Pty: &process.PTY{Size: &process.PTY_Size{Cols: f.Cols, Rows: f.Rows}}})
+			c.auth(req.Header())
+			_, err = client.Update(ctx, req)
+		case "signal":
+			var sig process.Signal
+			switch strings.TrimPrefix(strings.ToUpper(f.Signal), "SIG") {
+			case "TERM":
+				sig = process.Signal_SIGNAL_SIGTERM
+			case "KILL":
+				sig = process.Signal_SIGNAL_SIGKILL
+			default:
+				err = errdefs.New(errdefs.ErrInvalidArgument, "unsupported signal "+f.Signal+": SIGTERM or SIGKILL")
+			}
+			if err == nil {
+				req := connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: sig})
+				c.auth(req.Header())
+				_, err = client.SendSignal(ctx, req)
+			}
+		default:
+			err = errdefs.New(errdefs.ErrInvalidArgument, "unknown frame type "+f.Type)
+		}
+		if err != nil && ctx.Err() == nil {
+			conn.sendErr(err, false)
+		}
+	}
+}
