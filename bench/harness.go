@@ -513,11 +513,17 @@ func (h *Harness) sandboxSocket(id string) (string, error) {
 	return found, nil
 }
 
-// sandboxCgroupMem is the sandbox's memory cgroup directory (v1 or v2).
+// sandboxCgroupMem is the sandbox's memory cgroup directory (v1 or v2):
+// <parent>/<id>, where the parent is the backend's business (/sandboxd, or
+// one per run dir), so look for the id one level under the root.
 func sandboxCgroupMem(id string) string {
-	for _, p := range []string{"/sys/fs/cgroup/memory/sandboxd/" + id, "/sys/fs/cgroup/sandboxd/" + id} {
-		if exists(p) {
-			return p
+	for _, pat := range []string{"/sys/fs/cgroup/memory/*/" + id, "/sys/fs/cgroup/*/" + id} {
+		if m, _ := filepath.Glob(pat); len(m) > 0 {
+			for _, p := range m {
+				if exists(filepath.Join(p, "memory.usage_in_bytes")) || exists(filepath.Join(p, "memory.current")) {
+					return p
+				}
+			}
 		}
 	}
 	return ""

@@ -14,23 +14,24 @@ import (
 
 // Machine is the report's header: what the numbers were measured on.
 type Machine struct {
-	Hostname    string   `json:"hostname"`
-	CPUs        int      `json:"cpus"`
-	CPUModel    string   `json:"cpuModel"`
-	MemTotalMiB float64  `json:"memTotalMiB"`
-	Kernel      string   `json:"kernel"`
-	OS          string   `json:"os"`
-	CgroupMode  string   `json:"cgroupMode"`
-	PidMax      int      `json:"pidMax"`
-	GoVersion   string   `json:"goVersion"`
-	Bubblewrap  string   `json:"bubblewrap"`
-	JSSDK       string   `json:"jsSdk"`
-	PythonSDK   string   `json:"pythonSdk"`
-	Node        string   `json:"node"`
-	Python      string   `json:"python"`
-	Commit      string   `json:"commit"`
-	Dirty       bool     `json:"dirty"`
-	Load        []string `json:"loadavgAtStart"`
+	Hostname    string            `json:"hostname"`
+	CPUs        int               `json:"cpus"`
+	CPUModel    string            `json:"cpuModel"`
+	MemTotalMiB float64           `json:"memTotalMiB"`
+	Kernel      string            `json:"kernel"`
+	OS          string            `json:"os"`
+	CgroupMode  string            `json:"cgroupMode"`
+	PidMax      int               `json:"pidMax"`
+	GoVersion   string            `json:"goVersion"`
+	Bubblewrap  string            `json:"bubblewrap"`
+	JSSDK       string            `json:"jsSdk"`
+	PythonSDK   string            `json:"pythonSdk"`
+	Node        string            `json:"node"`
+	Python      string            `json:"python"`
+	Commit      string            `json:"commit"`
+	Dirty       bool              `json:"dirty"`
+	Load        []string          `json:"loadavgAtStart"`
+	Binaries    map[string]string `json:"binaries"`
 }
 
 func machineFacts(root string) Machine {

@@ -20,6 +20,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -175,6 +176,8 @@ func run() int {
 		cfg.Out = filepath.Join(cfg.Root, cfg.Out)
 	}
 
+	// A closed stdout (`| head`) must not kill the bench before it cleans up.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
@@ -187,9 +190,20 @@ func run() int {
 	fmt.Fprintf(b.log, "bench: %s, %d CPUs, %.1f GiB, kernel %s, load %s\n",
 		rep.Machine.CPUModel, rep.Machine.CPUs, rep.Machine.MemTotalMiB/1024, rep.Machine.Kernel, strings.Join(rep.Machine.Load, " "))
 
+	// Run private copies of the binaries: bin/ is shared with whoever runs
+	// `make build` on this box meanwhile.
+	binDir, bins, err := snapshotBins(cfg.BinDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	defer os.RemoveAll(binDir)
+	rep.Machine.Binaries = bins
+	b.cfg.BinDir = binDir
+
 	code := 0
 	func() {
-		b.h, err = newHarness(cfg.Root, cfg.BinDir)
+		b.h, err = newHarness(cfg.Root, b.cfg.BinDir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			code = 1
@@ -197,7 +211,7 @@ func run() int {
 		}
 		defer b.h.Close()
 		b.h.keepLogs = cfg.KeepLogs
-		b.flags = serveFlags(cfg.BinDir)
+		b.flags = serveFlags(b.cfg.BinDir)
 		// Cold paths: no rate limits, no warm pools (warm and fairness start
 		// sandboxds of their own with them on).
 		extra := noLimits(b.flags)
@@ -246,13 +260,13 @@ func run() int {
 			rep.Rows[i].Samples = nil
 		}
 	}
-	fmt.Print(rep.Markdown())
 	if err := rep.WriteJSON(cfg.Out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		code = 1
 	} else {
 		fmt.Fprintf(b.log, "bench: wrote %s\n", cfg.Out)
 	}
+	fmt.Print(rep.Markdown())
 	return code
 }
 
@@ -375,7 +389,7 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&sb, "## sandboxd benchmarks\n\n")
 	fmt.Fprintf(&sb, "- run: `%s`, %s → %s (%.0f s)\n", r.Command, r.Started.Format(time.RFC3339),
 		r.Finished.Format("15:04:05Z"), r.Finished.Sub(r.Started).Seconds())
-	fmt.Fprintf(&sb, "- commit: %s%s\n", m.Commit, dirty)
+	fmt.Fprintf(&sb, "- commit: %s%s; binaries: sandboxd %s, envd %s\n", m.Commit, dirty, m.Binaries["sandboxd"], m.Binaries["envd"])
 	fmt.Fprintf(&sb, "- machine: %d CPUs (%s), %.1f GiB RAM, kernel %s, %s, cgroup %s, pid_max %d\n",
 		m.CPUs, m.CPUModel, m.MemTotalMiB/1024, m.Kernel, m.OS, m.CgroupMode, m.PidMax)
 	fmt.Fprintf(&sb, "- tools: %s, %s, SDKs: %s, %s (%s, node %s)\n", m.GoVersion, orDash(m.Bubblewrap), orDash(m.JSSDK), orDash(m.PythonSDK), orDash(m.Python), orDash(m.Node))
@@ -444,4 +458,30 @@ func orDash(s string) string {
 		return "–"
 	}
 	return s
+}
+
+// snapshotBins copies sandboxd and envd to a private directory (sandboxd
+// finds envd beside itself) and describes them.
+func snapshotBins(from string) (string, map[string]string, error) {
+	dir, err := os.MkdirTemp("", "sandboxd-bench-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	info := map[string]string{}
+	for _, name := range []string{"sandboxd", "envd"} {
+		src := filepath.Join(from, name)
+		raw, err := os.ReadFile(src)
+		if err != nil {
+			os.RemoveAll(dir)
+			return "", nil, fmt.Errorf("%s: %w (run `make build` first)", src, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), raw, 0o755); err != nil {
+			os.RemoveAll(dir)
+			return "", nil, err
+		}
+		sum := sha256.Sum256(raw)
+		fi, _ := os.Stat(src)
+		info[name] = fmt.Sprintf("sha256:%x, built %s", sum[:8], fi.ModTime().UTC().Format(time.RFC3339))
+	}
+	return dir, info, nil
 }

@@ -224,6 +224,9 @@ func (b *Bench) cost(before, after hostSnap, set *idleSet) hostCost {
 }
 
 func (c hostCost) rows(scenario, label string, n int) []Row {
+	if n == 0 {
+		return []Row{unavailable(scenario, "host memory per idle sandbox, "+label, "no sandbox could be created")}
+	}
 	host := value(scenario, "host memory per idle sandbox (MemAvailable drop / N), "+label, "MiB", c.memAvailDelta/mib, n)
 	host.Goal = "≤ 5 MiB per idle sandbox"
 	host.Note = fmt.Sprintf("least-squares slope over the fill %s MiB/sandbox; Slab %+.2f, Shmem %+.2f, sandboxd RSS %+.2f MiB per sandbox; other work on this box moves MemAvailable too",
@@ -232,6 +235,11 @@ func (c hostCost) rows(scenario, label string, n int) []Row {
 	cg.Note = fmt.Sprintf("anon %.2f MiB, page cache/tmpfs %.2f MiB, kernel %.2f MiB (cgroup v1 kmem)", c.cgAnon/mib, c.cgFile/mib, c.cgKmem/mib)
 	envd := value(scenario, "envd per sandbox (supervisor + envd): PSS, "+label, "MiB", c.envdPSS/mib, c.measured)
 	envd.Note = fmt.Sprintf("RSS %.2f MiB (counts the shared envd text in full), %.1f host tasks (threads) per sandbox", c.envdRSS/mib, c.tasks)
+	if c.measured == 0 {
+		why := "the sandboxes' memory cgroups were not found under /sys/fs/cgroup"
+		return []Row{host, unavailable(scenario, "memory cgroup usage per idle sandbox, "+label, why),
+			unavailable(scenario, "envd per sandbox (supervisor + envd): PSS, "+label, why)}
+	}
 	return []Row{host, cg, envd}
 }
 

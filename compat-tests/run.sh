@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Runs E2B's real SDKs (JS `e2b` from npm, Python `e2b` from PyPI) against
-# bin/envd in the SDKs' debug mode, then prints ONE closing line
-# `N passed, N failed` (both suites together). Exits non-zero if anything
-# failed or if no test ran. See compat-tests/README.md.
+# Runs E2B's real SDKs (JS `e2b` from npm, Python `e2b` from PyPI) in two
+# modes, then prints ONE closing line `N passed, N failed` (every suite of
+# every mode together). Exits non-zero if anything failed or if no test ran.
+# See compat-tests/README.md.
+#
+#   debug     the SDKs' debug mode against bin/envd on 127.0.0.1:49983
+#   sandboxd  the SDKs against a real bin/sandboxd (control plane + local
+#             backend) on a free loopback port, with a fresh data dir, run dir
+#             and API key; afterwards every sandbox still listed is killed
+#             through the API and counted as a failure (a leak), sandboxd gets
+#             SIGTERM, and the run dir's sandboxes/ must be empty
 #
 # Environment:
+#   COMPAT_TARGET="debug sandboxd"  which modes to run, in order (default both)
 #   E2B_SDK_VERSION=latest    test the newest SDKs instead of the pinned ones
 #                             (installed into a temporary directory; the
 #                             pinned lock files are left alone)
@@ -12,14 +20,17 @@
 #   E2B_PY_SDK_VERSION=X      the same for the Python SDK only (PyPI version,
 #                             or `latest`)
 #   COMPAT_SUITES="js py"     which suites to run (default both)
-#   COMPAT_LOG_DIR=DIR        where envd.log and the runners' output go
+#   COMPAT_LOG_DIR=DIR        where the logs and the runners' output go
 #                             (default: a fresh temp dir, printed at the end)
-#   COMPAT_ENVD=PATH          envd binary (default bin/envd)
+#   COMPAT_ENVD=PATH          envd binary (default bin/envd); sandboxd mode
+#                             hands it to sandboxd (--envd)
+#   COMPAT_SANDBOXD=PATH      sandboxd binary (default bin/sandboxd)
 #   COMPAT_JS_TESTS="a b"     JS test files to run, relative to js/test
 #                             (default: all *.test.mjs)
 #   COMPAT_PY_ARGS="..."      extra pytest arguments, e.g. "-k watch -x"
-#   COMPAT_WIRELOG=1          put envd on 127.0.0.1:49984 behind wirelog.py on
-#                             :49983 and log all traffic to $COMPAT_LOG_DIR/wire.log
+#   COMPAT_WIRELOG=1          debug mode: put envd on 127.0.0.1:49984 behind
+#                             wirelog.py on :49983 and log all traffic to
+#                             $COMPAT_LOG_DIR/wire.log
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,15 +38,27 @@ root=$PWD
 here=$root/compat-tests
 port=49983
 envd_bin=${COMPAT_ENVD:-$root/bin/envd}
+sandboxd_bin=${COMPAT_SANDBOXD:-$root/bin/sandboxd}
 suites=${COMPAT_SUITES:-js py}
+targets=${COMPAT_TARGET:-debug sandboxd}
 log_dir=${COMPAT_LOG_DIR:-$(mktemp -d -t compat-tests.XXXXXX)}
 mkdir -p "$log_dir"
+log_dir=$(cd "$log_dir" && pwd)
 js_ver=${E2B_JS_SDK_VERSION:-${E2B_SDK_VERSION:-}}
 py_ver=${E2B_PY_SDK_VERSION:-${E2B_SDK_VERSION:-}}
+started_at=$SECONDS
 
 die() { echo "compat-tests: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 
-[[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first"
+for t in $targets; do
+  case $t in
+    debug) [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first" ;;
+    sandboxd)
+      [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first"
+      [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;
+    *) die "COMPAT_TARGET: unknown mode '$t' (want debug and/or sandboxd)" ;;
+  esac
+done
 
 # Dependencies: scripts/ci-deps.sh is idempotent, so a fresh clone works too.
 if [[ -z $js_ver && ! -d $here/js/node_modules/e2b ]] || [[ -z $py_ver && ! -x $here/python/.venv/bin/pytest ]]; then
@@ -47,27 +70,14 @@ if ! id user >/dev/null 2>&1; then
   useradd -m -s /bin/bash user || die "cannot create user 'user' (run as root)"
 fi
 
-# Fail fast if something already serves the port: the SDKs in debug mode can
-# only reach localhost:49983, and testing someone else's server proves nothing.
-if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-  die "127.0.0.1:$port is already in use; stop whatever listens there (ss -ltnp 'sport = :$port')"
-fi
-
-# Start envd. umask 022 so created files get the modes E2B templates give them.
 umask 022
-envd_port=$port
-if [[ ${COMPAT_WIRELOG:-} == 1 ]]; then
-  envd_port=$((port + 1))
-  if (exec 3<>"/dev/tcp/127.0.0.1/$envd_port") 2>/dev/null; then die "127.0.0.1:$envd_port is already in use"; fi
-fi
-"$envd_bin" --listen "127.0.0.1:$envd_port" --log-level debug >"$log_dir/envd.log" 2>&1 &
-envd_pid=$!
-proxy_pid=
-if [[ ${COMPAT_WIRELOG:-} == 1 ]]; then
-  python3 "$here/wirelog.py" "$port" "$envd_port" "$log_dir/wire.log" &
-  proxy_pid=$!
-fi
 tmp_dirs=()
+envd_pid=
+proxy_pid=
+sbxd_pid=
+sbxd_port=
+sbxd_key=
+sbxd_run=
 stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   if kill "$1" 2>/dev/null; then
     for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
@@ -77,43 +87,38 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
 }
 cleanup() {
   [[ -n $proxy_pid ]] && stop "$proxy_pid"
-  stop "$envd_pid"
+  [[ -n $envd_pid ]] && stop "$envd_pid"
+  if [[ -n $sbxd_pid ]]; then
+    reap_sandboxes >/dev/null 2>&1
+    stop "$sbxd_pid"
+  fi
   for d in "${tmp_dirs[@]}"; do rm -rf "$d"; done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-health() {
+# http_status PORT PATH: the status line of GET PATH on 127.0.0.1:PORT.
+http_ok() {
   local line
-  exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
-  printf 'GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' >&3
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' "$2" >&3
   IFS= read -r -t 2 line <&3
   exec 3<&-
   [[ $line =~ ^HTTP/1\.[01]\ 2[0-9][0-9] ]]
 }
-for _ in $(seq 1 100); do
-  kill -0 "$envd_pid" 2>/dev/null || { cat "$log_dir/envd.log" >&2; die "envd exited during startup"; }
-  health 2>/dev/null && break
-  sleep 0.1
-done
-health 2>/dev/null || { cat "$log_dir/envd.log" >&2; die "envd did not answer GET /health within 10 s"; }
-echo "compat-tests: envd $("$envd_bin" --version) on 127.0.0.1:$envd_port (log: $log_dir/envd.log)"
-[[ -n $proxy_pid ]] && echo "compat-tests: wire log of 127.0.0.1:$port in $log_dir/wire.log"
-
-export E2B_DEBUG=true
-# For the tests that start their own envd (secure.test.mjs, test_secure.py).
-export COMPAT_ENVD=$envd_bin COMPAT_LOG_DIR=$log_dir
-export E2B_API_KEY=${E2B_API_KEY:-e2b_$(printf '0%.0s' {1..40})}
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 total_pass=0
 total_fail=0
 ran_any=0
+summary=()
+mode_env=() # `env` arguments for the runners of the current mode
 
 # count FILE REGEX: the first capture group of the last matching line, or 0.
 count() { grep -aoE "$2" "$1" | tail -n1 | grep -oE '[0-9]+' | head -n1 || true; }
 
-run_js() {
-  local dir=$here/js out=$log_dir/js.tap ver
+run_js() { # run_js MODE
+  local mode=$1 dir=$here/js out=$log_dir/js-$1.tap ver
   if [[ -n $js_ver ]]; then
     dir=$(mktemp -d -t compat-js.XXXXXX); tmp_dirs+=("$dir")
     cp -r "$here/js/test" "$dir/"
@@ -124,8 +129,8 @@ run_js() {
   ver=$(node -p "require('$dir/node_modules/e2b/package.json').version" 2>/dev/null)
   local js_files=test/*.test.mjs
   if [[ -n ${COMPAT_JS_TESTS:-} ]]; then js_files=$(printf 'test/%s ' $COMPAT_JS_TESTS); fi
-  echo "=== JS suite: e2b@$ver (node $(node --version))"
-  (cd "$dir" && timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
+  echo "=== [$mode] JS suite: e2b@$ver (node $(node --version))"
+  (cd "$dir" && env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
     --test-timeout=90000 $js_files) 2>&1 | tee "$out"
   local p f c
   p=$(count "$out" '^# pass [0-9]+'); f=$(count "$out" '^# fail [0-9]+'); c=$(count "$out" '^# cancelled [0-9]+')
@@ -133,12 +138,13 @@ run_js() {
   if ! grep -aqE '^# pass [0-9]+' "$out"; then
     echo "compat-tests: the JS runner printed no summary" >&2; f=$((f + 1))
   fi
-  echo "JS: $p passed, $((f + c)) failed"
+  echo "[$mode] JS: $p passed, $((f + c)) failed"
+  summary+=("[$mode] JS: $p passed, $((f + c)) failed")
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f + c)); ran_any=$((ran_any + p + f + c))
 }
 
-run_py() {
-  local venv=$here/python/.venv out=$log_dir/py.txt ver
+run_py() { # run_py MODE
+  local mode=$1 venv=$here/python/.venv out=$log_dir/py-$1.txt ver
   if [[ -n $py_ver ]]; then
     local d; d=$(mktemp -d -t compat-py.XXXXXX); tmp_dirs+=("$d")
     venv=$d/venv
@@ -149,8 +155,8 @@ run_py() {
       || { echo "compat-tests: pip install $spec failed" >&2; total_fail=$((total_fail + 1)); return; }
   fi
   ver=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)
-  echo "=== Python suite: e2b==$ver ($("$venv/bin/python" --version))"
-  (cd "$here/python" && timeout --kill-after=10 1200 "$venv/bin/python" -m pytest -p no:cacheprovider -rfE ${COMPAT_PY_ARGS:-}) 2>&1 | tee "$out"
+  echo "=== [$mode] Python suite: e2b==$ver ($("$venv/bin/python" --version))"
+  (cd "$here/python" && env "${mode_env[@]}" timeout --kill-after=10 1200 "$venv/bin/python" -m pytest -p no:cacheprovider -rfE ${COMPAT_PY_ARGS:-}) 2>&1 | tee "$out"
   local last p f e
   last=$(grep -aE '^=+ .* in [0-9.]+s' "$out" | tail -n1)
   p=$(grep -oE '[0-9]+ passed' <<<"$last" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$last" | grep -oE '[0-9]+')
@@ -159,23 +165,176 @@ run_py() {
   if [[ -z $last ]]; then
     echo "compat-tests: pytest printed no summary" >&2; f=$((f + 1))
   fi
-  echo "Python: $p passed, $((f + e)) failed"
+  echo "[$mode] Python: $p passed, $((f + e)) failed"
+  summary+=("[$mode] Python: $p passed, $((f + e)) failed")
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f + e)); ran_any=$((ran_any + p + f + e))
 }
 
-for s in $suites; do
-  case $s in
-    js) run_js ;;
-    py|python) run_py ;;
-    *) echo "compat-tests: unknown suite '$s'" >&2; total_fail=$((total_fail + 1)) ;;
+run_suites() { # run_suites MODE
+  for s in $suites; do
+    case $s in
+      js) run_js "$1" ;;
+      py|python) run_py "$1" ;;
+      *) echo "compat-tests: unknown suite '$s'" >&2; total_fail=$((total_fail + 1)) ;;
+    esac
+  done
+}
+
+# --- debug mode: the SDKs' debug mode against bin/envd on :49983 -------------
+run_debug() {
+  # Fail fast if something already serves the port: the SDKs in debug mode can
+  # only reach localhost:49983, and testing someone else's server proves nothing.
+  if port_taken $port; then
+    echo "compat-tests: 127.0.0.1:$port is already in use; stop whatever listens there (ss -ltnp 'sport = :$port')" >&2
+    total_fail=$((total_fail + 1)); return
+  fi
+  local envd_port=$port
+  if [[ ${COMPAT_WIRELOG:-} == 1 ]]; then
+    envd_port=$((port + 1))
+    if port_taken $envd_port; then echo "compat-tests: 127.0.0.1:$envd_port is already in use" >&2; total_fail=$((total_fail + 1)); return; fi
+  fi
+  "$envd_bin" --listen "127.0.0.1:$envd_port" --log-level debug >"$log_dir/envd.log" 2>&1 &
+  envd_pid=$!
+  if [[ ${COMPAT_WIRELOG:-} == 1 ]]; then
+    python3 "$here/wirelog.py" "$port" "$envd_port" "$log_dir/wire.log" &
+    proxy_pid=$!
+  fi
+  local up=
+  for _ in $(seq 1 100); do
+    kill -0 "$envd_pid" 2>/dev/null || break
+    http_ok $port /health 2>/dev/null && { up=1; break; }
+    sleep 0.1
+  done
+  if [[ -z $up ]]; then
+    cat "$log_dir/envd.log" >&2
+    echo "compat-tests: envd did not answer GET /health within 10 s" >&2
+    total_fail=$((total_fail + 1))
+  else
+    echo "compat-tests: [debug] envd $("$envd_bin" --version) on 127.0.0.1:$envd_port (log: $log_dir/envd.log)"
+    [[ -n $proxy_pid ]] && echo "compat-tests: wire log of 127.0.0.1:$port in $log_dir/wire.log"
+    # COMPAT_ENVD: for the tests that start their own envd (secure.test.mjs,
+    # test_secure.py).
+    mode_env=(-u E2B_API_URL -u E2B_SANDBOX_URL COMPAT_TARGET=debug E2B_DEBUG=true
+      "COMPAT_ENVD=$envd_bin" "COMPAT_LOG_DIR=$log_dir" "E2B_API_KEY=e2b_$(printf '0%.0s' {1..40})")
+    run_suites debug
+    if ! kill -0 "$envd_pid" 2>/dev/null; then
+      echo "compat-tests: envd died during the run (see $log_dir/envd.log)" >&2
+      total_fail=$((total_fail + 1))
+    fi
+  fi
+  [[ -n $proxy_pid ]] && stop "$proxy_pid"
+  stop "$envd_pid"
+  envd_pid= proxy_pid=
+}
+
+# --- sandboxd mode: the SDKs against a real sandboxd -------------------------
+
+# start_sandboxd DATA_DIR: serves on $sbxd_port with run dir $sbxd_run; waits
+# for GET /health (sandboxd has reconciled).
+start_sandboxd() {
+  # --create-burst 40: the concurrency tests create 20 sandboxes at once right
+  # after other creates; the default bucket (20, refilled at 5/s) could answer 429.
+  "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
+    --envd "$envd_bin" --create-burst 40 >>"$log_dir/sandboxd.log" 2>&1 &
+  sbxd_pid=$!
+  for _ in $(seq 1 300); do
+    kill -0 "$sbxd_pid" 2>/dev/null || return 1
+    http_ok "$sbxd_port" /health 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# reap_sandboxes: lists every sandbox of the run's tenant (all pages, running
+# and paused), kills each through the API and prints one line per leak.
+reap_sandboxes() {
+  python3 - "http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "$sbxd_key" <<'EOF'
+import json, sys, urllib.request, urllib.error, urllib.parse
+base, key = sys.argv[1:]
+def call(method, path):
+    req = urllib.request.Request(base + path, method=method, headers={"X-API-KEY": key})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.headers.get("x-next-token"), r.read()
+ids, token = [], None
+while True:
+    q = {"state": "running,paused", "limit": "100"}
+    if token:
+        q["nextToken"] = token
+    status, token, body = call("GET", "/v2/sandboxes?" + urllib.parse.urlencode(q))
+    ids += [(s["sandboxID"], s.get("state"), s.get("metadata") or {}) for s in json.loads(body)]
+    if not token:
+        break
+for sid, state, md in ids:
+    try:
+        status, _, _ = call("DELETE", f"/sandboxes/{sid}")
+    except urllib.error.HTTPError as e:
+        status = e.code
+    print(f"leaked sandbox {sid} ({state}, metadata {json.dumps(md)}): DELETE -> {status}")
+EOF
+}
+
+run_sandboxd() {
+  local data out left
+  data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
+  sbxd_run=/run/sandboxd/compat-$(date +%s)-$$-$RANDOM
+  sbxd_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  if ! sbxd_key=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat 2>>"$log_dir/sandboxd.log"); then
+    echo "compat-tests: sandboxd keys create failed (see $log_dir/sandboxd.log)" >&2
+    total_fail=$((total_fail + 1)); return
+  fi
+  if ! start_sandboxd "$data"; then
+    tail -n 30 "$log_dir/sandboxd.log" >&2
+    echo "compat-tests: sandboxd did not answer GET /health within 30 s" >&2
+    total_fail=$((total_fail + 1))
+  else
+    echo "compat-tests: [sandboxd] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
+    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_LOG_DIR=$log_dir"
+      "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
+      "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key")
+    run_suites sandboxd
+    if ! kill -0 "$sbxd_pid" 2>/dev/null; then
+      echo "compat-tests: sandboxd died during the run (see $log_dir/sandboxd.log)" >&2
+      total_fail=$((total_fail + 1))
+    fi
+  fi
+  # Leaks: every sandbox still listed is one a test did not kill.
+  if kill -0 "$sbxd_pid" 2>/dev/null; then
+    if ! out=$(reap_sandboxes 2>&1); then
+      echo "compat-tests: listing sandboxes failed: $out" >&2; total_fail=$((total_fail + 1))
+    elif [[ -n $out ]]; then
+      echo "$out" | sed 's/^/compat-tests: /' >&2
+      local n; n=$(grep -c '^leaked' <<<"$out")
+      total_fail=$((total_fail + n))
+      summary+=("[sandboxd] leaks: $n sandbox(es) still listed after the suites")
+    fi
+  fi
+  stop "$sbxd_pid"   # SIGTERM (SIGKILL only after 10 s)
+  sbxd_pid=
+  left=$(ls -A "$sbxd_run/sandboxes" 2>/dev/null)
+  if [[ -n $left ]]; then
+    echo "compat-tests: $sbxd_run/sandboxes is not empty after sandboxd stopped: $(echo $left)" >&2
+    total_fail=$((total_fail + 1))
+    summary+=("[sandboxd] leaks: $sbxd_run/sandboxes not empty after SIGTERM")
+    # Sandboxes outlive sandboxd: start it once more on the same state so it
+    # re-adopts them, kill them through the API, stop it again.
+    if start_sandboxd "$data"; then reap_sandboxes >&2; fi
+    stop "$sbxd_pid"; sbxd_pid=
+  fi
+  if [[ -d $sbxd_run && -z $(ls -A "$sbxd_run/sandboxes" 2>/dev/null) ]] && ! grep -qF " $sbxd_run" /proc/self/mountinfo; then
+    rm -rf --one-file-system "$sbxd_run"
+  fi
+}
+
+for t in $targets; do
+  case $t in
+    debug) run_debug ;;
+    sandboxd) run_sandboxd ;;
   esac
 done
 
-if ! kill -0 "$envd_pid" 2>/dev/null; then
-  echo "compat-tests: envd died during the run (see $log_dir/envd.log)" >&2
-  total_fail=$((total_fail + 1))
-fi
 echo "compat-tests: logs in $log_dir"
+for l in "${summary[@]}"; do echo "compat-tests: $l"; done
+echo "compat-tests: took $((SECONDS - started_at)) s"
 if ((ran_any == 0)); then
   echo "compat-tests: no test ran" >&2
   total_fail=$((total_fail + 1))

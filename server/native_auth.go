@@ -5,20 +5,31 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
 type scopesKey struct{}
 
+// nativeStore is what native auth needs of the store.
+type nativeStore interface {
+	keyLookup
+	EnsureTenant(ctx context.Context, name string) (store.Tenant, error)
+}
+
 // nativeAuthenticate accepts a JWT (Authorization: Bearer) or an API key
 // (X-API-KEY, or a bearer that is not a JWT), puts the tenant into the
 // context and the granted scopes beside it. API keys grant every scope.
-// Anything else is 401.
-func nativeAuthenticate(keys keyLookup, jwt *jwtauth.Verifier, log *slog.Logger) func(http.Handler) http.Handler {
+// Anything else is 401. A JWT's tenant is created on first sight: with an
+// identity provider, the tokens are where tenants come from.
+func nativeAuthenticate(st nativeStore, jwt *jwtauth.Verifier, log *slog.Logger) func(http.Handler) http.Handler {
+	var known sync.Map // tenant.ID -> struct{}: exists in the store
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			cred := apiKey(r)
@@ -38,9 +49,19 @@ func nativeAuthenticate(keys keyLookup, jwt *jwtauth.Verifier, log *slog.Logger)
 					return
 				}
 				t, scopes = tenant.ID(c.Tenant), c.Scopes
+				if _, ok := known.Load(t); !ok {
+					if _, err := st.EnsureTenant(r.Context(), c.Tenant); err != nil {
+						if errors.Is(err, errdefs.ErrInvalidArgument) {
+							err = errdefs.New(errdefs.ErrUnauthenticated, "token sub is not a valid tenant name")
+						}
+						writeNativeError(w, r, log, err)
+						return
+					}
+					known.Store(t, struct{}{})
+				}
 			} else {
 				var err error
-				t, err = keys.LookupKey(r.Context(), cred)
+				t, err = st.LookupKey(r.Context(), cred)
 				if err != nil {
 					if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrInvalidArgument) {
 						writeNativeError(w, r, log, err)
@@ -65,16 +86,19 @@ func looksLikeJWT(s string) bool {
 	return strings.HasPrefix(s, "eyJ") && strings.Count(s, ".") == 2
 }
 
+// hasScope reports whether the caller in ctx was granted scope.
+func hasScope(ctx context.Context, scope string) bool {
+	granted, _ := ctx.Value(scopesKey{}).([]string)
+	return slices.Contains(granted, scope)
+}
+
 // requireScope answers 403 unless the caller was granted scope.
 func requireScope(scope string, log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			granted, _ := r.Context().Value(scopesKey{}).([]string)
-			for _, s := range granted {
-				if s == scope {
-					next.ServeHTTP(w, r)
-					return
-				}
+			if hasScope(r.Context(), scope) {
+				next.ServeHTTP(w, r)
+				return
 			}
 			writeNativeError(w, r, log, errdefs.New(errdefs.ErrPermissionDenied, "missing scope "+scope))
 		})

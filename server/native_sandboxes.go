@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/store"
@@ -33,7 +35,10 @@ func decodeJSON(r *http.Request, v any) error {
 	return nil
 }
 
-func nativeSandbox(sb *store.Sandbox) nativeapi.Sandbox {
+// nativeSandbox renders a sandbox. The envd access token opens the data
+// plane (exec and files through the E2B proxy), so only a caller with the
+// write scope sees it: a read-only token must not be a way to run commands.
+func nativeSandbox(ctx context.Context, sb *store.Sandbox) nativeapi.Sandbox {
 	out := nativeapi.Sandbox{
 		Id:        sb.ID,
 		Template:  sb.Template,
@@ -47,7 +52,7 @@ func nativeSandbox(sb *store.Sandbox) nativeapi.Sandbox {
 	if len(sb.Metadata) > 0 {
 		out.Metadata = ptr(sb.Metadata)
 	}
-	if sb.EnvdAccessToken != "" {
+	if sb.EnvdAccessToken != "" && hasScope(ctx, jwtauth.ScopeWrite) {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
 	return out
@@ -85,7 +90,7 @@ func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, nativeSandbox(sb))
+	writeJSON(w, http.StatusCreated, nativeSandbox(r.Context(), sb))
 }
 
 func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
@@ -123,7 +128,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 	}
 	out := nativeapi.SandboxList{Sandboxes: make([]nativeapi.Sandbox, 0, len(sbs))}
 	for i := range sbs {
-		out.Sandboxes = append(out.Sandboxes, nativeSandbox(&sbs[i]))
+		out.Sandboxes = append(out.Sandboxes, nativeSandbox(r.Context(), &sbs[i]))
 	}
 	if next != "" {
 		out.NextCursor = &next
@@ -137,7 +142,7 @@ func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, nativeSandbox(sb))
+	writeJSON(w, http.StatusOK, nativeSandbox(r.Context(), sb))
 }
 
 func (a *nativeAPI) DeleteSandbox(w http.ResponseWriter, r *http.Request, id string) {

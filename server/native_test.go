@@ -369,6 +369,21 @@ func issueAt(t *testing.T, iat time.Time, ttl time.Duration) string {
 	return tok
 }
 
+// TestNativeJWTNewTenant: a valid token of a tenant the store has never
+// seen creates it (identity-provider deployments); a bad name is 401.
+func TestNativeJWTNewTenant(t *testing.T) {
+	e := newNativeEnv(t, false)
+	if r := e.do(http.MethodGet, "/v1/sandboxes", e.token("fresh-tenant", jwtauth.ScopeRead), nil); r.status != 200 {
+		t.Errorf("list as a new tenant = %s; want 200", r)
+	}
+	if _, err := e.st.GetTenant(context.Background(), "fresh-tenant"); err != nil {
+		t.Errorf("tenant after first request: %v; want it created", err)
+	}
+	if r := e.do(http.MethodGet, "/v1/sandboxes", e.token("bad name/..", jwtauth.ScopeRead), nil); r.status != 401 {
+		t.Errorf("list with an invalid tenant name = %s; want 401", r)
+	}
+}
+
 // TestNativeAndE2BCoexist: /v1/sandboxes is the native API, while
 // /v1/sandboxes/e2b/... and the root alias stay E2B's.
 func TestNativeAndE2BCoexist(t *testing.T) {
@@ -429,6 +444,16 @@ func TestNativeSandboxes(t *testing.T) {
 	}
 	if r := e.do(http.MethodGet, "/v1/sandboxes?state=bogus", tok, nil); r.status != 400 {
 		t.Errorf("list bad state = %s; want 400", r)
+	}
+	// Only a caller who may exec sees the envd access token.
+	if r := e.do(http.MethodGet, "/v1/sandboxes/"+sb.Id, tok, nil); !bytes.Contains(r.body, []byte("envd_access_token")) {
+		t.Errorf("get with write scope = %s; want the envd access token", r)
+	}
+	ro := e.token("acme", jwtauth.ScopeRead)
+	for _, p := range []string{"/v1/sandboxes/" + sb.Id, "/v1/sandboxes"} {
+		if r := e.do(http.MethodGet, p, ro, nil); r.status != 200 || bytes.Contains(r.body, []byte("envd_access_token")) {
+			t.Errorf("GET %s read-only = %s; want 200 without the envd access token", p, r)
+		}
 	}
 	// The E2B surface sees the same sandbox.
 	if r := e.do(http.MethodGet, "/v1/sandboxes/e2b/sandboxes/"+sb.Id, e.keys["acme"], nil); r.status != 200 {

@@ -8,7 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/sandboxd/sandboxd/jwtauth"
 )
@@ -98,6 +103,8 @@ func TestSandboxCLI(t *testing.T) {
 		t.Errorf("exec -t tty = %q, %v; want a /dev/pts path", out, err)
 	}
 
+	t.Run("tty resize on SIGWINCH", func(t *testing.T) { cliResize(t, s.base, tok, id) })
+
 	// cp in and out.
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.bin")
@@ -151,5 +158,70 @@ func TestSandboxCLI(t *testing.T) {
 	}
 	if _, _, err := cli(t, s.base, "", "", "list"); err == nil {
 		t.Error("list without a token succeeded")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// cliResize runs `exec -t` on a real local terminal (a pty pair): the
+// remote PTY starts at the terminal's size and follows it on SIGWINCH.
+func cliResize(t *testing.T, base, tok, id string) {
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 33, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { // ends when the remote command exits
+		args := []string{"exec", "--url", base, "--token", tok, "-t", id, "--", "sh", "-c", "stty size; read x; stty size"}
+		done <- runSandboxCmd(t.Context(), args, clientIO{in: tty, out: &out, errOut: &out})
+	}()
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(out.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("output %q; want %q", out.String(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("33 120")
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGWINCH); err != nil {
+		t.Fatal(err)
+	}
+	// The resize frame goes out from the SIGWINCH goroutine; give it a
+	// moment before the newline, which takes another path.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := ptmx.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("40 100")
+	if err := <-done; err != nil {
+		t.Errorf("exec -t: %v; want exit 0", err)
 	}
 }

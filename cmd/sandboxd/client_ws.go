@@ -166,9 +166,14 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 			}
 		}()
 	}
-	go func() { // closing the websocket on cancel ends ReadJSON below
-		<-ctx.Done()
-		conn.Close()
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() { // closing the websocket on cancel ends ReadJSON below; exits with stream
+		select {
+		case <-ctx.Done():
+			conn.Close()
+		case <-finished:
+		}
 	}()
 	for {
 		var m wsMsg

@@ -61,8 +61,10 @@ func usage() {
   sandboxd keys create --tenant NAME      print a new API key alone on stdout
   sandboxd keys list [--tenant NAME]
   sandboxd keys revoke ID
-  sandboxd tenants list
-  sandboxd tenants create NAME
+  sandboxd tenants list | tenants create NAME
+  sandboxd tenants set NAME [--min-warm N] [--create-rate R] [--create-burst B] [--max-sandboxes N] [--max-memory-mb N]
+  sandboxd token create --tenant NAME [--scope "sandboxes:read sandboxes:write"] [--ttl 1h]
+  sandboxd sandbox create|list|get|rm|exec|shell|cp ...   (client of a running server; see docs/native-api.md)
   sandboxd version
 Flags also come from SANDBOXD_<FLAG> (e.g. SANDBOXD_DATA_DIR) and --config FILE.
 `)

@@ -3,7 +3,7 @@
 import { test, before } from 'node:test'
 import assert from 'node:assert/strict'
 import { AuthenticationError, FileNotFoundError, NotFoundError } from 'e2b'
-import { newSandbox, scratch, ENVD_URL, T } from './helpers.mjs'
+import { newSandbox, scratch, envdHeaders, ENVD_URL, T } from './helpers.mjs'
 
 let sbx
 before(async () => {
@@ -17,7 +17,8 @@ const isAuth = (e) => {
 }
 
 test('errors: GET /health answers 2xx with no auth', T, async () => {
-  const r = await fetch(`${ENVD_URL}/health`)
+  // sandboxd mode: through the proxy, routing headers only (no access token).
+  const r = await fetch(`${ENVD_URL}/health`, { headers: envdHeaders(sbx, { token: false }) })
   assert.ok(r.ok, `status ${r.status}`)
   assert.equal(r.status, 204)
   assert.equal(await sbx.isRunning(), true)
@@ -48,12 +49,13 @@ test('errors: unknown user on pty.create raises AuthenticationError', T, async (
 })
 
 test('errors: /files error bodies are JSON {code, message}', T, async () => {
-  const r = await fetch(`${ENVD_URL}/files?path=${encodeURIComponent('/no/such/file')}`)
+  const headers = envdHeaders(sbx)
+  const r = await fetch(`${ENVD_URL}/files?path=${encodeURIComponent('/no/such/file')}`, { headers })
   assert.equal(r.status, 404)
   const body = await r.json()
   assert.equal(body.code, 404)
   assert.ok(body.message)
-  const u = await fetch(`${ENVD_URL}/files?path=/etc/hostname&username=${BAD_USER}`)
+  const u = await fetch(`${ENVD_URL}/files?path=/etc/hostname&username=${BAD_USER}`, { headers })
   assert.equal(u.status, 401)
   assert.equal((await u.json()).code, 401)
 })

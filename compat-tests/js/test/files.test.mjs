@@ -3,7 +3,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { FileType, FileNotFoundError, NotFoundError, InvalidArgumentError } from 'e2b'
-import { newSandbox, scratch, cleanup, HOME, T } from './helpers.mjs'
+import { newSandbox, scratch, cleanup, envdHeaders, HOME, T } from './helpers.mjs'
 
 let sbx
 let dir // every test works below this absolute scratch directory
@@ -334,13 +334,17 @@ test('read of a directory and list of a file raise InvalidArgumentError', T, asy
 test('uploadUrl/downloadUrl work with a plain HTTP client', T, async () => {
   const path = `${dir}/via-url.bin`
   const data = allBytes()
+  // sandboxd mode: the signed URL carries no sandbox id, so the plain client
+  // adds the routing headers (no access token). That the URL alone does not
+  // route through E2B_SANDBOX_URL is tested in lifecycle.test.mjs.
+  const headers = envdHeaders(sbx, { token: false })
   const up = await sbx.uploadUrl(path)
   const u = new URL(up)
   assert.equal(u.pathname, '/files')
   assert.equal(u.searchParams.get('path'), path)
   const form = new FormData()
   form.append('file', new Blob([data]), 'via-url.bin')
-  const res = await fetch(up, { method: 'POST', body: form })
+  const res = await fetch(up, { method: 'POST', body: form, headers })
   assert.equal(res.status, 200, await res.clone().text())
   const body = await res.json()
   assert.ok(Array.isArray(body) && body.length === 1, JSON.stringify(body))
@@ -349,18 +353,18 @@ test('uploadUrl/downloadUrl work with a plain HTTP client', T, async () => {
   assert.equal(body[0].type, 'file')
 
   const down = await sbx.downloadUrl(path)
-  const got = await fetch(down)
+  const got = await fetch(down, { headers })
   assert.equal(got.status, 200)
   assert.deepEqual(Buffer.from(await got.arrayBuffer()), Buffer.from(data))
 
-  const part = await fetch(down, { headers: { Range: 'bytes=10-19' } })
+  const part = await fetch(down, { headers: { ...headers, Range: 'bytes=10-19' } })
   assert.equal(part.status, 206)
   assert.deepEqual(Buffer.from(await part.arrayBuffer()), Buffer.from(data.subarray(10, 20)))
 
-  const asRoot = await fetch(await sbx.downloadUrl(path, { user: 'root' }))
+  const asRoot = await fetch(await sbx.downloadUrl(path, { user: 'root' }), { headers })
   assert.equal(asRoot.status, 200)
   await asRoot.arrayBuffer()
-  const missing = await fetch(await sbx.downloadUrl(`${dir}/nope.bin`))
+  const missing = await fetch(await sbx.downloadUrl(`${dir}/nope.bin`), { headers })
   assert.equal(missing.status, 404)
   const err = await missing.json()
   assert.equal(err.code, 404)

@@ -13,7 +13,12 @@ import { spawn } from 'node:child_process'
 import { openSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { Sandbox, ConnectionConfig, getSignature, AuthenticationError } from 'e2b'
-import { HOME, T, scratch, sleep } from './helpers.mjs'
+import { HOME, T as T0, SANDBOXD, scratch, sleep } from './helpers.mjs'
+
+// Debug mode only: this file builds Sandbox with the internal constructor
+// against its own envd. In sandboxd mode lifecycle.test.mjs covers the secure
+// sandbox sandboxd really creates.
+const T = { ...T0, skip: SANDBOXD ? 'debug mode only: builds a Sandbox with internal constructors against its own envd' : false }
 
 const PORT = Number(process.env.COMPAT_SECURE_PORT || 49985)
 const URL_ = `http://127.0.0.1:${PORT}`
@@ -30,6 +35,7 @@ function newSecure(token = TOKEN) {
 }
 
 before(async () => {
+  if (SANDBOXD) return
   const log = process.env.COMPAT_LOG_DIR ? openSync(`${process.env.COMPAT_LOG_DIR}/envd-secure.log`, 'a') : 'ignore'
   child = spawn(ENVD_BIN, ['--listen', `127.0.0.1:${PORT}`, '--log-level', 'debug'], { stdio: ['ignore', log, log] })
   const deadline = Date.now() + 10_000

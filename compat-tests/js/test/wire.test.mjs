@@ -2,11 +2,19 @@
 // on but that a short SDK test cannot reach: keepalive events at the interval
 // the client asks for, the framing of server streams, the unary error shape.
 // Raw Connect-JSON over plain fetch, exactly as the SDKs put it on the wire.
-import { test } from 'node:test'
+// In sandboxd mode the same frames go through sandboxd's data-plane proxy
+// (routing headers + X-Access-Token, as the SDK sends them).
+import { test, before } from 'node:test'
 import assert from 'node:assert/strict'
-import { ENVD_URL, T, newSandbox, scratch, cleanup } from './helpers.mjs'
+import { ENVD_URL, T, newSandbox, envdHeaders, scratch, cleanup } from './helpers.mjs'
 
 const USER = { Authorization: `Basic ${Buffer.from('user:').toString('base64')}` }
+let sbx
+let ROUTE = {} // envdHeaders(sbx): empty in debug mode
+before(async () => {
+  sbx = await newSandbox()
+  ROUTE = envdHeaders(sbx)
+})
 
 function envelope(obj) {
   const body = Buffer.from(JSON.stringify(obj))
@@ -24,7 +32,7 @@ async function* stream(method, req, headers = {}, signal) {
   const res = await fetch(`${ENVD_URL}/${method}`, {
     method: 'POST',
     body: envelope(req),
-    headers: { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1', ...USER, ...headers },
+    headers: { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1', ...ROUTE, ...USER, ...headers },
     signal,
   })
   assert.equal(res.status, 200)
@@ -85,7 +93,7 @@ test('wire: Start sends keepalive events at Keepalive-Ping-Interval', T, async (
     if (pid) {
       await fetch(`${ENVD_URL}/process.Process/SendSignal`, {
         method: 'POST',
-        headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' },
+        headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...ROUTE },
         body: JSON.stringify({ process: { pid }, signal: 'SIGNAL_SIGKILL' }),
       })
     }
@@ -107,7 +115,6 @@ test('wire: Connect-Timeout-Ms ends the stream with deadline_exceeded in the end
 
 test('wire: WatchDir starts with {"start":{}} and sends keepalives', T, async () => {
   // An empty directory: events reset the keepalive timer.
-  const sbx = await newSandbox()
   const dir = scratch('wire')
   await sbx.files.makeDir(dir)
   const ac = new AbortController()
@@ -129,7 +136,7 @@ test('wire: WatchDir starts with {"start":{}} and sends keepalives', T, async ()
 test('wire: unary errors are JSON {code, message} with the Connect HTTP status', T, async () => {
   const r = await fetch(`${ENVD_URL}/filesystem.Filesystem/Stat`, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...USER },
+    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...ROUTE, ...USER },
     body: JSON.stringify({ path: '/no/such/path/compat' }),
   })
   assert.equal(r.status, 404)
@@ -139,7 +146,7 @@ test('wire: unary errors are JSON {code, message} with the Connect HTTP status',
   assert.equal(typeof body.message, 'string')
   const u = await fetch(`${ENVD_URL}/filesystem.Filesystem/Stat`, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', Authorization: `Basic ${Buffer.from('no-such-user-compat:').toString('base64')}` },
+    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...ROUTE, Authorization: `Basic ${Buffer.from('no-such-user-compat:').toString('base64')}` },
     body: JSON.stringify({ path: '/tmp' }),
   })
   assert.equal(u.status, 401)
@@ -149,7 +156,7 @@ test('wire: unary errors are JSON {code, message} with the Connect HTTP status',
 test('wire: Stat returns proto3 JSON (int64 size as string, enum names, RFC 3339 time)', T, async () => {
   const r = await fetch(`${ENVD_URL}/filesystem.Filesystem/Stat`, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...USER },
+    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', ...ROUTE, ...USER },
     body: JSON.stringify({ path: '/etc/hostname' }),
   })
   assert.equal(r.status, 200)

@@ -1,17 +1,35 @@
-"""Shared fixtures for the Python compat suite.
+"""Shared fixtures for the Python compat suite. Two targets (COMPAT_TARGET):
 
-The real `e2b` SDK runs in debug mode: `Sandbox.create()` / `AsyncSandbox.create()`
-make no API call and talk to envd at http://localhost:49983 with sandbox id
-`debug_sandbox_id`; `kill()` is a no-op. E2B_DEBUG is forced so a stray
-environment can never point these tests at a remote service.
+- `debug` (default): the real `e2b` SDK in debug mode. `Sandbox.create()` /
+  `AsyncSandbox.create()` make no API call and talk to envd at
+  http://localhost:49983 with sandbox id `debug_sandbox_id`; `kill()` is a
+  no-op. E2B_DEBUG is forced so a stray environment can never point these
+  tests at a remote service.
+- `sandboxd`: the SDK against a real sandboxd (control plane + local backend)
+  through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY, without debug mode.
+  Both URLs must be loopback. The fixtures' sandboxes are killed in teardown.
 """
 
 import os
 import secrets
 import time
+from urllib.parse import urlsplit
 
-os.environ["E2B_DEBUG"] = "true"
-os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 40)
+TARGET = os.environ.get("COMPAT_TARGET") or "debug"
+SANDBOXD = TARGET == "sandboxd"
+if TARGET not in ("debug", "sandboxd"):
+    raise RuntimeError(f"COMPAT_TARGET={TARGET}: want debug or sandboxd")
+if SANDBOXD:
+    os.environ.pop("E2B_DEBUG", None)
+    for _v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+        if not os.environ.get(_v):
+            raise RuntimeError(f"COMPAT_TARGET=sandboxd needs {_v}")
+    for _v in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        if urlsplit(os.environ[_v]).hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise RuntimeError(f"{_v}={os.environ[_v]} is not a loopback URL")
+else:
+    os.environ["E2B_DEBUG"] = "true"
+    os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 40)
 
 import pytest  # noqa: E402
 
@@ -20,6 +38,20 @@ from e2b import AsyncSandbox, Sandbox  # noqa: E402
 HOME = "/home/user"
 ENVD_URL = os.environ.get("E2B_SANDBOX_URL") or "http://localhost:49983"
 BAD_USER = "no-such-user-compat"
+SANDBOXD_ONLY = pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only (COMPAT_TARGET=sandboxd)")
+DEBUG_ONLY_REASON = "debug mode only: builds a Sandbox with internal constructors against its own envd"
+
+
+def envd_headers(sbx, token: bool = True) -> dict:
+    """Headers a raw HTTP client needs to reach sbx's envd: none in debug mode;
+    through sandboxd's proxy the routing headers the SDK sends and, unless
+    token is False, the envd access token."""
+    if not SANDBOXD:
+        return {}
+    h = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    if token and sbx._envd_access_token:
+        h["X-Access-Token"] = sbx._envd_access_token
+    return h
 
 
 def all_bytes() -> bytes:
@@ -48,16 +80,27 @@ def process_gone(sbx: Sandbox, pid: int) -> bool:
 
 @pytest.fixture(scope="session")
 def sandbox() -> Sandbox:
-    sbx = Sandbox.create()
-    assert sbx.sandbox_id == "debug_sandbox_id", "SDK is not in debug mode"
-    return sbx
+    if not SANDBOXD:
+        sbx = Sandbox.create()
+        assert sbx.sandbox_id == "debug_sandbox_id", "SDK is not in debug mode"
+        yield sbx
+        return
+    sbx = Sandbox.create(timeout=900)
+    assert sbx.sandbox_id != "debug_sandbox_id", "SDK is in debug mode"
+    yield sbx
+    sbx.kill()
 
 
 @pytest.fixture
 async def async_sandbox() -> AsyncSandbox:
-    sbx = await AsyncSandbox.create()
-    assert sbx.sandbox_id == "debug_sandbox_id", "SDK is not in debug mode"
-    return sbx
+    if not SANDBOXD:
+        sbx = await AsyncSandbox.create()
+        assert sbx.sandbox_id == "debug_sandbox_id", "SDK is not in debug mode"
+        yield sbx
+        return
+    sbx = await AsyncSandbox.create(timeout=120)
+    yield sbx
+    await sbx.kill()
 
 
 @pytest.fixture

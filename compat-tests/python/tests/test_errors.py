@@ -14,11 +14,13 @@ from e2b import (
     Sandbox,
 )
 
-from conftest import BAD_USER, ENVD_URL
+from conftest import BAD_USER, ENVD_URL, envd_headers
 
 
 def test_health(sandbox: Sandbox):
-    with urllib.request.urlopen(f"{ENVD_URL}/health", timeout=10) as r:
+    # sandboxd mode: through the proxy, routing headers only (no access token).
+    req = urllib.request.Request(f"{ENVD_URL}/health", headers=envd_headers(sandbox, token=False))
+    with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 204
     assert sandbox.is_running() is True
 
@@ -56,11 +58,18 @@ def test_bad_user_pty(sandbox: Sandbox):
 
 def test_files_error_bodies_are_json(sandbox: Sandbox):
     with pytest.raises(urllib.error.HTTPError) as ei:
-        urllib.request.urlopen(f"{ENVD_URL}/files?path=/no/such/file", timeout=10)
+        urllib.request.urlopen(
+            urllib.request.Request(f"{ENVD_URL}/files?path=/no/such/file", headers=envd_headers(sandbox)), timeout=10
+        )
     assert ei.value.code == 404
     assert json.loads(ei.value.read())["code"] == 404
     with pytest.raises(urllib.error.HTTPError) as ei:
-        urllib.request.urlopen(f"{ENVD_URL}/files?path=/etc/hostname&username={BAD_USER}", timeout=10)
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{ENVD_URL}/files?path=/etc/hostname&username={BAD_USER}", headers=envd_headers(sandbox)
+            ),
+            timeout=10,
+        )
     assert ei.value.code == 401
     assert json.loads(ei.value.read())["code"] == 401
 

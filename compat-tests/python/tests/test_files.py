@@ -20,7 +20,7 @@ from e2b import (
     Sandbox,
 )
 
-from conftest import HOME, all_bytes
+from conftest import HOME, all_bytes, envd_headers
 
 
 def test_write_read_text(sandbox: Sandbox, scratch: str):
@@ -292,12 +292,16 @@ def _multipart(field: str, filename: str, data: bytes):
 def test_upload_and_download_urls_with_plain_http(sandbox: Sandbox, scratch: str):
     path = f"{scratch}/via-url.bin"
     data = all_bytes()
+    # sandboxd mode: the signed URL carries no sandbox id, so the plain client
+    # adds the routing headers (no access token). That the URL alone does not
+    # route through E2B_SANDBOX_URL is tested in test_lifecycle.py.
+    route = envd_headers(sandbox, token=False)
     up = sandbox.upload_url(path)
     u = urllib.parse.urlsplit(up)
     assert u.path == "/files"
     assert urllib.parse.parse_qs(u.query)["path"] == [path]
     body, ctype = _multipart("file", "via-url.bin", data)
-    req = urllib.request.Request(up, data=body, method="POST", headers={"Content-Type": ctype})
+    req = urllib.request.Request(up, data=body, method="POST", headers={**route, "Content-Type": ctype})
     with urllib.request.urlopen(req, timeout=30) as res:
         assert res.status == 200
         written = json.loads(res.read())
@@ -306,17 +310,17 @@ def test_upload_and_download_urls_with_plain_http(sandbox: Sandbox, scratch: str
     assert written[0]["name"] == "via-url.bin"
     assert written[0]["type"] == "file"
 
-    with urllib.request.urlopen(sandbox.download_url(path), timeout=30) as res:
+    with urllib.request.urlopen(urllib.request.Request(sandbox.download_url(path), headers=route), timeout=30) as res:
         assert res.status == 200
         assert res.read() == data
-    ranged = urllib.request.Request(sandbox.download_url(path), headers={"Range": "bytes=10-19"})
+    ranged = urllib.request.Request(sandbox.download_url(path), headers={**route, "Range": "bytes=10-19"})
     with urllib.request.urlopen(ranged, timeout=30) as res:
         assert res.status == 206
         assert res.read() == data[10:20]
-    with urllib.request.urlopen(sandbox.download_url(path, user="root"), timeout=30) as res:
+    with urllib.request.urlopen(urllib.request.Request(sandbox.download_url(path, user="root"), headers=route), timeout=30) as res:
         assert res.read() == data
     with pytest.raises(urllib.error.HTTPError) as ei:
-        urllib.request.urlopen(sandbox.download_url(f"{scratch}/nope.bin"), timeout=30)
+        urllib.request.urlopen(urllib.request.Request(sandbox.download_url(f"{scratch}/nope.bin"), headers=route), timeout=30)
     assert ei.value.code == 404
     err = json.loads(ei.value.read())
     assert err["code"] == 404

@@ -20,7 +20,10 @@ from packaging.version import Version
 
 from e2b import AuthenticationException, ConnectionConfig, Sandbox
 
-from conftest import HOME
+from conftest import DEBUG_ONLY_REASON, HOME, SANDBOXD
+
+# In sandboxd mode test_lifecycle.py covers the secure sandbox sandboxd creates.
+pytestmark = pytest.mark.skipif(SANDBOXD, reason=DEBUG_ONLY_REASON)
 
 PORT = int(os.environ.get("COMPAT_SECURE_PY_PORT", "49986"))
 URL = f"http://127.0.0.1:{PORT}"

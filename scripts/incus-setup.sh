@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Prepares this machine for the Incus backend (incus/), idempotently:
+#   1. adds Debian's bookworm-backports suite, deriving its URI from apt's
+#      existing debian.sources entry (no registry host is written here);
+#   2. installs incus (6.0 from backports), btrfs-progs and debootstrap;
+#   3. starts incusd in the background when its socket does not answer (no
+#      systemd here) and waits for it;
+#   4. creates a btrfs storage pool on a loop file (no network: sandboxes
+#      are network-less, and this script never creates one);
+#   5. builds the test image: a debootstrap minbase bookworm with python3,
+#      a user "user" (uid 1000) and a fallback /sbin/init, cached as a
+#      unified tarball under /var/cache/sandboxd/incus, and imports it with
+#      an alias.
+# Each step is skipped when already done. Prints how long each step took.
+#
+# Environment:
+#   INCUS_POOL   storage pool name          (default sandboxd)
+#   INCUS_POOL_SIZE                         (default 5GiB)
+#   INCUS_IMAGE  alias of the test image    (default sandboxd-base)
+#   CACHE        cache directory            (default /var/cache/sandboxd/incus)
+set -euo pipefail
+
+POOL=${INCUS_POOL:-sandboxd}
+POOL_SIZE=${INCUS_POOL_SIZE:-5GiB}
+ALIAS=${INCUS_IMAGE:-sandboxd-base}
+CACHE=${CACHE:-/var/cache/sandboxd/incus}
+SOCK=/var/lib/incus/unix.socket
+# Bump to rebuild the cached image when its recipe changes.
+IMAGE_VERSION=1
+
+log() { echo "incus-setup: $*" >&2; }
+step_start=0
+step() { step_start=$EPOCHREALTIME; log "$*"; }
+step_done() { log "  done in $(awk -v a="$step_start" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}') s"; }
+
+[[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
+export DEBIAN_FRONTEND=noninteractive
+
+# The first URI of the debian.sources stanza that carries the plain
+# "bookworm" suite (not -security).
+debian_uri() {
+  awk '
+    /^[[:space:]]*$/ { if (uri != "" && main) { print uri; exit } uri=""; main=0; next }
+    /^URIs:/   { uri=$2 }
+    /^Suites:/ { for (i=2;i<=NF;i++) if ($i=="bookworm") main=1 }
+    END        { if (uri != "" && main) print uri }
+  ' /etc/apt/sources.list.d/debian.sources | head -n1
+}
+
+# --- 1+2. packages -----------------------------------------------------------
+BP=/etc/apt/sources.list.d/sandboxd-bookworm-backports.sources
+if ! command -v incus >/dev/null || ! command -v mkfs.btrfs >/dev/null || ! command -v debootstrap >/dev/null; then
+  step "installing incus, btrfs-progs, debootstrap"
+  uri=$(debian_uri)
+  [[ -n $uri ]] || { log "no bookworm URI in /etc/apt/sources.list.d/debian.sources"; exit 1; }
+  if [[ ! -e $BP ]]; then
+    cat >"$BP" <<EOF
+Types: deb
+URIs: $uri
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  fi
+  apt-get update -qq
+  # policy-rc.d: no init system to start services from maintainer scripts.
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports \
+    incus incus-client >/dev/null
+  apt-get install -y -qq --no-install-recommends btrfs-progs debootstrap \
+    squashfs-tools xz-utils rsync attr >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+  trap - EXIT
+  step_done
+fi
+
+# --- 3. incusd -----------------------------------------------------------------
+if ! incus query /1.0 >/dev/null 2>&1; then
+  step "starting incusd"
+  incusd_bin=$(command -v incusd || true)
+  [[ -n $incusd_bin ]] || incusd_bin=/usr/libexec/incus/incusd
+  [[ -x $incusd_bin ]] || incusd_bin=/usr/lib/incus/incusd
+  mkdir -p /var/log/incus
+  # setsid: the daemon outlives this script and its session.
+  setsid "$incusd_bin" --group root --logfile /var/log/incus/incusd.log \
+    </dev/null >>/var/log/incus/incusd.out 2>&1 &
+  incus admin waitready --timeout=60
+  step_done
+fi
+
+# --- 4. storage pool -----------------------------------------------------------
+if ! incus storage show "$POOL" >/dev/null 2>&1; then
+  step "creating btrfs pool $POOL ($POOL_SIZE loop file)"
+  incus storage create "$POOL" btrfs size="$POOL_SIZE"
+  step_done
+fi
+
+# --- 5. test image -------------------------------------------------------------
+tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
+if [[ ! -s $tarball ]]; then
+  step "building $tarball (debootstrap minbase bookworm + python3)"
+  mkdir -p "$CACHE"
+  work=$(mktemp -d "$CACHE/build.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  debootstrap --variant=minbase --include=python3 bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
+    { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+  r=$work/rootfs
+  rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/*
+  chroot "$r" /usr/sbin/groupadd -g 1000 user
+  chroot "$r" /usr/sbin/useradd -m -u 1000 -g 1000 -s /bin/bash user
+  # Fallback init for `incus launch` without sandboxd (benchmarks); sandboxd
+  # replaces it with envd through raw.lxc lxc.init.cmd.
+  printf '#!/bin/sh\nexec sleep infinity\n' >"$r/sbin/init"
+  chmod 755 "$r/sbin/init"
+  mkdir -p "$r/opt/sandboxd" "$r/run/envd"
+  printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$r/etc/resolv.conf"
+  cat >"$work/metadata.yaml" <<EOF
+architecture: x86_64
+creation_date: $(date +%s)
+properties:
+  description: sandboxd test image (Debian bookworm minbase + python3)
+  os: debian
+  release: bookworm
+  variant: sandboxd-base-v$IMAGE_VERSION
+EOF
+  tar -C "$work" --numeric-owner -cf "$tarball.tmp" metadata.yaml rootfs
+  mv "$tarball.tmp" "$tarball"
+  rm -rf "$work"
+  trap - EXIT
+  step_done
+fi
+want_fp=$(sha256sum "$tarball" | cut -d' ' -f1)
+have_fp=$(incus image info "$ALIAS" 2>/dev/null | awk '/^Fingerprint:/ {print $2}' || true)
+if [[ $have_fp != "$want_fp" ]]; then
+  step "importing $tarball as $ALIAS"
+  [[ -n $have_fp ]] && incus image alias delete "$ALIAS"
+  if incus image info "$want_fp" >/dev/null 2>&1; then
+    incus image alias create "$ALIAS" "$want_fp"
+  else
+    incus image import "$tarball" --alias "$ALIAS"
+  fi
+  step_done
+fi
+log "ready: socket $SOCK, pool $POOL, image $ALIAS"
