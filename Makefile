@@ -45,7 +45,7 @@ fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
 bench: build
-	BENCH_SKIP_BUILD=1 ./bench/run.sh $(BENCH_ARGS)
+	@BENCH_SKIP_BUILD=1 ./bench/run.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BIN)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,13 +42,28 @@ func machineFacts(root string) Machine {
 	m.PidMax, _ = strconv.Atoi(readTrim("/proc/sys/kernel/pid_max"))
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(f)
+		var name, family, model, mhz string
 		for sc.Scan() {
-			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok {
+				continue
+			}
+			switch k, v = strings.TrimSpace(k), strings.TrimSpace(v); k {
+			case "model name":
+				name = v
+			case "cpu family":
+				family = v
+			case "model":
+				model = v
+			case "cpu MHz":
+				mhz = v
+			}
+			if k == "" || (name != "" && family != "" && model != "" && mhz != "") {
+				break // the first CPU is enough
 			}
 		}
 		f.Close()
+		m.CPUModel = fmt.Sprintf("%s, family %s model %s, %s MHz", name, family, model, strings.TrimSuffix(mhz, ".000"))
 	}
 	m.MemTotalMiB = float64(meminfo()["MemTotal"]) / (1 << 20)
 	if raw, err := os.ReadFile("/etc/os-release"); err == nil {

@@ -143,7 +143,7 @@ func (b *Bench) addSDKRows(scenario, label string, res []sdkIter, runErr error) 
 		errs++
 	}
 	c := dist(scenario, label+": Sandbox.create()", "ms", create, errs)
-	c.Goal = "≤ 60 ms cold (≤ 15 ms warm: no pools yet)"
+	c.Goal = "≤ 60 ms cold"
 	t := dist(scenario, label+": Sandbox.create() → first commands.run('true') done", "ms", total, 0)
 	f := dist(scenario, label+": first commands.run('true') on a new sandbox", "ms", first, 0)
 	r := dist(scenario, label+": commands.run('true') via proxy", "ms", runs, 0)

@@ -107,6 +107,7 @@ http_ok() {
   [[ $line =~ ^HTTP/1\.[01]\ 2[0-9][0-9] ]]
 }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 total_pass=0
 total_fail=0
@@ -214,8 +215,10 @@ run_debug() {
     [[ -n $proxy_pid ]] && echo "compat-tests: wire log of 127.0.0.1:$port in $log_dir/wire.log"
     # COMPAT_ENVD: for the tests that start their own envd (secure.test.mjs,
     # test_secure.py).
+    # Their ports are picked free here (other runs may share the machine).
     mode_env=(-u E2B_API_URL -u E2B_SANDBOX_URL COMPAT_TARGET=debug E2B_DEBUG=true
-      "COMPAT_ENVD=$envd_bin" "COMPAT_LOG_DIR=$log_dir" "E2B_API_KEY=e2b_$(printf '0%.0s' {1..40})")
+      "COMPAT_ENVD=$envd_bin" "COMPAT_LOG_DIR=$log_dir" "E2B_API_KEY=e2b_$(printf '0%.0s' {1..40})"
+      "COMPAT_SECURE_PORT=${COMPAT_SECURE_PORT:-$(free_port)}" "COMPAT_SECURE_PY_PORT=${COMPAT_SECURE_PY_PORT:-$(free_port)}")
     run_suites debug
     if ! kill -0 "$envd_pid" 2>/dev/null; then
       echo "compat-tests: envd died during the run (see $log_dir/envd.log)" >&2
@@ -234,8 +237,11 @@ run_debug() {
 start_sandboxd() {
   # --create-burst 40: the concurrency tests create 20 sandboxes at once right
   # after other creates; the default bucket (20, refilled at 5/s) could answer 429.
+  # --domain: a reserved TLD that never resolves, so getHost() is
+  # `<port>-<id>.sandboxd.test` (tested by sending it as Host to sandboxd), and
+  # nothing can fall back to E2B's default domain e2b.app.
   "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --create-burst 40 >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1
@@ -277,7 +283,7 @@ run_sandboxd() {
   local data out left
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$(date +%s)-$$-$RANDOM
-  sbxd_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  sbxd_port=$(free_port)
   if ! sbxd_key=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat 2>>"$log_dir/sandboxd.log"); then
     echo "compat-tests: sandboxd keys create failed (see $log_dir/sandboxd.log)" >&2
     total_fail=$((total_fail + 1)); return
@@ -288,7 +294,7 @@ run_sandboxd() {
     total_fail=$((total_fail + 1))
   else
     echo "compat-tests: [sandboxd] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
-    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_LOG_DIR=$log_dir"
+    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key")
     run_suites sandboxd

@@ -395,3 +395,25 @@ func TestReconcileDestroysLeftoverMembers(t *testing.T) {
 func sandboxSpec(id string) runtime.Spec {
 	return runtime.Spec{ID: id, Template: "base", MemoryMB: 512}
 }
+
+// A cold create that fails after the backend started the sandbox (envd
+// refuses /init) destroys it and leaves no row.
+func TestColdCreateFailedInitRevertsEverything(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.be.FailInit.Store(true)
+		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {
+			t.Fatal("create with a failing /init succeeded")
+		}
+		if got := len(e.be.IDs()); got != 0 {
+			t.Fatalf("%d sandboxes left on the backend; want 0", got)
+		}
+		if c, d := e.be.Creates.Load(), e.be.Destroys.Load(); c != 1 || d != 1 {
+			t.Fatalf("backend creates=%d destroys=%d; want 1 and 1", c, d)
+		}
+		live, err := e.st.ListLive(context.Background())
+		if err != nil || len(live) != 0 {
+			t.Fatalf("live rows after the failed create: %v, %v", live, err)
+		}
+	})
+}

@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -72,6 +74,8 @@ type Manager struct {
 	log     *slog.Logger
 	locks   sync.Map // sandbox id -> *sync.Mutex
 	now     func() time.Time
+
+	sweeps atomic.Int64
 
 	hookMu    sync.Mutex
 	stopHooks []func(id string)
@@ -222,7 +226,7 @@ func newToken() string {
 
 // Create starts a sandbox for the tenant in ctx. On any failure nothing is
 // left: not the backend's sandbox and not the store row.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sandbox, err error) {
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandbox, err error) {
 	t, ok := tenant.FromContext(ctx)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnauthenticated, "no tenant")
@@ -238,7 +242,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (sb *store.Sand
 	if req.CPUCount < 0 || req.MemoryMB < 0 || req.DiskMB < 0 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
 	}
-	sb = &store.Sandbox{
+	if err := validateEnv(req.EnvVars); err != nil {
+		return nil, err
+	}
+	// sb is not the named result: the undos and the audit below run after a
+	// `return nil, err` has set the result to nil.
+	sb := &store.Sandbox{
 		ID:                  newID(),
 		Tenant:              t,
 		Template:            req.Template,
@@ -643,4 +652,31 @@ func backendErr(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", kind, err)
+}
+
+// Limits of what a sandbox's environment can carry: the kernel refuses a
+// single "K=V" string of 128 KiB or more at exec, and envd's /init body is
+// bounded at 1 MiB. Checked up front so that a too-large environment is the
+// client's 400, not a failed start.
+const (
+	maxEnvEntry = 128<<10 - 1
+	maxEnvTotal = 768 << 10
+)
+
+func validateEnv(env map[string]string) error {
+	total := 0
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("env var %q: names must be non-empty without '=' or NUL, values without NUL", k))
+		}
+		n := len(k) + 1 + len(v)
+		if n > maxEnvEntry {
+			return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("env var %q: %d bytes, at most %d", k, n, maxEnvEntry))
+		}
+		total += n
+	}
+	if total > maxEnvTotal {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("env vars: %d bytes in all, at most %d", total, maxEnvTotal))
+	}
+	return nil
 }

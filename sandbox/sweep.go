@@ -38,6 +38,11 @@ func (m *Manager) Sweep(ctx context.Context) {
 	for _, e := range expired {
 		m.expire(ctx, e)
 	}
+	// Every tenth sweep, retry kills whose backend destroy failed: their rows
+	// stay "killing" until the backend lets go.
+	if m.sweeps.Add(1)%10 == 0 {
+		m.retryKills(ctx)
+	}
 	if _, err := m.store.PurgeKilled(ctx, now.Add(-m.cfg.KilledRetention)); err != nil {
 		m.log.Error("sweep: purge killed", "err", err)
 	}
@@ -135,4 +140,28 @@ func (m *Manager) update(ctx context.Context, row *store.Sandbox, reason string)
 		return
 	}
 	m.audit(ctx, reason, row, err)
+}
+
+func (m *Manager) retryKills(ctx context.Context) {
+	live, err := m.store.ListLive(ctx)
+	if err != nil {
+		m.log.Error("sweep: list live", "err", err)
+		return
+	}
+	for _, row := range live {
+		if row.State != store.StateKilling {
+			continue
+		}
+		func() {
+			unlock := m.lock(row.ID)
+			defer unlock()
+			sb, err := m.store.GetSandboxAny(ctx, row.ID)
+			if err != nil || sb.State != store.StateKilling {
+				return
+			}
+			if err := m.kill(ctx, &sb, "kill_retry"); err != nil {
+				m.log.Error("sweep: retry kill", "sandbox_id", sb.ID, "err", err)
+			}
+		}()
+	}
 }

@@ -25,6 +25,7 @@ POOL_SIZE=${INCUS_POOL_SIZE:-5GiB}
 ALIAS=${INCUS_IMAGE:-sandboxd-base}
 CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
+DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
 IMAGE_VERSION=1
 
@@ -82,12 +83,23 @@ if ! incus query /1.0 >/dev/null 2>&1; then
   [[ -n $incusd_bin ]] || incusd_bin=/usr/libexec/incus/incusd
   [[ -x $incusd_bin ]] || incusd_bin=/usr/lib/incus/incusd
   mkdir -p /var/log/incus
-  # setsid: the daemon outlives this script and its session.
-  setsid "$incusd_bin" --group root --logfile /var/log/incus/incusd.log \
+  # setsid: the daemon outlives this script and its session. The proxy
+  # variables point at a dead loopback port: incusd fetches "instance
+  # types" from the internet at start and daily; with them it only ever
+  # connects to 127.0.0.1 (and resolves no name). core.proxy_* below keep
+  # it so for later runs.
+  HTTPS_PROXY=$DEAD_PROXY HTTP_PROXY=$DEAD_PROXY https_proxy=$DEAD_PROXY http_proxy=$DEAD_PROXY \
+    NO_PROXY= no_proxy= \
+    setsid "$incusd_bin" --group root --logfile /var/log/incus/incusd.log \
     </dev/null >>/var/log/incus/incusd.out 2>&1 &
   incus admin waitready --timeout=60
   step_done
 fi
+# No outbound traffic from incusd (see above); no image auto-update.
+for kv in core.proxy_https=$DEAD_PROXY core.proxy_http=$DEAD_PROXY images.auto_update_interval=0; do
+  k=${kv%%=*} v=${kv#*=}
+  [[ $(incus config get "$k") == "$v" ]] || incus config set "$k" "$v"
+done
 
 # --- 4. storage pool -----------------------------------------------------------
 if ! incus storage show "$POOL" >/dev/null 2>&1; then

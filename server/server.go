@@ -85,7 +85,7 @@ func New(cfg Config) http.Handler {
 	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2b, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})
 
 	root := chi.NewRouter()
-	root.Use(middleware.RequestID, accessLog(log), middleware.Recoverer, cfg.Metrics.HTTPMiddleware)
+	root.Use(middleware.RequestID, accessLog(log), recoverer(log), cfg.Metrics.HTTPMiddleware)
 	root.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Ready != nil && !cfg.Ready() {
 			writeErrorStatus(w, http.StatusServiceUnavailable, "starting")

@@ -2,12 +2,14 @@ package main
 
 // End-to-end tests of the control plane: a real sandboxd (built from this
 // tree) on the local backend, driven over loopback HTTP exactly as E2B's
-// SDKs drive it. The harness is in testutil_test.go. The tests run one at a
-// time (no t.Parallel): every sandboxd on a host shares the cgroup parent
-// /sandboxd, see TestTwoServersOnOneHost.
+// SDKs drive it. The harness is in testutil_test.go.
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -16,7 +18,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,11 +40,7 @@ func TestLifecycle(t *testing.T) {
 	md := map[string]string{"suite": "lifecycle", "odd key/é": "a&b=c %/é+?#~!'()*"}
 
 	// --- create ---------------------------------------------------------
-	type created struct {
-		sb  e2eSandbox
-		raw e2eResponse
-	}
-	var sbs []created
+	var sbs []e2eSandbox
 	for _, c := range []struct {
 		name, path string
 		body       map[string]any
@@ -62,9 +62,9 @@ func TestLifecycle(t *testing.T) {
 		if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 			t.Errorf("create %s: Content-Type %q", c.name, ct)
 		}
-		sbs = append(sbs, created{sb, r})
+		sbs = append(sbs, sb)
 	}
-	a, b, c := sbs[0].sb, sbs[1].sb, sbs[2].sb
+	a, b, c := sbs[0], sbs[1], sbs[2]
 	if a.SandboxID == b.SandboxID || b.SandboxID == c.SandboxID || a.SandboxID == c.SandboxID {
 		t.Fatalf("sandbox ids are not unique: %s %s %s", a.SandboxID, b.SandboxID, c.SandboxID)
 	}
@@ -80,12 +80,12 @@ func TestLifecycle(t *testing.T) {
 	if !maps.Equal(d.Metadata, md) {
 		t.Errorf("detail: metadata %v, want %v", d.Metadata, md)
 	}
-	for _, c := range []struct {
+	for _, x := range []struct {
 		id   string
 		want time.Duration
 	}{{b.SandboxID, 24 * time.Hour}, {c.SandboxID, 300 * time.Second}} {
-		if d := s.get(t, key, c.id); d.EndAt.Sub(d.StartedAt) != c.want {
-			t.Errorf("detail of %s: endAt-startedAt = %v, want %v", c.id, d.EndAt.Sub(d.StartedAt), c.want)
+		if d := s.get(t, key, x.id); d.EndAt.Sub(d.StartedAt) != x.want {
+			t.Errorf("detail of %s: endAt-startedAt = %v, want %v", x.id, d.EndAt.Sub(d.StartedAt), x.want)
 		}
 	}
 	if d.EnvdAccessToken == nil || *d.EnvdAccessToken != *a.EnvdAccessToken {
@@ -139,6 +139,17 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("order=asc pages %v, want the reverse of %v", got, e2eIDs(all))
 	}
 	wantError(t, "a next token of the other order", s.api(t, http.MethodGet, "/v2/sandboxes?order=asc&limit=2&nextToken="+url.QueryEscape(tok), key, nil), http.StatusBadRequest)
+	// startedAfter as JS (toISOString, ms, Z) and Python (isoformat, µs,
+	// +00:00) send it. a was created (and its create returned) before b's
+	// began, so 1ms after a's start is before b's.
+	after := d.StartedAt.Truncate(time.Millisecond).Add(time.Millisecond)
+	for _, f := range []string{"2006-01-02T15:04:05.000Z", "2006-01-02T15:04:05.000000-07:00"} {
+		v := after.UTC().Format(f) // "-07:00" gives +00:00 for UTC, as Python writes it
+		got, _ := s.list(t, key, "startedAfter="+url.QueryEscape(v))
+		if want := e2eSorted(b.SandboxID, c.SandboxID); !slices.Equal(e2eSortedIDs(got), want) {
+			t.Errorf("list startedAfter=%s: %v, want %v", v, e2eIDs(got), want)
+		}
+	}
 
 	// --- pause ------------------------------------------------------------
 	wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+a.SandboxID+"/pause", key, map[string]any{}), http.StatusNoContent)
@@ -218,6 +229,9 @@ func TestLifecycle(t *testing.T) {
 	wantStatus(t, "metrics", r, http.StatusOK)
 	var metrics []json.RawMessage
 	e2eDecode(t, "metrics", r, &metrics)
+	if len(metrics) != 1 {
+		t.Errorf("metrics of a running sandbox: %s, want the current sample", r.body)
+	}
 	for _, m := range metrics {
 		wantKeys(t, "metric", m, "timestamp", "timestampUnix", "cpuCount", "cpuUsedPct", "memUsed", "memTotal", "memCache", "diskUsed", "diskTotal")
 	}
@@ -251,6 +265,10 @@ func TestLifecycle(t *testing.T) {
 		if !strings.Contains(string(r.body), name) {
 			t.Errorf("GET /metrics lacks %s", name)
 		}
+	}
+	// b and c run; a is killed.
+	if want := `sandboxd_sandboxes{state="running",tenant="alice"} 2` + "\n"; !strings.Contains(string(r.body), want) {
+		t.Errorf("GET /metrics lacks %q", want)
 	}
 }
 
@@ -374,6 +392,30 @@ func TestErrors(t *testing.T) {
 		if got := s.get(t, key, id); got.State != "running" {
 			t.Errorf("state %s after rejected calls, want running", got.State)
 		}
+	})
+
+	t.Run("400 unknown template", func(t *testing.T) {
+		before := e2eStateDirs(e)
+		for _, path := range []string{"/sandboxes", "/v2/sandboxes"} {
+			wantError(t, "create from an unknown template", s.api(t, http.MethodPost, path, key,
+				map[string]any{"templateID": "no-such-template", "allow_internet_access": false}), http.StatusBadRequest)
+		}
+		// The failed creates left nothing: no row, no sandbox.
+		if got, _ := s.list(t, key, ""); !slices.Equal(e2eIDs(got), []string{id}) {
+			t.Errorf("list after failed creates: %v, want [%s]", e2eIDs(got), id)
+		}
+		if after := e2eStateDirs(e); !slices.Equal(after, before) {
+			t.Errorf("sandbox state dirs %v after the failed creates, %v before", after, before)
+		}
+	})
+
+	t.Run("revoked key", func(t *testing.T) {
+		// `sandboxd keys` works on the data dir of a running sandboxd.
+		key2, keyID := e.createKeyWithID("alice")
+		wantStatus(t, "GET with a new key", s.api(t, http.MethodGet, "/sandboxes/"+id, key2, nil), http.StatusOK)
+		e.sandboxdCLI(t, "keys", "revoke", "--data-dir", e.dataDir, keyID)
+		wantError(t, "GET with a revoked key", s.api(t, http.MethodGet, "/sandboxes/"+id, key2, nil), http.StatusUnauthorized)
+		wantStatus(t, "GET with the other key", s.api(t, http.MethodGet, "/sandboxes/"+id, key, nil), http.StatusOK)
 	})
 
 	t.Run("400 bad list parameters", func(t *testing.T) {
@@ -543,6 +585,17 @@ func TestDataPlane(t *testing.T) {
 		if res := s.mustRun(t, id, token, "cat /tmp/e2e/data.txt"); res.stdout != string(content) {
 			t.Errorf("cat: %q, want %q", res.stdout, content)
 		}
+		// 8 MiB both ways: the proxy streams bodies without mangling them.
+		big := make([]byte, 8<<20)
+		_, _ = rand.Read(big)
+		s.writeFile(t, id, token, "/tmp/e2e/big.bin", big)
+		if got := s.readFile(t, id, token, "/tmp/e2e/big.bin"); !bytes.Equal(got, big) {
+			t.Errorf("8 MiB read back: %d bytes, equal=%v", len(got), bytes.Equal(got, big))
+		}
+		sum := sha256.Sum256(big)
+		if res := s.mustRun(t, id, token, "sha256sum /tmp/e2e/big.bin"); !strings.HasPrefix(res.stdout, hex.EncodeToString(sum[:])+" ") {
+			t.Errorf("sha256sum in the sandbox: %q, want %x", res.stdout, sum)
+		}
 	})
 
 	t.Run("access token", func(t *testing.T) {
@@ -573,6 +626,28 @@ func TestDataPlane(t *testing.T) {
 		s.mustRun(t, id, token, "true")
 	})
 
+	t.Run("bad routing headers", func(t *testing.T) {
+		for _, c := range []struct {
+			name string
+			hdr  http.Header
+		}{
+			{"id without port", http.Header{"E2b-Sandbox-Id": {id}}},
+			{"port without id", http.Header{"E2b-Sandbox-Port": {e2eEnvdPort}}},
+			{"port not a number", http.Header{"E2b-Sandbox-Id": {id}, "E2b-Sandbox-Port": {"envd"}}},
+			{"port out of range", http.Header{"E2b-Sandbox-Id": {id}, "E2b-Sandbox-Port": {"70000"}}},
+			{"id not [a-z0-9]", http.Header{"E2b-Sandbox-Id": {"Bad-ID"}, "E2b-Sandbox-Port": {e2eEnvdPort}}},
+		} {
+			c.hdr.Set("X-Access-Token", token)
+			r, err := s.tryDo(http.MethodGet, "/health", "", nil, c.hdr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), `"code":400`) {
+				t.Errorf("%s: %s, want 400 with a JSON body", c.name, r)
+			}
+		}
+	})
+
 	t.Run("unknown sandbox", func(t *testing.T) {
 		missing := e2eMissingID()
 		for _, p := range []string{"/health", "/files?path=/etc/hostname", "/process.Process/Start"} {
@@ -598,6 +673,36 @@ func TestDataPlane(t *testing.T) {
 		}
 	})
 
+	t.Run("auto-resume", func(t *testing.T) {
+		sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 300, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
+		s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "true")
+		wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+sb.SandboxID+"/pause", key, nil), http.StatusNoContent)
+		// Traffic to a paused sandbox with auto-resume resumes it, then is served.
+		wantStatus(t, "GET /health of a paused sandbox with auto-resume", s.envd(t, sb.SandboxID, *sb.EnvdAccessToken, http.MethodGet, "/health", nil, ""), http.StatusNoContent)
+		if got := s.get(t, key, sb.SandboxID).State; got != "running" {
+			t.Errorf("state after traffic resumed it: %s, want running", got)
+		}
+		if e2eAuditLine(s, "auto_resume", sb.SandboxID) == nil {
+			t.Errorf("no audit line for the auto-resume of %s", sb.SandboxID)
+		}
+		if res := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "echo resumed"); res.stdout != "resumed\n" {
+			t.Errorf("after auto-resume: %q", res.stdout)
+		}
+		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, key, nil), http.StatusNoContent)
+	})
+
+	t.Run("sandbox without access token", func(t *testing.T) {
+		sb, _ := e.create(t, "/sandboxes", key, map[string]any{"timeout": 300, "secure": false})
+		if res := s.mustRun(t, sb.SandboxID, "", "echo open"); res.stdout != "open\n" {
+			t.Errorf("run without a token in a sandbox created with secure=false: %q", res.stdout)
+		}
+		s.writeFile(t, sb.SandboxID, "", "/tmp/open.txt", []byte("open"))
+		if got := s.readFile(t, sb.SandboxID, "", "/tmp/open.txt"); string(got) != "open" {
+			t.Errorf("read back %q", got)
+		}
+		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, key, nil), http.StatusNoContent)
+	})
+
 	t.Run("killed sandbox", func(t *testing.T) {
 		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
 		for _, p := range []string{"/health", "/files?path=/tmp/e2e/data.txt"} {
@@ -611,9 +716,10 @@ func TestDataPlane(t *testing.T) {
 	})
 }
 
-// TestRestart SIGKILLs sandboxd with a running and a paused sandbox, starts
-// a new sandboxd on the same data and run dirs, and checks that both are
-// back with their state, files and processes, and that a sandbox that
+// TestRestart SIGKILLs sandboxd with a running and two paused sandboxes,
+// starts a new sandboxd on the same data and run dirs, and checks that they
+// are back with their state, files and processes, that the new sandboxd
+// can pause, resume and kill what it adopted, and that a sandbox that
 // expired meanwhile is swept.
 func TestRestart(t *testing.T) {
 	e := newE2EEnv(t, "alice")
@@ -621,6 +727,8 @@ func TestRestart(t *testing.T) {
 	key := e.keys["alice"]
 	run, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600, "metadata": map[string]string{"role": "running"}})
 	pau, _ := e.create(t, "/sandboxes", key, map[string]any{"timeout": 600, "metadata": map[string]string{"role": "paused"}})
+	// Stays paused across the restart and is killed while paused.
+	frozen, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600, "metadata": map[string]string{"role": "frozen"}})
 	runTok, pauTok := *run.EnvdAccessToken, *pau.EnvdAccessToken
 
 	runFile := []byte("survives a restart " + e2eRandHex(8))
@@ -629,11 +737,14 @@ func TestRestart(t *testing.T) {
 	s1.writeFile(t, pau.SandboxID, pauTok, "/tmp/paused.txt", pauFile)
 	// A process that runs across the restart.
 	s1.mustRun(t, run.SandboxID, runTok, "sleep 3600 >/dev/null 2>&1 </dev/null & echo $! >/tmp/sleep.pid")
-	wantStatus(t, "pause", s1.api(t, http.MethodPost, "/sandboxes/"+pau.SandboxID+"/pause", key, nil), http.StatusNoContent)
-	before := map[string]e2eDetail{
-		run.SandboxID: s1.get(t, key, run.SandboxID),
-		pau.SandboxID: s1.get(t, key, pau.SandboxID),
+	for _, id := range []string{pau.SandboxID, frozen.SandboxID} {
+		wantStatus(t, "pause", s1.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, nil), http.StatusNoContent)
 	}
+	before := map[string]e2eDetail{}
+	for _, id := range []string{run.SandboxID, pau.SandboxID, frozen.SandboxID} {
+		before[id] = s1.get(t, key, id)
+	}
+	wantState := map[string]string{run.SandboxID: "running", pau.SandboxID: "paused", frozen.SandboxID: "paused"}
 
 	// One more whose end time passes while no sandboxd runs: the next one
 	// must sweep it. The sweeper looks once a second, so SIGKILL, a few
@@ -644,12 +755,12 @@ func TestRestart(t *testing.T) {
 	if err := s1.stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{run.SandboxID, pau.SandboxID} {
+	for id := range before {
 		if !e2eExists(filepath.Join(e.runDir, "sandboxes", id)) {
 			t.Fatalf("sandbox %s did not outlive sandboxd", id)
 		}
 	}
-	expSweptByS1 := auditLine(s1, "timeout_kill", exp.SandboxID) != nil
+	expSweptByS1 := e2eAuditLine(s1, "timeout_kill", exp.SandboxID) != nil
 
 	s2 := e.start()
 	if expSweptByS1 {
@@ -658,19 +769,18 @@ func TestRestart(t *testing.T) {
 		e2eEventually(t, "the restarted sandboxd sweeps the sandbox that expired while none ran", 15*time.Second, 100*time.Millisecond,
 			func() (bool, string) {
 				r := s2.api(t, http.MethodGet, "/sandboxes/"+exp.SandboxID, key, nil)
-				return r.status == http.StatusNotFound && auditLine(s2, "timeout_kill", exp.SandboxID) != nil, r.String()
+				return r.status == http.StatusNotFound && e2eAuditLine(s2, "timeout_kill", exp.SandboxID) != nil, r.String()
 			})
 		if e2eExists(filepath.Join(e.runDir, "sandboxes", exp.SandboxID)) {
 			t.Errorf("the sweep after restart left the state dir of %s", exp.SandboxID)
 		}
 	}
 	listed, _ := s2.list(t, key, "")
-	if got, want := e2eSortedIDs(listed), e2eSorted(run.SandboxID, pau.SandboxID); !slices.Equal(got, want) {
+	if got, want := e2eSortedIDs(listed), e2eSorted(run.SandboxID, pau.SandboxID, frozen.SandboxID); !slices.Equal(got, want) {
 		t.Fatalf("list after restart: %v, want %v", got, want)
 	}
 	for _, d := range listed {
-		want := map[string]string{run.SandboxID: "running", pau.SandboxID: "paused"}[d.SandboxID]
-		if d.State != want {
+		if want := wantState[d.SandboxID]; d.State != want {
 			t.Errorf("after restart %s is %s, want %s", d.SandboxID, d.State, want)
 		}
 		b := before[d.SandboxID]
@@ -679,8 +789,10 @@ func TestRestart(t *testing.T) {
 				d.SandboxID, d.StartedAt, d.EndAt, d.Metadata, b.StartedAt, b.EndAt, b.Metadata)
 		}
 	}
-	if got := s2.get(t, key, pau.SandboxID).State; got != "paused" {
-		t.Errorf("paused sandbox after restart: %s", got)
+	for id, want := range wantState {
+		if got := s2.get(t, key, id).State; got != want {
+			t.Errorf("GET %s after restart: state %s, want %s", id, got, want)
+		}
 	}
 
 	// The running one: file, process, access token.
@@ -692,6 +804,22 @@ func TestRestart(t *testing.T) {
 	}
 	r := s2.envd(t, run.SandboxID, "", http.MethodGet, "/files?path=/home/user/restart.txt", nil, "")
 	wantStatus(t, "GET /files without the token after restart", r, http.StatusUnauthorized)
+	// The new sandboxd drives the adopted sandbox: metrics, pause, resume.
+	r = s2.api(t, http.MethodGet, "/sandboxes/"+run.SandboxID+"/metrics", key, nil)
+	wantStatus(t, "metrics of an adopted sandbox", r, http.StatusOK)
+	var ms []struct {
+		MemTotal int64 `json:"memTotal"`
+	}
+	e2eDecode(t, "metrics", r, &ms)
+	if len(ms) != 1 || ms[0].MemTotal <= 0 {
+		t.Errorf("metrics of an adopted sandbox: %s, want one sample with memTotal > 0", r.body)
+	}
+	wantStatus(t, "pause the adopted sandbox", s2.api(t, http.MethodPost, "/sandboxes/"+run.SandboxID+"/pause", key, nil), http.StatusNoContent)
+	wantProxyNotFound(t, "GET /health of the adopted sandbox once paused", s2.envd(t, run.SandboxID, runTok, http.MethodGet, "/health", nil, ""), run.SandboxID)
+	wantStatus(t, "resume the adopted sandbox", s2.api(t, http.MethodPost, "/v2/sandboxes/"+run.SandboxID+"/connect", key, map[string]any{"timeout": 600}), http.StatusCreated)
+	if res := s2.mustRun(t, run.SandboxID, runTok, `kill -0 "$(cat /tmp/sleep.pid)" && echo alive`); res.stdout != "alive\n" {
+		t.Errorf("the background process did not survive pause and resume: %q %q", res.stdout, res.stderr)
+	}
 
 	// The paused one: unreachable until connect resumes it.
 	wantProxyNotFound(t, "GET /health of the paused sandbox", s2.envd(t, pau.SandboxID, pauTok, http.MethodGet, "/health", nil, ""), pau.SandboxID)
@@ -704,7 +832,8 @@ func TestRestart(t *testing.T) {
 		t.Errorf("file of the resumed sandbox: %q, want %q", res.stdout, pauFile)
 	}
 
-	for _, id := range []string{run.SandboxID, pau.SandboxID} {
+	// frozen is killed while still paused (the kill must thaw it first).
+	for _, id := range []string{frozen.SandboxID, run.SandboxID, pau.SandboxID} {
 		wantStatus(t, "kill "+id, s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
 		if e2eExists(filepath.Join(e.runDir, "sandboxes", id)) {
 			t.Errorf("kill after restart left the state dir of %s", id)
@@ -714,7 +843,7 @@ func TestRestart(t *testing.T) {
 		}
 	}
 	if got, _ := s2.list(t, key, ""); len(got) != 0 {
-		t.Errorf("list after killing both: %v", e2eIDs(got))
+		t.Errorf("list after killing them all: %v", e2eIDs(got))
 	}
 	// The env's cleanup checks the run dir, mounts and cgroups once more.
 }
@@ -747,7 +876,7 @@ func TestSweeper(t *testing.T) {
 				return r.status == http.StatusNotFound, r.String()
 			})
 			e2eEventually(t, "audit line "+c.action, 5*time.Second, 50*time.Millisecond, func() (bool, string) {
-				l := auditLine(s, c.action, id)
+				l := e2eAuditLine(s, c.action, id)
 				if l == nil {
 					return false, "no line with \"action\":\"" + c.action + "\" for " + id + " in sandboxd's stderr"
 				}
@@ -778,16 +907,171 @@ func TestSweeper(t *testing.T) {
 	}
 }
 
+// TestConcurrentSandboxes creates, uses, pauses and kills ten sandboxes of
+// one tenant at once.
+func TestConcurrentSandboxes(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+	const n = 10
+	sbs := make([]e2eSandbox, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := s.tryDo(http.MethodPost, e2eAPIPrefix+"/v2/sandboxes", key, map[string]any{
+				"templateID": "base", "allow_internet_access": false, "timeout": 300,
+				"metadata": map[string]string{"i": strconv.Itoa(i)},
+			}, nil)
+			if err != nil {
+				t.Errorf("create %d: %v", i, err)
+				return
+			}
+			if json.Unmarshal(r.body, &sbs[i]) == nil && sbs[i].SandboxID != "" {
+				e.track(sbs[i].SandboxID, key)
+			}
+			if r.status != http.StatusCreated {
+				t.Errorf("create %d: %s", i, r)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	seen := map[string]bool{}
+	for _, sb := range sbs {
+		if seen[sb.SandboxID] || sb.EnvdAccessToken == nil {
+			t.Fatalf("sandboxes %+v: ids not unique or a token missing", sbs)
+		}
+		seen[sb.SandboxID] = true
+	}
+
+	for i, sb := range sbs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := s.run(ctx, sb.SandboxID, *sb.EnvdAccessToken, "echo "+strconv.Itoa(i))
+			if err != nil || res.exitCode != 0 || res.stdout != strconv.Itoa(i)+"\n" {
+				t.Errorf("run in sandbox %d (%s): %+v %v", i, sb.SandboxID, res, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, sb := range sbs {
+		got, _ := s.list(t, key, e2eMetadataQuery(map[string]string{"i": strconv.Itoa(i)}))
+		if !slices.Equal(e2eIDs(got), []string{sb.SandboxID}) {
+			t.Errorf("list metadata i=%d: %v, want [%s]", i, e2eIDs(got), sb.SandboxID)
+		}
+	}
+
+	var odd []string
+	for i, sb := range sbs {
+		if i%2 == 1 {
+			odd = append(odd, sb.SandboxID)
+			wg.Go(func() {
+				r, err := s.tryDo(http.MethodPost, e2eAPIPrefix+"/sandboxes/"+sb.SandboxID+"/pause", key, nil, nil)
+				if err != nil || r.status != http.StatusNoContent {
+					t.Errorf("pause %s: %v %v", sb.SandboxID, r, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	paused, _ := s.list(t, key, "state=paused")
+	if got := e2eSortedIDs(paused); !slices.Equal(got, e2eSorted(odd...)) {
+		t.Errorf("list state=paused: %v, want %v", got, e2eSorted(odd...))
+	}
+
+	for _, sb := range sbs {
+		wg.Go(func() {
+			r, err := s.tryDo(http.MethodDelete, e2eAPIPrefix+"/sandboxes/"+sb.SandboxID, key, nil, nil)
+			if err != nil || r.status != http.StatusNoContent {
+				t.Errorf("kill %s: %v %v", sb.SandboxID, r, err)
+			}
+		})
+	}
+	wg.Wait()
+	if got, _ := s.list(t, key, ""); len(got) != 0 {
+		t.Errorf("list after killing all: %v", e2eIDs(got))
+	}
+	servedFrom := map[string]int{}
+	for _, l := range s.logLines() {
+		if l["action"] == "create" && l["result"] == "ok" {
+			servedFrom[fmt.Sprint(l["served_from"])]++
+		}
+	}
+	t.Logf("creates by where they were served from: %v", servedFrom)
+}
+
+// TestCreateFailureLeavesNothing makes creates fail after the backend has
+// started the sandbox (envd refuses /init) or while it starts it (envd
+// cannot even be executed), with env vars only the client chose: each must
+// answer a 4xx with E2B's error body and leave no sandbox, row or host state.
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+	tenOf110KiB := map[string]string{}
+	for i := range 10 {
+		tenOf110KiB["BIG"+strconv.Itoa(i)] = strings.Repeat("x", 110<<10)
+	}
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+	}{
+		// Each value fits the kernel's 128 KiB limit for one exec string,
+		// but together they exceed envd's 1 MiB /init body: the backend's
+		// Create succeeds, initEnvd fails, and Create's undo runs.
+		{"env vars above 768 KiB in all", tenOf110KiB},
+		// One value above 128 KiB: envd cannot be executed at all.
+		{"one env var above 128 KiB", map[string]string{"BIG": strings.Repeat("x", 200<<10)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := e2eStateDirs(e)
+			r := s.api(t, http.MethodPost, "/v2/sandboxes", key, map[string]any{
+				"templateID": "base", "allow_internet_access": false, "envVars": c.env,
+			})
+			for _, id := range e2eStateDirs(e) {
+				if !slices.Contains(before, id) {
+					e.track(id, key) // for the cleanup, whatever happens below
+					t.Errorf("the failed create left sandbox %s on the host", id)
+					if g := s.api(t, http.MethodGet, "/sandboxes/"+id, key, nil); g.status != http.StatusNotFound {
+						t.Errorf("GET of the failed create's sandbox %s: %s, want 404", id, g)
+					}
+				}
+			}
+			if r.status == http.StatusCreated {
+				t.Fatalf("create with these env vars succeeded: %s", r)
+			}
+			for _, l := range s.logLines() {
+				if _, named := l["sandbox_id"]; l["action"] == "create" && l["result"] == "error" && !named {
+					t.Errorf("the audit line of the failed create names no sandbox: %v", l)
+				}
+			}
+			wantError(t, "create with oversized env vars", r, http.StatusBadRequest)
+		})
+	}
+}
+
+// e2eStateDirs lists the sandbox state directories in the env's run dir.
+func e2eStateDirs(e *e2eEnv) []string {
+	ents, _ := os.ReadDir(filepath.Join(e.runDir, "sandboxes"))
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Name())
+	}
+	return out
+}
+
 // TestTwoServersOnOneHost runs two sandboxd with their own data and run
 // dirs on one host, as two users (or a test next to `make run`) would.
 func TestTwoServersOnOneHost(t *testing.T) {
-	skipKnownBug(t, bugSharedCgroupParent)
 	e1 := newE2EEnv(t, "alice")
 	s1 := e1.start()
 	sb, _ := e1.create(t, "/v2/sandboxes", e1.keys["alice"], map[string]any{"timeout": 300})
 
 	e2 := newE2EEnv(t, "bob")
-	s2 := e2.start() // fails today
+	s2 := e2.start()
 	sb2, _ := e2.create(t, "/v2/sandboxes", e2.keys["bob"], map[string]any{"timeout": 300})
 	s2.mustRun(t, sb2.SandboxID, *sb2.EnvdAccessToken, "true")
 	s1.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "true")
@@ -796,34 +1080,29 @@ func TestTwoServersOnOneHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 = e2.start()
-	s2.mustRun(t, sb2.SandboxID, *sb2.EnvdAccessToken, "true")
-	s1.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "true")
+	if err := s1.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s1 = e1.start()
+	for _, c := range []struct {
+		s  *e2eServer
+		sb e2eSandbox
+	}{{s1, sb}, {s2, sb2}} {
+		c.s.mustRun(t, c.sb.SandboxID, *c.sb.EnvdAccessToken, "true")
+		if len(e2eSandboxCgroups(c.sb.SandboxID)) == 0 {
+			t.Errorf("sandbox %s lost its cgroups to the other sandboxd's start", c.sb.SandboxID)
+		}
+	}
 }
 
-// auditLine returns sandboxd's audit line for action on sandbox id, or nil.
-func auditLine(s *e2eServer, action, id string) map[string]any {
+// e2eAuditLine returns sandboxd's audit line for action on sandbox id, or nil.
+func e2eAuditLine(s *e2eServer, action, id string) map[string]any {
 	for _, l := range s.logLines() {
 		if l["action"] == action && l["sandbox_id"] == id {
 			return l
 		}
 	}
 	return nil
-}
-
-// bugSharedCgroupParent is the known bug TestTwoServersOnOneHost shows.
-const bugSharedCgroupParent = "BUG: every sandboxd on a host uses the cgroup parent /sandboxd (serve has no " +
-	"--cgroup-parent, and local.Options.CgroupParent defaults to /sandboxd whatever --run-dir is), and the local " +
-	"backend's Reconcile (runtime/local/local.go, the loop over strayCgroups) removes every child cgroup of it that " +
-	"it does not own: a second sandboxd exits with \"reconcile: remove cgroup /sandboxd/<id>\" while another one " +
-	"has a live sandbox (and could remove the cgroup of one it is creating)"
-
-// skipKnownBug skips a test that a known bug in sandboxd fails, unless
-// SANDBOXD_E2E_KNOWN_BUGS=1 asks to run it (to check a fix).
-func skipKnownBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv("SANDBOXD_E2E_KNOWN_BUGS") != "1" {
-		t.Skip(bug)
-	}
 }
 
 func e2eSorted(s ...string) []string {

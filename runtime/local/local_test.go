@@ -263,18 +263,29 @@ func killSandbox(t *testing.T, env testEnv, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range strings.Fields(string(raw)) {
+	pids := strings.Fields(string(raw))
+	for _, f := range pids {
 		_ = exec.Command("kill", "-9", f).Run()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		raw, _ := os.ReadFile(procs)
-		if len(strings.TrimSpace(string(raw))) == 0 {
-			return
+	// Wait until every process is gone or a zombie: a task leaves its
+	// cgroup before it is marked dead, and until then libcontainer still
+	// reports it running.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for {
+			stat, err := os.ReadFile("/proc/" + pid + "/stat")
+			if err != nil {
+				break
+			}
+			if i := strings.LastIndexByte(string(stat), ')'); i > 0 && len(stat) > i+2 && (stat[i+2] == 'Z' || stat[i+2] == 'X') {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %s of %s survived SIGKILL", pid, id)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatalf("processes of %s survived SIGKILL", id)
 }
 
 // TestDirTemplate: a template from a directory is used as the lower layer

@@ -26,6 +26,8 @@ type Backend struct {
 	CreateDelay time.Duration
 	// FailCreate, when set, is returned by Create.
 	FailCreate atomic.Pointer[error]
+	// FailInit, when set, makes every envd answer /init with 500.
+	FailInit atomic.Bool
 
 	Creates, Destroys atomic.Int64
 
@@ -99,6 +101,8 @@ func (b *Backend) envd(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && r.URL.Path == "/init" && b.FailInit.Load():
+		http.Error(w, "init refused", http.StatusInternalServerError)
 	case r.Method == http.MethodPost && r.URL.Path == "/init":
 		var body map[string]any
 		raw, _ := io.ReadAll(r.Body)

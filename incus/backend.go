@@ -1,0 +1,708 @@
+// Package incus is the runtime.Backend on Incus: each sandbox is an
+// unprivileged, ephemeral, network-less LXC container created through the
+// Incus REST API (our own client, client.go; no Incus Go module).
+//
+// A sandbox's container:
+//   - starts from an Incus image (Options.Images maps template names to image
+//     aliases or fingerprints) with its root on a copy-on-write storage pool
+//     (btrfs: each instance is a snapshot of the unpacked image);
+//   - runs envd as its init (raw.lxc lxc.init.cmd), from the host's envd
+//     binary shared read-only with a disk device at /opt/sandboxd/envd;
+//   - shares a per-sandbox host directory <Root>/sandboxes/<id> at /run/envd
+//     (disk device, shift=true: an idmapped mount), where envd listens on
+//     envd.sock; sandboxd connects to that socket file directly, so no proxy
+//     device and no network are needed;
+//   - has no NIC: only loopback, which the backend sets up from the host
+//     (envd cannot: the container has no CAP_NET_ADMIN);
+//   - keeps Docker's default capabilities minus CAP_NET_RAW and CAP_MKNOD
+//     (lxc.cap.drop), no_new_privs, and /usr read-only (a read-only idmapped
+//     bind of its own /usr);
+//   - carries user.sandboxd.* config keys (id, template, created-at and the
+//     spec) from which List rebuilds the backend's view after a restart.
+//
+// Destroy returns at once: LXC takes about 0.7 s to stop a container, so the
+// forced stop (which deletes the ephemeral instance) runs in the background
+// with retries; List and the other calls no longer see the sandbox, and a
+// Create of the same id waits for it to be gone.
+package incus
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// Paths inside every sandbox.
+const (
+	envdPath      = "/opt/sandboxd/envd"
+	envdSocketDir = "/run/envd"
+)
+
+// Config keys on each instance.
+const (
+	keyID        = "user.sandboxd.id"
+	keyTemplate  = "user.sandboxd.template"
+	keyCreatedAt = "user.sandboxd.created-at"
+	keySpec      = "user.sandboxd.spec"
+	keyNamespace = "user.sandboxd.namespace"
+)
+
+// DefaultTemplate is the template a Spec without one gets.
+const DefaultTemplate = "base"
+
+// Options configure a Backend. Zero fields take the defaults given.
+type Options struct {
+	// Socket is the Incus unix socket. Default DefaultSocket. Ignored
+	// when Client is set.
+	Socket string
+	// Client, when set, is used instead of a unix-socket client (for
+	// tests, or another transport). The socket directories are still
+	// host paths: sandboxd must run on the Incus host.
+	Client *Client
+	// Pool is the storage pool of the sandboxes' roots. Default
+	// "sandboxd". Use a copy-on-write driver (btrfs, zfs): "dir" copies
+	// the whole image for every sandbox.
+	Pool string
+	// Images maps template names to Incus image aliases (or
+	// fingerprints). Default {"base": "sandboxd-base"}.
+	Images map[string]string
+	// EnvdPath is the host path of the static envd binary. Required.
+	EnvdPath string
+	// Root holds the per-sandbox socket directories. Default
+	// /run/sandboxd/incus.
+	Root string
+	// IncusDir is incusd's state directory, where the pool's volumes are
+	// mounted (for the read-only /usr bind). Default /var/lib/incus.
+	IncusDir string
+	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory, 1024
+	// MiB disk. PidsMax bounds tasks per sandbox: default 1024.
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+	PidsMax    int
+	// EnvdLogLevel is envd's --log-level. Default "warn".
+	EnvdLogLevel string
+	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
+	StartTimeout time.Duration
+	// WritableUsr leaves the template's /usr writable by root inside.
+	WritableUsr bool
+	// NoDiskSync skips the syncfs Stats does so that btrfs quota groups
+	// count recent writes (a sync of the whole pool's filesystem).
+	NoDiskSync bool
+	// Namespace separates the sandboxes of several backends (several
+	// sandboxd, or tests) on one Incus: each sees only instances with its
+	// own user.sandboxd.namespace. Empty is a namespace of its own.
+	Namespace string
+	// Log receives warnings about background deletions. Default
+	// slog.Default().
+	Log *slog.Logger
+}
+
+// Backend is the Incus runtime.Backend.
+type Backend struct {
+	opts Options
+	c    *Client
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	sbx      map[string]*sandbox      // live and in-creation sandboxes
+	deleting map[string]chan struct{} // closed when the instance is gone
+	images   map[string]*imageInfo    // by alias or fingerprint
+}
+
+var (
+	_ runtime.Backend        = (*Backend)(nil)
+	_ runtime.Reconciler     = (*Backend)(nil)
+	_ runtime.TemplateLister = (*Backend)(nil)
+)
+
+type imageInfo struct {
+	fingerprint string
+	size        int64
+}
+
+// sandbox is one sandbox's in-memory handle; mu serializes lifecycle calls.
+type sandbox struct {
+	id, name, dir string
+
+	mu        sync.Mutex
+	spec      runtime.Spec
+	createdAt time.Time
+	paused    bool
+	ready     chan struct{} // closed when Create finished (either way)
+	created   bool
+}
+
+// New checks the Incus server, the pool and envd, and re-adopts the live
+// sandboxes of an earlier process. Unknown image aliases are not an error
+// here: Create of their template fails with ErrTemplateNotFound.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.Pool == "" {
+		opts.Pool = "sandboxd"
+	}
+	if len(opts.Images) == 0 {
+		opts.Images = map[string]string{DefaultTemplate: "sandboxd-base"}
+	}
+	if opts.Root == "" {
+		opts.Root = "/run/sandboxd/incus"
+	}
+	if opts.IncusDir == "" {
+		opts.IncusDir = "/var/lib/incus"
+	}
+	opts.CPUCount = orDefault(opts.CPUCount, 2)
+	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
+	opts.DiskSizeMB = orDefault(opts.DiskSizeMB, 1024)
+	opts.PidsMax = orDefault(opts.PidsMax, 1024)
+	if opts.EnvdLogLevel == "" {
+		opts.EnvdLogLevel = "warn"
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 30 * time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.EnvdPath == "" {
+		return nil, fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)
+	}
+	envd, err := filepath.Abs(opts.EnvdPath)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(envd); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("incus backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
+	}
+	opts.EnvdPath = envd
+	c := opts.Client
+	if c == nil {
+		c = NewUnixClient(opts.Socket)
+	}
+	srv, err := c.Server(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
+	if !srv.HasExtension("instance_create_start") {
+		return nil, fmt.Errorf("incus backend: %w: server lacks API extension instance_create_start", runtime.ErrUnavailable)
+	}
+	if _, err := c.StoragePool(ctx, opts.Pool); err != nil {
+		return nil, fmt.Errorf("incus backend: storage pool %q: %w", opts.Pool, err)
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Root, "sandboxes"), 0o700); err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
+	b := &Backend{
+		opts:     opts,
+		c:        c,
+		log:      opts.Log,
+		sbx:      map[string]*sandbox{},
+		deleting: map[string]chan struct{}{},
+		images:   map[string]*imageInfo{},
+	}
+	if _, err := b.List(ctx); err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
+	return b, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Client returns the backend's Incus client.
+func (b *Backend) Client() *Client { return b.c }
+
+// Templates lists the template names this backend maps to images.
+func (b *Backend) Templates(context.Context) ([]string, error) {
+	return slices.Sorted(maps.Keys(b.opts.Images)), nil
+}
+
+var simpleName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,57}[a-z0-9])?$`)
+
+// InstanceName is the Incus instance name of sandbox id in namespace ns:
+// "sbx-<id>" when ns is empty and id is a lower-case host name label that
+// fits, else "sbh-" and a hash of both (instance names are host names: no
+// '_', no upper case, at most 63 bytes).
+func InstanceName(ns, id string) string {
+	if ns == "" && simpleName.MatchString(id) && !strings.Contains(id, "--") {
+		return "sbx-" + id
+	}
+	h := sha256.Sum256([]byte(ns + "\x00" + id))
+	return "sbh-" + hex.EncodeToString(h[:16])
+}
+
+func (b *Backend) instanceName(id string) string { return InstanceName(b.opts.Namespace, id) }
+
+// ours reports whether instance in is a sandbox of this backend's namespace.
+func (b *Backend) ours(in *Instance) bool {
+	id := in.Config[keyID]
+	return runtime.ValidID(id) && in.Config[keyNamespace] == b.opts.Namespace && in.Name == b.instanceName(id)
+}
+
+// sockDir is the host directory of instance name's envd socket: a small
+// tmpfs of its own, so that root inside, who can write there, cannot fill
+// the host's /run.
+func (b *Backend) sockDir(name string) string { return filepath.Join(b.opts.Root, "sandboxes", name) }
+
+// makeSockDir creates and mounts dir.
+func makeSockDir(dir string) error {
+	if err := removeSockDir(dir); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+		"size=256k,nr_inodes=64,mode=0700"); err != nil {
+		_ = os.Remove(dir)
+		return fmt.Errorf("mount tmpfs on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeSockDir unmounts and removes dir; a missing dir is fine.
+func removeSockDir(dir string) error {
+	for {
+		err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		if err != nil {
+			break // EINVAL: not a mount point (any more); ENOENT: no dir
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return nil
+}
+
+// image resolves a template's alias or fingerprint, caching the answer.
+func (b *Backend) image(ctx context.Context, ref string) (*imageInfo, error) {
+	b.mu.Lock()
+	im := b.images[ref]
+	b.mu.Unlock()
+	if im != nil {
+		return im, nil
+	}
+	fp, err := b.c.ImageAlias(ctx, ref)
+	if errors.Is(err, runtime.ErrNotFound) {
+		fp = ref // maybe a fingerprint
+	} else if err != nil {
+		return nil, err
+	}
+	img, err := b.c.Image(ctx, fp)
+	if err != nil {
+		return nil, err
+	}
+	im = &imageInfo{fingerprint: img.Fingerprint, size: img.Size}
+	b.mu.Lock()
+	b.images[ref] = im
+	b.mu.Unlock()
+	return im, nil
+}
+
+// Every capability outside Docker's default set minus NET_RAW and MKNOD (as
+// runtime/local keeps) is dropped. lxc.cap.keep cannot be used: Incus
+// writes lxc.cap.drop lines itself, and LXC refuses both.
+var droppedCaps = []string{
+	"dac_read_search", "linux_immutable", "net_broadcast", "net_admin", "net_raw",
+	"ipc_lock", "ipc_owner", "sys_module", "sys_rawio", "sys_ptrace", "sys_pacct",
+	"sys_admin", "sys_boot", "sys_nice", "sys_resource", "sys_time", "sys_tty_config",
+	"mknod", "lease", "audit_control", "mac_override", "mac_admin", "syslog",
+	"wake_alarm", "block_suspend", "audit_read", "perfmon", "bpf", "checkpoint_restore",
+}
+
+// instanceRequest describes sandbox s as an Incus create request.
+func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, error) {
+	sp := s.spec
+	specJSON, err := json.Marshal(sp)
+	if err != nil {
+		return InstancesPost{}, err
+	}
+	raw := []string{
+		fmt.Sprintf("lxc.init.cmd = %s --init --socket %s/envd.sock --listen 127.0.0.1:%d --log-level %s",
+			envdPath, envdSocketDir, runtime.EnvdPort, b.opts.EnvdLogLevel),
+		"lxc.cap.drop = " + strings.Join(droppedCaps, " "),
+		"lxc.no_new_privs = 1",
+	}
+	if !b.opts.WritableUsr {
+		usr := filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", s.name, "rootfs", "usr")
+		raw = append(raw, "lxc.mount.entry = "+usr+" usr none ro,bind,idmap=container 0 0")
+	}
+	cfg := map[string]string{
+		"limits.cpu":          strconv.Itoa(sp.CPUCount),
+		"limits.memory":       strconv.Itoa(sp.MemoryMB) + "MiB",
+		"limits.memory.swap":  "false",
+		"limits.processes":    strconv.Itoa(b.opts.PidsMax),
+		"raw.lxc":             strings.Join(raw, "\n") + "\n",
+		"security.privileged": "false",
+		keyID:                 sp.ID,
+		keyTemplate:           sp.Template,
+		keyCreatedAt:          s.createdAt.Format(time.RFC3339Nano),
+		keySpec:               string(specJSON),
+	}
+	if b.opts.Namespace != "" {
+		cfg[keyNamespace] = b.opts.Namespace
+	}
+	// Env for envd (and so every process it runs), as runtime/local.
+	env := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+		"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sp.ID,
+	}
+	maps.Copy(env, sp.Env)
+	for k, v := range env {
+		cfg["environment."+k] = v
+	}
+	// The pool's quota counts the image's blocks the snapshot references
+	// too: the root gets the image's size plus DiskSizeMB (with 10% for
+	// btrfs metadata), so that DiskSizeMB is what the sandbox can write.
+	rootMiB := (im.size*11/10)>>20 + int64(sp.DiskSizeMB) + 1
+	return InstancesPost{
+		Name:      s.name,
+		Type:      "container",
+		Ephemeral: true,
+		Start:     true,
+		Source:    InstanceSource{Type: "image", Fingerprint: im.fingerprint},
+		Config:    cfg,
+		Profiles:  []string{}, // no default profile: no NIC, our root device
+		Devices: map[string]map[string]string{
+			"root": {"type": "disk", "path": "/", "pool": b.opts.Pool, "size": strconv.FormatInt(rootMiB, 10) + "MiB"},
+			"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
+			"sock": {"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"},
+		},
+	}, nil
+}
+
+// Create starts a sandbox and returns once envd answers /health. A failed
+// or cancelled Create deletes what it made (in the background).
+func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Template == "" {
+		spec.Template = DefaultTemplate
+	}
+	ref, ok := b.opts.Images[spec.Template]
+	if !ok {
+		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	}
+	if spec.AllowInternet {
+		return nil, fmt.Errorf("create sandbox %s: %w: internet access (no network is configured for Incus sandboxes)",
+			spec.ID, runtime.ErrUnsupported)
+	}
+	spec.CPUCount = min(orDefault(spec.CPUCount, b.opts.CPUCount), goruntime.NumCPU())
+	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
+	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
+		defer cancel()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	wrap := func(step string, err error) error {
+		return fmt.Errorf("create sandbox %s: %s: %w", spec.ID, step, err)
+	}
+	im, err := b.image(ctx, ref)
+	if errors.Is(err, runtime.ErrNotFound) {
+		return nil, fmt.Errorf("create sandbox %s: %w: image %q of template %q", spec.ID, runtime.ErrTemplateNotFound, ref, spec.Template)
+	} else if err != nil {
+		return nil, wrap("image", err)
+	}
+
+	s := &sandbox{
+		id:        spec.ID,
+		name:      b.instanceName(spec.ID),
+		dir:       b.sockDir(b.instanceName(spec.ID)),
+		spec:      spec,
+		createdAt: time.Now().UTC(),
+		ready:     make(chan struct{}),
+	}
+	// Claim the id, waiting for a deletion of the same id to finish.
+	for {
+		b.mu.Lock()
+		if _, exists := b.sbx[spec.ID]; exists {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
+		}
+		gone := b.deleting[spec.ID]
+		if gone == nil {
+			b.sbx[spec.ID] = s
+			b.mu.Unlock()
+			break
+		}
+		b.mu.Unlock()
+		select {
+		case <-gone:
+		case <-ctx.Done():
+			return nil, wrap("waiting for the previous sandbox of this id to be deleted", ctx.Err())
+		}
+	}
+	// posted: the instance may exist, undo must delete it. keepDir: the
+	// socket directory belongs to another instance of this id.
+	var posted, keepDir bool
+	var opID string
+	defer func() {
+		if err == nil {
+			close(s.ready)
+			return
+		}
+		b.mu.Lock()
+		delete(b.sbx, spec.ID)
+		if posted {
+			b.startDelete(s.id, s.name, s.dir, opID)
+		}
+		b.mu.Unlock()
+		if !posted && !keepDir {
+			_ = removeSockDir(s.dir)
+		}
+		close(s.ready)
+	}()
+
+	// An instance of this id that the map lacks (an earlier process's, not
+	// adopted yet) takes the id; its socket directory must stay.
+	if _, err := b.c.Instance(ctx, s.name); err == nil {
+		keepDir = true // not ours: keep it and its directory
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
+	} else if !errors.Is(err, runtime.ErrNotFound) {
+		return nil, wrap("instance", err)
+	}
+	if err := makeSockDir(s.dir); err != nil {
+		return nil, wrap("socket dir", err)
+	}
+	req, err := b.instanceRequest(s, im)
+	if err != nil {
+		return nil, wrap("config", err)
+	}
+	t0 := time.Now()
+	// The POST itself is not cancelled half-way (we would not know whether
+	// the instance exists); it returns as soon as the operation is queued.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	opID, err = b.c.CreateInstance(pctx, req)
+	pcancel()
+	if err != nil {
+		return nil, wrap("instance", err)
+	}
+	posted = true
+	if _, err := b.c.Wait(ctx, opID); err != nil {
+		if errors.Is(err, runtime.ErrAlreadyExists) {
+			posted, keepDir = false, true // someone else's instance: not ours to delete
+			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
+		}
+		var ie *Error
+		if errors.As(err, &ie) && ie.Method == "OP" {
+			// Incus undid its own failed create; but a started-then-failed
+			// instance may remain, which the deletion handles (404 is fine).
+			return nil, wrap("instance", fmt.Errorf("%w: %w", runtime.ErrUnavailable, err))
+		}
+		return nil, wrap("instance", err)
+	}
+	tRunning := time.Now()
+	st, err := b.c.InstanceState(ctx, s.name)
+	if err != nil {
+		return nil, wrap("instance state", err)
+	}
+	if err := loopbackUp(int(st.Pid)); err != nil {
+		return nil, wrap("loopback", err)
+	}
+	if err := waitHealthy(ctx, s.dialEnvd); err != nil {
+		return nil, wrap("envd", err)
+	}
+	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name,
+		"running", tRunning.Sub(t0), "total", time.Since(t0))
+	s.mu.Lock()
+	s.created = true
+	info := s.info()
+	s.mu.Unlock()
+	return info, nil
+}
+
+// info reports s; the caller holds s.mu.
+func (s *sandbox) info() *runtime.Sandbox {
+	state := runtime.StateRunning
+	if s.paused {
+		state = runtime.StatePaused
+	}
+	return &runtime.Sandbox{ID: s.id, Template: s.spec.Template, State: state, Spec: s.spec, CreatedAt: s.createdAt}
+}
+
+// waitHealthy polls envd's /health until it answers or ctx ends.
+func waitHealthy(ctx context.Context, dial func(context.Context) (net.Conn, error)) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		DisableKeepAlives: true,
+	}}
+	defer hc.CloseIdleConnections()
+	delay := 500 * time.Microsecond
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("/health answered %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Millisecond)
+	}
+}
+
+// dialEnvd connects to envd's unix socket. Root inside can replace
+// envd.sock with a symlink to a host socket (resolved by connect in the
+// host's namespace): the socket is opened O_PATH|O_NOFOLLOW, checked, and
+// connected through its /proc/self/fd link, as runtime/local does.
+func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
+	fd, err := unix.Open(filepath.Join(s.dir, "envd.sock"), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("open envd.sock", err)}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, os.NewSyscallError("fstat envd.sock", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("envd.sock in sandbox %s is not a socket (mode %#o)", s.id, st.Mode)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+// get returns the live sandbox id: from memory, or adopted from Incus (a
+// sandbox of an earlier process). It waits for a Create in progress.
+func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
+	if !runtime.ValidID(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, runtime.ErrNotFound)
+	}
+	b.mu.Lock()
+	s := b.sbx[id]
+	_, deleting := b.deleting[id]
+	b.mu.Unlock()
+	if deleting && s == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if s == nil {
+		in, err := b.c.Instance(ctx, b.instanceName(id))
+		if err != nil {
+			if errors.Is(err, runtime.ErrNotFound) {
+				return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+			}
+			return nil, err
+		}
+		if s = b.adopt(in); s == nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+		}
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if !s.created {
+		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	return s, nil
+}
+
+// adopt returns the handle of a live sandbox instance, adding it to the map
+// if needed; nil if in is not a live sandbox or is being deleted.
+func (b *Backend) adopt(in *Instance) *sandbox {
+	id := in.Config[keyID]
+	if !b.ours(in) {
+		return nil
+	}
+	if in.Status != "Running" && in.Status != "Frozen" {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.sbx[id]; s != nil {
+		return s
+	}
+	if _, deleting := b.deleting[id]; deleting {
+		return nil
+	}
+	var sp runtime.Spec
+	if err := json.Unmarshal([]byte(in.Config[keySpec]), &sp); err != nil || sp.ID != id {
+		sp = runtime.Spec{ID: id, Template: in.Config[keyTemplate]}
+	}
+	created, err := time.Parse(time.RFC3339Nano, in.Config[keyCreatedAt])
+	if err != nil {
+		created = in.CreatedAt
+	}
+	ready := make(chan struct{})
+	close(ready)
+	s := &sandbox{
+		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
+		paused: in.Status == "Frozen", ready: ready, created: true,
+	}
+	b.sbx[id] = s
+	return s
+}
+
+// List returns the live sandboxes: every Incus instance with a
+// user.sandboxd.id that is running or frozen, minus those being deleted or
+// created.
+func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
+	all, err := b.c.Instances(ctx, keyID)
+	if err != nil {
+		return nil, err
+	}
+	var out []*runtime.Sandbox
+	for _, in := range all {
+		s := b.adopt(in)
+		if s == nil {
+			continue
+		}
+		select {
+		case <-s.ready:
+		default:
+			continue // still being created
+		}
+		s.mu.Lock()
+		if s.created {
+			s.paused = in.Status == "Frozen"
+			out = append(out, s.info())
+		}
+		s.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b *runtime.Sandbox) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}

@@ -1,0 +1,327 @@
+package incus_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+)
+
+// The real-Incus tests need what scripts/incus-setup.sh prepares: incusd on
+// its socket, the pool and the image. Override with SANDBOXD_INCUS_SOCKET,
+// SANDBOXD_INCUS_POOL and SANDBOXD_INCUS_IMAGE.
+var (
+	envdBin    string
+	skipReason string
+)
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	sock := env("SANDBOXD_INCUS_SOCKET", incus.DefaultSocket)
+	switch {
+	case os.Geteuid() != 0:
+		skipReason = "the Incus backend tests need root"
+	default:
+		if _, err := os.Stat(sock); err != nil {
+			skipReason = fmt.Sprintf("no Incus at %s (run scripts/incus-setup.sh)", sock)
+		}
+	}
+	if skipReason == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c := incus.NewUnixClient(sock)
+		if _, err := c.Server(ctx); err != nil {
+			skipReason = fmt.Sprintf("Incus at %s does not answer: %v (run scripts/incus-setup.sh)", sock, err)
+		} else if _, err := c.ImageAlias(ctx, env("SANDBOXD_INCUS_IMAGE", "sandboxd-base")); err != nil {
+			skipReason = fmt.Sprintf("no image %s in Incus: %v (run scripts/incus-setup.sh)", env("SANDBOXD_INCUS_IMAGE", "sandboxd-base"), err)
+		}
+	}
+	if skipReason == "" {
+		envdBin = os.Getenv("SANDBOXD_ENVD")
+		if envdBin == "" {
+			dir, err := os.MkdirTemp("", "incus-envd-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			envdBin = filepath.Join(dir, "envd")
+			cmd := exec.Command("go", "build", "-trimpath", "-o", envdBin, "github.com/sandboxd/sandboxd/cmd/envd")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
+				return 1
+			}
+		}
+	}
+	return m.Run()
+}
+
+func randHex() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// options gives each backend its own namespace and socket root, so that it
+// starts empty however many other sandboxes Incus holds.
+func options(t testing.TB, ns string) incus.Options {
+	return incus.Options{
+		Socket:    env("SANDBOXD_INCUS_SOCKET", incus.DefaultSocket),
+		Pool:      env("SANDBOXD_INCUS_POOL", "sandboxd"),
+		Images:    map[string]string{incus.DefaultTemplate: env("SANDBOXD_INCUS_IMAGE", "sandboxd-base")},
+		EnvdPath:  envdBin,
+		Root:      filepath.Join("/run/sandboxd-test/incus", ns),
+		Namespace: "test-" + ns,
+		Log:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	}
+}
+
+// newBackend opens a backend in a fresh namespace; its cleanup destroys what
+// the test left and waits for the deletions.
+func newBackend(t testing.TB) (*incus.Backend, string) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	ns := randHex()
+	b, err := incus.New(context.Background(), options(t, ns))
+	if err != nil {
+		t.Fatalf("incus.New: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		l, _ := b.List(ctx)
+		for _, s := range l {
+			_ = b.Destroy(ctx, s.ID)
+		}
+		if err := b.WaitDeletes(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		if err := b.Reconcile(ctx); err != nil {
+			t.Errorf("cleanup: Reconcile: %v", err)
+		}
+		_ = os.RemoveAll(filepath.Join("/run/sandboxd-test/incus", ns))
+	})
+	return b, ns
+}
+
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Backend {
+		b, _ := newBackend(t)
+		return b
+	})
+}
+
+// TestRecovery: a second backend (a restarted sandboxd) sees the sandboxes
+// of the first, running and paused, and can use and destroy them.
+func TestRecovery(t *testing.T) {
+	b1, ns := newBackend(t)
+	ctx := t.Context()
+	x, y := runtimetest.NewID(), runtimetest.NewID()
+	for _, id := range []string{x, y} {
+		if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b1.Pause(ctx, y); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := incus.New(ctx, options(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]runtime.State{}
+	for _, s := range l {
+		got[s.ID] = s.State
+		if s.Spec.MemoryMB != 256 || s.Template != incus.DefaultTemplate {
+			t.Errorf("re-adopted %+v; want its spec back", s)
+		}
+	}
+	if got[x] != runtime.StateRunning || got[y] != runtime.StatePaused || len(got) != 2 {
+		t.Fatalf("List() after restart = %v", got)
+	}
+	if err := b2.Resume(ctx, y); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{x, y} {
+		res, err := runtimetest.Exec(ctx, b2, id, "user", "/bin/sh", "-c", "echo hi")
+		if err != nil || res.Stdout != "hi\n" {
+			t.Errorf("exec in re-adopted %s: %v, %v", id, res, err)
+		}
+		if err := b2.Destroy(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := b2.WaitDeletes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ = b2.List(ctx)
+	if len(l) != 0 {
+		t.Errorf("List() after Destroy = %d sandboxes", len(l))
+	}
+}
+
+// TestTiming measures create → envd healthy and Destroy → instance gone,
+// sequentially, and logs the medians. Run with -run TestTiming -v.
+func TestTiming(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing in -short mode")
+	}
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	n := 11
+	var create, destroy, gone []time.Duration
+	for i := range n {
+		id := runtimetest.NewID()
+		t0 := time.Now()
+		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		c := time.Since(t0)
+		t1 := time.Now()
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Since(t1)
+		if err := b.WaitDeletes(ctx); err != nil {
+			t.Fatal(err)
+		}
+		g := time.Since(t1)
+		if i == 0 {
+			continue // warm-up
+		}
+		create, destroy, gone = append(create, c), append(destroy, d), append(gone, g)
+	}
+	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	t.Logf("n=%d create→envd healthy p50 %v (min %v max %v); Destroy returns p50 %v; instance gone p50 %v",
+		len(create), med(create), create[0], create[len(create)-1], med(destroy), med(gone))
+}
+
+// TestSocketDir: the shared socket directory is a small tmpfs of its own
+// (root inside cannot fill the host's /run), and a symlink planted as
+// envd.sock does not lead sandboxd to a host socket.
+func TestSocketDir(t *testing.T) {
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/run/envd/fill bs=1M count=8; rm -f /run/envd/fill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Stderr, "No space left on device") {
+		t.Errorf("filling /run/envd with 8 MiB: %v; want ENOSPC", res)
+	}
+
+	hostSock := filepath.Join(t.TempDir(), "host.sock")
+	ln, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "rm /run/envd/envd.sock && ln -s "+hostSock+" /run/envd/envd.sock")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("plant symlink: %v, %v", res, err)
+	}
+	if c, err := b.Dial(ctx, id, runtime.EnvdPort); err == nil {
+		c.Close()
+		t.Errorf("Dial(envd) through a planted symlink succeeded")
+	}
+	select {
+	case <-accepted:
+		t.Errorf("sandboxd connected to the host socket the sandbox's symlink named")
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// TestEnvAndLimits: the spec's environment reaches envd, and
+// the instance carries the limits and user.sandboxd.* keys.
+func TestEnvAndLimits(t *testing.T) {
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 300, DiskSizeMB: 64, CPUCount: 1,
+		Env: map[string]string{"FOO": "bar baz"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	// envd's own environment (what it starts with; processes get theirs
+	// from envd, as in runtime/local).
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c",
+		`tr '\0' '\n' </proc/1/environ | grep -E '^(FOO|E2B_SANDBOX|E2B_SANDBOX_ID)=' | sort | tr '\n' '|'; echo; ls /sys/class/net`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "E2B_SANDBOX=true|E2B_SANDBOX_ID=" + id + "|FOO=bar baz|\n"; !strings.HasPrefix(res.Stdout, want) {
+		t.Errorf("env = %q; want prefix %q", res.Stdout, want)
+	}
+	if !strings.Contains(res.Stdout, "lo\n") || strings.Contains(res.Stdout, "eth") {
+		t.Errorf("network: %q; want lo only", res.Stdout)
+	}
+	l, err := b.Client().Instances(ctx, "user.sandboxd.id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range l {
+		if in.Config["user.sandboxd.id"] != id {
+			continue
+		}
+		c := in.Config
+		if c["limits.memory"] != "300MiB" || c["limits.cpu"] != "1" || c["limits.processes"] == "" ||
+			c["user.sandboxd.template"] != incus.DefaultTemplate || c["user.sandboxd.created-at"] == "" || !in.Ephemeral {
+			t.Errorf("instance config %v; want limits and user.sandboxd.* keys, ephemeral", c)
+		}
+		if len(in.Devices) != 3 || in.Devices["root"]["pool"] == "" {
+			t.Errorf("devices %v; want root, envd and sock only (no NIC)", in.Devices)
+		}
+		return
+	}
+	t.Errorf("no instance with user.sandboxd.id %s", id)
+}

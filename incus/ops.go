@@ -1,0 +1,432 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/envd/tunnel"
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// Destroy removes sandbox id. It returns at once: the forced stop (which
+// deletes the ephemeral instance) and the removal of its socket directory
+// run in the background, with retries. From the return on, the sandbox is
+// gone for every other call; a Create of the same id waits for the instance
+// to be deleted. Idempotent.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !runtime.ValidID(id) {
+		return nil // cannot exist
+	}
+	b.mu.Lock()
+	s := b.sbx[id]
+	_, deleting := b.deleting[id]
+	b.mu.Unlock()
+	if s != nil {
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !s.created {
+			return nil // the failed Create undid itself
+		}
+		s.mu.Lock()
+		b.mu.Lock()
+		if b.sbx[id] == s {
+			delete(b.sbx, id)
+			b.startDelete(id, s.name, s.dir, "")
+		}
+		b.mu.Unlock()
+		s.mu.Unlock()
+		return nil
+	}
+	if deleting {
+		return nil
+	}
+	// Unknown here: maybe a sandbox of an earlier process.
+	in, err := b.c.Instance(ctx, b.instanceName(id))
+	if errors.Is(err, runtime.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if !b.ours(in) || in.Config[keyID] != id {
+		return nil
+	}
+	b.mu.Lock()
+	if b.sbx[id] == nil && b.deleting[id] == nil {
+		b.startDelete(id, in.Name, b.sockDir(in.Name), "")
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// startDelete deletes instance name of sandbox id in the background, after
+// operation waitOp (a create being undone) when set. The caller holds b.mu.
+func (b *Backend) startDelete(id, name, dir, waitOp string) {
+	if _, ok := b.deleting[id]; ok {
+		return
+	}
+	done := make(chan struct{})
+	b.deleting[id] = done
+	go b.finishDelete(id, name, dir, waitOp, done)
+}
+
+// Retries of a background deletion: about two minutes in all.
+const (
+	deleteAttempts = 12
+	deleteMaxDelay = 15 * time.Second
+)
+
+func (b *Backend) finishDelete(id, name, dir, waitOp string, done chan struct{}) {
+	defer func() {
+		if err := removeSockDir(dir); err != nil {
+			b.log.Warn("incus: remove socket dir", "sandbox", id, "err", err)
+		}
+		b.mu.Lock()
+		if b.deleting[id] == done {
+			delete(b.deleting, id)
+		}
+		b.mu.Unlock()
+		close(done)
+	}()
+	if waitOp != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, _ = b.c.Wait(ctx, waitOp)
+		cancel()
+	}
+	delay := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := b.removeInstance(id, name)
+		if err == nil {
+			return
+		}
+		if attempt == deleteAttempts {
+			b.log.Error("incus: giving up deleting sandbox instance; Reconcile retries it",
+				"sandbox", id, "instance", name, "err", err)
+			return
+		}
+		b.log.Warn("incus: delete sandbox instance; retrying", "sandbox", id, "instance", name,
+			"attempt", attempt, "err", err)
+		time.Sleep(delay)
+		delay = min(delay*2, deleteMaxDelay)
+	}
+}
+
+// removeInstance stops instance name (force) and waits for it to be gone:
+// an ephemeral instance is deleted by its stop hook, others are deleted
+// here. An instance that is not sandbox id's is left alone.
+func (b *Backend) removeInstance(id, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in, err := b.c.Instance(ctx, name)
+	if errors.Is(err, runtime.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !b.ours(in) || in.Config[keyID] != id {
+		return nil
+	}
+	if in.Status != "Stopped" {
+		err := b.c.SetState(ctx, name, StatePut{Action: "stop", Force: true, Timeout: -1})
+		if err != nil && !errors.Is(err, runtime.ErrNotFound) && !errors.Is(err, runtime.ErrNotRunning) {
+			return err
+		}
+	}
+	// The ephemeral instance disappears about 20 ms after the stop.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		in, err := b.c.Instance(ctx, name)
+		if errors.Is(err, runtime.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if time.Now().After(deadline) || !in.Ephemeral {
+			if in.Status != "Stopped" {
+				return fmt.Errorf("instance %s is %s after a forced stop", name, in.Status)
+			}
+			err := b.c.DeleteInstance(ctx, name)
+			if err == nil || errors.Is(err, runtime.ErrNotFound) {
+				return nil
+			}
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Pause freezes every process of the sandbox (cgroup freezer); memory stays.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	return b.setFrozen(ctx, id, true)
+}
+
+// Resume thaws a paused sandbox.
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	return b.setFrozen(ctx, id, false)
+}
+
+func (b *Backend) setFrozen(ctx context.Context, id string, frozen bool) error {
+	verb, action, done := "pause", "freeze", errAlreadyFrozen
+	if !frozen {
+		verb, action, done = "resume", "unfreeze", errNotFrozen
+	}
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%s: %w", verb, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.gone(s) {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, runtime.ErrNotFound)
+	}
+	if s.paused == frozen {
+		return nil
+	}
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: action}); err != nil && !errors.Is(err, done) {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	}
+	s.paused = frozen
+	return nil
+}
+
+// gone reports whether s was destroyed (no longer the map's entry).
+func (b *Backend) gone(s *sandbox) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sbx[s.id] != s
+}
+
+// Dial connects to port on the sandbox's loopback: EnvdPort is envd's unix
+// socket in the shared socket directory; other ports go through envd's
+// CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
+// errors.Is tunnel.ErrPortNotOpen.
+func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("dial sandbox %s: %w: port %d", id, runtime.ErrInvalidSpec, port)
+	}
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	s.mu.Lock()
+	paused, token := s.paused, s.spec.AccessToken
+	s.mu.Unlock()
+	if paused {
+		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrPaused)
+	}
+	if port == runtime.EnvdPort {
+		c, err := s.dialEnvd(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dial sandbox %s: envd: %w", id, err)
+		}
+		return c, nil
+	}
+	c, err := tunnel.Dial(ctx, s.dialEnvd, token, port)
+	if err != nil {
+		var se *tunnel.StatusError
+		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
+			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
+		}
+		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, err)
+	}
+	return c, nil
+}
+
+// Stats reads the instance's state: CPU time, memory and processes from
+// its cgroups, and the root volume's own usage (what the sandbox wrote, not
+// the image it shares) against DiskSizeMB.
+func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	s.mu.Lock()
+	sp := s.spec
+	s.mu.Unlock()
+	if !b.opts.NoDiskSync {
+		b.syncRoot(s.name)
+	}
+	st, err := b.c.InstanceState(ctx, s.name)
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
+	}
+	out := runtime.Stats{
+		CPUTime:          time.Duration(st.CPU.Usage),
+		CPUCount:         sp.CPUCount,
+		MemoryBytes:      uint64(max(st.Memory.Usage, 0)),
+		MemoryLimitBytes: uint64(sp.MemoryMB) << 20,
+		DiskLimitBytes:   uint64(sp.DiskSizeMB) << 20,
+		Pids:             uint64(max(st.Processes, 0)),
+		PidsLimit:        uint64(b.opts.PidsMax),
+	}
+	if st.Memory.Total > 0 {
+		out.MemoryLimitBytes = uint64(st.Memory.Total)
+	}
+	if d, ok := st.Disk["root"]; ok {
+		out.DiskBytes = uint64(max(d.Usage, 0))
+	}
+	return out, nil
+}
+
+// syncRoot commits the filesystem holding instance name's root, so that
+// btrfs quota groups (which Incus reports as usage) count recent writes.
+func (b *Backend) syncRoot(name string) {
+	fd, err := unix.Open(filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", name),
+		unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_ = unix.Syncfs(fd)
+}
+
+// Reconcile finishes what a crash interrupted: instances with a
+// user.sandboxd.id that are not running or frozen (a Destroy that did not
+// complete, a failed start) are deleted, and socket directories without a
+// live sandbox are removed. It waits for the deletions it starts, as long as
+// ctx allows.
+func (b *Backend) Reconcile(ctx context.Context) error {
+	all, err := b.c.Instances(ctx, keyID)
+	if err != nil {
+		return err
+	}
+	var waits []chan struct{}
+	for _, in := range all {
+		id := in.Config[keyID]
+		if s := b.adopt(in); s != nil {
+			continue
+		}
+		if !b.ours(in) {
+			continue
+		}
+		b.mu.Lock()
+		if b.sbx[id] == nil {
+			b.startDelete(id, in.Name, b.sockDir(in.Name), "")
+			waits = append(waits, b.deleting[id])
+		}
+		b.mu.Unlock()
+	}
+	// Socket directories are named after instances.
+	busy := map[string]bool{}
+	b.mu.Lock()
+	for _, s := range b.sbx {
+		busy[s.name] = true
+	}
+	b.mu.Unlock()
+	for _, in := range all {
+		busy[in.Name] = true // live, or being deleted (which removes it)
+	}
+	ents, err := os.ReadDir(filepath.Join(b.opts.Root, "sandboxes"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if busy[e.Name()] {
+			continue
+		}
+		if err := removeSockDir(filepath.Join(b.opts.Root, "sandboxes", e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loopbackUp sets lo up in the network namespace of process pid (the
+// container's init). Inside, envd cannot: the container has no
+// CAP_NET_ADMIN. The thread that enters the namespace is returned to the
+// host's, or discarded if that fails.
+func loopbackUp(pid int) error {
+	if pid <= 0 {
+		return errors.New("instance has no init process")
+	}
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			goruntime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer unix.Close(self)
+		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			goruntime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer unix.Close(target)
+		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+			goruntime.UnlockOSThread()
+			errc <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		err = setLoUp()
+		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
+			goruntime.UnlockOSThread()
+		} // else the locked thread ends with this goroutine
+		errc <- err
+	}()
+	return <-errc
+}
+
+func setLoUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}
+
+// WaitDeletes waits until the background deletions started so far are done,
+// or ctx ends.
+func (b *Backend) WaitDeletes(ctx context.Context) error {
+	b.mu.Lock()
+	var waits []chan struct{}
+	for _, ch := range b.deleting {
+		waits = append(waits, ch)
+	}
+	b.mu.Unlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
