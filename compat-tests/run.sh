@@ -88,9 +88,10 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
 cleanup() {
   [[ -n $proxy_pid ]] && stop "$proxy_pid"
   [[ -n $envd_pid ]] && stop "$envd_pid"
-  if [[ -n $sbxd_pid ]]; then
-    reap_sandboxes >/dev/null 2>&1
+  if [[ -n $sbxd_pid ]]; then # interrupted in sandboxd mode
+    reap_sandboxes >&2
     stop "$sbxd_pid"
+    remove_run_dir
   fi
   for d in "${tmp_dirs[@]}"; do rm -rf "$d"; done
 }
@@ -326,6 +327,12 @@ run_sandboxd() {
     if start_sandboxd "$data"; then reap_sandboxes >&2; fi
     stop "$sbxd_pid"; sbxd_pid=
   fi
+  remove_run_dir
+}
+
+# remove_run_dir: removes the run dir if no sandbox is left in it and nothing
+# is mounted below it.
+remove_run_dir() {
   if [[ -d $sbxd_run && -z $(ls -A "$sbxd_run/sandboxes" 2>/dev/null) ]] && ! grep -qF " $sbxd_run" /proc/self/mountinfo; then
     rm -rf --one-file-system "$sbxd_run"
   fi

@@ -325,3 +325,73 @@ func TestEnvAndLimits(t *testing.T) {
 	}
 	t.Errorf("no instance with user.sandboxd.id %s", id)
 }
+
+// TestIdleMemory creates 10 idle sandboxes and logs how much the host's
+// MemAvailable drops per sandbox. Run with -run TestIdleMemory -v.
+func TestIdleMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measurement in -short mode")
+	}
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	memAvail := func() int64 {
+		raw, err := os.ReadFile("/proc/meminfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(string(raw), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+				var kb int64
+				fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+				return kb << 10
+			}
+		}
+		t.Fatal("no MemAvailable")
+		return 0
+	}
+	// Warm-up: the first sandbox also unpacks nothing (btrfs) but loads code.
+	warm := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: warm, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	before := memAvail()
+	const n = 10
+	var stat runtime.Stats
+	for range n {
+		id := runtimetest.NewID()
+		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		stat, _ = b.Stats(ctx, id)
+	}
+	time.Sleep(3 * time.Second)
+	after := memAvail()
+	// Incus keeps one "[lxc monitor]" process per instance on the host.
+	var monitors int
+	var pss int64
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmd, err := os.ReadFile(p)
+		if err != nil || !strings.HasPrefix(string(cmd), "[lxc monitor]") {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join(filepath.Dir(p), "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(raw), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
+				var kb int64
+				fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+				pss += kb << 10
+				monitors++
+			}
+		}
+	}
+	if monitors == 0 {
+		monitors = 1
+	}
+	t.Logf("per idle sandbox: host MemAvailable drop %.1f MiB (n=%d, noisy); [lxc monitor] PSS %.1f MiB (%d processes); container cgroup memory %.1f MiB",
+		float64(before-after)/n/(1<<20), n, float64(pss)/float64(monitors)/(1<<20), monitors, float64(stat.MemoryBytes)/(1<<20))
+}

@@ -3,7 +3,8 @@
 # Go, Node 20 + npm and Python 3.11 already has. Idempotent and quick when
 # nothing changed: each step is skipped when its inputs are unchanged.
 #   - Debian packages (apt-get update runs once, only if something is missing):
-#     gcc + libc6-dev for `go test -race` (cgo), python3-venv when the Python
+#     gcc + libc6-dev for `go test -race` (cgo), libseccomp-dev, pkg-config,
+#     nftables and iproute2 for the local backend, python3-venv when the Python
 #     has no ensurepip, passwd for useradd, coreutils/procps for the tests.
 #   - compat-tests/js: `npm ci` from the committed package-lock.json.
 #   - compat-tests/python/.venv: pip install -r requirements.txt (pinned with
@@ -20,6 +21,12 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v useradd >/dev/null 2>&1 || need+=(passwd)
 command -v timeout >/dev/null 2>&1 || need+=(coreutils)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+# The local backend (runtime/local/DEPS.md): libseccomp for `-tags seccomp`,
+# nftables and iproute2 for sandboxes with internet egress.
+[[ -e /usr/include/seccomp.h ]] || need+=(libseccomp-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 if ((${#need[@]})); then
   [[ $(id -u) == 0 ]] || { log "need root to apt-get install ${need[*]}"; exit 1; }
