@@ -241,7 +241,9 @@ start_sandboxd() {
   # --domain: a reserved TLD that never resolves, so getHost() is
   # `<port>-<id>.sandboxd.test` (tested by sending it as Host to sandboxd), and
   # nothing can fall back to E2B's default domain e2b.app.
-  "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
+  # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
+  # check has killed the sandboxes through it.
+  setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
     --envd "$envd_bin" --domain sandboxd.test --create-burst 40 >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do

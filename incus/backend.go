@@ -151,6 +151,7 @@ type sandbox struct {
 	paused    bool
 	ready     chan struct{} // closed when Create finished (either way)
 	created   bool
+	readyAt   time.Time // when created became true; set before ready closes
 }
 
 // New checks the Incus server, the pool and envd, and re-adopts the live
@@ -356,6 +357,14 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		"limits.processes":    strconv.Itoa(b.opts.PidsMax),
 		"raw.lxc":             strings.Join(raw, "\n") + "\n",
 		"security.privileged": "false",
+		// No /dev/incus: the guest API would let the sandbox read its own
+		// user.* keys, including the spec's env and access token.
+		"security.guestapi": "false",
+		// No nested user namespaces (in which an unprivileged user would
+		// have CAP_SYS_ADMIN and could mount): set in the container's own
+		// user namespace before the capabilities are dropped; without
+		// CAP_SYS_RESOURCE, root inside cannot raise it again.
+		"linux.sysctl.user.max_user_namespaces": "0",
 		keyID:                 sp.ID,
 		keyTemplate:           sp.Template,
 		keyCreatedAt:          s.createdAt.Format(time.RFC3339Nano),
@@ -460,8 +469,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		}
 	}
 	// posted: the instance may exist, undo must delete it. keepDir: the
-	// socket directory belongs to another instance of this id.
-	var posted, keepDir bool
+	// socket directory is not ours to remove (until we know no instance of
+	// this id exists, it may be another's).
+	posted, keepDir := false, true
 	var opID string
 	defer func() {
 		if err == nil {
@@ -483,11 +493,11 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	// An instance of this id that the map lacks (an earlier process's, not
 	// adopted yet) takes the id; its socket directory must stay.
 	if _, err := b.c.Instance(ctx, s.name); err == nil {
-		keepDir = true // not ours: keep it and its directory
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
 	} else if !errors.Is(err, runtime.ErrNotFound) {
 		return nil, wrap("instance", err)
 	}
+	keepDir = false
 	if err := makeSockDir(s.dir); err != nil {
 		return nil, wrap("socket dir", err)
 	}
@@ -533,6 +543,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		"running", tRunning.Sub(t0), "total", time.Since(t0))
 	s.mu.Lock()
 	s.created = true
+	s.readyAt = time.Now()
 	info := s.info()
 	s.mu.Unlock()
 	return info, nil
@@ -666,7 +677,7 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	close(ready)
 	s := &sandbox{
 		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
-		paused: in.Status == "Frozen", ready: ready, created: true,
+		paused: in.Status == "Frozen", ready: ready, created: true, readyAt: time.Now(),
 	}
 	b.sbx[id] = s
 	return s
@@ -676,12 +687,17 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 // user.sandboxd.id that is running or frozen, minus those being deleted or
 // created.
 func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
+	t0 := time.Now()
 	all, err := b.c.Instances(ctx, keyID)
 	if err != nil {
 		return nil, err
 	}
 	var out []*runtime.Sandbox
+	exists := map[string]bool{}
 	for _, in := range all {
+		if b.ours(in) {
+			exists[in.Config[keyID]] = true
+		}
 		s := b.adopt(in)
 		if s == nil {
 			continue
@@ -698,6 +714,27 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 		}
 		s.mu.Unlock()
 	}
+	// A sandbox whose instance vanished (envd exited, so the container
+	// stopped and Incus deleted it as ephemeral) is forgotten, and its
+	// socket directory removed. Only those known before the listing began.
+	b.mu.Lock()
+	for id, s := range b.sbx {
+		if exists[id] {
+			continue
+		}
+		select {
+		case <-s.ready:
+		default:
+			continue
+		}
+		if !s.created || s.readyAt.After(t0) {
+			continue
+		}
+		delete(b.sbx, id)
+		b.startDelete(id, s.name, s.dir, "")
+		b.log.Warn("incus: sandbox instance is gone (did envd exit?); forgetting it", "sandbox", id, "instance", s.name)
+	}
+	b.mu.Unlock()
 	slices.SortFunc(out, func(a, b *runtime.Sandbox) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -88,6 +89,20 @@ func NewRemoteClient(cfg RemoteConfig) (*Client, error) {
 	}
 	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
 	return &Client{hc: &http.Client{Transport: tr}, base: "https://" + u.Host}, nil
+}
+
+// LoadRemoteConfig reads a RemoteConfig's certificates from PEM files: the
+// client certificate and key, and the server certificate to pin.
+func LoadRemoteConfig(url, certFile, keyFile, serverCertFile string) (RemoteConfig, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return RemoteConfig{}, fmt.Errorf("incus: client certificate: %w", err)
+	}
+	srv, err := os.ReadFile(serverCertFile)
+	if err != nil {
+		return RemoteConfig{}, fmt.Errorf("incus: server certificate: %w", err)
+	}
+	return RemoteConfig{URL: url, Certificate: cert, ServerCert: srv}, nil
 }
 
 // NewClientWith returns a client that sends requests to base through hc; for

@@ -316,7 +316,9 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		b.mu.Lock()
 		if b.sbx[id] == nil {
 			b.startDelete(id, in.Name, b.sockDir(in.Name), "")
-			waits = append(waits, b.deleting[id])
+			if ch := b.deleting[id]; ch != nil {
+				waits = append(waits, ch)
+			}
 		}
 		b.mu.Unlock()
 	}

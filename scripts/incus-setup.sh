@@ -64,15 +64,22 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
   fi
   apt-get update -qq
-  # policy-rc.d: no init system to start services from maintainer scripts.
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  # policy-rc.d: no init system to start services from maintainer scripts
+  # (ours only if there is none already).
+  own_policy=
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends -t bookworm-backports \
     incus incus-client >/dev/null
   apt-get install -y -qq --no-install-recommends btrfs-progs debootstrap \
     squashfs-tools xz-utils rsync attr >/dev/null
-  rm -f /usr/sbin/policy-rc.d
-  trap - EXIT
+  if [[ -n $own_policy ]]; then
+    rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
   step_done
 fi
 

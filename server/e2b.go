@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -25,6 +27,7 @@ type e2bAPI struct {
 	envdVersion string
 	domain      string // returned as the sandbox domain; "" = the client's own
 	log         *slog.Logger
+	cpu         sync.Map // sandbox id -> cpuSample, the previous metrics call's
 }
 
 var _ e2bapi.StrictServerInterface = (*e2bAPI)(nil)
@@ -494,31 +497,75 @@ func (a *e2bAPI) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSand
 	return e2bapi.UpdateSandboxNetwork204Response{}, nil
 }
 
-func metric(st runtime.Stats, at time.Time) e2bapi.SandboxMetric {
-	m := e2bapi.SandboxMetric{
+func metric(st runtime.Stats, at time.Time, cpuPct float64) e2bapi.SandboxMetric {
+	return e2bapi.SandboxMetric{
 		Timestamp:     at.UTC(),
 		TimestampUnix: at.Unix(),
 		CpuCount:      int32(st.CPUCount),
+		CpuUsedPct:    float32(cpuPct),
 		MemUsed:       int64(st.MemoryBytes),
 		MemTotal:      int64(st.MemoryLimitBytes),
 		DiskUsed:      int64(st.DiskBytes),
 		DiskTotal:     int64(st.DiskLimitBytes),
 	}
-	return m
+}
+
+// cpuSample is a sandbox's cumulative CPU time at one moment.
+type cpuSample struct {
+	at  time.Time
+	cpu time.Duration
+}
+
+// firstSampleWindow is how long the first metrics call of a sandbox measures
+// CPU use over, when no earlier sample exists.
+const firstSampleWindow = 100 * time.Millisecond
+
+// sample measures a sandbox now, with its CPU utilisation since the previous
+// call (E2B's cpuUsedPct: percent of the sandbox's CPUs, 0..100).
+func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
+	_, st, err := a.mgr.Stats(ctx, id)
+	if err != nil {
+		return e2bapi.SandboxMetric{}, err
+	}
+	now := time.Now()
+	prev, ok := a.cpu.Load(id)
+	if !ok {
+		select {
+		case <-ctx.Done():
+			return e2bapi.SandboxMetric{}, ctx.Err()
+		case <-time.After(firstSampleWindow):
+		}
+		prev = cpuSample{at: now, cpu: st.CPUTime}
+		if _, st, err = a.mgr.Stats(ctx, id); err != nil {
+			return e2bapi.SandboxMetric{}, err
+		}
+		now = time.Now()
+	}
+	a.cpu.Store(id, cpuSample{at: now, cpu: st.CPUTime})
+	return metric(st, now, cpuPercent(prev.(cpuSample), cpuSample{now, st.CPUTime}, st.CPUCount)), nil
+}
+
+func cpuPercent(prev, cur cpuSample, cpus int) float64 {
+	elapsed := cur.at.Sub(prev.at)
+	used := cur.cpu - prev.cpu
+	if elapsed <= 0 || used < 0 || cpus <= 0 {
+		return 0
+	}
+	pct := float64(used) / float64(elapsed) / float64(cpus) * 100
+	return math.Round(min(pct, 100)*100) / 100
 }
 
 // GetSandboxMetrics answers with the current sample: sandboxd keeps no
 // metric history, so a window yields at most one point (the latest).
 func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
-	_, st, err := a.mgr.Stats(ctx, req.SandboxID)
+	m, err := a.sample(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	if req.Params.End != nil && *req.Params.End < now.Unix()-60 {
+	if req.Params.End != nil && *req.Params.End < m.TimestampUnix-60 {
 		return e2bapi.GetSandboxMetrics200JSONResponse{}, nil
 	}
-	return e2bapi.GetSandboxMetrics200JSONResponse{metric(st, now)}, nil
+	return e2bapi.GetSandboxMetrics200JSONResponse{m}, nil
 }
 
 func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
@@ -526,13 +573,12 @@ func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandbo
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most 100")
 	}
 	out := e2bapi.ListSandboxesMetrics200JSONResponse{Sandboxes: map[string]e2bapi.SandboxMetric{}}
-	now := time.Now()
 	for _, id := range req.Params.SandboxIds {
-		_, st, err := a.mgr.Stats(ctx, id)
+		m, err := a.sample(ctx, id)
 		if err != nil {
 			continue // E2B omits sandboxes it cannot measure
 		}
-		out.Sandboxes[id] = metric(st, now)
+		out.Sandboxes[id] = m
 	}
 	return out, nil
 }

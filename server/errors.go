@@ -69,7 +69,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 			msg = err.Error()
 		}
 	}
-	if status >= 500 {
+	if status >= 500 && status != http.StatusNotImplemented {
 		reqID := middleware.GetReqID(r.Context())
 		log.ErrorContext(r.Context(), "request failed", "status", status, "err", err, "request_id", reqID,
 			"method", r.Method, "path", r.URL.Path)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -27,6 +28,9 @@ type sandboxDialer interface {
 	DialSandbox(ctx context.Context, id string, port int) (net.Conn, error)
 	// TrafficToken returns the token that requests to ports other than envd's must carry in `e2b-traffic-access-token`, or "" when the sandbox's traffic is public. Missing sandbox: errdefs.ErrNotFound.
 	TrafficToken(ctx context.Context, id string) (string, error)
+	// SignedFileSandbox finds the sandbox whose envd access token signed a
+	// `/files` URL (E2B's uploadUrl/downloadUrl), or "" if none did.
+	SignedFileSandbox(ctx context.Context, q url.Values, op string) string
 }
 
 // headerTrafficToken guards ports other than envd's on sandboxes created
@@ -117,6 +121,18 @@ func newProxy(d sandboxDialer, domain string, log *slog.Logger, m *Metrics) *pro
 func (p *proxy) Wrap(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, port, ok, err := dataPlaneTarget(r, p.domain)
+		if !ok && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+			// A pre-signed URL under E2B_SANDBOX_URL carries no routing
+			// headers: the signature itself names the sandbox.
+			op := "read"
+			if r.Method == http.MethodPost {
+				op = "write"
+			}
+			if id = p.d.SignedFileSandbox(r.Context(), r.URL.Query(), op); id != "" {
+				p.serve(w, r, id, EnvdPort, nil)
+				return
+			}
+		}
 		if !ok {
 			if isDataPlanePreflight(r) {
 				writePreflight(w, r)

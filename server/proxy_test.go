@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,8 @@ func (f *fakeSandboxDialer) TrafficToken(_ context.Context, id string) (string, 
 	}
 	return sb.token, nil
 }
+
+func (f *fakeSandboxDialer) SignedFileSandbox(context.Context, url.Values, string) string { return "" }
 
 func (f *fakeSandboxDialer) set(id string, sb *fakeProxySandbox) {
 	f.mu.Lock()

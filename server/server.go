@@ -100,6 +100,7 @@ func New(cfg Config) http.Handler {
 
 	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
 	cfg.Manager.OnStop(p.CloseSandbox)
+	cfg.Manager.OnStop(func(id string) { api.cpu.Delete(id) })
 	return p.Wrap(root)
 }
 

@@ -203,8 +203,21 @@ func (p *process) spawn(spec *spawnSpec) (outs []output, err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %q: %w", spec.cfg.GetCmd(), err)
 	}
+	preferOOMVictim(cmd.Process.Pid)
 	p.cmd = cmd
 	return outs, nil
+}
+
+// childOOMScoreAdj makes what envd starts (and its descendants, which
+// inherit it) the kernel's preferred victims when the sandbox runs out of
+// memory, so that envd, the sandbox's only way in, is killed last. Raising a
+// score needs no privilege; lowering envd's own would need CAP_SYS_RESOURCE.
+const childOOMScoreAdj = "500"
+
+func preferOOMVictim(pid int) {
+	// Best effort: a process that already exited, or a /proc without the
+	// file, changes nothing about the command itself.
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(childOOMScoreAdj), 0)
 }
 
 // credential returns who the child runs as. A non-root envd (development)

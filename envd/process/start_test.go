@@ -300,3 +300,18 @@ func TestStartOverHTTP1(t *testing.T) {
 		t.Fatalf("stdout %q stderr %q end %v", r.stdout.String(), r.stderr.String(), r.end)
 	}
 }
+
+// Processes envd starts are the preferred OOM victims, so that envd, the
+// sandbox's way in, outlives a workload that exhausts memory.
+func TestStartedProcessesArePreferredOOMVictims(t *testing.T) {
+	e := newTestEnv(t)
+	// The score is written right after the fork, before the start event:
+	// wait for a line on stdin so the shell reads it after that.
+	ev := e.start(t, t.Context(), &rpc.StartRequest{Process: sh("read x; cat /proc/$$/oom_score_adj"), Stdin: ptr(true)}, nil)
+	pid := ev.started()
+	e.sendStdin(t, pid, "go\n")
+	res := ev.rest()
+	if got := strings.TrimSpace(res.stdout.String()); got != childOOMScoreAdj {
+		t.Errorf("oom_score_adj of a started process = %q; want %q", got, childOOMScoreAdj)
+	}
+}

@@ -260,12 +260,15 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		CPUTime:          time.Duration(cg.CpuStats.CpuUsage.TotalUsage),
 		CPUCount:         s.meta.Spec.CPUCount,
 		MemoryBytes:      cg.MemoryStats.Usage.Usage,
-		MemoryLimitBytes: cg.MemoryStats.Usage.Limit,
+		MemoryLimitBytes: uint64(s.meta.Spec.MemoryMB) << 20,
 		Pids:             cg.PidsStats.Current,
 		PidsLimit:        cg.PidsStats.Limit,
 	}
 	if used, total, err := dirUsage(filepath.Join(s.dir, "disk")); err == nil {
 		out.DiskBytes, out.DiskLimitBytes = used, total
+		// The cgroup is also charged for the tmpfs disk (see ociSpec);
+		// memory is what the processes use.
+		out.MemoryBytes -= min(out.MemoryBytes, used)
 	}
 	return out, nil
 }

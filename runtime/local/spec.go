@@ -57,7 +57,13 @@ type specInput struct {
 // devices.
 func ociSpec(in specInput) *specs.Spec {
 	s := in.spec
-	mem := int64(s.MemoryMB) << 20
+	// The writable layer is a tmpfs, and tmpfs pages are charged to the
+	// memory cgroup of whoever writes them. With a limit of MemoryMB alone, a
+	// sandbox filling its disk would be OOM-killed (envd first) instead of
+	// getting ENOSPC. So the cgroup also holds the disk's worth: files are
+	// still bounded by the tmpfs size (DiskSizeMB), and processes by
+	// MemoryMB plus whatever the disk does not use.
+	mem := int64(s.MemoryMB+s.DiskSizeMB) << 20
 	cpuPeriod := uint64(100000)
 	cpuQuota := int64(s.CPUCount) * int64(cpuPeriod)
 	cpuShares := uint64(1024 * s.CPUCount)
