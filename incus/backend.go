@@ -365,10 +365,10 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		// user namespace before the capabilities are dropped; without
 		// CAP_SYS_RESOURCE, root inside cannot raise it again.
 		"linux.sysctl.user.max_user_namespaces": "0",
-		keyID:                 sp.ID,
-		keyTemplate:           sp.Template,
-		keyCreatedAt:          s.createdAt.Format(time.RFC3339Nano),
-		keySpec:               string(specJSON),
+		keyID:                                   sp.ID,
+		keyTemplate:                             sp.Template,
+		keyCreatedAt:                            s.createdAt.Format(time.RFC3339Nano),
+		keySpec:                                 string(specJSON),
 	}
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace

@@ -150,7 +150,7 @@ func TestErrorKind(t *testing.T) {
 		{409, "", runtime.ErrAlreadyExists},
 		{400, `Failed to create "instances" entry: UNIQUE constraint failed: instances.project_id, instances.name`, runtime.ErrAlreadyExists},
 		{400, "The container is already frozen", errAlreadyFrozen}, // incusd 6.0.4, freeze twice
-		{400, "The container is already running", errNotFrozen}, // unfreeze of a running one
+		{400, "The container is already running", errNotFrozen},    // unfreeze of a running one
 		{400, "The instance is already stopped", runtime.ErrNotRunning},
 		{400, "Invalid config", runtime.ErrInvalidSpec},
 		{403, "not authorized", runtime.ErrUnavailable},

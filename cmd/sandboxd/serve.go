@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/envd"
+	"github.com/sandboxd/sandboxd/incus"
+	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
@@ -28,14 +30,15 @@ const defaultRunDir = "/run/sandboxd/local"
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var (
-		listen     = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
-		dataDir    = fs.String("data-dir", "./data", "state directory (SQLite store)")
-		backend    = fs.String("backend", "local", "isolation backend: local")
-		domain     = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
-		envdPath   = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
-		runRoot    = fs.String("run-dir", defaultRunDir, "host state of the local backend")
-		maxTimeout = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
-		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
+		listen      = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
+		dataDir     = fs.String("data-dir", "./data", "state directory (SQLite store)")
+		backend     = fs.String("backend", "local", "isolation backend: local or incus")
+		incusSocket = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
+		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
+		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
+		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
+		maxTimeout  = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	var lim limitOpts
 	lim.register(fs)
@@ -67,15 +70,17 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	if *backend != "local" {
-		return fmt.Errorf("--backend %q: only local is available in this build", *backend)
-	}
-	be, err := local.New(ctx, local.Options{
-		Root: *runRoot, CgroupParent: cgroupParent(*runRoot), EnvdPath: *envdPath,
-		Log: log.With("component", "local"),
-	})
+	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, log)
 	if err != nil {
-		return fmt.Errorf("local backend: %w", err)
+		return err
+	}
+	if w, ok := be.(interface{ WaitDeletes(context.Context) error }); ok {
+		// Incus deletes in the background; let them finish on shutdown.
+		defer func() {
+			wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = w.WaitDeletes(wctx)
+		}()
 	}
 
 	metrics := server.NewMetrics()
@@ -167,4 +172,37 @@ func cgroupParent(runDir string) string {
 	}
 	sum := sha256.Sum256([]byte(filepath.Clean(runDir)))
 	return "/sandboxd-" + hex.EncodeToString(sum[:6])
+}
+
+// backend is what serve needs of a backend: the lifecycle contract plus the
+// template list the API answers from.
+type backend interface {
+	sbxruntime.Backend
+	sbxruntime.TemplateLister
+}
+
+// openBackend is the one place a backend is chosen.
+func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, log *slog.Logger) (backend, error) {
+	switch name {
+	case "local":
+		be, err := local.New(ctx, local.Options{
+			Root: runDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			Log: log.With("component", "local"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		return be, nil
+	case "incus":
+		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket}
+		if runDir != defaultRunDir {
+			opts.Root = runDir
+		}
+		be, err := incus.New(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("incus backend (run scripts/incus-setup.sh first): %w", err)
+		}
+		return be, nil
+	}
+	return nil, fmt.Errorf("--backend %q: want local or incus", name)
 }
