@@ -137,7 +137,8 @@ func TestLimiterEvictsIdleBuckets(t *testing.T) {
 func TestPolicy(t *testing.T) {
 	rate, burst := 0.5, 7
 	p := Policy{
-		Defaults: map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40}, Read: {Rate: 50, Burst: 100}},
+		Defaults: map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40}, Read: {Rate: 50, Burst: 100},
+			DataPlane: {Rate: 200, Burst: 400}},
 		Settings: func(t tenant.ID) store.Settings {
 			if t == "slow" {
 				return store.Settings{CreateRate: &rate, CreateBurst: &burst}
@@ -154,10 +155,32 @@ func TestPolicy(t *testing.T) {
 		{"slow", Read, Limit{Rate: 50, Burst: 100}},
 		{"other", Create, Limit{Rate: 5, Burst: 10}},
 		{"other", Lifecycle, Limit{Rate: 20, Burst: 40}},
+		{"slow", DataPlane, Limit{Rate: 200, Burst: 400}}, // create settings do not apply
 	}
 	for _, tt := range tests {
 		if got := p.Limit(tt.t, tt.c); got != tt.want {
 			t.Errorf("Limit(%s, %s) = %+v, want %+v", tt.t, tt.c, got, tt.want)
+		}
+	}
+}
+
+// TestTenantsDataPlaneIsOwnBucket: a tenant's data-plane bucket is apart
+// from its API classes, and no data-plane default means no limit.
+func TestTenantsDataPlaneIsOwnBucket(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	ts := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{
+		Defaults: map[Class]Limit{Read: {Rate: 1, Burst: 1}, DataPlane: {Rate: 1, Burst: 1}},
+	}}
+	if !ts.Allow("a", Read).Allowed || !ts.Allow("a", DataPlane).Allowed {
+		t.Fatal("first read and first data-plane request: want both allowed")
+	}
+	if ts.Allow("a", DataPlane).Allowed || !ts.Allow("b", DataPlane).Allowed {
+		t.Fatal("want a's second data-plane request refused, b's first allowed")
+	}
+	off := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{Defaults: map[Class]Limit{Read: {Rate: 1, Burst: 1}}}}
+	for range 10 {
+		if d := off.Allow("a", DataPlane); !d.Allowed || !d.Limit.Unlimited() {
+			t.Fatalf("no data-plane default: %+v; want unlimited", d)
 		}
 	}
 }

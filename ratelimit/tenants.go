@@ -16,10 +16,13 @@ const (
 	Lifecycle Class = "lifecycle"
 	// Read is GET and HEAD: get, list, metrics, logs, templates.
 	Read Class = "read"
+	// DataPlane is every request through the data-plane proxy (envd and
+	// user ports), keyed by the tenant owning the sandbox.
+	DataPlane Class = "dataplane"
 )
 
 // Classes lists the tenant classes.
-var Classes = []Class{Create, Lifecycle, Read}
+var Classes = []Class{Create, Lifecycle, Read, DataPlane}
 
 // Policy says which limit applies to a tenant's class: the server defaults,
 // with the tenant's own create_rate / create_burst (store settings) over the

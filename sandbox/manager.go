@@ -63,6 +63,9 @@ type Config struct {
 	// MemAvailable reports the host's MemAvailable in MiB; nil reads
 	// /proc/meminfo.
 	MemAvailable func() (int, error)
+	// TouchInterval throttles the store writes of sandbox activity (idle
+	// TTLs): at most one per sandbox per interval. 0: TouchInterval.
+	TouchInterval time.Duration
 }
 
 // Manager is the lifecycle state machine. Its methods are safe for
@@ -80,6 +83,8 @@ type Manager struct {
 	hookMu    sync.Mutex
 	stopHooks []func(id string)
 
+	live sync.Map // sandbox id -> *liveInfo: tenant and idle TTL of live sandboxes, activity
+
 	tenantLocks sync.Map   // tenant id -> *sync.Mutex: quota check + insert
 	hostMu      sync.Mutex // host budget check + insert, when HostMemoryMB > 0
 	pool        Pool       // nil: every create is cold
@@ -95,6 +100,7 @@ func (m *Manager) OnStop(fn func(id string)) {
 }
 
 func (m *Manager) stopped(id string) {
+	m.live.Delete(id)
 	m.hookMu.Lock()
 	hooks := m.stopHooks
 	m.hookMu.Unlock()
@@ -128,6 +134,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.KilledRetention == 0 {
 		cfg.KilledRetention = time.Hour
+	}
+	if cfg.TouchInterval == 0 {
+		cfg.TouchInterval = TouchInterval
 	}
 	return &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
 }
@@ -172,6 +181,9 @@ type CreateRequest struct {
 	MemoryMB      int
 	DiskMB        int
 	Network       *NetworkConfig
+	// IdleTTL, when above zero, kills the sandbox after that long without
+	// activity (see Touch). The native API sets it; E2B's never does.
+	IdleTTL time.Duration
 }
 
 // NetworkConfig is what sandboxd stores of E2B's network settings. Only
@@ -245,6 +257,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	if err := validateEnv(req.EnvVars); err != nil {
 		return nil, err
 	}
+	if req.IdleTTL < 0 {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
+	}
 	// sb is not the named result: the undos and the audit below run after a
 	// `return nil, err` has set the result to nil.
 	sb := &store.Sandbox{
@@ -263,6 +278,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		AllowInternetAccess: req.AllowInternet,
 		Lifecycle:           req.Lifecycle,
 		Backend:             m.cfg.BackendName,
+		IdleTTL:             req.IdleTTL,
+	}
+	if req.IdleTTL > 0 {
+		sb.LastActiveAt = start.UTC()
 	}
 	if req.Secure {
 		sb.EnvdAccessToken = newToken()
@@ -503,8 +522,12 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 		return fmt.Errorf("resume sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	sb.State = store.StateRunning
-	if now := m.now(); sb.EndAt.Before(now) {
+	now := m.now()
+	if sb.EndAt.Before(now) {
 		sb.EndAt = now.Add(m.cfg.DefaultTimeout).UTC()
+	}
+	if sb.IdleTTL > 0 {
+		sb.LastActiveAt = now.UTC() // its idle time starts over
 	}
 	err := m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err)
@@ -603,6 +626,7 @@ func (m *Manager) DialSandbox(ctx context.Context, id string, port int) (net.Con
 			return nil, err
 		}
 	}
+	m.touch(ctx, m.remember(&sb))
 	conn, err := m.backend.Dial(ctx, id, port)
 	if err != nil {
 		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, backendErr(err))

@@ -38,6 +38,13 @@ func (m *Manager) Sweep(ctx context.Context) {
 	for _, e := range expired {
 		m.expire(ctx, e)
 	}
+	idle, err := m.store.ListIdle(ctx, now)
+	if err != nil {
+		m.log.Error("sweep: list idle", "err", err)
+	}
+	for _, e := range idle {
+		m.idleKill(ctx, e, now)
+	}
 	// Every tenth sweep, retry kills whose backend destroy failed: their rows
 	// stay "killing" until the backend lets go.
 	if m.sweeps.Add(1)%10 == 0 {
@@ -63,6 +70,28 @@ func (m *Manager) expire(ctx context.Context, seen store.Sandbox) {
 	if err != nil {
 		m.log.Error("sweep: expire", "sandbox_id", sb.ID, "tenant", string(sb.Tenant), "err", err)
 	}
+}
+
+// idleKill kills a running sandbox whose idle TTL ran out. Touches do not
+// bump the generation, so idleness is checked again on a fresh read, with
+// the activity Touch kept in memory since its last write.
+func (m *Manager) idleKill(ctx context.Context, seen store.Sandbox, now time.Time) {
+	unlock := m.lock(seen.ID)
+	defer unlock()
+	sb, err := m.store.GetSandboxAny(ctx, seen.ID)
+	if err != nil || sb.Generation != seen.Generation || sb.State != store.StateRunning || sb.IdleTTL <= 0 {
+		return // changed since we looked: its new owner decides
+	}
+	last := m.lastActive(&sb, now)
+	if last.Add(sb.IdleTTL).After(now) {
+		return // active again
+	}
+	if err := m.kill(ctx, &sb, "idle_kill"); err != nil {
+		m.log.Error("sweep: idle kill", "sandbox_id", sb.ID, "tenant", string(sb.Tenant), "err", err)
+		return
+	}
+	m.log.Info("sandbox idle", "sandbox_id", sb.ID, "tenant", string(sb.Tenant),
+		"idle_ttl_s", int(sb.IdleTTL.Seconds()), "last_active_at", last)
 }
 
 // Reconcile makes the store and the backend agree after a start (or a

@@ -26,7 +26,7 @@ type limitMetrics struct {
 func newLimitMetrics(reg *prometheus.Registry, pools PoolStats) *limitMetrics {
 	lm := &limitMetrics{rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxd_ratelimit_rejections_total",
-		Help: "Requests refused with 429 by the rate limiters, by tenant and class (create, lifecycle, read; ip before auth).",
+		Help: "Requests refused with 429 by the rate limiters, by tenant and class (create, lifecycle, read, dataplane; ip before auth).",
 	}, []string{"tenant", "class"})}
 	if reg == nil {
 		return lm

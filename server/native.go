@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/go-chi/chi/v5"
@@ -32,13 +33,15 @@ const NativePrefix = "/v1/sandboxes"
 type nativeAPI struct {
 	mgr *sandbox.Manager
 	log *slog.Logger
+	// idleTTL is the idle TTL of a create that names none; 0: none.
+	idleTTL time.Duration
 }
 
 var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
 
 // newNative returns the native API's router, to be mounted at NativePrefix.
 func newNative(cfg Config) http.Handler {
-	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log}
+	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -212,6 +215,7 @@ type envdConn struct {
 	user   string
 	tr     *http.Transport
 	client *http.Client
+	done   func() // ends the activity the connection counts as
 }
 
 // envd looks the sandbox up for the caller's tenant (a foreign one is
@@ -231,10 +235,16 @@ func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error
 		MaxIdleConnsPerHost: 4,
 		DisableCompression:  true,
 	}
-	return &envdConn{sb: sb, user: user, tr: tr, client: &http.Client{Transport: tr}}, nil
+	// An exec, file or websocket call is activity for the idle TTL, for
+	// as long as it lasts.
+	done := a.mgr.Active(ctx, id)
+	return &envdConn{sb: sb, user: user, tr: tr, client: &http.Client{Transport: tr}, done: done}, nil
 }
 
-func (c *envdConn) close() { c.tr.CloseIdleConnections() }
+func (c *envdConn) close() {
+	c.tr.CloseIdleConnections()
+	c.done()
+}
 
 // auth sets envd's headers: the access token and the user (Basic, no
 // password), as E2B's SDKs send them.

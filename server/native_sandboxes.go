@@ -52,6 +52,12 @@ func nativeSandbox(ctx context.Context, sb *store.Sandbox) nativeapi.Sandbox {
 	if len(sb.Metadata) > 0 {
 		out.Metadata = ptr(sb.Metadata)
 	}
+	if sb.IdleTTL > 0 {
+		out.IdleTtl = ptr(int(sb.IdleTTL / time.Second))
+	}
+	if !sb.LastActiveAt.IsZero() {
+		out.LastActiveAt = ptr(sb.LastActiveAt)
+	}
 	if sb.EnvdAccessToken != "" && hasScope(ctx, jwtauth.ScopeWrite) {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
@@ -64,18 +70,18 @@ func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	if deref(b.IdleTtl) != 0 {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrNotImplemented,
-			"idle_ttl is not enforced by this sandboxd yet; use timeout"))
-		return
-	}
 	for name, v := range map[string]*int{"timeout": b.Timeout, "idle_ttl": b.IdleTtl, "cpu_count": b.CpuCount, "memory_mb": b.MemoryMb, "disk_mb": b.DiskMb} {
 		if deref(v) < 0 {
 			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, name+" must not be negative"))
 			return
 		}
 	}
+	idleTTL := a.idleTTL // 0 or absent: the server's default
+	if n := deref(b.IdleTtl); n > 0 {
+		idleTTL = time.Duration(n) * time.Second
+	}
 	sb, err := a.mgr.Create(r.Context(), sandbox.CreateRequest{
+		IdleTTL:       idleTTL,
 		Template:      deref(b.Template),
 		Timeout:       time.Duration(deref(b.Timeout)) * time.Second,
 		Secure:        true,

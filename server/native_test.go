@@ -325,7 +325,7 @@ func TestNativeAuth(t *testing.T) {
 				var body io.Reader
 				switch rt.operation {
 				case "CreateSandbox":
-					body = strings.NewReader(`{"idle_ttl": 5}`) // 501 before any backend call
+					body = strings.NewReader(`{"idle_ttl": -1}`) // 400 before any backend call
 				case "Exec":
 					body = strings.NewReader(`{"cmd": "true"}`)
 				}
@@ -503,7 +503,14 @@ func TestNativeSandboxes(t *testing.T) {
 			t.Errorf("create %q = %s; want 400", body, r)
 		}
 	}
-	if r := e.do(http.MethodPost, "/v1/sandboxes", tok, map[string]any{"idle_ttl": 60}); r.status != 501 {
-		t.Errorf("create idle_ttl = %s; want 501", r)
+	if r := e.do(http.MethodPost, "/v1/sandboxes", tok, map[string]any{"idle_ttl": -1}); r.status != 400 {
+		t.Errorf("create idle_ttl -1 = %s; want 400", r)
+	}
+	r := e.do(http.MethodPost, "/v1/sandboxes", tok, map[string]any{"idle_ttl": 60})
+	var idle nativeapi.Sandbox
+	if r.status != 201 || json.Unmarshal(r.body, &idle) != nil || idle.IdleTtl == nil || *idle.IdleTtl != 60 {
+		t.Errorf("create idle_ttl 60 = %s; want 201 with idle_ttl 60", r)
+	} else if r := e.do(http.MethodDelete, "/v1/sandboxes/"+idle.Id, tok, nil); r.status != 204 {
+		t.Errorf("delete = %s; want 204", r)
 	}
 }

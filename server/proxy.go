@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/tunnel"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ratelimit"
 )
 
 // sandboxDialer is what the proxy needs from the lifecycle layer.
@@ -31,6 +32,12 @@ type sandboxDialer interface {
 	// SignedFileSandbox finds the sandbox whose envd access token signed a
 	// `/files` URL (E2B's uploadUrl/downloadUrl), or "" if none did.
 	SignedFileSandbox(ctx context.Context, q url.Values, op string) string
+}
+
+// activityTracker is implemented by a sandboxDialer that keeps idle TTLs
+// (sandbox.Manager): Active marks the sandbox busy until done is called.
+type activityTracker interface {
+	Active(ctx context.Context, id string) (done func())
 }
 
 // headerTrafficToken guards ports other than envd's on sandboxes created
@@ -71,6 +78,10 @@ type proxy struct {
 	m      *Metrics
 	tr     *http.Transport
 	rp     *httputil.ReverseProxy
+	// limits, when set, rate-limits the data plane per sandbox owner
+	// (class ratelimit.DataPlane); lm counts its rejections.
+	limits *ratelimit.Tenants
+	lm     *limitMetrics
 
 	mu    sync.Mutex
 	conns map[string]map[*proxyConn]struct{} // by sandbox id; every open upstream connection
@@ -178,6 +189,8 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 	case port == EnvdPort && isEnvdInternalPath(r.URL.Path):
 		writeProxyError(rec, http.StatusNotFound, id, msgInternalPath)
 		return
+	case !p.allowDataPlane(rec, r, id):
+		return
 	}
 	if port != EnvdPort {
 		token, err := p.d.TrafficToken(r.Context(), id)
@@ -191,6 +204,11 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		}
 	}
 
+	if a, ok := p.d.(activityTracker); ok {
+		// Any data-plane request is activity for the idle TTL, for as long
+		// as it lasts (streams and websockets included).
+		defer a.Active(r.Context(), id)()
+	}
 	p.m.proxyStreamOpened()
 	defer p.m.proxyStreamClosed()
 	if r.ProtoMajor == 1 {

@@ -41,7 +41,8 @@ type Config struct {
 	Domain string
 	// Ready reports whether the server may take traffic (reconcile done).
 	Ready func() bool
-	// Limits rate-limits each tenant per route class (nil: no limits);
+	// Limits rate-limits each tenant per route class (nil: no limits); its
+	// ratelimit.DataPlane class limits the proxy by the sandbox's owner;
 	// IPLimiter with IPLimit limits each client address before auth.
 	Limits    *ratelimit.Tenants
 	IPLimiter *ratelimit.Limiter
@@ -50,6 +51,9 @@ type Config struct {
 	Pools PoolStats
 	// JWT verifies the native API's bearer tokens; nil accepts API keys only.
 	JWT *jwtauth.Verifier
+	// NativeIdleTTL is the idle TTL of native creates that name none
+	// (sandboxd serve --native-idle-ttl); 0: none. E2B creates never have one.
+	NativeIdleTTL time.Duration
 }
 
 // New returns sandboxd's whole HTTP handler.
@@ -99,6 +103,7 @@ func New(cfg Config) http.Handler {
 	root.Mount("/", e2b)
 
 	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
+	p.limits, p.lm = cfg.Limits, lm // the data-plane class (off unless its default has a rate)
 	cfg.Manager.OnStop(p.CloseSandbox)
 	cfg.Manager.OnStop(func(id string) { api.cpu.Delete(id) })
 	return p.Wrap(root)

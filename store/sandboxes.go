@@ -89,6 +89,14 @@ type Sandbox struct {
 	Generation int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+	// IdleTTL, when above zero, kills the running sandbox once it has seen
+	// no activity for that long (whole seconds; stored NULL when zero).
+	// Sandboxes of the native API have one, E2B's have none.
+	IdleTTL time.Duration
+	// LastActiveAt is the last data-plane activity, written by
+	// TouchSandbox (which does not bump Generation); zero if never set.
+	// UpdateSandbox never moves it backwards.
+	LastActiveAt time.Time
 }
 
 var sandboxIDRE = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
@@ -112,6 +120,10 @@ func (sb *Sandbox) validate() error {
 		return fmt.Errorf("%w: negative resources", ErrInvalid)
 	case len(sb.Network) > 0 && !json.Valid(sb.Network):
 		return fmt.Errorf("%w: network config is not JSON", ErrInvalid)
+	case sb.IdleTTL < 0:
+		return fmt.Errorf("%w: negative idle TTL", ErrInvalid)
+	case !sb.LastActiveAt.IsZero() && !validTime(sb.LastActiveAt):
+		return fmt.Errorf("%w: last active time out of range", ErrInvalid)
 	}
 	switch sb.Lifecycle.OnTimeout {
 	case "":
@@ -125,7 +137,8 @@ func (sb *Sandbox) validate() error {
 
 const sandboxCols = `id, tenant_id, template, alias, state, started_at, end_at, cpu_count, memory_mb,
 	disk_mb, metadata, env_vars, envd_access_token, secure, allow_internet_access, network,
-	on_timeout, auto_resume, backend, handle, generation, created_at, updated_at`
+	on_timeout, auto_resume, backend, handle, generation, created_at, updated_at, idle_ttl,
+	last_active_at`
 
 func scanSandbox(row rowScanner) (Sandbox, error) {
 	var (
@@ -134,11 +147,12 @@ func scanSandbox(row rowScanner) (Sandbox, error) {
 		metadata, envVars              string
 		network                        sql.NullString
 		secure, internet, autoResume   bool
+		idleTTL, lastActive            sql.NullInt64
 	)
 	err := row.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.Alias, &sb.State, &started, &end,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskMB, &metadata, &envVars, &sb.EnvdAccessToken,
 		&secure, &internet, &network, &sb.Lifecycle.OnTimeout, &autoResume, &sb.Backend,
-		&sb.Handle, &sb.Generation, &created, &updated)
+		&sb.Handle, &sb.Generation, &created, &updated, &idleTTL, &lastActive)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -154,6 +168,10 @@ func scanSandbox(row rowScanner) (Sandbox, error) {
 	sb.Secure, sb.AllowInternetAccess, sb.Lifecycle.AutoResume = secure, internet, autoResume
 	sb.StartedAt, sb.EndAt = fromUnixNano(started), fromUnixNano(end)
 	sb.CreatedAt, sb.UpdatedAt = fromUnixNano(created), fromUnixNano(updated)
+	if idleTTL.Valid {
+		sb.IdleTTL = time.Duration(idleTTL.Int64) * time.Second
+	}
+	sb.LastActiveAt = nullTime(lastActive)
 	return sb, nil
 }
 
@@ -164,6 +182,18 @@ func encodeMap(m map[string]string) (string, error) {
 	}
 	b, err := json.Marshal(m)
 	return string(b), err
+}
+
+// idleArgs are the values of idle_ttl and last_active_at: NULL when unset.
+// The TTL is stored in whole seconds, rounded up.
+func (sb *Sandbox) idleArgs() (ttl, lastActive any) {
+	if sb.IdleTTL > 0 {
+		ttl = int64((sb.IdleTTL + time.Second - 1) / time.Second)
+	}
+	if !sb.LastActiveAt.IsZero() {
+		lastActive = unixNano(sb.LastActiveAt)
+	}
+	return ttl, lastActive
 }
 
 // mutableArgs are the values of the columns UpdateSandbox may change, in the
@@ -204,7 +234,8 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	}
 	now := time.Now().UTC()
 	args = append([]any{sb.ID, sb.Tenant}, args...)
-	args = append(args, int64(1), unixNano(now), unixNano(now))
+	ttl, lastActive := sb.idleArgs()
+	args = append(args, int64(1), unixNano(now), unixNano(now), ttl, lastActive)
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		if ok, err := tenantExists(ctx, tx, sb.Tenant); err != nil {
 			return err
@@ -212,7 +243,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 			return fmt.Errorf("tenant %s: %w", sb.Tenant, ErrNotFound)
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+			VALUES (`+placeholders(25)+`)`, args...)
 		return err
 	})
 	switch {
@@ -269,9 +300,13 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
 	now := time.Now().UTC()
-	args = append(args, unixNano(now), sb.ID, sb.Tenant, sb.Generation)
+	ttl, lastActive := sb.idleArgs()
+	args = append(args, ttl, lastActive, lastActive, unixNano(now), sb.ID, sb.Tenant, sb.Generation)
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET `+mutableSet+`,
+		// last_active_at only moves forwards: a TouchSandbox since sb was
+		// read (it does not bump generation) is kept.
+		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET `+mutableSet+`, idle_ttl = ?,
+			last_active_at = COALESCE(MAX(last_active_at, ?), last_active_at, ?),
 			generation = generation + 1, updated_at = ?
 			WHERE id = ? AND tenant_id = ? AND generation = ?`, args...)
 		if err != nil {
@@ -296,6 +331,34 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	}
 	sb.Generation++
 	sb.UpdatedAt = now
+	return nil
+}
+
+// TouchSandbox records activity on live sandbox id at time at: it moves
+// last_active_at forwards (never back) and, unlike UpdateSandbox, bumps
+// neither generation nor updated_at, so it never conflicts with a writer
+// holding (ID, Generation). A missing or killed sandbox is ErrNotFound.
+func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {
+	if !validTime(at) {
+		return fmt.Errorf("touch sandbox %s: %w: time out of range", id, ErrInvalid)
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE sandboxes
+			SET last_active_at = COALESCE(MAX(last_active_at, ?), ?)
+			WHERE id = ? AND state != ?`, unixNano(at), unixNano(at), id, StateKilled)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return ErrNotFound
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("touch sandbox %s: %w", id, err)
+	}
 	return nil
 }
 
@@ -347,6 +410,21 @@ func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]Sandbox, erro
 		WHERE state = ? AND end_at <= ? ORDER BY end_at, id`, StateRunning, unixNano(now))
 	if err != nil {
 		return nil, fmt.Errorf("list expired sandboxes: %w", err)
+	}
+	return sbs, nil
+}
+
+// ListIdle returns the running sandboxes with an idle TTL whose last
+// activity (their start, if none was recorded) plus that TTL is at or
+// before now, for the sweeper. It acts on each by (ID, Generation) and must
+// re-check idleness: TouchSandbox does not bump the generation.
+func (s *Store) ListIdle(ctx context.Context, now time.Time) ([]Sandbox, error) {
+	sbs, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes
+		WHERE state = ? AND idle_ttl > 0
+		AND COALESCE(last_active_at, started_at) + idle_ttl * 1000000000 <= ?
+		ORDER BY id`, StateRunning, unixNano(now))
+	if err != nil {
+		return nil, fmt.Errorf("list idle sandboxes: %w", err)
 	}
 	return sbs, nil
 }

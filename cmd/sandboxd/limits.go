@@ -22,9 +22,12 @@ import (
 type limitOpts struct {
 	createRate, lifecycleRate, readRate, ipRate     float64
 	createBurst, lifecycleBurst, readBurst, ipBurst int
+	dataplaneRate                                   float64
+	dataplaneBurst                                  int
 	maxSandboxes, maxMemoryMB, minWarm              int
 	hostMemoryMB, hostReserveMB                     int
 	settingsPoll                                    time.Duration
+	nativeIdleTTL                                   time.Duration
 
 	pool                   bool
 	poolLead, poolHalfLife time.Duration
@@ -39,6 +42,8 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.lifecycleBurst, "lifecycle-burst", 50, "lifecycle token bucket size per tenant")
 	fs.Float64Var(&o.readRate, "read-rate", 50, "API reads (GET) per second per tenant; 0: no limit")
 	fs.IntVar(&o.readBurst, "read-burst", 100, "read token bucket size per tenant")
+	fs.Float64Var(&o.dataplaneRate, "dataplane-rate", 0, "data-plane requests (through the sandbox proxy) per second per tenant owning the sandbox; 0: no limit")
+	fs.IntVar(&o.dataplaneBurst, "dataplane-burst", 200, "data-plane token bucket size per tenant")
 	fs.Float64Var(&o.ipRate, "ip-rate", 0, "API requests per second per client address, checked before auth; 0: no limit")
 	fs.IntVar(&o.ipBurst, "ip-burst", 200, "per-address token bucket size")
 	fs.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "default live sandboxes per tenant, paused included; 0: no limit")
@@ -46,6 +51,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.minWarm, "min-warm", 0, "default warm sandboxes kept per tenant's default pool")
 	fs.IntVar(&o.hostMemoryMB, "host-memory-mb", 0, "budget (MiB) for the memory limits of all live sandboxes plus warm members; 0: no budget")
 	fs.IntVar(&o.hostReserveMB, "host-memory-reserve-mb", 512, "refuse creates (503) when MemAvailable minus this is below the sandbox's memory; 0: off")
+	fs.DurationVar(&o.nativeIdleTTL, "native-idle-ttl", 5*time.Minute, "kill a native-API sandbox after this long without activity, unless its create names an idle_ttl; 0: off (E2B sandboxes never have one)")
 	fs.DurationVar(&o.settingsPoll, "settings-poll", 2*time.Second, "how often tenant settings are re-read from the store")
 	fs.BoolVar(&o.pool, "pool", true, "keep warm pools (min_warm and adaptive)")
 	fs.DurationVar(&o.poolLead, "pool-lead", 5*time.Second, "adaptive pool size: keep this many seconds of recent claims warm; negative: off")
@@ -72,6 +78,7 @@ func (o *limitOpts) tenantLimiter(settings *sandbox.Settings) *ratelimit.Tenants
 				ratelimit.Create:    {Rate: o.createRate, Burst: o.createBurst},
 				ratelimit.Lifecycle: {Rate: o.lifecycleRate, Burst: o.lifecycleBurst},
 				ratelimit.Read:      {Rate: o.readRate, Burst: o.readBurst},
+				ratelimit.DataPlane: {Rate: o.dataplaneRate, Burst: o.dataplaneBurst},
 			},
 			Settings: func(t tenant.ID) store.Settings { return settings.Stored(t) },
 		},

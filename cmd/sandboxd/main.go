@@ -38,6 +38,8 @@ func main() {
 		err = token(os.Args[2:])
 	case "sandbox":
 		err = sandboxCmd(os.Args[2:])
+	case "tls":
+		err = tlsCmd(os.Args[2:])
 	case "version":
 		fmt.Println(version)
 	case "-h", "--help", "help":
@@ -65,6 +67,7 @@ func usage() {
   sandboxd tenants set NAME [--min-warm N] [--create-rate R] [--create-burst B] [--max-sandboxes N] [--max-memory-mb N]
   sandboxd token create --tenant NAME [--scope "sandboxes:read sandboxes:write"] [--ttl 1h]
   sandboxd sandbox create|list|get|rm|exec|shell|cp ...   (client of a running server; see docs/native-api.md)
+  sandboxd tls init --domain D [--dir DIR]   local CA + certificate for D and *.D (serve --tls-cert/--tls-key)
   sandboxd version
 Flags also come from SANDBOXD_<FLAG> (e.g. SANDBOXD_DATA_DIR) and --config FILE.
 `)

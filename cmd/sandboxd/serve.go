@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -39,6 +40,8 @@ func serve(args []string) error {
 		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
 		maxTimeout  = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
+		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
+		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 	)
 	var lim limitOpts
 	lim.register(fs)
@@ -48,6 +51,17 @@ func serve(args []string) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
+	}
+	var tlsConfig *tls.Config
+	if *tlsCert != "" || *tlsKey != "" {
+		if *tlsCert == "" || *tlsKey == "" {
+			return errors.New("--tls-cert and --tls-key go together")
+		}
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -101,14 +115,17 @@ func serve(args []string) error {
 		Manager: mgr, Store: st, Templates: be, Metrics: metrics, Log: log,
 		EnvdVersion: envd.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
+		NativeIdleTTL: lim.nativeIdleTTL,
 	})
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true) // h2c in plaintext
+	protocols.SetHTTP2(true)            // h2 by ALPN with TLS
 	hs := &http.Server{
 		Handler:           handler,
 		Protocols:         &protocols,
+		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
@@ -118,7 +135,13 @@ func serve(args []string) error {
 		return err
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
 
 	// Reconcile before taking API traffic: sandboxes from an earlier run are
 	// re-adopted, what a crash left half-made is removed.
@@ -141,7 +164,7 @@ func serve(args []string) error {
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); mgr.Run(sweepCtx, time.Second) }()
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", "http://"+ln.Addr().String()+server.E2BPrefix, "version", version)
+		"e2b_api_url", scheme+"://"+ln.Addr().String()+server.E2BPrefix, "version", version)
 
 	select {
 	case <-ctx.Done():

@@ -151,8 +151,14 @@ type Sandbox struct {
 	EnvdAccessToken *string `json:"envd_access_token,omitempty"`
 
 	// Id Example: i1x2c3v4b5n6m7a8s9d0
-	Id       string `json:"id"`
-	MemoryMb int    `json:"memory_mb"`
+	Id string `json:"id"`
+
+	// IdleTtl Seconds without activity after which the sandbox is killed; absent if it has no idle TTL.
+	IdleTtl *int `json:"idle_ttl,omitempty"`
+
+	// LastActiveAt Last recorded activity (recorded at most every few seconds); absent if none was recorded.
+	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
+	MemoryMb     int        `json:"memory_mb"`
 
 	// Metadata Free-form labels. Example: {"owner": "ci"}
 	Metadata  *map[string]string `json:"metadata,omitempty"`
@@ -182,7 +188,7 @@ type SandboxPost struct {
 	// Env Sandbox-wide environment variables. Example: {"LANG": "C.UTF-8"}
 	Env *map[string]string `json:"env,omitempty"`
 
-	// IdleTtl Kill after this many seconds without activity. Not enforced yet: a non-zero value answers 501.
+	// IdleTtl Kill after this many seconds without activity (exec, files, websocket, or any request through the E2B data-plane proxy); 0 or absent = server default (5 minutes unless configured; none if the server turns idle TTLs off). Example: 600
 	IdleTtl *int `json:"idle_ttl,omitempty"`
 
 	// MemoryMb Memory limit in MiB, 0 = default. Example: 512
@@ -968,57 +974,59 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"1Fp7b9s4Ev8qA90BTQD5lWa7ew72jz7SRffVoEnRO9SBTYvjmBuK1JKUHTfIffbDkJIs2XKcINkFDiga",
-	"WXzNe34z1G2U6DTTCpWz0fA2yphhKTo0/td7IfGMuTk9c7SJEZkTWkXD6PXUapk7jEEbMCiZEwsEp8HN",
-	"EXKL5oWFuU7xBCb/nYCw/j296EZxJGiHP3M0qyiOFEsxGkYZHRNHBv/MhUEeDZ3JMY5sMseU0fluldE8",
-	"64xQV9HdXeyp+2zRbFN3URDhT50JiaAzNIxGweTKArMnwHHGcun8HMsUn+qbF7Z6S8t30Upj0f20nYcN",
-	"P7yjYb9HwWCxheCPYvaOJttMK4teMafGaM93opVD5eiRZZkUiWey94clOdzWdvynwVk0jP7RW+u7F0Zt",
-	"L+zmT9nQsloB0mDXM1XMbxCQGRKtE4EubH+daI7bWjp3bCoRUpbMhUKgSUMQasGk4GNmrvIUlYshVyx3",
-	"c1SOmEMeQ4YmFdYKrcYclaBXSrvxTOeKx5BoNZMicTEYtDo3CY7xZs5y68qJIs0k0t70IldswYQkSmLg",
-	"yLgUilYkiJzGhXJoFJNkCxtaiaMUrWVX2G4Ca+1+DQJYz7+s9tLTPzBxUTEdrRsLvn+7IOa2XU5vMDnT",
-	"1m1L+/SGJU6uQCsEPYMk5XBgcgXTFfSmQvXsHDrJIbkzM1cLYrepQ3rbuitJcwhfR5G0oyiGUdSR4W9v",
-	"FF2SBzlMbQtPFfXMGLai30nK7zkBk7mGOUqpYZT3+y+R/j96dXQC0kKvTT3Jkreei8pzwjgXdAiTZw1O",
-	"d9G5lnLKbsY6d1nuxtOVC6uaVL9lGWgFyJI5Sds6rnMHTHF6RGNOoA8/wgB+E29iYA5SbR0MXtFvEn0q",
-	"lEjzNBr2q9PJEK/Q0PHWcaG2z3xDpMDSCOdQUSz282JYzkUyL2KwgkRqixwOKOwt51oiTDVf0XCTjMNW",
-	"i3ciRZ23mNc5Jlpxe+LDaWZ0gtbSptdCSuSwpKOFg4xZi7bruX/V389q3hrf34UgPdwTu7edqNVfPqHN",
-	"pduOWjwPKWMczHemTcpcIO/VcdRGbRX+tk3uRrhxexikZEXDYB1zuT2BzgDErCHHJasEOV0BAyuumiGp",
-	"bhx+rE1BLmihXA6oOPL6OV2onC2c1mYBwX5bmQxW3u5CIkU+bo5OtZbIlB82ufLRvUU8JkeSR/A3MiAH",
-	"m/7nBcSNzrLSskvJGaZAq7otV6duxNSC+IrBus7ihi3Uya1z1haPCaOcKmdW2+aVtlpDpYGOWXZMh/61",
-	"Zh7NxUwgHzPXsE3OHHaIpLZFAXu0aCcrMN62RsU3fKDthze3ESpy5q8RwS4SnPBQaZVKoa6jONJujvXU",
-	"tSPDeVLjEjT5ubvE+6uwLc6LypnisUpA92GgtaK2EtNm8i12bqOngH0+u0j5cRYNv95/bLHgLKflW7Ap",
-	"y8eJzlXdaWoS58Jej9Np+yCqx9kGqgUfs4ScZuz0Nbbklwt6DTNtNsIuLYWD06M3wJljkEmm8PAEtJIr",
-	"sHO99LkoYVKisbAUbl6uRTukbIWtmUbchwXE4OYoebk4nn6nXqXfsx/sv3i/HaCl2qx2Csk6ZtwjnYii",
-	"NO6zpkKt534uGRSmmSzW3W/4vjCoppfHNUitlBvXLKTO69o0tm30cgvjl9oAFqo0i2aBVNRl2jgLwp3A",
-	"2kohk7kFg4x3vH5nAiW33Zrtt7ujwhs3TnJjtWktJlE5wkt0vqQIn7GrdrOoTOfBnl365D6/Xu98j2eX",
-	"2PoZvJtJqZfjUF9gC6L6mLsplTRQToHgnrXK1eTYltniZuRobrt4e/bZxh6AFfvU0v7RXkBWCzobmEzY",
-	"a6B8AUIFWNt+xKB/dLz3lMci9A2oE8TeWQqOFJ2E0YrqPVgwI6jSqyOd21H06+vffxpFQxhFb7ufL953",
-	"fhhFd1GLDQgucexcC7j6RUgJbOZ8y0FYSJlagQ2Q2Ic8j/4TJxbCrbrwu3aAaqZNghxW6IbAQGnV+YZG",
-	"w4LJHIEpu6R4+V1/sB8lN8Jck7Lf/BBIkQq3RzPfDfarvx7INrJDMQKC+yJSClYX85RZfFRB8auYIQ0S",
-	"0YUkA+FFfNqm/2W/v4f+u4eEw8QgsVHU49vBL4zvCn9nbbx8mTMHDBIpyApTRrbh4x0rg+92vZ2iY5RP",
-	"n+AH7w1ih7IaSDZFuWH1eqnQBLNPRKvF3+2Og+dlFizhnpcKURFHJlcqPGUst+snD5epsKBXrQjQYpIb",
-	"4VbnFD8Di1NkJpSA4el9maR//nJBdvb67ANc46psx/k4GJZUB8ydy0J3S6iZ3tZOoQL+wgKBlU+n5xd+",
-	"W0I6QWWUGEmDBkFpBwR1zt/9YuEgyY2MgZxdMnWVsyuMgV3RisPuSJ2XGcWvDKApxZBntfVtGHpJ29nc",
-	"zFiCcNBbDHpVJurh0fRwGFZZpw3G/nmkHCpGGZNUaOciO1lbEu3KlIfZUEwTFo77x92RGqnX61aa0GoI",
-	"E3qhjfhW/H7jZRcaLElTxKHpMoEDbWDy787rsw+dX07/MyzmNicR96/h5y8XLyxMbD6tWsCBohgmNtEZ",
-	"TojsjCXYsZgxQxUVSGEd8TBZg0SCGxNgio/UZAM6Tk5ggjeZ379M5t2SYgsJM2YFU02Ykw60XfhNWLJJ",
-	"YqzoNY5UYpCTVJi0ReCF4/4gBgZpMduvhuP+Sy9F3/20wOSSrSzM2aLQ7pxlCJPbUWgEkG/djnzvL7hZ",
-	"1aUM/bGiGxjGut3uKLqj1+tGYH1k0h0pX206iTWbBRU676/PPkRxtEBjg033u4Nun/xVZ6hYJqJh9LLb",
-	"774sairvWg1ToxdXAYZUvfIP3Mdh6ypD9svXNwRftzCLx/yV2QuP6Cz61gZaODCYIfNt38M1jMEF+gy1",
-	"KOZ1fe2dSV8fh854Wxe+QsZVj/sxcHANzTeakNatvIQpbnrU1nZ2HaDvvgXYlM41rn4M2T1jwmyKI4iB",
-	"RiDNfZPDJfMHyqJKFq3i2Nt4fRDPHkI0DigUGA0H/b5viobEO+j7n2UeHrTl4U3R1OqDMixmBhdC57aq",
-	"BdqIKkqK+9RwuXF3ctTvP9vNSb3mabk/+ajQU+9bwKVXxKBwidbBTBjruiFtF4JsP60iv7qpiSObpykz",
-	"q8JBvcBCif3C1hzwIMStZig99C2fopBpOvtbj23Kiqm6lHij+eq5ZeYrqbtmEUYGfrelrsFzH92mqos5",
-	"kl5KUcVQoJin6yfItJagt5TiM9mhX9ZM/7eC3wVHkxjgVlNd7/z7uroagjtuL1SQP52pUPDsZyluTyo/",
-	"odtJdf/vUncFvZ8qjJ88mMfd0lh7XTN5th21ntJbXyLfXbbaRg9vMNm8tn/cvrsiwSnt/NcEgOqO8kHe",
-	"33/Wc4u7nh0Wkeg0ZYr7W4OD5Zw5yskgnA0XNITkDp9uLp9yKvzKs5ymx0yi/zrhcbHB67+3rIO3JlOf",
-	"syvDOFo6hcESp1Yn1+gCLiZc+/P5x9/B4Y2DGZmHjYHrJA+X4wTfuE5sL2DMDstEN+XDkSrq2LACJr41",
-	"OSFM77hQ9ODvGMfVT4NWfEM/w988TU7KIj5sQbA+tDeLXXRe7ofG0BOJ3/8lcU668GblKLOupGY8VFdT",
-	"ZvHVMZE8ISBUwOVtm/5SymAz8AxCntnoJC2FS+YkqOLTlrUIM6OdTrR8uj2cO4MspUNInaBJMHVl3RNc",
-	"nzuezIQsb7Pvyzjvw93O/nTzCVO9eI58EzYCVnzNQwLiwmDitFmBM4gntWKNKhwqCJUOX688Oj2900tF",
-	"ptXO530RSScOXcd6jTYjU3W7MBWKeQjb8pHPdkgifl9Y8NecTxdjyVghyBgCpcj/EiOL906uPjB74Fz/",
-	"uZdPWnmL2j5nDaU9JHM9UV9/X/Kq3U9uG8qX8M3H0+2DNqq8bGZ06oOeYUv/kcjaXE4gY8Y3xij2ho4o",
-	"f2zy8sGmJ4v7op3Nh/c+Jv3Fot1VwfmPM8KF7zNVavXA9f/kdDu6Ahwzf0Xf1hXY0wS4rLd8PZdls/fr",
-	"Jfl4wAiB/9zIopM77PUGR993+91+dzB82e/3KZn9LwAA//8=",
+	"1Fp7b9s2tP8qB7oXaALIrzTrdh3sjz7SoVu3Bk2K3ou6sGnx2OZCkRpJ2fGC3M9+cUhJlmw5TpBswAWK",
+	"RhZf5/k7D+o2SnSaaYXK2Wh4G2XMsBQdGv/rvZB4wdyCnjnaxIjMCa2iYfR6arXMHcagDRiUzIklgtPg",
+	"Fgi5RfPCwkKneAaT/52AsP49vehGcSRoh79yNOsojhRLMRpGGR0TRwb/yoVBHg2dyTGObLLAlNH5bp3R",
+	"POuMUPPo7i721H2xaHapuyqI8KfOhETQGRpGo2ByZYHZM+A4Y7l0fo5lik/1zQtbvaXl+2ilseh+2i7D",
+	"hh/e0bDfo2Cw2ELwRzF7R5NtppVFr5hzY7TnO9HKoXL0yLJMisQz2fvTkhxuazv+p8FZNIz+o7fRdy+M",
+	"2l7YzZ+ypWW1BqTBrmeqmN8gIDMkWicCXdj+OtEcd7V06dhUIqQsWQiFQJOGINSSScHHzMzzFJWLIVcs",
+	"dwtUjphDHkOGJhXWCq3GHJWgV0q78UzniseQaDWTInExGLQ6NwmO8WbBcuvKiSLNJNLe9CJXbMmEJEpi",
+	"4Mi4FIpWJIicxoVyaBSTZAtbWomjFK1lc2w3gY12vwUBbOZ/r/bS0z8xcVExHa0bC354uyDmtl3ObzC5",
+	"0NbtSvv8hiVOrkErBD2DJOVwZHIF0zX0pkL17AI6yTG5MzPzJbHb1CG9bd2VpDmEb6NI2lEUwyjqyPC3",
+	"N4q+kwc5TG0LTxX1zBi2pt9Jyu85AZOFhgVKqWGU9/svkf4/eXVyBtJCr009yYq3novKc8I4F3QIkxcN",
+	"TvfRuZFyym7GOndZ7sbTtQurmlS/ZRloBciSBUnbOq5zB0xxekRjzqAPP8MAfhdvYmAOUm0dDF7RbxJ9",
+	"KpRI8zQa9qvTyRDnaOh467hQu2e+IVJgZYRzqAiL/bwYVguRLAoMVpBIbZHDEcHeaqElwlTzNQ03yThu",
+	"tXgnUtR5i3ldYqIVt2ceTjOjE7SWNr0WUiKHFR0tHGTMWrRdz/2r/mFW81Z8fxdAengAu3edqNVfPqPN",
+	"pdtFLZ6HkDEO5jvTJmUukPfqNGqjtoK/XZO7EW7cDoMUrGgYrGMut2fQGYCYNeS4YpUgp2tgYMW8CUl1",
+	"4/BjbQpyQQvlckDFkdfP6ULlbOG0NgsI9tvKZLDydhcSKfJxc3SqtUSm/LDJlUf3FvGYHEkewd/IgBxs",
+	"+58XEDc6y0rLLiVnmAKt6rZcnbqFqQXxFYN1ncUNW6iTW+esDY8pRzlXzqx3zStttYZKAx2z6pgO/WuN",
+	"PJqLmUA+Zq5hm5w57BBJbYtC7tGinazI8XY1Kv7GB9p+eHMboSJn/hZR2kWCEz5VWqdSqOsojrRbYD10",
+	"7YlwntS4TJr83H3i/Shsi/OicqZ4rALQfTnQRlE7gWk7+BY7t9FTpH0+ukj5aRYNv91/bLHgIqflO2lT",
+	"lo8Tnau609QkzoW9HqfT9kFUj7MNVEs+Zgk5zdjpa2yJL1f0GmbabMEuLYWj85M3wJljkEmm8PgMtJJr",
+	"sAu98rEoYVKisbASblGuRTukaIWtkUbclwuIwc1J8nJ5Ov1BvUp/ZD/Z/+L99k0kjp2Te+OVp8eH5sSJ",
+	"pXBrYDOHpoiZNT43sewM2NSicgRKwsGCWVAa6CS4uvrYDsqSWTf2R2ChlSY1HwnVDCbaECRXtBxtXhWx",
+	"GZdo1jDDFdjAwHGdHEXJHWFhuY6oeZj+U0y1We81J+uYcY+EG4pneMjvCge49HPJ9TDNZLHufojwJVQ1",
+	"vTyuQWrlBnHNl+q8bpxo15u/71RDlS2wUM9aNEuk8jfTxlkQ7gw2/gyZzEkRjHe8J8wESm67NZRoBy6F",
+	"N26c5MZq01p2k6q18ueTVUHG5u0OVDnZgzGwRK9DCLjZ+R4MLKuQZ8BBJqVejUMlhi3e8yl3Uyr+oJwC",
+	"AchqNb7JsS0HiJsY29x2+fbii419qlrsU0uQTg6mrjV43spehb0GiqwgVCgA2o8Y9E9OD57y2FpmCwWD",
+	"2DsrwZFwXBitqDKGJTOCauJ6Tng7ij6+/uOXUTSEUfS2++XqfeenUXQXtdjAftz9TUhZYKxbCAspU+sS",
+	"y3bB+AhvMIl9C8fGsMKp1ck1Ot91ooVF0QxuYXQ+D4BdBqKOD0SUCd6sj6neojXBf34uXbe0j6MfIBUq",
+	"p1QyV5ISx0SrmZjnhvDew2qRkhcLXW6UrUDfgp7NjmuietXvH9RcA3GbQvrdD4EUqXAHjOSHwWFLrGPq",
+	"VkgvRkBwLx4pWF3jU2bxUVXgRzFDGiSiC6UGwpvyrh3x8qCk7h6CzIlBYqOwh10cDuP7kPiijZevC+aA",
+	"QSIFmUzKyEw99LIyDuw2SVJ0jGzvCS753iB2KMCCZFOUWw6oVwpN8MBEtDrf3X5IviwDcpmje6kQFXFk",
+	"cqXCU8Zyu3nyNQ4lPvSqNW23mORGuPUlQXlgcYrMhLo9PL0v84Vfv16Rnb2++ADXuC57qB6Sw5LqgIVz",
+	"WWhJCjXTu9opVMBfWKAM8/P55ZXfltLToDKK0aRBg6C087Bw+e43C0dJbmTs4UMyNc/ZHGNgc1px3B2p",
+	"yzK4+ZUhA0wxhHxtfe+sRBmbmxlLEI56y0GvCoo9PJkeD8Mq67TB2D+PlEPFKHiTCu1CZGcbS6JdmfK1",
+	"ERTThIXT/ml3pEbq9ab/KbQawoReaCP+Ln6/8bILXbGkKeLQKZvAkTYw+e/O64sPnd/O/2dYzG1OIu5f",
+	"w69fr15YmNh8WvXtA0UxTGyiM5wQ2RlLsGMxY4bKYJDCOuJhssnsKfOZAFN8pCZb+f7kDCZ4k/n9y7yi",
+	"W1JsIWHGrGGqqVCgA20XfheWbJIYKxrEI5UY5CQVJi0wZVdo4LQ/iIFBWsz2q+G0/9JL0besLTC5YmsL",
+	"C7YstLtgGcLkdhS6N+RbtyPfsA1uVrWWQ1OzaOGGsW63O4ru6PWme1sfmXRHyrcInMSazYIK1yWvLz5E",
+	"cbREY4NN97uDbp/8VWeoWCaiYfSy2+++LAph71oNU6MX85ARVRccH7jHYesqQ/bLN9c633bSJ1+oVWYv",
+	"fHJp0fej0FIRkiHzvfrjTUYVChFJbPh5Xd8wyaRvaoTrjLarkypJry4mHpOZbqqErc6xdWsvYcJNn0C2",
+	"nV2vFfZf3WxL5xrXPy+ZzBEyJsy2OIIYaATS3HemXLJ4oCyqYNEqjoPd8gfx7FOIxgGFAqPhoN/3newQ",
+	"eAd9/7OMw4O2OLwtmlqpUsJiZnApdG6rsqSNqKK6uU8N37cuvE76/We77qqXXy2XXp8oaWRzj/SVV8Sg",
+	"cEWZ5kwY67ohbBeCbD+tIr+6Xosjm6cpM+vCQb3AQl/kha054FHArSaUHvs+XVFTNZ39rc9tyuKtukl6",
+	"o/n6uWXmi7q7Zj1IBn63o67Bcx/dpqqrBZJeSlHFUGQxT9dPkGktQO8oxUeyY7+sGf5vBb8LjiYxpFtN",
+	"db3z7+vqagjutL1mQv50pkLtdZiluD2o/IJuL9X9f0vdVer9VGH84pN53C+Njdc1g2fbUZspvc3N/933",
+	"VtvoUU27/a3F4/bdhwTntPM/AwDVxfKDvL//rOcWF3R7LCLRacoU91c9R6sFcxSTQTgbbtUokzt+url8",
+	"zqnwK89ymh4zif6Tksdhg9d/b1VP3ppMfcnmhnG0dArbND1CXkx57a+Xn/4AhzcOZmQeNgaukzx80UDp",
+	"G9eJ7YUcs8My0U35cKSKOjasgInvkk4op3dcKHrwF8Pj6qdBK/5GP8NfF07OyiI+bEFpfei0FrvovNwP",
+	"jaEnEr//S+KcdOHN2lFkXUvNeKiupsziq1MieUKJUJEu79r011IG28AzCHFmq6m1Ei5ZkKCK75E2IsyM",
+	"djrR8un2cOkMspQOIXWCJsHUlXUPuD43nvju2OGI8z5cyB0ON58x1cvniDdhI2DFJ1gkIC4MJk6bNTiD",
+	"eFYr1qjCoYJQ6fDJ0aPD0zu9UmRa7Xzeh0g6ceg61mu0iUzVRcdUKOZT2JYvs3Yhifh9YcHfTT9djCVj",
+	"hSBjCJQi/0eMLD44ufoq8IFz/Td6PmjlLWr7kjWU9pDI9UR9/XvBq3apvGsoX8OHOk+3D9qo8rKZ0akH",
+	"PcNW/suejbmcQcaMb4wR9oaOKH9s8PJg05PF1dXe5sN7j0n/sGj3VXD+i5pwS/9MlVoduP4/Od2ergDH",
+	"zH9X0dYVONAE+F5v+Xouy2bvt+/k4yFHCPznRhad3GGvNzj5sdvv9ruD4ct+v0/B7P8CAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
