@@ -10,13 +10,15 @@ package main
 // socket; the sandboxd handler (API, auth, SQLite store, proxy) is the real
 // one. Each proxied benchmark has a twin that talks to the same envd on its
 // socket, so the difference is the proxy's cost. The pool claim and the
-// limiter of issue 8's list do not exist yet (issue 5).
+// limiter (issue 5) are benchmarked through their exported APIs: Pools
+// over sandboxtest's in-memory backend, and ratelimit's Limiter/Tenants.
 //
 // These are benchmarks only: `go test ./...` compiles them and runs none.
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -26,12 +28,16 @@ import (
 	"os/user"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/envd"
+	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -133,6 +139,7 @@ func (f *fakeBackend) List(context.Context) ([]*runtime.Sandbox, error) {
 // loopback, with one tenant and its key.
 type microEnv struct {
 	be   *fakeBackend
+	mgr  *sandbox.Manager
 	srv  *httptest.Server
 	key  string
 	h    *Harness // only for its API client helpers
@@ -166,7 +173,7 @@ func newMicroEnv(b *testing.B) *microEnv {
 	handler := server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: envd.Version, Ready: func() bool { return true }})
 	srv := httptest.NewServer(handler)
 	h := &Harness{addr: srv.Listener.Addr().String(), key: key, keys: map[string]string{"bench": key}, live: map[string]bool{}, api: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	e := &microEnv{be: be, srv: srv, key: key, h: h}
+	e := &microEnv{be: be, mgr: mgr, srv: srv, key: key, h: h}
 	e.stop = func() {
 		srv.Close()
 		for _, id := range mapKeys(h.live) {
@@ -296,4 +303,283 @@ func BenchmarkAPIList100(b *testing.B) {
 			b.Fatalf("list: %v, %d sandboxes", err, len(body))
 		}
 	}
+}
+
+// ---- pool claim (package pool) ----
+
+var benchPoolKey = pool.Key{Tenant: "bench", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024}
+
+// poolEnv runs pool.Pools over sandboxtest's in-memory backend (Create is a
+// map insert, /health is answered by Health directly). Refills can be held
+// back with frozen (through Admit), so that a hit benchmark measures Claim
+// and not the refiller racing it for the lock.
+type poolEnv struct {
+	p       *pool.Pools
+	be      *sandboxtest.Backend
+	frozen  atomic.Bool
+	minWarm atomic.Int64
+}
+
+func newPoolEnv(b *testing.B, minWarm int, lead time.Duration) *poolEnv {
+	b.Helper()
+	e := &poolEnv{be: sandboxtest.New()}
+	e.minWarm.Store(int64(minWarm))
+	var n atomic.Int64
+	e.p = pool.New(pool.Config{
+		Backend: e.be,
+		Health:  func(context.Context, string) error { return nil },
+		MinWarm: func(t tenant.ID) int {
+			if t == benchPoolKey.Tenant {
+				return int(e.minWarm.Load())
+			}
+			return 0
+		},
+		Seeds: func() []pool.Key { return []pool.Key{benchPoolKey} },
+		Admit: func(context.Context, pool.Key, int, int) error {
+			if e.frozen.Load() {
+				return errors.New("frozen")
+			}
+			return nil
+		},
+		NewID:      func() string { return fmt.Sprintf("m%d", n.Add(1)) },
+		NewToken:   func() string { return "tok" },
+		Log:        slog.New(slog.DiscardHandler),
+		Lead:       lead,
+		MaxPerPool: max(minWarm, 1),
+		Parallel:   8,
+		Tick:       time.Hour, // only claims (and kick) wake the refiller
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.p.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; e.be.Close() })
+	return e
+}
+
+// kick wakes the refiller: a claim on a key of another tenant (whose
+// min_warm is 0, so its pool never fills).
+func (e *poolEnv) kick() { e.p.Claim(pool.Key{Tenant: "kick", Template: "base"}) }
+
+func (e *poolEnv) ready() int {
+	for _, s := range e.p.Stats() {
+		if s.Key == benchPoolKey {
+			return s.Ready
+		}
+	}
+	return 0
+}
+
+// refill lets the refiller bring the pool back to min_warm, then freezes it.
+func (e *poolEnv) refill(b *testing.B) {
+	want := int(e.minWarm.Load())
+	e.frozen.Store(false)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.ready() < want {
+		if time.Now().After(deadline) {
+			b.Fatalf("pool holds %d ready members after 30s, want %d", e.ready(), want)
+		}
+		e.kick()
+		time.Sleep(200 * time.Microsecond)
+	}
+	e.frozen.Store(true)
+}
+
+// Claim of a ready member (a hit), refills held back: the lock, the
+// claim-rate update, the hit count and the wake of the refiller. The pool
+// is refilled outside the timer every 1024 claims.
+func BenchmarkPoolClaimHit(b *testing.B) {
+	const size = 1024
+	e := newPoolEnv(b, size, -1)
+	e.refill(b)
+	left := size
+	b.ReportAllocs()
+	for b.Loop() {
+		if left == 0 {
+			b.StopTimer()
+			e.refill(b)
+			left = size
+			b.StartTimer()
+		}
+		if _, ok := e.p.Claim(benchPoolKey); !ok {
+			b.Fatal("claim missed a full pool")
+		}
+		left--
+	}
+}
+
+// Claim of an empty pool (a miss: the caller would cold create). min_warm 0
+// and no adaptive sizing, so the pool stays empty; each claim still wakes
+// the refiller, whose pass runs concurrently, as in sandboxd.
+func BenchmarkPoolClaimMiss(b *testing.B) {
+	e := newPoolEnv(b, 0, -1)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := e.p.Claim(benchPoolKey); ok {
+			b.Fatal("claim hit an empty pool")
+		}
+	}
+}
+
+// Misses from GOMAXPROCS goroutines at once, on 16 keys (tenants): the
+// cost of Pools' one lock under contention.
+func BenchmarkPoolClaimMissParallel(b *testing.B) {
+	e := newPoolEnv(b, 0, -1)
+	var keys [16]pool.Key
+	for i := range keys {
+		keys[i] = benchPoolKey
+		keys[i].Tenant = tenant.ID(fmt.Sprintf("t%d", i))
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		k := keys[int(next.Add(1))%len(keys)]
+		for pb.Next() {
+			e.p.Claim(k)
+		}
+	})
+}
+
+// POST /v2/sandboxes + DELETE through the real handler with a warm pool of
+// 8 over the in-process-envd fake backend: the API path of a warm claim
+// (auth, SQLite, Claim, /init), to set beside APICreateDestroy (no pool).
+// The refiller runs concurrently, as in sandboxd; hits/op says how many
+// creates were served from the pool.
+func BenchmarkAPIWarmCreateDestroy(b *testing.B) {
+	e := newMicroEnv(b)
+	const size = 8
+	p := pool.New(pool.Config{
+		Backend:  e.be,
+		Health:   e.mgr.EnvdHealth,
+		MinWarm:  func(tenant.ID) int { return size },
+		NewID:    sandbox.NewID,
+		NewToken: sandbox.NewToken,
+		Log:      slog.New(slog.DiscardHandler),
+		Lead:     -1,
+		Parallel: 2,
+	})
+	e.mgr.UsePool(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	// The first create is a miss that makes the pool; wait for it to fill.
+	sb, err := e.h.create(ctx, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.h.destroy(ctx, sb.ID); err != nil {
+		b.Fatal(err)
+	}
+	waitReady := func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ready := 0
+			for _, s := range p.Stats() {
+				ready += s.Ready
+			}
+			if ready >= size {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("pool holds %d ready members after 30s, want %d", ready, size)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitReady()
+	hits0 := poolHits(p)
+	for b.Loop() {
+		sb, err := e.h.create(ctx, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.h.destroy(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(poolHits(p)-hits0)/float64(b.N), "hits/op")
+}
+
+func poolHits(p *pool.Pools) uint64 {
+	var h uint64
+	for _, c := range p.Counts() {
+		h += c.Hits
+	}
+	return h
+}
+
+// ---- limiter (package ratelimit) ----
+
+// Allow on one key whose bucket never runs dry (rate far above the loop's):
+// what every API request pays when limits are on.
+func BenchmarkLimiterAllow(b *testing.B) {
+	l := ratelimit.New(10*time.Minute, nil)
+	lim := ratelimit.Limit{Rate: 1e12, Burst: 1 << 30}
+	b.ReportAllocs()
+	for b.Loop() {
+		if !l.Allow("create/bench", lim).Allowed {
+			b.Fatal("refused")
+		}
+	}
+}
+
+// Allow on an empty bucket: the refusal path (reserve, cancel, Retry-After),
+// what a flooding tenant's requests cost.
+func BenchmarkLimiterRefuse(b *testing.B) {
+	l := ratelimit.New(10*time.Minute, nil)
+	lim := ratelimit.Limit{Rate: 1e-9, Burst: 1}
+	l.Allow("create/flood", lim)
+	b.ReportAllocs()
+	for b.Loop() {
+		if l.Allow("create/flood", lim).Allowed {
+			b.Fatal("allowed")
+		}
+	}
+}
+
+// Allow over 10,000 keys in turn (a client address per request, as the
+// per-IP limit sees them): map lookups over a large set of buckets.
+func BenchmarkLimiterAllow10kKeys(b *testing.B) {
+	l := ratelimit.New(10*time.Minute, nil)
+	lim := ratelimit.Limit{Rate: 1e12, Burst: 1 << 30}
+	keys := make([]string, 10000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("ip/10.0.%d.%d", i/256, i%256)
+		l.Allow(keys[i], lim)
+	}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Allow(keys[i], lim)
+		i++
+		if i == len(keys) {
+			i = 0
+		}
+	}
+}
+
+// Tenants.Allow from GOMAXPROCS goroutines over 16 tenants: the policy
+// lookup (tenant settings over the class default) plus Limiter's one lock
+// under contention.
+func BenchmarkLimiterTenantsParallel(b *testing.B) {
+	rate, burst := 1e12, 1<<30
+	ts := &ratelimit.Tenants{
+		Limiter: ratelimit.New(10*time.Minute, nil),
+		Policy: ratelimit.Policy{
+			Defaults: map[ratelimit.Class]ratelimit.Limit{
+				ratelimit.Create: {Rate: 5, Burst: 20},
+				ratelimit.Read:   {Rate: 1e12, Burst: 1 << 30},
+			},
+			Settings: func(tenant.ID) store.Settings { return store.Settings{CreateRate: &rate, CreateBurst: &burst} },
+		},
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		t := tenant.ID(fmt.Sprintf("t%d", next.Add(1)%16))
+		c := ratelimit.Create
+		for pb.Next() {
+			ts.Allow(t, c)
+		}
+	})
 }

@@ -572,27 +572,25 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 	return err
 }
 
-// UpdateNetwork replaces the stored network settings (E2B: omitted = cleared).
-func (m *Manager) UpdateNetwork(ctx context.Context, id string, n NetworkConfig, allowInternet *bool) error {
+// UpdateNetwork applies E2B's network update to a live sandbox. Egress of a
+// running sandbox cannot be changed by the backends yet, so any request that
+// would change it is ErrNotImplemented (after the existence check, so that a
+// foreign id still reads as missing); a request that changes nothing
+// succeeds. unsupported names what the caller asked for that no backend
+// enforces (egress rules), "" if nothing.
+func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *bool, unsupported string) error {
 	unlock := m.lock(id)
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		return err
 	}
-	n.TrafficAccessToken = Network(sb).TrafficAccessToken
-	if n.AllowPublicTraffic == nil || *n.AllowPublicTraffic {
-		n.TrafficAccessToken = ""
+	if unsupported == "" && allowInternet != nil && *allowInternet != sb.AllowInternetAccess {
+		unsupported = "changing allow_internet_access of a running sandbox"
 	}
-	raw, err := json.Marshal(n)
-	if err != nil {
-		return err
+	if unsupported != "" {
+		err = errdefs.New(errdefs.ErrNotImplemented, unsupported+" is not supported by sandboxd yet")
 	}
-	sb.Network = raw
-	if allowInternet != nil {
-		sb.AllowInternetAccess = *allowInternet
-	}
-	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, "update_network", sb, err)
 	return err
 }

@@ -103,36 +103,22 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 	if n.autoResume != nil {
 		req.Lifecycle.AutoResume = n.autoResume.Enabled
 	}
-	if n.network != nil {
-		nc, err := networkConfig(n.network.AllowOut, n.network.DenyOut, n.network.Rules)
-		if err != nil {
-			return nil, err
+	if nw := n.network; nw != nil {
+		allowOut, denyOut := deref(nw.AllowOut), deref(nw.DenyOut)
+		switch {
+		case len(allowOut) == 0 && len(denyOut) == 1 && denyOut[0] == "0.0.0.0/0":
+			// E2B's spelling of allow_internet_access=false.
+			req.AllowInternet = false
+		case len(allowOut) > 0 || len(denyOut) > 0 || (nw.Rules != nil && len(*nw.Rules) > 0):
+			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
+		case nw.EgressProxy != nil:
+			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
+		case nw.MaskRequestHost != nil && *nw.MaskRequestHost != "":
+			return nil, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
 		}
-		nc.AllowPublicTraffic = n.network.AllowPublicTraffic
-		if n.network.MaskRequestHost != nil {
-			nc.MaskRequestHost = *n.network.MaskRequestHost
-		}
-		req.Network = &nc
+		req.Network = &sandbox.NetworkConfig{AllowPublicTraffic: nw.AllowPublicTraffic, DenyOut: denyOut}
 	}
 	return a.mgr.Create(ctx, req)
-}
-
-func networkConfig(allowOut, denyOut *[]string, rules *map[string][]e2bapi.SandboxNetworkRule) (sandbox.NetworkConfig, error) {
-	var nc sandbox.NetworkConfig
-	if allowOut != nil {
-		nc.AllowOut = *allowOut
-	}
-	if denyOut != nil {
-		nc.DenyOut = *denyOut
-	}
-	if rules != nil {
-		raw, err := json.Marshal(rules)
-		if err != nil {
-			return nc, err
-		}
-		nc.Rules = raw
-	}
-	return nc, nil
 }
 
 func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
@@ -479,19 +465,19 @@ func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRe
 }
 
 func (a *e2bAPI) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
-	var nc sandbox.NetworkConfig
 	var allow *bool
-	if req.Body != nil {
-		var err error
-		if nc, err = networkConfig(req.Body.AllowOut, req.Body.DenyOut, req.Body.Rules); err != nil {
-			return nil, err
-		}
-		allow = req.Body.AllowInternetAccess
-		if req.Body.EgressProxy != nil {
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
+	unsupported := ""
+	if b := req.Body; b != nil {
+		allow = b.AllowInternetAccess
+		switch {
+		case b.EgressProxy != nil:
+			unsupported = "an egress proxy"
+		case b.AllowOut != nil && len(*b.AllowOut) > 0, b.DenyOut != nil && len(*b.DenyOut) > 0,
+			b.Rules != nil && len(*b.Rules) > 0:
+			unsupported = "egress rules (allowOut, denyOut, rules)"
 		}
 	}
-	if err := a.mgr.UpdateNetwork(ctx, req.SandboxID, nc, allow); err != nil {
+	if err := a.mgr.UpdateNetwork(ctx, req.SandboxID, allow, unsupported); err != nil {
 		return nil, err
 	}
 	return e2bapi.UpdateSandboxNetwork204Response{}, nil

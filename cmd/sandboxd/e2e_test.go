@@ -237,7 +237,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	wantStatus(t, "logs", s.api(t, http.MethodGet, "/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
 	wantStatus(t, "logs v2", s.api(t, http.MethodGet, "/v2/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
-	wantStatus(t, "network", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{"allowOut": []string{"10.0.0.0/8"}}), http.StatusNoContent)
+	wantStatus(t, "network no-op", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{}), http.StatusNoContent)
+	// Egress rules are not enforced yet: refused, never accepted silently.
+	wantError(t, "network egress rules", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{"allowOut": []string{"10.0.0.0/8"}}), http.StatusNotImplemented)
 
 	// --- kill -------------------------------------------------------------
 	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+a.SandboxID, key, nil), http.StatusNoContent)
