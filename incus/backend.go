@@ -36,7 +36,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -50,6 +49,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 // Paths inside every sandbox.
@@ -536,7 +536,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := loopbackUp(int(st.Pid)); err != nil {
 		return nil, wrap("loopback", err)
 	}
-	if err := waitHealthy(ctx, s.dialEnvd); err != nil {
+	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 5 * time.Millisecond}); err != nil {
 		return nil, wrap("envd", err)
 	}
 	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name,
@@ -558,57 +558,10 @@ func (s *sandbox) info() *runtime.Sandbox {
 	return &runtime.Sandbox{ID: s.id, Template: s.spec.Template, State: state, Spec: s.spec, CreatedAt: s.createdAt}
 }
 
-// waitHealthy polls envd's /health until it answers or ctx ends.
-func waitHealthy(ctx context.Context, dial func(context.Context) (net.Conn, error)) error {
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		DisableKeepAlives: true,
-	}}
-	defer hc.CloseIdleConnections()
-	delay := 500 * time.Microsecond
-	var last error
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("/health answered %s", resp.Status)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
-		case <-time.After(delay):
-		}
-		delay = min(delay*2, 5*time.Millisecond)
-	}
-}
-
-// dialEnvd connects to envd's unix socket. Root inside can replace
-// envd.sock with a symlink to a host socket (resolved by connect in the
-// host's namespace): the socket is opened O_PATH|O_NOFOLLOW, checked, and
-// connected through its /proc/self/fd link, as runtime/local does.
+// dialEnvd connects to envd's unix socket in the shared socket directory
+// (see envdconn.DialSocket: root inside can plant a symlink there).
 func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
-	fd, err := unix.Open(filepath.Join(s.dir, "envd.sock"), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("open envd.sock", err)}
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, os.NewSyscallError("fstat envd.sock", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, fmt.Errorf("envd.sock in sandbox %s is not a socket (mode %#o)", s.id, st.Mode)
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	return envdconn.DialSocket(ctx, filepath.Join(s.dir, "envd.sock"), s.id)
 }
 
 // get returns the live sandbox id: from memory, or adopted from Incus (a

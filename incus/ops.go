@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -13,8 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/envd/tunnel"
+	"github.com/sandboxd/sandboxd/envd/pid1"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 // Destroy removes sandbox id. It returns at once: the forced stop (which
@@ -215,8 +215,8 @@ func (b *Backend) gone(s *sandbox) bool {
 // CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
 // errors.Is tunnel.ErrPortNotOpen.
 func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
-	if port <= 0 || port > 65535 {
-		return nil, fmt.Errorf("dial sandbox %s: %w: port %d", id, runtime.ErrInvalidSpec, port)
+	if err := envdconn.CheckPort(id, port); err != nil {
+		return nil, err
 	}
 	s, err := b.get(ctx, id)
 	if err != nil {
@@ -228,22 +228,7 @@ func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 	if paused {
 		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrPaused)
 	}
-	if port == runtime.EnvdPort {
-		c, err := s.dialEnvd(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("dial sandbox %s: envd: %w", id, err)
-		}
-		return c, nil
-	}
-	c, err := tunnel.Dial(ctx, s.dialEnvd, token, port)
-	if err != nil {
-		var se *tunnel.StatusError
-		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
-			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
-		}
-		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, err)
-	}
-	return c, nil
+	return envdconn.Dial(ctx, s.dialEnvd, token, id, port)
 }
 
 // Stats reads the instance's state: CPU time, memory and processes from
@@ -385,33 +370,13 @@ func loopbackUp(pid int) error {
 			errc <- fmt.Errorf("setns: %w", err)
 			return
 		}
-		err = setLoUp()
+		err = pid1.LoopbackUp()
 		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
 			goruntime.UnlockOSThread()
 		} // else the locked thread ends with this goroutine
 		errc <- err
 	}()
 	return <-errc
-}
-
-func setLoUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("get lo flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("set lo up: %w", err)
-	}
-	return nil
 }
 
 // WaitDeletes waits until the background deletions started so far are done,

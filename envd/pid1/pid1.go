@@ -26,7 +26,7 @@ func IsChild() bool { return os.Getenv(ChildEnv) == "1" }
 // forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to it until
 // it exits, and returns its exit code.
 func Supervise(args []string) (int, error) {
-	if err := loopbackUp(); err != nil {
+	if err := LoopbackUp(); err != nil {
 		fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 	}
 	sigs := make(chan os.Signal, 16)
@@ -67,9 +67,12 @@ func Supervise(args []string) (int, error) {
 	return 1, errors.New("signal channel closed")
 }
 
-// loopbackUp sets lo up: a container without a network device starts with
-// loopback down, and the tunnel and user servers need 127.0.0.1.
-func loopbackUp() error {
+// LoopbackUp sets lo up in the calling thread's network namespace, if it is
+// not up already: a container without a network device starts with loopback
+// down, and the tunnel and user servers need 127.0.0.1. The incus backend
+// calls it from the host, in the container's namespace (its envd has no
+// CAP_NET_ADMIN).
+func LoopbackUp() error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -80,12 +83,15 @@ func loopbackUp() error {
 		return err
 	}
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
+		return fmt.Errorf("get lo flags: %w", err)
 	}
 	flags := ifr.Uint16()
 	if flags&unix.IFF_UP != 0 {
 		return nil
 	}
 	ifr.SetUint16(flags | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
 }

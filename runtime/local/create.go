@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 // Create starts a sandbox and returns once envd answers /health. Every step
@@ -237,7 +236,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := writeJSON(filepath.Join(dir, "meta.json"), s.meta); err != nil {
 		return nil, wrap("meta", err)
 	}
-	if err := waitHealthy(ctx, s.dialEnvd, s.exited); err != nil {
+	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
+		Exited: s.exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
+	}); err != nil {
 		return nil, wrap("envd", err)
 	}
 
@@ -250,41 +251,6 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	s.created = true
 	r.Success()
 	return s.info()
-}
-
-// waitHealthy polls envd's /health until it answers 204, init exits or ctx
-// ends.
-func waitHealthy(ctx context.Context, dial func(context.Context) (net.Conn, error), exited <-chan struct{}) error {
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		DisableKeepAlives: true,
-	}}
-	defer hc.CloseIdleConnections()
-	delay := 500 * time.Microsecond
-	var last error
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("/health answered %s", resp.Status)
-		}
-		last = err
-		select {
-		case <-exited:
-			return fmt.Errorf("%w: envd exited before answering (its log is disk/envd.log): %v", runtime.ErrUnavailable, last)
-		case <-ctx.Done():
-			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
-		case <-time.After(delay):
-		}
-		delay = min(delay*2, 2*time.Millisecond)
-	}
 }
 
 // writeJSON writes v to path atomically: a reader sees all of it or nothing.

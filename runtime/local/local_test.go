@@ -9,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -45,22 +44,13 @@ func run(m *testing.M) int {
 		skipReason = "runtime/local needs cgroups at /sys/fs/cgroup"
 	}
 	if skipReason == "" {
-		envdBin = os.Getenv("SANDBOXD_ENVD")
-		if envdBin == "" {
-			dir, err := os.MkdirTemp("", "runtime-local-envd-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			envdBin = filepath.Join(dir, "envd")
-			cmd := exec.Command("go", "build", "-trimpath", "-o", envdBin, "github.com/sandboxd/sandboxd/cmd/envd")
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
-				return 1
-			}
+		bin, cleanup, err := runtimetest.EnvdBinary("runtime-local-envd-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
 		}
+		defer cleanup()
+		envdBin = bin
 	}
 	return m.Run()
 }
@@ -439,38 +429,6 @@ func TestSocketDir(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 
-	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/run/envd/fill bs=1M count=64; rm -f /run/envd/fill")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(res.Stderr, "No space left on device") {
-		t.Errorf("filling /run/envd with 64 MiB on a 32 MiB disk: %v; want ENOSPC", res)
-	}
-
-	hostSock := filepath.Join(t.TempDir(), "host.sock")
-	ln, err := net.Listen("unix", hostSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan struct{}, 1)
-	go func() { // ends when ln is closed
-		if c, err := ln.Accept(); err == nil {
-			c.Close()
-			accepted <- struct{}{}
-		}
-	}()
-	res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "rm /run/envd/envd.sock && ln -s "+hostSock+" /run/envd/envd.sock")
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("plant symlink: %v, %v", res, err)
-	}
-	if c, err := b.Dial(ctx, id, runtime.EnvdPort); err == nil {
-		c.Close()
-		t.Errorf("Dial(envd) through a planted symlink succeeded")
-	}
-	select {
-	case <-accepted:
-		t.Errorf("sandboxd connected to the host socket the sandbox's symlink named")
-	case <-time.After(100 * time.Millisecond):
-	}
+	// 64 MiB on a 32 MiB disk.
+	runtimetest.CheckSocketDir(t, b, id, 64)
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"net/http"
-	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"time"
@@ -15,8 +13,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/envd/tunnel"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 func numCPU() int { return goruntime.NumCPU() }
@@ -181,8 +179,8 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 // CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
 // errors.Is tunnel.ErrPortNotOpen.
 func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
-	if port <= 0 || port > 65535 {
-		return nil, fmt.Errorf("dial sandbox %s: %w: port %d", id, runtime.ErrInvalidSpec, port)
+	if err := envdconn.CheckPort(id, port); err != nil {
+		return nil, err
 	}
 	s, err := b.get(ctx, id)
 	if err != nil {
@@ -200,44 +198,13 @@ func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 	case info.State == runtime.StatePaused:
 		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrPaused)
 	}
-	if port == runtime.EnvdPort {
-		c, err := s.dialEnvd(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("dial sandbox %s: envd: %w", id, err)
-		}
-		return c, nil
-	}
-	c, err := tunnel.Dial(ctx, s.dialEnvd, s.meta.Spec.AccessToken, port)
-	if err != nil {
-		var se *tunnel.StatusError
-		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
-			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
-		}
-		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, err)
-	}
-	return c, nil
+	return envdconn.Dial(ctx, s.dialEnvd, s.meta.Spec.AccessToken, id, port)
 }
 
-// dialEnvd connects to envd's unix socket. The socket directory is writable
-// by root inside the sandbox, which could replace envd.sock with a symlink
-// to a host socket (resolved in the host's namespace by connect): so the
-// socket is opened with O_PATH|O_NOFOLLOW, checked to be a socket, and
-// connected through its /proc/self/fd link, which names that inode only.
+// dialEnvd connects to envd's unix socket, in the sandbox's disk (see
+// envdconn.DialSocket: root inside can plant a symlink there).
 func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
-	fd, err := unix.Open(filepath.Join(s.dir, "disk", "envd", "envd.sock"), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("open envd.sock", err)}
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, os.NewSyscallError("fstat envd.sock", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, fmt.Errorf("envd.sock in sandbox %s is not a socket (mode %#o)", s.id, st.Mode)
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	return envdconn.DialSocket(ctx, filepath.Join(s.dir, "disk", "envd", "envd.sock"), s.id)
 }
 
 // Stats reads the sandbox's cgroup counters and its disk's usage.

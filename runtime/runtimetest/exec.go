@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -100,4 +103,28 @@ func sh(ctx context.Context, b runtime.Backend, id, user, script string) (Result
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return Exec(ctx, b, id, user, "/bin/sh", "-c", script)
+}
+
+// EnvdBinary returns the envd binary a backend's tests run in their
+// sandboxes, for their TestMain: $SANDBOXD_ENVD if set, else cmd/envd built
+// (static, CGO_ENABLED=0) into a new temporary directory named after
+// tmpPattern (as os.MkdirTemp takes it). cleanup removes that directory; it
+// is never nil.
+func EnvdBinary(tmpPattern string) (path string, cleanup func(), err error) {
+	if p := os.Getenv("SANDBOXD_ENVD"); p != "" {
+		return p, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", tmpPattern)
+	if err != nil {
+		return "", func() {}, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	path = filepath.Join(dir, "envd")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", path, "github.com/sandboxd/sandboxd/cmd/envd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return "", func() {}, fmt.Errorf("build envd: %v\n%s", err, out)
+	}
+	return path, cleanup, nil
 }

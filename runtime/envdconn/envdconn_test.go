@@ -1,0 +1,97 @@
+package envdconn_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
+)
+
+// serve answers /health with status on a unix socket at dir/envd.sock.
+func serve(t *testing.T, dir string, status int) string {
+	t.Helper()
+	path := filepath.Join(dir, "envd.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return path
+}
+
+func TestDialSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := serve(t, dir, http.StatusNoContent)
+	ctx := t.Context()
+
+	c, err := envdconn.DialSocket(ctx, sock, "sb")
+	if err != nil {
+		t.Fatalf("DialSocket(socket): %v", err)
+	}
+	c.Close()
+
+	link := filepath.Join(t.TempDir(), "envd.sock")
+	if err := os.Symlink(sock, link); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := envdconn.DialSocket(ctx, link, "sb"); err == nil {
+		c.Close()
+		t.Errorf("DialSocket through a symlink succeeded")
+	}
+
+	file := filepath.Join(t.TempDir(), "envd.sock")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envdconn.DialSocket(ctx, file, "sb"); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("DialSocket(regular file) = %v; want not a socket", err)
+	}
+}
+
+func TestCheckPort(t *testing.T) {
+	for _, p := range []int{0, -1, 65536} {
+		if err := envdconn.CheckPort("sb", p); !errors.Is(err, runtime.ErrInvalidSpec) {
+			t.Errorf("CheckPort(%d) = %v; want ErrInvalidSpec", p, err)
+		}
+	}
+	if err := envdconn.CheckPort("sb", runtime.EnvdPort); err != nil {
+		t.Errorf("CheckPort(EnvdPort) = %v", err)
+	}
+}
+
+func TestWaitHealthy(t *testing.T) {
+	sock := serve(t, t.TempDir(), http.StatusNoContent)
+	dial := func(ctx context.Context) (net.Conn, error) { return envdconn.DialSocket(ctx, sock, "sb") }
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := envdconn.WaitHealthy(ctx, dial, envdconn.Health{}); err != nil {
+		t.Fatalf("WaitHealthy: %v", err)
+	}
+
+	// No envd: the wait ends with ctx, or at once when init has exited.
+	missing := filepath.Join(t.TempDir(), "envd.sock")
+	dial = func(ctx context.Context) (net.Conn, error) { return envdconn.DialSocket(ctx, missing, "sb") }
+	short, cancel2 := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel2()
+	if err := envdconn.WaitHealthy(short, dial, envdconn.Health{}); !errors.Is(err, runtime.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitHealthy(no envd) = %v; want ErrUnavailable and DeadlineExceeded", err)
+	}
+	exited := make(chan struct{})
+	close(exited)
+	err := envdconn.WaitHealthy(t.Context(), dial, envdconn.Health{Exited: exited, LogHint: "its log is x.log"})
+	if !errors.Is(err, runtime.ErrUnavailable) || !strings.Contains(err.Error(), "envd exited before answering (its log is x.log)") {
+		t.Errorf("WaitHealthy(exited) = %v; want ErrUnavailable naming the log", err)
+	}
+}
