@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -43,6 +44,8 @@ func serve(args []string) error {
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 	)
+	templates := templateFlag{}
+	fs.Var(templates, "template", "extra local template NAME=PATH: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image); repeatable")
 	var lim limitOpts
 	lim.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -84,7 +87,7 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, log)
+	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, templates, log)
 	if err != nil {
 		return err
 	}
@@ -205,12 +208,15 @@ type backend interface {
 }
 
 // openBackend is the one place a backend is chosen.
-func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, log *slog.Logger) (backend, error) {
+func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, templates templateFlag, log *slog.Logger) (backend, error) {
+	if len(templates) > 0 && name != "local" {
+		return nil, fmt.Errorf("--template: only for --backend local")
+	}
 	switch name {
 	case "local":
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
-			Log: log.With("component", "local"),
+			Templates: templates, Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
@@ -228,4 +234,21 @@ func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string
 		return be, nil
 	}
 	return nil, fmt.Errorf("--backend %q: want local or incus", name)
+}
+
+// templateFlag collects repeated --template NAME=PATH flags.
+type templateFlag map[string]string
+
+func (t templateFlag) String() string { return fmt.Sprint(map[string]string(t)) }
+
+func (t templateFlag) Set(v string) error {
+	name, path, ok := strings.Cut(v, "=")
+	if !ok || name == "" || path == "" {
+		return fmt.Errorf("want NAME=PATH, got %q", v)
+	}
+	if _, dup := t[name]; dup {
+		return fmt.Errorf("template %q given twice", name)
+	}
+	t[name] = path
+	return nil
 }

@@ -97,8 +97,13 @@ type Options struct {
 	// CgroupParent is the cgroup (in every hierarchy) under which each
 	// sandbox gets <id>. Default /sandboxd.
 	CgroupParent string
-	// Templates maps extra template names to root filesystem directories
-	// used as the read-only lower layer as they are. "base" is built in.
+	// Templates maps extra template names to root filesystems: a directory
+	// is used as the read-only lower layer as it is; an image archive (a
+	// docker-save tarball, or an OCI layout directory, optionally
+	// "LAYOUT:REF") is imported once with ImportOCI into
+	// <Root>/templates/oci-<hash of the image> and used from there, with
+	// root and user (uid 1000) added to its /etc/passwd and /etc/group
+	// where missing. "base" is built in.
 	Templates map[string]string
 	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory,
 	// 1024 MiB disk. PidsMax bounds tasks per sandbox: default 1024.
@@ -243,14 +248,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if name == BaseTemplate {
 			return nil, fmt.Errorf("local backend: template %q is built in", name)
 		}
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("local backend: template %q: %s is not a directory", name, d)
-		}
-		abs, err := filepath.Abs(d)
+		lower, err := ociTemplate(ctx, filepath.Join(opts.Root, "templates"), d)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("local backend: template %q: %w", name, err)
 		}
-		b.templates[name] = &template{name: name, lower: abs}
+		b.templates[name] = &template{name: name, lower: lower}
 	}
 
 	if err := b.adopt(ctx); err != nil {
