@@ -24,9 +24,10 @@ import (
 //
 // Output frames keep envd's order. The server writes one frame at a time and
 // reads the next event only when the client took the last one, so its
-// memory stays bounded; envd drops a reader that falls far behind (an error
-// frame, code resource_exhausted). Closing the websocket kills the process
-// (its whole group) unless start said detached.
+// memory stays bounded, and envd holds the process's output until this
+// stream (the one that started it) has room: a slow client slows the process.
+// Closing the websocket kills the process (its whole group) unless start
+// said detached.
 type wsFrame struct {
 	Type string `json:"type"`
 

@@ -29,8 +29,10 @@ const (
 	// chunkSize caps one data event. Each read is forwarded as soon as it
 	// returns, so this only bounds events from a fast producer.
 	chunkSize = 32 << 10
-	// subscriberBuffer is how many data events a reader may lag behind before
-	// it is disconnected (up to chunkSize each, so up to 32 MiB).
+	// subscriberBuffer is how many data events a reader may lag behind (up to
+	// chunkSize each, so up to 32 MiB). Then the output pump waits for the
+	// client that started the process (backpressure: the child blocks on its
+	// full pipe), while an observer attached with Connect is disconnected.
 	subscriberBuffer = 1024
 	// drainGrace is how long output is still read once a process was told to
 	// stop and its leader is gone: enough to empty the pipe buffers, short
@@ -52,6 +54,9 @@ type process struct {
 
 	// events carries data events and finally the end event.
 	events *fanout[*rpc.ProcessEvent]
+	// closing is the service's base context ending (Close): nothing may be
+	// held up by a reader any more.
+	closing <-chan struct{}
 
 	// ctx bounds the process lifetime: the service's base context plus the
 	// Start request's Connect-Timeout-Ms. It is deliberately not derived from
@@ -121,6 +126,7 @@ func newProcess(base context.Context, timeout time.Duration, spec *spawnSpec) *p
 		tag:      spec.tag,
 		info:     info,
 		events:   newFanout[*rpc.ProcessEvent](subscriberBuffer),
+		closing:  base.Done(),
 		ctx:      ctx,
 		cancel:   cancel,
 		stopping: make(chan struct{}),
@@ -324,6 +330,28 @@ func (p *process) run(outs []output) {
 		case <-settled:
 		}
 	})
+	// The client that started the process holds up its output while it is
+	// behind (backpressure). Once the process was told to stop, it gets the
+	// drain grace to catch up and is then treated like any other reader, so
+	// a stalled client cannot keep a killed or timed-out process from
+	// ending; on Close it is released at once.
+	helpers.Go(func() {
+		select {
+		case <-p.closing:
+		case <-p.stopping:
+			grace := time.NewTimer(drainGrace)
+			defer grace.Stop()
+			select {
+			case <-grace.C:
+			case <-p.closing:
+			case <-settled:
+				return
+			}
+		case <-settled:
+			return
+		}
+		p.events.release()
+	})
 
 	waitErr := p.cmd.Wait()
 	p.closeStdin()
@@ -345,13 +373,16 @@ func (p *process) run(outs []output) {
 	}
 
 	p.end = endEvent(p.cmd.ProcessState, waitErr)
-	p.events.publish(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}})
-	p.events.close()
+	// Never waits for a reader: one that is behind gets the end event from
+	// stream once it has caught up.
+	p.events.finish(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}})
 	close(p.done)
 }
 
 // forward publishes each read as soon as it returns, until EOF, a PTY hang-up
-// (EIO), the drain deadline or a close.
+// (EIO), the drain deadline or a close. Publishing waits while the client
+// that started the process is a full buffer behind; the child then blocks on
+// its full pipe.
 func (p *process) forward(o output) {
 	if p.tty == nil {
 		// Pipe read ends are ours alone; the PTY master is closed by run.

@@ -63,21 +63,41 @@ func TestEscapedChildCannotHoldTheStream(t *testing.T) {
 	}
 }
 
+// An observer attached with Connect that stops reading is cut off; it never
+// holds up the process (the starting client, which reads, sets the pace).
 func TestSlowReaderIsDisconnectedWithoutBlockingTheProcess(t *testing.T) {
 	e := newTestEnv(t)
 	// Far more events than a subscriber may buffer (chunks are at most 32 KiB).
+	const total = 64 << 20
 	p, sub, err := e.svc.start(&rpc.StartRequest{Process: sh("head -c 67108864 /dev/zero"), Stdin: ptr(false)}, http.Header{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The reader does not read at all until the process has finished: the
+	// The starting client has not read yet, so the process cannot have ended:
+	// the observer attaches while there is plenty of output to come.
+	obs, ok := p.events.subscribe()
+	if !ok {
+		t.Fatal("process ended before an unread starting client let it")
+	}
+	startRes := make(chan error, 1)
+	var got int
+	go func() {
+		startRes <- e.svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
+			got += len(ev.GetData().GetStdout())
+			return nil
+		})
+	}()
+	// The observer does not read at all until the process has finished: the
 	// process must not wait for it.
 	<-p.done
 	if p.end.GetExitCode() != 0 {
 		t.Fatalf("end = %v", p.end)
 	}
+	if err := <-startRes; err != nil || got != total {
+		t.Fatalf("starting client: %v after %d bytes; want all %d", err, got, total)
+	}
 	var kinds []string
-	err = e.svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
+	err = e.svc.stream(t.Context(), http.Header{}, p, obs, func(ev *rpc.ProcessEvent) error {
 		if ev.GetData() == nil {
 			kinds = append(kinds, ev.String())
 		}

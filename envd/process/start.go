@@ -51,7 +51,9 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 		p.cancel()
 		return nil, nil, err
 	}
-	sub, _ := p.events.subscribe() // before the child exists: nothing is missed
+	// Before the child exists: nothing is missed. The starting client applies
+	// backpressure: while it is attached and behind, the process waits for it.
+	sub, _ := p.events.subscribeBlocking()
 	outs, err := p.spawn(spec)
 	if err != nil {
 		sub.cancel()

@@ -16,7 +16,8 @@ import (
 // keepalive whenever the stream has been idle for the client's interval,
 // then the end event. sub is nil when p had already ended; the reader then
 // gets start and end only. Leaving early (ctx ends) detaches the reader and
-// leaves the process alone.
+// leaves the process alone; for the starting client's (blocking) sub that
+// also lets the process's output run on unthrottled.
 func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *subscription[*rpc.ProcessEvent], send func(*rpc.ProcessEvent) error) error {
 	if sub != nil {
 		defer sub.cancel()
@@ -46,8 +47,10 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 					s.log.Warn("process reader disconnected", "pid", p.pid, "err", err)
 					return rpcerr.Connect(fmt.Errorf("process %d: %w", p.pid, err))
 				}
-				// The end event is published before the fanout closes, so
-				// this is not expected; still, never end a stream without it.
+				// The fanout ended without the end event: the starting
+				// client's buffer was full when the process ended (nothing
+				// was lost; the end is only not buffered). Never end a
+				// stream without it.
 				return rpcerr.Connect(send(endOf(p)))
 			}
 			if err := send(ev); err != nil {
