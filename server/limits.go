@@ -23,7 +23,7 @@ func routeClass(r *http.Request) ratelimit.Class {
 		return ratelimit.Read
 	case http.MethodPost:
 		p := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, E2BPrefix), "/")
-		if p == "/sandboxes" || p == "/v2/sandboxes" ||
+		if p == "/sandboxes" || p == "/v2/sandboxes" || p == NativePrefix ||
 			strings.HasSuffix(p, "/connect") || strings.HasSuffix(p, "/resume") || strings.HasSuffix(p, "/fork") {
 			return ratelimit.Create
 		}
@@ -35,7 +35,15 @@ func routeClass(r *http.Request) ratelimit.Class {
 // keys on the tenant in ctx). Over the limit it answers 429 with E2B's body,
 // Retry-After and X-RateLimit-*; within it, it sets X-RateLimit-* and
 // passes on.
-func limitTenants(l *ratelimit.Tenants, lm *limitMetrics) func(http.Handler) http.Handler {
+// refuser writes a 429 in the error shape of its surface.
+type refuser func(w http.ResponseWriter, r *http.Request, msg string)
+
+// refuseE2B answers with E2B's body.
+func refuseE2B(w http.ResponseWriter, _ *http.Request, msg string) {
+	writeErrorStatus(w, http.StatusTooManyRequests, msg)
+}
+
+func limitTenants(l *ratelimit.Tenants, lm *limitMetrics, refuse refuser) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		if l == nil {
 			return next
@@ -44,8 +52,14 @@ func limitTenants(l *ratelimit.Tenants, lm *limitMetrics) func(http.Handler) htt
 			t, _ := tenant.FromContext(r.Context())
 			c := routeClass(r)
 			d := l.Allow(t, c)
-			if !answerLimit(w, d, string(c)) {
+			if d.Limit.Unlimited() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			retry := limitHeaders(w, d)
+			if !d.Allowed {
 				lm.rejected(string(t), string(c))
+				refuse(w, r, limitMessage(d, string(c), retry))
 				return
 			}
 			next.ServeHTTP(w, r)

@@ -282,3 +282,30 @@ func TestIPLimitBeforeAuth(t *testing.T) {
 		t.Fatalf("bad-key requests from one address: %v, want [401 401 429]", codes)
 	}
 }
+
+// The native API shares the tenant's buckets and answers 429 in its own
+// error shape.
+func TestRateLimitNativeAPI(t *testing.T) {
+	e := newLimitEnv(t)
+	var last *httptest.ResponseRecorder
+	var codes []int
+	for range 3 {
+		last = e.do(t, "a", http.MethodPost, NativePrefix, `{"template":"base"}`)
+		codes = append(codes, last.Code)
+	}
+	if codes[0] != http.StatusCreated || codes[1] != http.StatusCreated || codes[2] != http.StatusTooManyRequests {
+		t.Fatalf("native creates of tenant a = %v; want 201, 201, 429 (burst 2)", codes)
+	}
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(last.Body.Bytes(), &body); err != nil || body.Error.Code != "resource_exhausted" || body.Error.Message == "" {
+		t.Errorf("429 body = %s; want the native error shape with code resource_exhausted", last.Body)
+	}
+	if last.Header().Get("Retry-After") == "" || last.Header().Get("X-RateLimit-Limit") == "" {
+		t.Errorf("429 headers = %v; want Retry-After and X-RateLimit-*", last.Header())
+	}
+	if c := e.do(t, "b", http.MethodPost, NativePrefix, `{"template":"base"}`).Code; c != http.StatusCreated {
+		t.Errorf("tenant b's native create = %d; want 201 (its own bucket)", c)
+	}
+}

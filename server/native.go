@@ -40,7 +40,7 @@ type nativeAPI struct {
 var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
 
 // newNative returns the native API's router, to be mounted at NativePrefix.
-func newNative(cfg Config) http.Handler {
+func newNative(cfg Config, lm *limitMetrics) http.Handler {
 	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
@@ -49,7 +49,10 @@ func newNative(cfg Config) http.Handler {
 		},
 	}
 	r := chi.NewRouter()
-	r.Use(nativeAuthenticate(cfg.Store, cfg.JWT, a.log))
+	r.Use(nativeAuthenticate(cfg.Store, cfg.JWT, a.log), limitTenants(cfg.Limits, lm,
+		func(w http.ResponseWriter, r *http.Request, msg string) {
+			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrRateLimited, msg))
+		}))
 	for _, rt := range nativeRoutes(siw) {
 		r.With(requireScope(rt.scope, a.log)).Method(rt.method, rt.pattern, rt.handler)
 	}

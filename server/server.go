@@ -80,7 +80,7 @@ func New(cfg Config) http.Handler {
 	})
 	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
 	e2b := chi.NewRouter()
-	e2b.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm))
+	e2b.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}
@@ -98,7 +98,7 @@ func New(cfg Config) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
-	root.Mount(NativePrefix, newNative(cfg)) // E2BPrefix, longer, still routes to e2b
+	root.Mount(NativePrefix, newNative(cfg, lm)) // E2BPrefix, longer, still routes to e2b
 	root.Mount(E2BPrefix, e2b)
 	root.Mount("/", e2b)
 
