@@ -164,6 +164,53 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+// TestPolicyClassOverrides: every class reads its own tenant override, rate
+// and burst each falling back to the server default on their own, and one
+// class's override never leaks into another.
+func TestPolicyClassOverrides(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	n := func(v int) *int { return &v }
+	defaults := map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40},
+		Read: {Rate: 50, Burst: 100}, DataPlane: {Rate: 200, Burst: 400}}
+	tests := []struct {
+		name string
+		set  store.Settings
+		c    Class
+		want Limit
+	}{
+		{"create default", store.Settings{}, Create, Limit{5, 10}},
+		{"create override", store.Settings{CreateRate: f(1), CreateBurst: n(2)}, Create, Limit{1, 2}},
+		{"lifecycle default", store.Settings{}, Lifecycle, Limit{20, 40}},
+		{"lifecycle override", store.Settings{LifecycleRate: f(3), LifecycleBurst: n(4)}, Lifecycle, Limit{3, 4}},
+		{"lifecycle rate only", store.Settings{LifecycleRate: f(3)}, Lifecycle, Limit{3, 40}},
+		{"read default", store.Settings{}, Read, Limit{50, 100}},
+		{"read override", store.Settings{ReadRate: f(0.5), ReadBurst: n(1)}, Read, Limit{0.5, 1}},
+		{"read burst only", store.Settings{ReadBurst: n(7)}, Read, Limit{50, 7}},
+		{"read override zero rate: unlimited", store.Settings{ReadRate: f(0)}, Read, Limit{0, 100}},
+		{"dataplane default", store.Settings{}, DataPlane, Limit{200, 400}},
+		{"dataplane override", store.Settings{DataPlaneRate: f(9), DataPlaneBurst: n(8)}, DataPlane, Limit{9, 8}},
+		{"read override leaves lifecycle", store.Settings{ReadRate: f(1), ReadBurst: n(1)}, Lifecycle, Limit{20, 40}},
+		{"lifecycle override leaves dataplane", store.Settings{LifecycleRate: f(1)}, DataPlane, Limit{200, 400}},
+		{"dataplane override leaves create", store.Settings{DataPlaneRate: f(1)}, Create, Limit{5, 10}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Policy{Defaults: defaults, Settings: func(id tenant.ID) store.Settings {
+				if id == "custom" {
+					return tt.set
+				}
+				return store.Settings{}
+			}}
+			if got := p.Limit("custom", tt.c); got != tt.want {
+				t.Errorf("Limit(custom, %s) = %+v, want %+v", tt.c, got, tt.want)
+			}
+			if got := p.Limit("other", tt.c); got != defaults[tt.c] {
+				t.Errorf("Limit(other, %s) = %+v, want the default %+v", tt.c, got, defaults[tt.c])
+			}
+		})
+	}
+}
+
 // TestTenantsDataPlaneIsOwnBucket: a tenant's data-plane bucket is apart
 // from its API classes, and no data-plane default means no limit.
 func TestTenantsDataPlaneIsOwnBucket(t *testing.T) {

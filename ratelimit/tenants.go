@@ -24,9 +24,10 @@ const (
 // Classes lists the tenant classes.
 var Classes = []Class{Create, Lifecycle, Read, DataPlane}
 
-// Policy says which limit applies to a tenant's class: the server defaults,
-// with the tenant's own create_rate / create_burst (store settings) over the
-// Create class.
+// Policy says which limit applies to a tenant's class: the tenant's own
+// rate and burst of that class (store settings: create_rate, lifecycle_rate,
+// read_rate, dataplane_rate and their bursts), each falling back on its own
+// to the server default.
 type Policy struct {
 	Defaults map[Class]Limit
 	// Settings returns the tenant's stored settings (nil fields: default).
@@ -37,17 +38,33 @@ type Policy struct {
 // Limit returns the limit of class c for tenant t.
 func (p Policy) Limit(t tenant.ID, c Class) Limit {
 	l := p.Defaults[c]
-	if c != Create || p.Settings == nil {
+	if p.Settings == nil {
 		return l
 	}
-	s := p.Settings(t)
-	if s.CreateRate != nil {
-		l.Rate = *s.CreateRate
+	rate, burst := Override(p.Settings(t), c)
+	if rate != nil {
+		l.Rate = *rate
 	}
-	if s.CreateBurst != nil {
-		l.Burst = *s.CreateBurst
+	if burst != nil {
+		l.Burst = *burst
 	}
 	return l
+}
+
+// Override returns the fields of s that override class c's rate and burst
+// (nil: none; an unknown class has none).
+func Override(s store.Settings, c Class) (rate *float64, burst *int) {
+	switch c {
+	case Create:
+		return s.CreateRate, s.CreateBurst
+	case Lifecycle:
+		return s.LifecycleRate, s.LifecycleBurst
+	case Read:
+		return s.ReadRate, s.ReadBurst
+	case DataPlane:
+		return s.DataPlaneRate, s.DataPlaneBurst
+	}
+	return nil, nil
 }
 
 // Tenants limits tenants by class.

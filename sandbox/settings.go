@@ -56,7 +56,9 @@ func NewSettings(st *store.Store, d Defaults, log *slog.Logger) *Settings {
 // Defaults returns the server-wide defaults.
 func (s *Settings) Defaults() Defaults { return s.defaults }
 
-// Stored returns tenant t's stored settings (nil fields: default).
+// Stored returns tenant t's stored settings (nil fields: default). The rate
+// limits of every route class (create, lifecycle, read, data plane) are read
+// from here by package ratelimit's Policy, over its server defaults.
 func (s *Settings) Stored(t tenant.ID) store.Settings {
 	if s == nil {
 		return store.Settings{}
@@ -132,7 +134,10 @@ func (s *Settings) Refresh(ctx context.Context) error {
 
 func sameSettings(a, b store.Settings) bool {
 	return eq(a.MinWarm, b.MinWarm) && eq(a.CreateRate, b.CreateRate) && eq(a.CreateBurst, b.CreateBurst) &&
-		eq(a.MaxSandboxes, b.MaxSandboxes) && eq(a.MaxMemoryMB, b.MaxMemoryMB)
+		eq(a.MaxSandboxes, b.MaxSandboxes) && eq(a.MaxMemoryMB, b.MaxMemoryMB) &&
+		eq(a.LifecycleRate, b.LifecycleRate) && eq(a.LifecycleBurst, b.LifecycleBurst) &&
+		eq(a.ReadRate, b.ReadRate) && eq(a.ReadBurst, b.ReadBurst) &&
+		eq(a.DataPlaneRate, b.DataPlaneRate) && eq(a.DataPlaneBurst, b.DataPlaneBurst)
 }
 
 func eq[T comparable](a, b *T) bool {

@@ -309,3 +309,43 @@ func TestRateLimitNativeAPI(t *testing.T) {
 		t.Errorf("tenant b's native create = %d; want 201 (its own bucket)", c)
 	}
 }
+
+// TestRateLimitTenantReadRate: a tenant's own read_rate / read_burst (set in
+// the store, picked up by the settings cache) override the server's read
+// default for that tenant only: its GETs get 429 while another tenant's,
+// under the default, do not, and its creates keep their own bucket.
+func TestRateLimitTenantReadRate(t *testing.T) {
+	e := newLimitEnv(t)
+	ctx := t.Context()
+	rate, burst := 1.0, 2
+	if _, err := e.st.UpdateTenantSettings(ctx, "a", func(s *store.Settings) { s.ReadRate, s.ReadBurst = &rate, &burst }); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.settings.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list := E2BPrefix + "/v2/sandboxes"
+	var codes []int
+	for range 4 {
+		codes = append(codes, e.do(t, "a", http.MethodGet, list, "").Code)
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 || codes[3] != 429 {
+		t.Fatalf("tenant a GETs at read rate 1/s burst 2: %v, want [200 200 429 429]", codes)
+	}
+	rec := e.do(t, "a", http.MethodGet, list, "")
+	if got := rec.Header().Get("X-RateLimit-Limit"); rec.Code != 429 || got != "2" {
+		t.Errorf("a: %d, X-RateLimit-Limit %q; want 429, 2 (its own burst)", rec.Code, got)
+	}
+	for i := range 20 { // the default: 100/s burst 100
+		if rec := e.do(t, "b", http.MethodGet, list, ""); rec.Code != 200 {
+			t.Fatalf("tenant b GET %d: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	if rec := e.create(t, "a"); rec.Code != 201 {
+		t.Fatalf("tenant a create after its reads ran out: %d %s", rec.Code, rec.Body)
+	}
+	e.clock.advance(time.Second)
+	if rec := e.do(t, "a", http.MethodGet, list, ""); rec.Code != 200 {
+		t.Fatalf("tenant a GET a second later: %d, want 200", rec.Code)
+	}
+}

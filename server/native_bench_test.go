@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
 // Exec round trips on the local backend, with p50/p99 reported:
@@ -55,7 +57,7 @@ func BenchmarkNativeExecWS(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"true"}})
+		c.start(nativews.Frame{Argv: []string{"true"}})
 		if end, _ := c.until("exit"); exitCode(end) != 0 {
 			b.Fatalf("exit %+v", end)
 		}
@@ -73,13 +75,13 @@ func BenchmarkNativeExecWSEcho(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.start(wsFrame{Argv: []string{"cat"}})
+	c.start(nativews.Frame{Argv: []string{"cat"}})
 	line := []byte("ping\n")
 	d := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for b.Loop() {
 		t0 := time.Now()
-		c.send(wsFrame{Type: "stdin", Data: line})
+		c.send(nativews.Frame{Type: "stdin", Data: line})
 		if f := c.recv(); f.Type != "stdout" || string(f.Data) != "ping\n" {
 			b.Fatalf("echo: %+v", f)
 		}

@@ -36,36 +36,64 @@ func requirePath(p string) error {
 	return nil
 }
 
-func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.UploadFileParams) {
-	if err := requirePath(p.Path); err != nil {
+// filesEnvd checks the path and connects to the sandbox's envd as user; on
+// failure it answers the client itself and returns nil.
+func (a *nativeAPI) filesEnvd(w http.ResponseWriter, r *http.Request, id, path string, user *string) *envdConn {
+	if err := requirePath(path); err != nil {
 		writeNativeError(w, r, a.log, err)
-		return
+		return nil
 	}
-	c, err := a.envd(r.Context(), id, deref(p.User))
+	c, err := a.envd(r.Context(), id, deref(user))
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
-		return
+		return nil
 	}
-	defer c.close()
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, c.filesURL(p.Path), r.Body)
+	return c
+}
+
+// filesDo sends one request to envd's /files, with r's body when upload is
+// set; on failure, a non-200 answer included, it answers the client itself
+// and returns nil. The caller closes the response's body.
+func (a *nativeAPI) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path string, upload bool) *http.Response {
+	method, body := http.MethodGet, io.Reader(nil)
+	if upload {
+		method, body = http.MethodPost, r.Body
+	}
+	req, err := http.NewRequestWithContext(r.Context(), method, c.filesURL(path), body)
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
-		return
+		return nil
 	}
-	req.ContentLength = r.ContentLength
-	req.Header.Set("Content-Type", "application/octet-stream")
+	if upload {
+		req.ContentLength = r.ContentLength
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
 	c.auth(req.Header)
 	req.Header.Del("Authorization") // /files takes the user from ?username
 	resp, err := c.client.Do(req)
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
+		return nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		writeNativeError(w, r, a.log, envdStatus(resp))
+		resp.Body.Close()
+		return nil
+	}
+	return resp
+}
+
+func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.UploadFileParams) {
+	c := a.filesEnvd(w, r, id, p.Path, p.User)
+	if c == nil {
+		return
+	}
+	defer c.close()
+	resp := a.filesDo(w, r, c, p.Path, true)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		writeNativeError(w, r, a.log, envdStatus(resp))
-		return
-	}
 	var entries []struct {
 		Path, Name, Type string
 	}
@@ -88,33 +116,16 @@ func fileType(t string) nativeapi.FileEntryType {
 }
 
 func (a *nativeAPI) DownloadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DownloadFileParams) {
-	if err := requirePath(p.Path); err != nil {
-		writeNativeError(w, r, a.log, err)
-		return
-	}
-	c, err := a.envd(r.Context(), id, deref(p.User))
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
+	c := a.filesEnvd(w, r, id, p.Path, p.User)
+	if c == nil {
 		return
 	}
 	defer c.close()
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, c.filesURL(p.Path), nil)
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
-		return
-	}
-	c.auth(req.Header)
-	req.Header.Del("Authorization")
-	resp, err := c.client.Do(req)
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
+	resp := a.filesDo(w, r, c, p.Path, false)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		writeNativeError(w, r, a.log, envdStatus(resp))
-		return
-	}
 	for _, h := range []string{"Content-Length", "Last-Modified"} {
 		if v := resp.Header.Get(h); v != "" {
 			w.Header().Set(h, v)
@@ -129,13 +140,8 @@ func (a *nativeAPI) DownloadFile(w http.ResponseWriter, r *http.Request, id stri
 }
 
 func (a *nativeAPI) DeleteFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DeleteFileParams) {
-	if err := requirePath(p.Path); err != nil {
-		writeNativeError(w, r, a.log, err)
-		return
-	}
-	c, err := a.envd(r.Context(), id, deref(p.User))
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
+	c := a.filesEnvd(w, r, id, p.Path, p.User)
+	if c == nil {
 		return
 	}
 	defer c.close()
@@ -161,9 +167,8 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 	case depth == 0:
 		depth = 1
 	}
-	c, err := a.envd(r.Context(), id, deref(p.User))
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
+	c := a.filesEnvd(w, r, id, p.Path, p.User)
+	if c == nil {
 		return
 	}
 	defer c.close()

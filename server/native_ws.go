@@ -14,13 +14,11 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
-// Websocket exec: the frame protocol (docs/native-api.md). Every frame is a
-// JSON text message with a "type"; byte payloads are base64 in "data".
-//
-//	client -> server: start (first, once), stdin, close_stdin, resize, signal
-//	server -> client: started, stdout, stderr, exit (last), error
+// Websocket exec: the frame protocol is package nativews
+// (docs/native-api.md).
 //
 // Output frames keep envd's order. The server writes one frame at a time and
 // reads the next event only when the client took the last one, so its
@@ -28,42 +26,6 @@ import (
 // stream (the one that started it) has room: a slow client slows the process.
 // Closing the websocket kills the process (its whole group) unless start
 // said detached.
-type wsFrame struct {
-	Type string `json:"type"`
-
-	// start
-	Cmd      string            `json:"cmd,omitempty"`
-	Argv     []string          `json:"argv,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-	Cwd      string            `json:"cwd,omitempty"`
-	User     string            `json:"user,omitempty"`
-	PTY      *wsSize           `json:"pty,omitempty"`
-	Stdin    *bool             `json:"stdin,omitempty"` // default true
-	Detached bool              `json:"detached,omitempty"`
-	Timeout  int               `json:"timeout,omitempty"` // seconds, 0 = none
-
-	// stdin, stdout, stderr
-	Data []byte `json:"data,omitempty"`
-	// resize
-	Cols uint32 `json:"cols,omitempty"`
-	Rows uint32 `json:"rows,omitempty"`
-	// signal (SIGTERM or SIGKILL)
-	Signal string `json:"signal,omitempty"`
-
-	// started
-	PID uint32 `json:"pid,omitempty"`
-	// exit; error uses Error, Code and Fatal
-	ExitCode *int   `json:"exit_code,omitempty"`
-	TimedOut bool   `json:"timed_out,omitempty"`
-	Error    string `json:"error,omitempty"`
-	Code     string `json:"code,omitempty"`
-	Fatal    bool   `json:"fatal,omitempty"`
-}
-
-type wsSize struct {
-	Cols uint32 `json:"cols"`
-	Rows uint32 `json:"rows"`
-}
 
 const (
 	wsStartWait  = 30 * time.Second
@@ -86,7 +48,7 @@ type wsConn struct {
 	mu sync.Mutex
 }
 
-func (c *wsConn) send(f wsFrame) error {
+func (c *wsConn) send(f nativews.Frame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_ = c.SetWriteDeadline(time.Now().Add(wsWriteWait))
@@ -99,7 +61,7 @@ func (c *wsConn) sendErr(err error, fatal bool) {
 	if !ok {
 		msg = err.Error()
 	}
-	_ = c.send(wsFrame{Type: "error", Code: nativeErrorCode(statusOf(err)), Error: msg, Fatal: fatal})
+	_ = c.send(nativews.Frame{Type: nativews.TypeError, Code: nativeErrorCode(statusOf(err)), Error: msg, Fatal: fatal})
 }
 
 func (c *wsConn) closeWith(code int, text string) {
@@ -132,12 +94,12 @@ func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id str
 // before the process started.
 func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	_ = conn.SetReadDeadline(time.Now().Add(wsStartWait))
-	var start wsFrame
+	var start nativews.Frame
 	if err := conn.ReadJSON(&start); err != nil {
 		return errdefs.New(errdefs.ErrInvalidArgument, "expected a start frame: "+err.Error())
 	}
 	_ = conn.SetReadDeadline(time.Time{})
-	if start.Type != "start" {
+	if start.Type != nativews.TypeStart {
 		return errdefs.New(errdefs.ErrInvalidArgument, "the first frame must be start, not "+start.Type)
 	}
 	pc, err := processSpec{cmd: start.Cmd, argv: start.Argv, env: start.Env, cwd: start.Cwd}.config()
@@ -186,7 +148,7 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 	if pid == 0 {
 		return errdefs.New(errdefs.ErrUnavailable, "envd did not report a pid")
 	}
-	if err := conn.send(wsFrame{Type: "started", PID: pid}); err != nil {
+	if err := conn.send(nativews.Frame{Type: nativews.TypeStarted, PID: pid}); err != nil {
 		endSession()
 	}
 
@@ -225,17 +187,17 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 	var end *process.ProcessEvent_EndEvent
 	for end == nil && stream.Receive() {
 		ev := stream.Msg().GetEvent()
-		var f wsFrame
+		var f nativews.Frame
 		switch {
 		case ev.GetData() != nil:
 			d := ev.GetData()
 			switch {
 			case d.GetStdout() != nil:
-				f = wsFrame{Type: "stdout", Data: d.GetStdout()}
+				f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetStdout()}
 			case d.GetPty() != nil:
-				f = wsFrame{Type: "stdout", Data: d.GetPty()}
+				f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetPty()}
 			case d.GetStderr() != nil:
-				f = wsFrame{Type: "stderr", Data: d.GetStderr()}
+				f = nativews.Frame{Type: nativews.TypeStderr, Data: d.GetStderr()}
 			}
 		case ev.GetEnd() != nil:
 			end = ev.GetEnd()
@@ -254,7 +216,7 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 	switch {
 	case end != nil:
 		code := int(end.GetExitCode())
-		f := wsFrame{Type: "exit", ExitCode: &code, Signal: endSignal(end), Error: endError(end)}
+		f := nativews.Frame{Type: nativews.TypeExit, ExitCode: &code, Signal: endSignal(end), Error: endError(end)}
 		_ = conn.send(f)
 	case clientGone:
 		if !start.Detached {
@@ -267,7 +229,7 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 			a.log.Warn("exec ws: kill after timeout", "sandbox_id", id, "pid", pid, "err", err)
 		}
 		code := -1
-		_ = conn.send(wsFrame{Type: "exit", ExitCode: &code, Signal: "killed", TimedOut: true})
+		_ = conn.send(nativews.Frame{Type: nativews.TypeExit, ExitCode: &code, Signal: "killed", TimedOut: true})
 	default:
 		if !start.Detached {
 			_ = c.kill(ctx, pid)
@@ -294,7 +256,7 @@ func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid u
 	client := c.process()
 	sel := c.selector(pid)
 	for {
-		var f wsFrame
+		var f nativews.Frame
 		_, raw, err := conn.ReadMessage()
 		if err != nil {
 			return
@@ -304,7 +266,7 @@ func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid u
 			continue
 		}
 		switch f.Type {
-		case "stdin":
+		case nativews.TypeStdin:
 			in := &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: f.Data}}
 			if pty {
 				in.Input = &process.ProcessInput_Pty{Pty: f.Data}
@@ -312,16 +274,16 @@ func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid u
 			req := connect.NewRequest(&process.SendInputRequest{Process: sel, Input: in})
 			c.auth(req.Header())
 			_, err = client.SendInput(ctx, req)
-		case "close_stdin":
+		case nativews.TypeCloseStdin:
 			req := connect.NewRequest(&process.CloseStdinRequest{Process: sel})
 			c.auth(req.Header())
 			_, err = client.CloseStdin(ctx, req)
-		case "resize":
+		case nativews.TypeResize:
 			req := connect.NewRequest(&process.UpdateRequest{Process: sel,
 				Pty: &process.PTY{Size: &process.PTY_Size{Cols: f.Cols, Rows: f.Rows}}})
 			c.auth(req.Header())
 			_, err = client.Update(ctx, req)
-		case "signal":
+		case nativews.TypeSignal:
 			var sig process.Signal
 			switch strings.TrimPrefix(strings.ToUpper(f.Signal), "SIG") {
 			case "TERM":

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
 // A websocket client that stops reading slows the process down instead of
@@ -22,7 +24,7 @@ func TestNativeExecWebsocketBackpressure(t *testing.T) {
 	}
 	const total = 96 << 20
 	argv := []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}
-	c.start(wsFrame{Argv: argv})
+	c.start(nativews.Frame{Argv: argv})
 
 	// How much head has written so far, from inside the sandbox; -1 once it
 	// is gone.

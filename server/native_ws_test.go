@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
 type wsClient struct {
@@ -33,17 +34,17 @@ func (e *nativeEnv) dialWS(id, tok string) (*wsClient, *http.Response, error) {
 	return &wsClient{t: e.t, conn: conn}, resp, nil
 }
 
-func (c *wsClient) send(f wsFrame) {
+func (c *wsClient) send(f nativews.Frame) {
 	c.t.Helper()
 	if err := c.conn.WriteJSON(f); err != nil {
 		c.t.Fatalf("send %s: %v", f.Type, err)
 	}
 }
 
-func (c *wsClient) recv() wsFrame {
+func (c *wsClient) recv() nativews.Frame {
 	c.t.Helper()
 	_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	var f wsFrame
+	var f nativews.Frame
 	if err := c.conn.ReadJSON(&f); err != nil {
 		c.t.Fatalf("recv: %v", err)
 	}
@@ -52,7 +53,7 @@ func (c *wsClient) recv() wsFrame {
 
 // until reads frames until one of type typ, collecting stdout and stderr
 // in arrival order as "o:..." and "e:..." items.
-func (c *wsClient) until(typ string) (wsFrame, []string) {
+func (c *wsClient) until(typ string) (nativews.Frame, []string) {
 	c.t.Helper()
 	var seq []string
 	for {
@@ -70,7 +71,7 @@ func (c *wsClient) until(typ string) (wsFrame, []string) {
 	}
 }
 
-func (c *wsClient) start(f wsFrame) uint32 {
+func (c *wsClient) start(f nativews.Frame) uint32 {
 	c.t.Helper()
 	f.Type = "start"
 	c.send(f)
@@ -81,7 +82,7 @@ func (c *wsClient) start(f wsFrame) uint32 {
 	return got.PID
 }
 
-func exitCode(f wsFrame) int {
+func exitCode(f nativews.Frame) int {
 	if f.ExitCode == nil {
 		return -999
 	}
@@ -98,7 +99,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Cmd: `for i in 1 2 3 4 5 6; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done; exit 7`})
+		c.start(nativews.Frame{Cmd: `for i in 1 2 3 4 5 6; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done; exit 7`})
 		end, seq := c.until("exit")
 		var want []string
 		for i := 1; i <= 6; i++ {
@@ -122,15 +123,15 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"cat"}})
+		c.start(nativews.Frame{Argv: []string{"cat"}})
 		for _, line := range []string{"one\n", "two\n", "three\n"} {
-			c.send(wsFrame{Type: "stdin", Data: []byte(line)})
+			c.send(nativews.Frame{Type: "stdin", Data: []byte(line)})
 			f := c.recv()
 			if f.Type != "stdout" || string(f.Data) != line {
 				t.Fatalf("echo of %q = %+v", line, f)
 			}
 		}
-		c.send(wsFrame{Type: "close_stdin"})
+		c.send(nativews.Frame{Type: "close_stdin"})
 		if end, _ := c.until("exit"); exitCode(end) != 0 {
 			t.Errorf("cat after close_stdin: %+v; want exit 0", end)
 		}
@@ -141,7 +142,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Cmd: `stty size; read x; stty size`, PTY: &wsSize{Cols: 80, Rows: 24}})
+		c.start(nativews.Frame{Cmd: `stty size; read x; stty size`, PTY: &nativews.Size{Cols: 80, Rows: 24}})
 		var out strings.Builder
 		for !strings.Contains(out.String(), "24 80") {
 			f := c.recv()
@@ -150,8 +151,8 @@ func TestNativeExecWebsocket(t *testing.T) {
 			}
 			out.Write(f.Data)
 		}
-		c.send(wsFrame{Type: "resize", Cols: 100, Rows: 40})
-		c.send(wsFrame{Type: "stdin", Data: []byte("\n")})
+		c.send(nativews.Frame{Type: "resize", Cols: 100, Rows: 40})
+		c.send(nativews.Frame{Type: "stdin", Data: []byte("\n")})
 		end, seq := c.until("exit")
 		if got := strings.Join(seq, ""); !strings.Contains(got, "40 100") {
 			t.Errorf("after resize: %q; want 40 100", got)
@@ -166,12 +167,12 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"sleep", "300"}})
-		c.send(wsFrame{Type: "signal", Signal: "SIGUSR1"})
+		c.start(nativews.Frame{Argv: []string{"sleep", "300"}})
+		c.send(nativews.Frame{Type: "signal", Signal: "SIGUSR1"})
 		if f := c.recv(); f.Type != "error" || f.Fatal || f.Code != "invalid_argument" {
 			t.Errorf("unsupported signal: %+v; want a non-fatal invalid_argument error", f)
 		}
-		c.send(wsFrame{Type: "signal", Signal: "SIGTERM"})
+		c.send(nativews.Frame{Type: "signal", Signal: "SIGTERM"})
 		end, _ := c.until("exit")
 		if exitCode(end) != -1 || end.Signal != "terminated" {
 			t.Errorf("after SIGTERM: %+v; want exit -1, signal terminated", end)
@@ -183,7 +184,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"sleep", "301"}})
+		c.start(nativews.Frame{Argv: []string{"sleep", "301"}})
 		if n := countProcs(t, e, sb.Id, tok, "sleep 301"); n != 1 {
 			t.Fatalf("%d sleep 301 running; want 1", n)
 		}
@@ -196,7 +197,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"sleep", "302"}, Detached: true})
+		c.start(nativews.Frame{Argv: []string{"sleep", "302"}, Detached: true})
 		c.conn.Close()
 		// Give a wrongful kill time to land, then check it did not.
 		time.Sleep(500 * time.Millisecond)
@@ -210,7 +211,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.start(wsFrame{Argv: []string{"sleep", "303"}, Timeout: 1})
+		c.start(nativews.Frame{Argv: []string{"sleep", "303"}, Timeout: 1})
 		end, _ := c.until("exit")
 		if !end.TimedOut && end.Signal != "killed" {
 			t.Errorf("after the timeout: %+v; want killed", end)
@@ -219,7 +220,7 @@ func TestNativeExecWebsocket(t *testing.T) {
 	})
 
 	t.Run("protocol errors", func(t *testing.T) {
-		for _, first := range []wsFrame{{Type: "stdin"}, {Type: "start"}, {Type: "start", Cmd: "x", Argv: []string{"y"}}, {Type: "start", Cmd: "true", User: "nosuchuser"}, {Type: "start", Argv: []string{"/no/such/binary"}}} {
+		for _, first := range []nativews.Frame{{Type: "stdin"}, {Type: "start"}, {Type: "start", Cmd: "x", Argv: []string{"y"}}, {Type: "start", Cmd: "true", User: "nosuchuser"}, {Type: "start", Argv: []string{"/no/such/binary"}}} {
 			c, _, err := e.dialWS(sb.Id, tok)
 			if err != nil {
 				t.Fatal(err)

@@ -18,11 +18,17 @@ func TestMigrateIdleColumns(t *testing.T) {
 	if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
 		t.Fatal(err)
 	}
-	// Back to schema 1.
+	// Back to schema 1 (undoing 0003 too).
 	for _, q := range []string{
 		`ALTER TABLE sandboxes DROP COLUMN idle_ttl`,
 		`ALTER TABLE sandboxes DROP COLUMN last_active_at`,
-		`DELETE FROM schema_migrations WHERE version = 2`,
+		`ALTER TABLE tenants DROP COLUMN lifecycle_rate`,
+		`ALTER TABLE tenants DROP COLUMN lifecycle_burst`,
+		`ALTER TABLE tenants DROP COLUMN read_rate`,
+		`ALTER TABLE tenants DROP COLUMN read_burst`,
+		`ALTER TABLE tenants DROP COLUMN dataplane_rate`,
+		`ALTER TABLE tenants DROP COLUMN dataplane_burst`,
+		`DELETE FROM schema_migrations WHERE version >= 2`,
 	} {
 		if _, err := s.w.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -32,8 +38,8 @@ func TestMigrateIdleColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir)
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 2 {
-		t.Fatalf("SchemaVersion() = %d, %v; want 2", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 3 {
+		t.Fatalf("SchemaVersion() = %d, %v; want 3", v, err)
 	}
 	got, err := s.GetSandboxAny(t.Context(), "old")
 	if err != nil {

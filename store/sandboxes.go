@@ -342,20 +342,9 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 	if !validTime(at) {
 		return fmt.Errorf("touch sandbox %s: %w: time out of range", id, ErrInvalid)
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE sandboxes
-			SET last_active_at = COALESCE(MAX(last_active_at, ?), ?)
-			WHERE id = ? AND state != ?`, unixNano(at), unixNano(at), id, StateKilled)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return ErrNotFound
-		}
-		return nil
-	})
+	err := s.writeOne(ctx, `UPDATE sandboxes
+		SET last_active_at = COALESCE(MAX(last_active_at, ?), ?)
+		WHERE id = ? AND state != ?`, unixNano(at), unixNano(at), id, StateKilled)
 	if err != nil {
 		return fmt.Errorf("touch sandbox %s: %w", id, err)
 	}
@@ -366,18 +355,7 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 // unknown id is ErrNotFound. Usually a sandbox is first updated to
 // StateKilled (with the generation check) and its row deleted later.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return ErrNotFound
-		}
-		return nil
-	})
+	err := s.writeOne(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
@@ -406,12 +384,8 @@ func (s *Store) PurgeKilled(ctx context.Context, before time.Time) (int, error) 
 // ListExpired returns the running sandboxes whose end time is at or before
 // now, soonest first, for the sweeper. It acts on each by (ID, Generation).
 func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]Sandbox, error) {
-	sbs, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes
-		WHERE state = ? AND end_at <= ? ORDER BY end_at, id`, StateRunning, unixNano(now))
-	if err != nil {
-		return nil, fmt.Errorf("list expired sandboxes: %w", err)
-	}
-	return sbs, nil
+	return s.list(ctx, "expired", `state = ? AND end_at <= ? ORDER BY end_at, id`,
+		StateRunning, unixNano(now))
 }
 
 // ListIdle returns the running sandboxes with an idle TTL whose last
@@ -419,24 +393,15 @@ func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]Sandbox, erro
 // before now, for the sweeper. It acts on each by (ID, Generation) and must
 // re-check idleness: TouchSandbox does not bump the generation.
 func (s *Store) ListIdle(ctx context.Context, now time.Time) ([]Sandbox, error) {
-	sbs, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes
-		WHERE state = ? AND idle_ttl > 0
+	return s.list(ctx, "idle", `state = ? AND idle_ttl > 0
 		AND COALESCE(last_active_at, started_at) + idle_ttl * 1000000000 <= ?
 		ORDER BY id`, StateRunning, unixNano(now))
-	if err != nil {
-		return nil, fmt.Errorf("list idle sandboxes: %w", err)
-	}
-	return sbs, nil
 }
 
 // ListLive returns every live sandbox of every tenant (all states but
 // killed), ordered by ID, for boot reconcile.
 func (s *Store) ListLive(ctx context.Context) ([]Sandbox, error) {
-	sbs, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state != ? ORDER BY id`, StateKilled)
-	if err != nil {
-		return nil, fmt.Errorf("list live sandboxes: %w", err)
-	}
-	return sbs, nil
+	return s.list(ctx, "live", `state != ? ORDER BY id`, StateKilled)
 }
 
 // CountLive returns how many live sandboxes (paused and in-progress states
@@ -480,6 +445,33 @@ func (s *Store) query(ctx context.Context, q string, args ...any) ([]Sandbox, er
 		sbs = append(sbs, sb)
 	}
 	return sbs, rows.Err()
+}
+
+// list returns the sandboxes matching where (a WHERE clause, with its
+// ORDER BY); what names them in the error.
+func (s *Store) list(ctx context.Context, what, where string, args ...any) ([]Sandbox, error) {
+	sbs, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE `+where, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list %s sandboxes: %w", what, err)
+	}
+	return sbs, nil
+}
+
+// writeOne runs statement q in a write transaction; when it affects no row
+// the error is ErrNotFound.
+func (s *Store) writeOne(ctx context.Context, q string, args ...any) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return ErrNotFound
+		}
+		return nil
+	})
 }
 
 // placeholders returns "?, ?, ..." with n question marks.

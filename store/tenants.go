@@ -34,6 +34,14 @@ type Settings struct {
 	CreateBurst  *int     // create token bucket size
 	MaxSandboxes *int     // live sandboxes at once
 	MaxMemoryMB  *int     // total memory of live sandboxes, MiB
+
+	// Token buckets of the other route classes (see package ratelimit).
+	LifecycleRate  *float64 // other mutating API calls per second
+	LifecycleBurst *int
+	ReadRate       *float64 // API reads (GET, HEAD) per second
+	ReadBurst      *int
+	DataPlaneRate  *float64 // data-plane requests per second
+	DataPlaneBurst *int
 }
 
 // Validate reports a negative, NaN or infinite setting as ErrInvalid.
@@ -46,18 +54,32 @@ func (s Settings) Validate() error {
 		{"create burst", s.CreateBurst},
 		{"max sandboxes", s.MaxSandboxes},
 		{"max memory", s.MaxMemoryMB},
+		{"lifecycle burst", s.LifecycleBurst},
+		{"read burst", s.ReadBurst},
+		{"dataplane burst", s.DataPlaneBurst},
 	} {
 		if f.v != nil && *f.v < 0 {
 			return fmt.Errorf("%w: %s %d is negative", ErrInvalid, f.name, *f.v)
 		}
 	}
-	if r := s.CreateRate; r != nil && (*r < 0 || math.IsNaN(*r) || math.IsInf(*r, 0)) {
-		return fmt.Errorf("%w: create rate %v is not a finite non-negative number", ErrInvalid, *r)
+	for _, f := range []struct {
+		name string
+		r    *float64
+	}{
+		{"create rate", s.CreateRate},
+		{"lifecycle rate", s.LifecycleRate},
+		{"read rate", s.ReadRate},
+		{"dataplane rate", s.DataPlaneRate},
+	} {
+		if r := f.r; r != nil && (*r < 0 || math.IsNaN(*r) || math.IsInf(*r, 0)) {
+			return fmt.Errorf("%w: %s %v is not a finite non-negative number", ErrInvalid, f.name, *r)
+		}
 	}
 	return nil
 }
 
-const tenantCols = `id, min_warm, create_rate, create_burst, max_sandboxes, max_memory_mb, created_at, updated_at`
+const tenantCols = `id, min_warm, create_rate, create_burst, max_sandboxes, max_memory_mb,
+	lifecycle_rate, lifecycle_burst, read_rate, read_burst, dataplane_rate, dataplane_burst, created_at, updated_at`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
@@ -65,20 +87,26 @@ func scanTenant(row rowScanner) (Tenant, error) {
 	var (
 		t                                    Tenant
 		minWarm, burst, maxSandboxes, maxMem sql.NullInt64
-		rate                                 sql.NullFloat64
+		lcBurst, readBurst, dpBurst          sql.NullInt64
+		rate, lcRate, readRate, dpRate       sql.NullFloat64
 		created, updated                     int64
 	)
-	if err := row.Scan(&t.ID, &minWarm, &rate, &burst, &maxSandboxes, &maxMem, &created, &updated); err != nil {
+	if err := row.Scan(&t.ID, &minWarm, &rate, &burst, &maxSandboxes, &maxMem,
+		&lcRate, &lcBurst, &readRate, &readBurst, &dpRate, &dpBurst, &created, &updated); err != nil {
 		return Tenant{}, err
 	}
 	t.Settings = Settings{
-		MinWarm:      intPtr(minWarm),
-		CreateBurst:  intPtr(burst),
-		MaxSandboxes: intPtr(maxSandboxes),
-		MaxMemoryMB:  intPtr(maxMem),
-	}
-	if rate.Valid {
-		t.Settings.CreateRate = &rate.Float64
+		MinWarm:        intPtr(minWarm),
+		CreateRate:     floatPtr(rate),
+		CreateBurst:    intPtr(burst),
+		MaxSandboxes:   intPtr(maxSandboxes),
+		MaxMemoryMB:    intPtr(maxMem),
+		LifecycleRate:  floatPtr(lcRate),
+		LifecycleBurst: intPtr(lcBurst),
+		ReadRate:       floatPtr(readRate),
+		ReadBurst:      intPtr(readBurst),
+		DataPlaneRate:  floatPtr(dpRate),
+		DataPlaneBurst: intPtr(dpBurst),
 	}
 	t.CreatedAt, t.UpdatedAt = fromUnixNano(created), fromUnixNano(updated)
 	return t, nil
@@ -89,6 +117,14 @@ func intPtr(n sql.NullInt64) *int {
 		return nil
 	}
 	v := int(n.Int64)
+	return &v
+}
+
+func floatPtr(n sql.NullFloat64) *float64 {
+	if !n.Valid {
+		return nil
+	}
+	v := n.Float64
 	return &v
 }
 
@@ -196,9 +232,12 @@ func (s *Store) UpdateTenantSettings(ctx context.Context, id tenant.ID, fn func(
 		t.UpdatedAt = time.Now().UTC()
 		st := t.Settings
 		_, err = tx.ExecContext(ctx, `UPDATE tenants SET min_warm = ?, create_rate = ?, create_burst = ?,
-			max_sandboxes = ?, max_memory_mb = ?, updated_at = ? WHERE id = ?`,
+			max_sandboxes = ?, max_memory_mb = ?, lifecycle_rate = ?, lifecycle_burst = ?,
+			read_rate = ?, read_burst = ?, dataplane_rate = ?, dataplane_burst = ?, updated_at = ? WHERE id = ?`,
 			nullable(st.MinWarm), nullable(st.CreateRate), nullable(st.CreateBurst),
-			nullable(st.MaxSandboxes), nullable(st.MaxMemoryMB), unixNano(t.UpdatedAt), id)
+			nullable(st.MaxSandboxes), nullable(st.MaxMemoryMB),
+			nullable(st.LifecycleRate), nullable(st.LifecycleBurst), nullable(st.ReadRate), nullable(st.ReadBurst),
+			nullable(st.DataPlaneRate), nullable(st.DataPlaneBurst), unixNano(t.UpdatedAt), id)
 		return err
 	})
 	if err != nil {

@@ -170,8 +170,11 @@ func settingsEqual(a, b Settings) bool {
 
 // fmtSettings shows the values behind the pointers.
 func fmtSettings(s Settings) string {
-	return fmt.Sprintf("{MinWarm:%s CreateRate:%s CreateBurst:%s MaxSandboxes:%s MaxMemoryMB:%s}",
-		deref(s.MinWarm), deref(s.CreateRate), deref(s.CreateBurst), deref(s.MaxSandboxes), deref(s.MaxMemoryMB))
+	return fmt.Sprintf("{MinWarm:%s CreateRate:%s CreateBurst:%s MaxSandboxes:%s MaxMemoryMB:%s "+
+		"LifecycleRate:%s LifecycleBurst:%s ReadRate:%s ReadBurst:%s DataPlaneRate:%s DataPlaneBurst:%s}",
+		deref(s.MinWarm), deref(s.CreateRate), deref(s.CreateBurst), deref(s.MaxSandboxes), deref(s.MaxMemoryMB),
+		deref(s.LifecycleRate), deref(s.LifecycleBurst), deref(s.ReadRate), deref(s.ReadBurst),
+		deref(s.DataPlaneRate), deref(s.DataPlaneBurst))
 }
 
 func deref[T any](p *T) string {

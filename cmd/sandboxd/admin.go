@@ -21,6 +21,21 @@ func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
 	return store.Open(ctx, dataDir)
 }
 
+// adminStore opens the store in dataDir for one admin command, under a
+// 30-second deadline; done closes it.
+func adminStore(dataDir string) (ctx context.Context, st *store.Store, done func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	st, err = openStore(ctx, dataDir)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, st, func() {
+		st.Close()
+		cancel()
+	}, nil
+}
+
 // keys manages API keys. They work while a server runs on the same data
 // dir: the store is shared through SQLite's WAL.
 func keys(args []string) error {
@@ -33,13 +48,11 @@ func keys(args []string) error {
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := openStore(ctx, *dataDir)
+	ctx, st, done, err := adminStore(*dataDir)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer done()
 	switch args[0] {
 	case "create":
 		if *tenantName == "" {
@@ -127,13 +140,11 @@ func tenants(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("tenants %s: unexpected %q", args[0], fs.Arg(0))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := openStore(ctx, *dataDir)
+	ctx, st, done, err := adminStore(*dataDir)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer done()
 	switch args[0] {
 	case "create":
 		if name == "" {

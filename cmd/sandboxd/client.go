@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
 // exitError carries a remote exit code out to main.
@@ -289,7 +290,7 @@ func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 			if len(argv) == 0 {
 				return errors.New("exec: no command")
 			}
-			start := wsStart{Type: "start", Argv: argv, Env: env, Cwd: *cwd, User: *user, Timeout: *timeout}
+			start := nativews.Frame{Type: nativews.TypeStart, Argv: argv, Env: env, Cwd: *cwd, User: *user, Timeout: *timeout}
 			return c.stream(ctx, id, start, cio, *interactive || *tty, *tty)
 		}
 	case "shell":
@@ -299,7 +300,7 @@ func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 			if err != nil {
 				return err
 			}
-			start := wsStart{Type: "start", Cmd: "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi",
+			start := nativews.Frame{Type: nativews.TypeStart, Cmd: "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi",
 				User: *user, Env: map[string]string{"TERM": termEnv()}}
 			return c.stream(ctx, id, start, cio, true, true)
 		}

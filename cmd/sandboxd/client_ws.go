@@ -16,40 +16,9 @@ import (
 
 	"github.com/gorilla/websocket"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/server/nativews"
 )
-
-// wsStart and wsMsg are the client's side of the websocket frame protocol
-// (server/native_ws.go, docs/native-api.md).
-type wsStart struct {
-	Type    string            `json:"type"`
-	Cmd     string            `json:"cmd,omitempty"`
-	Argv    []string          `json:"argv,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Cwd     string            `json:"cwd,omitempty"`
-	User    string            `json:"user,omitempty"`
-	PTY     *wsPTY            `json:"pty,omitempty"`
-	Stdin   *bool             `json:"stdin,omitempty"`
-	Timeout int               `json:"timeout,omitempty"`
-}
-
-type wsPTY struct {
-	Cols uint16 `json:"cols"`
-	Rows uint16 `json:"rows"`
-}
-
-type wsMsg struct {
-	Type     string `json:"type"`
-	Data     []byte `json:"data,omitempty"`
-	Cols     uint16 `json:"cols,omitempty"`
-	Rows     uint16 `json:"rows,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	PID      uint32 `json:"pid,omitempty"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	TimedOut bool   `json:"timed_out,omitempty"`
-	Error    string `json:"error,omitempty"`
-	Code     string `json:"code,omitempty"`
-	Fatal    bool   `json:"fatal,omitempty"`
-}
 
 // signalExit is the shell convention for a death by signal: 128+n.
 var signalExit = map[string]int{"hangup": 129, "interrupt": 130, "killed": 137, "terminated": 143}
@@ -57,7 +26,7 @@ var signalExit = map[string]int{"hangup": 129, "interrupt": 130, "killed": 137, 
 // stream runs a command over the websocket: output to cio, stdin forwarded
 // when withStdin, a PTY (raw local terminal, resize on SIGWINCH) when tty.
 // It returns exitError with the remote code (nil for 0).
-func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio clientIO, withStdin, tty bool) error {
+func (c *apiClient) stream(ctx context.Context, id string, start nativews.Frame, cio clientIO, withStdin, tty bool) error {
 	u, err := url.Parse(c.base + "/v1/sandboxes/" + url.PathEscape(id) + "/exec/ws")
 	if err != nil {
 		return err
@@ -82,10 +51,10 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 	inFile, isFile := cio.in.(*os.File)
 	localTTY := tty && isFile && isTerminal(int(inFile.Fd()))
 	if tty {
-		start.PTY = &wsPTY{Cols: 80, Rows: 24}
+		start.PTY = &nativews.Size{Cols: 80, Rows: 24}
 		if localTTY {
 			if cols, rows, ok := termSize(int(inFile.Fd())); ok {
-				start.PTY = &wsPTY{Cols: cols, Rows: rows}
+				start.PTY = &nativews.Size{Cols: uint32(cols), Rows: uint32(rows)}
 			}
 		}
 	}
@@ -93,14 +62,14 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 	if err := send(start); err != nil {
 		return err
 	}
-	var first wsMsg
+	var first nativews.Frame
 	if err := conn.ReadJSON(&first); err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}
-	if first.Type == "error" {
+	if first.Type == nativews.TypeError {
 		return fmt.Errorf("%s: %s", first.Code, first.Error)
 	}
-	if first.Type != "started" {
+	if first.Type != nativews.TypeStarted {
 		return fmt.Errorf("exec: unexpected %q frame", first.Type)
 	}
 
@@ -110,40 +79,16 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 			return err
 		}
 		defer restore()
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		done := make(chan struct{})
-		defer close(done)
-		go func() { // exits when stream returns
-			for {
-				select {
-				case <-done:
-					return
-				case <-winch:
-					if cols, rows, ok := termSize(int(inFile.Fd())); ok {
-						_ = send(wsMsg{Type: "resize", Cols: cols, Rows: rows})
-					}
-				}
+		defer onSignal(syscall.SIGWINCH, func() {
+			if cols, rows, ok := termSize(int(inFile.Fd())); ok {
+				_ = send(nativews.Frame{Type: nativews.TypeResize, Cols: uint32(cols), Rows: uint32(rows)})
 			}
-		}()
+		})()
 	} else {
 		// Ctrl-C on a non-PTY command terminates the remote command.
-		intr := make(chan os.Signal, 1)
-		signal.Notify(intr, os.Interrupt)
-		defer signal.Stop(intr)
-		done := make(chan struct{})
-		defer close(done)
-		go func() { // exits when stream returns
-			for {
-				select {
-				case <-done:
-					return
-				case <-intr:
-					_ = send(wsMsg{Type: "signal", Signal: "SIGTERM"})
-				}
-			}
-		}()
+		defer onSignal(os.Interrupt, func() {
+			_ = send(nativews.Frame{Type: nativews.TypeSignal, Signal: "SIGTERM"})
+		})()
 	}
 	if withStdin {
 		// The stdin pump ends at EOF or when the websocket fails; a
@@ -153,13 +98,13 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 			for {
 				n, err := cio.in.Read(buf)
 				if n > 0 {
-					if send(wsMsg{Type: "stdin", Data: buf[:n]}) != nil {
+					if send(nativews.Frame{Type: nativews.TypeStdin, Data: buf[:n]}) != nil {
 						return
 					}
 				}
 				if err != nil {
 					if errors.Is(err, io.EOF) && !tty {
-						_ = send(wsMsg{Type: "close_stdin"})
+						_ = send(nativews.Frame{Type: nativews.TypeCloseStdin})
 					}
 					return
 				}
@@ -176,7 +121,7 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 		}
 	}()
 	for {
-		var m wsMsg
+		var m nativews.Frame
 		if err := conn.ReadJSON(&m); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -184,20 +129,20 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 			return fmt.Errorf("exec: connection lost: %w", err)
 		}
 		switch m.Type {
-		case "stdout":
+		case nativews.TypeStdout:
 			if _, err := cio.out.Write(m.Data); err != nil {
 				return err
 			}
-		case "stderr":
+		case nativews.TypeStderr:
 			if _, err := cio.errOut.Write(m.Data); err != nil {
 				return err
 			}
-		case "error":
+		case nativews.TypeError:
 			if m.Fatal {
 				return fmt.Errorf("%s: %s", m.Code, m.Error)
 			}
 			fmt.Fprintf(cio.errOut, "sandboxd: %s: %s\r\n", m.Code, m.Error)
-		case "exit":
+		case nativews.TypeExit:
 			wmu.Lock()
 			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			wmu.Unlock()
@@ -222,6 +167,28 @@ func (c *apiClient) stream(ctx context.Context, id string, start wsStart, cio cl
 			}
 			return nil
 		}
+	}
+}
+
+// onSignal calls f for each delivery of sig until the returned stop is
+// called.
+func onSignal(sig os.Signal, f func()) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sig)
+	done := make(chan struct{})
+	go func() { // exits at stop
+		for {
+			select {
+			case <-done:
+				return
+			case <-ch:
+				f()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		signal.Stop(ch)
 	}
 }
 

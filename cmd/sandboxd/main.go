@@ -64,7 +64,8 @@ func usage() {
   sandboxd keys list [--tenant NAME]
   sandboxd keys revoke ID
   sandboxd tenants list | tenants create NAME
-  sandboxd tenants set NAME [--min-warm N] [--create-rate R] [--create-burst B] [--max-sandboxes N] [--max-memory-mb N]
+  sandboxd tenants set NAME [--min-warm N] [--max-sandboxes N] [--max-memory-mb N]
+        [--{create,lifecycle,read,dataplane}-rate R] [--{create,lifecycle,read,dataplane}-burst B]   ("default" resets)
   sandboxd token create --tenant NAME [--scope "sandboxes:read sandboxes:write"] [--ttl 1h]
   sandboxd sandbox create|list|get|rm|exec|shell|cp ...   (client of a running server; see docs/native-api.md)
   sandboxd tls init --domain D [--dir DIR]   local CA + certificate for D and *.D (serve --tls-cert/--tls-key)

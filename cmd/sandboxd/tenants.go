@@ -102,6 +102,9 @@ func (o *optFloat) apply(p **float64) {
 type settingFlags struct {
 	minWarm, burst, maxSandboxes, maxMemory optInt
 	rate                                    optFloat
+
+	lifecycleBurst, readBurst, dataplaneBurst optInt
+	lifecycleRate, readRate, dataplaneRate    optFloat
 }
 
 func (f *settingFlags) register(fs *flag.FlagSet) {
@@ -110,10 +113,18 @@ func (f *settingFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.burst, "create-burst", `creates allowed at once (token bucket size; "default": server default)`)
 	fs.Var(&f.maxSandboxes, "max-sandboxes", `live sandboxes at once, paused included (0: no limit; "default": server default)`)
 	fs.Var(&f.maxMemory, "max-memory-mb", `total memory of live sandboxes, MiB (0: no limit; "default": server default)`)
+	fs.Var(&f.lifecycleRate, "lifecycle-rate", `other mutating API calls per second (0: no limit; "default": server default)`)
+	fs.Var(&f.lifecycleBurst, "lifecycle-burst", `lifecycle token bucket size ("default": server default)`)
+	fs.Var(&f.readRate, "read-rate", `API reads (GET) per second (0: no limit; "default": server default)`)
+	fs.Var(&f.readBurst, "read-burst", `read token bucket size ("default": server default)`)
+	fs.Var(&f.dataplaneRate, "dataplane-rate", `data-plane requests per second (0: no limit; "default": server default)`)
+	fs.Var(&f.dataplaneBurst, "dataplane-burst", `data-plane token bucket size ("default": server default)`)
 }
 
 func (f *settingFlags) any() bool {
-	return f.minWarm.set || f.rate.set || f.burst.set || f.maxSandboxes.set || f.maxMemory.set
+	return f.minWarm.set || f.rate.set || f.burst.set || f.maxSandboxes.set || f.maxMemory.set ||
+		f.lifecycleRate.set || f.lifecycleBurst.set || f.readRate.set || f.readBurst.set ||
+		f.dataplaneRate.set || f.dataplaneBurst.set
 }
 
 func (f *settingFlags) apply(s *store.Settings) {
@@ -122,6 +133,12 @@ func (f *settingFlags) apply(s *store.Settings) {
 	f.burst.apply(&s.CreateBurst)
 	f.maxSandboxes.apply(&s.MaxSandboxes)
 	f.maxMemory.apply(&s.MaxMemoryMB)
+	f.lifecycleRate.apply(&s.LifecycleRate)
+	f.lifecycleBurst.apply(&s.LifecycleBurst)
+	f.readRate.apply(&s.ReadRate)
+	f.readBurst.apply(&s.ReadBurst)
+	f.dataplaneRate.apply(&s.DataPlaneRate)
+	f.dataplaneBurst.apply(&s.DataPlaneBurst)
 }
 
 // tenantsSet changes the named settings of tenant name (creating the tenant
@@ -129,7 +146,8 @@ func (f *settingFlags) apply(s *store.Settings) {
 // --settings-poll interval.
 func tenantsSet(ctx context.Context, st *store.Store, name string, f *settingFlags, out io.Writer) error {
 	if !f.any() {
-		return errors.New("tenants set: name at least one of --min-warm, --create-rate, --create-burst, --max-sandboxes, --max-memory-mb")
+		return errors.New("tenants set: name at least one of --min-warm, --create-rate, --create-burst, --max-sandboxes, --max-memory-mb, " +
+			"--lifecycle-rate, --lifecycle-burst, --read-rate, --read-burst, --dataplane-rate, --dataplane-burst")
 	}
 	if _, err := st.EnsureTenant(ctx, name); err != nil {
 		return err
@@ -145,11 +163,14 @@ func tenantsSet(ctx context.Context, st *store.Store, name string, f *settingFla
 // server default.
 func printTenants(out io.Writer, ts []store.Tenant) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tMIN_WARM\tCREATE_RATE\tCREATE_BURST\tMAX_SANDBOXES\tMAX_MEMORY_MB")
+	fmt.Fprintln(tw, "TENANT\tMIN_WARM\tCREATE_RATE\tCREATE_BURST\tMAX_SANDBOXES\tMAX_MEMORY_MB\t"+
+		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST")
 	for _, t := range ts {
 		s := t.Settings
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, showInt(s.MinWarm), showFloat(s.CreateRate),
-			showInt(s.CreateBurst), showInt(s.MaxSandboxes), showInt(s.MaxMemoryMB))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, showInt(s.MinWarm), showFloat(s.CreateRate),
+			showInt(s.CreateBurst), showInt(s.MaxSandboxes), showInt(s.MaxMemoryMB),
+			showFloat(s.LifecycleRate), showInt(s.LifecycleBurst), showFloat(s.ReadRate), showInt(s.ReadBurst),
+			showFloat(s.DataPlaneRate), showInt(s.DataPlaneBurst))
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,10 @@
+-- 0003: per-tenant rate limits of the lifecycle, read and data-plane route
+-- classes, beside create_rate / create_burst of 0001. Rates are requests per
+-- second, bursts token bucket sizes; NULL: server default.
+
+ALTER TABLE tenants ADD COLUMN lifecycle_rate  REAL;
+ALTER TABLE tenants ADD COLUMN lifecycle_burst INTEGER;
+ALTER TABLE tenants ADD COLUMN read_rate       REAL;
+ALTER TABLE tenants ADD COLUMN read_burst      INTEGER;
+ALTER TABLE tenants ADD COLUMN dataplane_rate  REAL;
+ALTER TABLE tenants ADD COLUMN dataplane_burst INTEGER;
