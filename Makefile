@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build envd sandboxd generate run test test-go test-compat vet fmt bench clean
+.PHONY: all build envd sandboxd generate run run-envd test test-go test-compat test-compat-latest vet fmt bench clean
 
 all: build
 
@@ -30,13 +30,18 @@ run: build
 run-envd: envd
 	./scripts/run-envd.sh
 
-test: build test-go test-compat
+test: build test-go test-compat test-compat-latest
 
 test-go:
 	$(GO) test -race -tags seccomp -count=1 ./...
 
 test-compat: build
 	./compat-tests/run.sh
+
+# The same suites against sandboxd with the newest SDKs the registries serve,
+# so a new E2B release that breaks compatibility shows up here first.
+test-compat-latest: build
+	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest ./compat-tests/run.sh
 
 vet:
 	$(GO) vet ./...
