@@ -78,20 +78,7 @@ func TestMigrateClassRates(t *testing.T) {
 	if _, err := s.SetTenantSettings(t.Context(), tn, old); err != nil {
 		t.Fatal(err)
 	}
-	// Back to schema 2.
-	for _, q := range []string{
-		`ALTER TABLE tenants DROP COLUMN lifecycle_rate`,
-		`ALTER TABLE tenants DROP COLUMN lifecycle_burst`,
-		`ALTER TABLE tenants DROP COLUMN read_rate`,
-		`ALTER TABLE tenants DROP COLUMN read_burst`,
-		`ALTER TABLE tenants DROP COLUMN dataplane_rate`,
-		`ALTER TABLE tenants DROP COLUMN dataplane_burst`,
-		`DELETE FROM schema_migrations WHERE version = 3`,
-	} {
-		if _, err := s.w.Exec(q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	downgrade(t, s, 2)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

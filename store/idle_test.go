@@ -18,22 +18,7 @@ func TestMigrateIdleColumns(t *testing.T) {
 	if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
 		t.Fatal(err)
 	}
-	// Back to schema 1 (undoing 0003 too).
-	for _, q := range []string{
-		`ALTER TABLE sandboxes DROP COLUMN idle_ttl`,
-		`ALTER TABLE sandboxes DROP COLUMN last_active_at`,
-		`ALTER TABLE tenants DROP COLUMN lifecycle_rate`,
-		`ALTER TABLE tenants DROP COLUMN lifecycle_burst`,
-		`ALTER TABLE tenants DROP COLUMN read_rate`,
-		`ALTER TABLE tenants DROP COLUMN read_burst`,
-		`ALTER TABLE tenants DROP COLUMN dataplane_rate`,
-		`ALTER TABLE tenants DROP COLUMN dataplane_burst`,
-		`DELETE FROM schema_migrations WHERE version >= 2`,
-	} {
-		if _, err := s.w.Exec(q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	downgrade(t, s, 1)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,45 @@
+package store
+
+import (
+	"strconv"
+	"testing"
+)
+
+// undoMigration lists, per schema version, the statements that take a
+// database back to the version before it. A test of a migration downgrades
+// a fresh database with downgrade and reopens it; adding a migration means
+// adding its undo here, not editing every older migration's test.
+var undoMigration = map[int][]string{
+	2: {
+		`ALTER TABLE sandboxes DROP COLUMN idle_ttl`,
+		`ALTER TABLE sandboxes DROP COLUMN last_active_at`,
+	},
+	3: {
+		`ALTER TABLE tenants DROP COLUMN lifecycle_rate`,
+		`ALTER TABLE tenants DROP COLUMN lifecycle_burst`,
+		`ALTER TABLE tenants DROP COLUMN read_rate`,
+		`ALTER TABLE tenants DROP COLUMN read_burst`,
+		`ALTER TABLE tenants DROP COLUMN dataplane_rate`,
+		`ALTER TABLE tenants DROP COLUMN dataplane_burst`,
+	},
+}
+
+// downgrade takes s's schema back to version to.
+func downgrade(t *testing.T, s *Store, to int) {
+	t.Helper()
+	from, err := s.SchemaVersion(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := from; v > to; v-- {
+		undo, ok := undoMigration[v]
+		if !ok {
+			t.Fatalf("no undo for schema version %d: add it to undoMigration", v)
+		}
+		for _, q := range append(undo, `DELETE FROM schema_migrations WHERE version = `+strconv.Itoa(v)) {
+			if _, err := s.w.Exec(q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+}
