@@ -13,7 +13,9 @@
 //     envd.sock; sandboxd connects to that socket file directly, so no proxy
 //     device and no network are needed;
 //   - has no NIC: only loopback, which the backend sets up from the host
-//     (envd cannot: the container has no CAP_NET_ADMIN);
+//     (envd cannot: the container has no CAP_NET_ADMIN); with AllowInternet,
+//     a p2p NIC (a veth) whose host end runtime/egress names, addresses and
+//     filters as runtime/local's (egress.go);
 //   - keeps Docker's default capabilities minus CAP_NET_RAW and CAP_MKNOD
 //     (lxc.cap.drop), no_new_privs, and /usr read-only (a read-only idmapped
 //     bind of its own /usr);
@@ -36,6 +38,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -49,6 +52,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
@@ -65,6 +69,7 @@ const (
 	keyCreatedAt = "user.sandboxd.created-at"
 	keySpec      = "user.sandboxd.spec"
 	keyNamespace = "user.sandboxd.namespace"
+	keyEgressIP  = "user.sandboxd.egress-ip"
 )
 
 // DefaultTemplate is the template a Spec without one gets.
@@ -100,6 +105,11 @@ type Options struct {
 	MemoryMB   int
 	DiskSizeMB int
 	PidsMax    int
+	// EgressSubnet is where sandboxes with AllowInternet get their
+	// address; its first address is every sandbox's gateway. Default
+	// 10.134.0.0/16 (runtime/local's is 10.133.0.0/16): each sandboxd on a
+	// host needs a subnet of its own.
+	EgressSubnet netip.Prefix
 	// EnvdLogLevel is envd's --log-level. Default "warn".
 	EnvdLogLevel string
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
@@ -124,8 +134,14 @@ type Backend struct {
 	c    *Client
 	log  *slog.Logger
 
+	egress *egress.Egress
+	// resolv is the host file bind-mounted as /etc/resolv.conf into
+	// sandboxes with internet access.
+	resolv string
+
 	mu       sync.Mutex
 	sbx      map[string]*sandbox      // live and in-creation sandboxes
+	ips      map[netip.Addr]string    // egress addresses in use → instance name
 	deleting map[string]chan struct{} // closed when the instance is gone
 	images   map[string]*imageInfo    // by alias or fingerprint
 }
@@ -144,6 +160,7 @@ type imageInfo struct {
 // sandbox is one sandbox's in-memory handle; mu serializes lifecycle calls.
 type sandbox struct {
 	id, name, dir string
+	ip            netip.Addr // egress address; invalid without internet
 
 	mu        sync.Mutex
 	spec      runtime.Spec
@@ -183,6 +200,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
+	if !opts.EgressSubnet.IsValid() {
+		opts.EgressSubnet = netip.MustParsePrefix("10.134.0.0/16")
+	}
+	eg, err := egress.New(opts.EgressSubnet)
+	if err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
 	if opts.EnvdPath == "" {
 		return nil, fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)
 	}
@@ -211,10 +235,21 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := os.MkdirAll(filepath.Join(opts.Root, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
+	// Written whole and renamed: running sandboxes keep the file they have.
+	resolv := filepath.Join(opts.Root, "resolv.conf")
+	if err := os.WriteFile(resolv+".tmp", egress.ResolvConf(), 0o644); err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
+	if err := os.Rename(resolv+".tmp", resolv); err != nil {
+		return nil, fmt.Errorf("incus backend: %w", err)
+	}
 	b := &Backend{
 		opts:     opts,
 		c:        c,
 		log:      opts.Log,
+		egress:   eg,
+		resolv:   resolv,
+		ips:      map[netip.Addr]string{},
 		sbx:      map[string]*sandbox{},
 		deleting: map[string]chan struct{}{},
 		images:   map[string]*imageInfo{},
@@ -386,6 +421,20 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 	// too: the root gets the image's size plus DiskSizeMB (with 10% for
 	// btrfs metadata), so that DiskSizeMB is what the sandbox can write.
 	rootMiB := (im.size*11/10)>>20 + int64(sp.DiskSizeMB) + 1
+	devices := map[string]map[string]string{
+		"root": {"type": "disk", "path": "/", "pool": b.opts.Pool, "size": strconv.FormatInt(rootMiB, 10) + "MiB"},
+		"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
+		"sock": {"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"},
+	}
+	if s.ip.IsValid() {
+		// A bare veth: Incus names the host end (so that the egress rules,
+		// which match its prefix, cover it) and moves the other in as
+		// eth0; the addresses and routes are ours (Create).
+		host, _ := egress.LinkNames(s.name)
+		devices["eth0"] = map[string]string{"type": "nic", "nictype": "p2p", "name": "eth0", "host_name": host}
+		devices["resolv"] = map[string]string{"type": "disk", "source": b.resolv, "path": "/etc/resolv.conf", "readonly": "true"}
+		cfg[keyEgressIP] = s.ip.String()
+	}
 	return InstancesPost{
 		Name:      s.name,
 		Type:      "container",
@@ -394,11 +443,7 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		Source:    InstanceSource{Type: "image", Fingerprint: im.fingerprint},
 		Config:    cfg,
 		Profiles:  []string{}, // no default profile: no NIC, our root device
-		Devices: map[string]map[string]string{
-			"root": {"type": "disk", "path": "/", "pool": b.opts.Pool, "size": strconv.FormatInt(rootMiB, 10) + "MiB"},
-			"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
-			"sock": {"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"},
-		},
+		Devices:   devices,
 	}, nil
 }
 
@@ -416,8 +461,12 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
 	if spec.AllowInternet {
-		return nil, fmt.Errorf("create sandbox %s: %w: internet access (no network is configured for Incus sandboxes)",
-			spec.ID, runtime.ErrUnsupported)
+		if err := egress.HaveNft(); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
+		}
+		if err := b.egress.Setup(); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
+		}
 	}
 	spec.CPUCount = min(orDefault(spec.CPUCount, b.opts.CPUCount), goruntime.NumCPU())
 	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
@@ -457,6 +506,15 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		}
 		gone := b.deleting[spec.ID]
 		if gone == nil {
+			if spec.AllowInternet {
+				ip, err := b.egress.Allocate(func(a netip.Addr) bool { _, used := b.ips[a]; return used })
+				if err != nil {
+					b.mu.Unlock()
+					return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+				}
+				s.ip = ip
+				b.ips[ip] = s.name
+			}
 			b.sbx[spec.ID] = s
 			b.mu.Unlock()
 			break
@@ -481,7 +539,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		b.mu.Lock()
 		delete(b.sbx, spec.ID)
 		if posted {
+			// The deletion frees the address once the instance is gone.
 			b.startDelete(s.id, s.name, s.dir, opID)
+		} else if s.ip.IsValid() {
+			delete(b.ips, s.ip)
 		}
 		b.mu.Unlock()
 		if !posted && !keepDir {
@@ -535,6 +596,17 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	}
 	if err := loopbackUp(int(st.Pid)); err != nil {
 		return nil, wrap("loopback", err)
+	}
+	if s.ip.IsValid() {
+		// The veth dies with the container's network namespace, and the
+		// host end's address and route with it: no undo needed.
+		host, _ := egress.LinkNames(s.name)
+		if err := b.egress.ConfigureHost(host, s.ip); err != nil {
+			return nil, wrap("network", err)
+		}
+		if err := egress.ConfigureSandbox(int(st.Pid), s.ip, b.egress.Gateway()); err != nil {
+			return nil, wrap("network", err)
+		}
 	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 5 * time.Millisecond}); err != nil {
 		return nil, wrap("envd", err)
@@ -631,6 +703,10 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	s := &sandbox{
 		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
 		paused: in.Status == "Frozen", ready: ready, created: true, readyAt: time.Now(),
+	}
+	if ip, err := netip.ParseAddr(in.Config[keyEgressIP]); err == nil {
+		s.ip = ip
+		b.ips[ip] = in.Name
 	}
 	b.sbx[id] = s
 	return s

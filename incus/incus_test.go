@@ -160,22 +160,25 @@ func newBackend(t testing.TB) (*incus.Backend, string) {
 	if err != nil {
 		t.Fatalf("incus.New: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		l, _ := b.List(ctx)
-		for _, s := range l {
-			_ = b.Destroy(ctx, s.ID)
-		}
-		if err := b.WaitDeletes(ctx); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-		if err := b.Reconcile(ctx); err != nil {
-			t.Errorf("cleanup: Reconcile: %v", err)
-		}
-		_ = os.RemoveAll(filepath.Join("/run/sandboxd-test/incus", ns))
-	})
+	t.Cleanup(func() { cleanupBackend(t, b, ns) })
 	return b, ns
+}
+
+// cleanupBackend destroys what a test left and waits for the deletions.
+func cleanupBackend(t testing.TB, b *incus.Backend, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, _ := b.List(ctx)
+	for _, s := range l {
+		_ = b.Destroy(ctx, s.ID)
+	}
+	if err := b.WaitDeletes(ctx); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	if err := b.Reconcile(ctx); err != nil {
+		t.Errorf("cleanup: Reconcile: %v", err)
+	}
+	_ = os.RemoveAll(filepath.Join("/run/sandboxd-test/incus", ns))
 }
 
 func TestConformance(t *testing.T) {

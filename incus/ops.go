@@ -109,6 +109,7 @@ func (b *Backend) finishDelete(id, name, dir, waitOp string, done chan struct{})
 	for attempt := 1; ; attempt++ {
 		err := b.removeInstance(id, name)
 		if err == nil {
+			b.releaseIPs(name)
 			return
 		}
 		if attempt == deleteAttempts {
@@ -120,6 +121,18 @@ func (b *Backend) finishDelete(id, name, dir, waitOp string, done chan struct{})
 			"attempt", attempt, "err", err)
 		time.Sleep(delay)
 		delay = min(delay*2, deleteMaxDelay)
+	}
+}
+
+// releaseIPs frees the egress address of instance name, once it is gone
+// (and its veth, address and route with it).
+func (b *Backend) releaseIPs(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for ip, n := range b.ips {
+		if n == name {
+			delete(b.ips, ip)
+		}
 	}
 }
 

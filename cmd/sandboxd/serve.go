@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,6 +37,7 @@ func serve(args []string) error {
 		dataDir     = fs.String("data-dir", "./data", "state directory (SQLite store)")
 		backend     = fs.String("backend", "local", "isolation backend: local or incus")
 		incusSocket = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
+		egressNet   = fs.String("egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
 		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
 		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
 		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
@@ -87,7 +89,13 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, templates, log)
+	var egressSubnet netip.Prefix
+	if *egressNet != "" {
+		if egressSubnet, err = netip.ParsePrefix(*egressNet); err != nil {
+			return fmt.Errorf("--egress-subnet: %w", err)
+		}
+	}
+	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, egressSubnet, templates, log)
 	if err != nil {
 		return err
 	}
@@ -208,7 +216,7 @@ type backend interface {
 }
 
 // openBackend is the one place a backend is chosen.
-func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, templates templateFlag, log *slog.Logger) (backend, error) {
+func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, egressSubnet netip.Prefix, templates templateFlag, log *slog.Logger) (backend, error) {
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
 	}
@@ -216,14 +224,15 @@ func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string
 	case "local":
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
-			Templates: templates, Log: log.With("component", "local"),
+			Templates: templates, EgressSubnet: egressSubnet, Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
 		return be, nil
 	case "incus":
-		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket}
+		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet,
+			Log: log.With("component", "incus")}
 		if runDir != defaultRunDir {
 			opts.Root = runDir
 		}

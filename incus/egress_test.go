@@ -1,0 +1,322 @@
+package incus_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	goruntime "runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+)
+
+// The egress test's stand-in for the internet (as runtime/local's): a
+// network namespace of our own, reached from the host through a veth, in a
+// random /24 of 198.18.0.0/15 (a range reserved for testing). No packet
+// leaves the machine: the test checks the route to it before anything is
+// sent.
+
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// fakeInternet sets up the namespace and serves HTTP in it; it returns the
+// server's address and the host's address towards it.
+func fakeInternet(t *testing.T) (server, inetHost string) {
+	t.Helper()
+	var rnd [1]byte
+	_, _ = rand.Read(rnd[:])
+	inetHost = fmt.Sprintf("198.19.%d.1", rnd[0])
+	inetServer := fmt.Sprintf("198.19.%d.2", rnd[0])
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs ip (iproute2) for the fake internet")
+	}
+	suffix := randHex()
+	name, hostIf, nsIf := "itinet-"+suffix, "iti"+suffix, "ito"+suffix
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ipCmd(t, "link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
+	ipCmd(t, "link", "set", nsIf, "netns", name)
+	ipCmd(t, "-n", name, "addr", "add", inetServer+"/24", "dev", nsIf)
+	ipCmd(t, "-n", name, "link", "set", nsIf, "up")
+	ipCmd(t, "-n", name, "link", "set", "lo", "up")
+	ipCmd(t, "-n", name, "route", "add", "default", "via", inetHost)
+	ipCmd(t, "addr", "add", inetHost+"/24", "dev", hostIf)
+	ipCmd(t, "link", "set", hostIf, "up")
+	out, err := exec.Command("ip", "route", "get", inetServer).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "dev "+hostIf) {
+		t.Fatalf("route to %s is not via %s (%s, %v): refusing to send anything", inetServer, hostIf, out, err)
+	}
+	// Listen inside the namespace: the socket stays there after the thread
+	// switches back.
+	ln := func() net.Listener {
+		goruntime.LockOSThread()
+		defer goruntime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Fatal(err)
+		}
+		ln, lerr := net.Listen("tcp", inetServer+":0")
+		if err := netns.Set(orig); err != nil {
+			panic(err) // this thread must not run anything else
+		}
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		return ln
+	}()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "from-inet %s", r.RemoteAddr)
+	})}
+	go func() { _ = srv.Serve(ln) }() // ends on Close
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), inetHost
+}
+
+// egressSubnet is a random /24 of the Incus default 10.134.0.0/16, never
+// 10.134.0.0/24 (which compat-tests/run.sh gives its sandboxd), so that
+// tests running side by side do not share addresses.
+func egressSubnet() netip.Prefix {
+	var b [1]byte
+	for b[0] == 0 {
+		_, _ = rand.Read(b[:])
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 134, b[0], 0}), 24)
+}
+
+// ifaceScript prints eth0's IPv4 address and the default gateway, read
+// without iproute2 (not in the image) or any capability.
+const ifaceScript = `
+import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    a = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', b'eth0'))  # SIOCGIFADDR
+    print("addr", socket.inet_ntoa(a[20:24]))
+except OSError as e:
+    print("addr none", e)
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000":
+        print("default", f[0], socket.inet_ntoa(struct.pack("<I", int(f[2], 16))))
+`
+
+func TestEgress(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	if err := egress.HaveNft(); err != nil {
+		t.Skip(err)
+	}
+	server, inetHost := fakeInternet(t)
+	subnet := egressSubnet()
+	ns := randHex()
+	opts := options(t, ns)
+	opts.EgressSubnet = subnet
+	b := newBackendWith(t, ns, opts)
+	gateway := subnet.Addr().Next()
+	ctx := t.Context()
+
+	mk := func(b *incus.Backend, internet bool) string {
+		id := runtimetest.NewID()
+		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet}); err != nil {
+			t.Fatalf("Create(internet %v) = %v", internet, err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+		return id
+	}
+	on, other, off := mk(b, true), mk(b, true), mk(b, false)
+	hostIf := func(id string) string {
+		h, _ := egress.LinkNames(incus.InstanceName("test-"+ns, id))
+		return h
+	}
+	run := func(id, user, script string) runtimetest.Result {
+		t.Helper()
+		res, err := runtimetest.Exec(ctx, b, id, user, "/usr/bin/python3", "-c", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// connect runs a TCP connect (and an HTTP GET) from sandbox id.
+	connect := func(id, addr string) runtimetest.Result {
+		host, port, _ := net.SplitHostPort(addr)
+		return run(id, "user", fmt.Sprintf(`
+import socket
+s = socket.create_connection((%q, %s), timeout=1.5)
+s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+print(s.recv(4096).decode(errors="replace"))
+`, host, port))
+	}
+
+	// The sandbox's view: eth0 with its address, a default route on-link
+	// via the gateway; without internet, no eth0 and no route.
+	addrOf := map[string]string{}
+	for _, id := range []string{on, other} {
+		res := run(id, "user", ifaceScript)
+		var addr string
+		if _, err := fmt.Sscanf(res.Stdout, "addr %s", &addr); err != nil || !subnet.Contains(netip.MustParseAddr(addr)) {
+			t.Fatalf("eth0 in a sandbox with internet: %v; want an address in %s", res, subnet)
+		}
+		if want := "default eth0 " + gateway.String(); !strings.Contains(res.Stdout, want) {
+			t.Errorf("routes in a sandbox with internet: %q; want %q", res.Stdout, want)
+		}
+		addrOf[id] = addr
+	}
+	if addrOf[on] == addrOf[other] {
+		t.Errorf("two sandboxes got the same address %s", addrOf[on])
+	}
+	if res := run(off, "user", ifaceScript); !strings.HasPrefix(res.Stdout, "addr none") || strings.Contains(res.Stdout, "default") {
+		t.Errorf("network of a sandbox without internet: %v; want no eth0, no default route", res)
+	}
+	if res := run(off, "root", "import os; print(sorted(os.listdir('/sys/class/net')))"); strings.TrimSpace(res.Stdout) != "['lo']" {
+		t.Errorf("interfaces without internet: %v; want lo only", res)
+	}
+
+	// The fake internet, through the masquerade.
+	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, "from-inet "+inetHost+":") {
+		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
+	}
+	res := connect(off, server)
+	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("without internet: GET %s succeeded: %v", server, res)
+	}
+
+	// Never the host: not its loopback, not the gateway address (the host
+	// end of the sandbox's own veth), whatever the listener is bound to.
+	hostLn, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go func() { // ends on Close
+		for {
+			c, err := hostLn.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost")
+			c.Close()
+		}
+	}()
+	_, hostPort, _ := net.SplitHostPort(hostLn.Addr().String())
+	for _, h := range []string{"127.0.0.1", gateway.String()} {
+		// Send nothing unless the address is this machine's right now.
+		if out, err := exec.Command("ip", "route", "get", h).Output(); err != nil || !strings.HasPrefix(string(out), "local ") {
+			t.Fatalf("%s is not a local address (%s, %v): refusing to send anything", h, out, err)
+		}
+		res := connect(on, net.JoinHostPort(h, hostPort))
+		t.Logf("sandbox → host %s:%s: %s", h, hostPort, lastLine(res.Stderr))
+		if res.ExitCode == 0 {
+			t.Errorf("sandbox with internet reached the host at %s:%s: %v", h, hostPort, res)
+		}
+	}
+
+	// Never another sandbox.
+	otherIP := addrOf[other]
+	if out, err := exec.Command("ip", "route", "get", otherIP).Output(); err != nil || !strings.Contains(string(out), "dev "+hostIf(other)) {
+		t.Fatalf("%s is not routed to the other sandbox (%s, %v): refusing to send anything", otherIP, out, err)
+	}
+	if res, err := runtimetest.Exec(ctx, b, other, "user", "/bin/sh", "-c",
+		"cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("start a server in the other sandbox: %v, %v", res, err)
+	}
+	res = connect(on, otherIP+":8000")
+	t.Logf("sandbox → sandbox %s:8000: %s", otherIP, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("sandbox reached another sandbox at %s: %v", otherIP, res)
+	}
+	if res := connect(other, "127.0.0.1:8000"); res.ExitCode != 0 {
+		t.Errorf("the other sandbox cannot reach its own server: %v", res) // the check above is meaningful
+	}
+
+	if res := run(on, "user", "print(open('/etc/resolv.conf').read())"); strings.Contains(res.Stdout, "127.0.0.1") || !strings.Contains(res.Stdout, "nameserver") {
+		t.Errorf("resolv.conf with internet = %v; want the host's non-loopback nameservers", res)
+	}
+
+	// The address is in the instance's config, and a restarted backend
+	// (same namespace) knows it is taken.
+	l, err := b.Client().Instances(ctx, "user.sandboxd.id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range l {
+		if in.Config["user.sandboxd.id"] == on && (in.Config["user.sandboxd.egress-ip"] != addrOf[on] || in.Devices["eth0"]["host_name"] != hostIf(on)) {
+			t.Errorf("instance of %s: config %v, devices %v; want user.sandboxd.egress-ip %s and host end %s",
+				on, in.Config, in.Devices, addrOf[on], hostIf(on))
+		}
+	}
+	b2, err := incus.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third := mk(b2, true)
+	if r, err := runtimetest.Exec(ctx, b2, third, "user", "/usr/bin/python3", "-c", ifaceScript); err != nil {
+		t.Fatal(err)
+	} else if strings.Contains(r.Stdout, "addr "+addrOf[on]+"\n") || strings.Contains(r.Stdout, "addr "+addrOf[other]+"\n") || !strings.Contains(r.Stdout, "addr 10.134.") {
+		t.Errorf("a restarted backend gave %q; want a new address, not %s or %s", r.Stdout, addrOf[on], addrOf[other])
+	}
+	if err := b2.Destroy(ctx, third); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.WaitDeletes(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Destroy leaves no veth, address or route.
+	if err := b.Destroy(ctx, on); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WaitDeletes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := net.InterfaceByName(hostIf(on)); err == nil {
+		t.Errorf("veth %s left after Destroy", hostIf(on))
+	}
+	if out, _ := exec.Command("ip", "-4", "route", "show", addrOf[on]+"/32").Output(); len(strings.TrimSpace(string(out))) != 0 {
+		t.Errorf("route to %s left after Destroy: %s", addrOf[on], out)
+	}
+	if out, _ := exec.Command("ip", "-4", "-o", "addr", "show", "to", gateway.String()+"/32").Output(); strings.Count(string(out), "\n") != 1 {
+		t.Errorf("gateway addresses after Destroy: %q; want only the other sandbox's host end", out)
+	}
+}
+
+// newBackendWith is newBackend with options of the caller's.
+func newBackendWith(t *testing.T, ns string, opts incus.Options) *incus.Backend {
+	t.Helper()
+	b, err := incus.New(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("incus.New: %v", err)
+	}
+	t.Cleanup(func() { cleanupBackend(t, b, ns) })
+	return b
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}

@@ -1,0 +1,293 @@
+// Package egress is the host side of internet access for sandboxes, shared
+// by the backends (runtime/local, incus): a sandbox created with
+// AllowInternet gets a veth pair. Its end is eth0 inside, with one address
+// from the egress subnet (/32) and a default route to the gateway address,
+// which every host end carries (/32, like Calico). The host routes the
+// sandbox's address to its veth, forwards its traffic and masquerades it.
+// One nftables table, created once, holds all rules; they match the
+// interface prefix, so there is nothing to add or remove per sandbox:
+//
+//   - input from a sandbox veth is dropped: a sandbox never reaches the
+//     host itself (sandboxd's port, or anything bound to 0.0.0.0);
+//   - forwarding between sandbox veths is dropped: sandboxes do not reach
+//     each other;
+//   - link-local destinations (cloud metadata) are dropped;
+//   - new connections into a sandbox are dropped; replies pass.
+//
+// The host end is named HostPrefix+12 hex digits of a hash of the
+// sandbox's key, the sandbox end PeerPrefix+the same until it is moved into
+// the sandbox as eth0. Every backend must name its host ends so: the rules
+// match nothing else. When the sandbox's network namespace goes, the pair
+// goes with it, and the host end's address and route with the link.
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+const (
+	HostPrefix = "sbx"
+	PeerPrefix = "sbp"
+	// Table is the nftables table (family inet) that holds the rules.
+	Table = "sandboxd"
+)
+
+const ruleset = `table inet sandboxd {
+	chain input {
+		type filter hook input priority -10; policy accept;
+		iifname "sbx*" drop
+	}
+	chain forward {
+		type filter hook forward priority -10; policy accept;
+		iifname "sbx*" oifname "sbx*" drop
+		iifname "sbx*" ip daddr 169.254.0.0/16 drop
+		iifname "sbx*" meta nfproto ipv6 drop
+		iifname "sbx*" accept
+		oifname "sbx*" ct state established,related accept
+		oifname "sbx*" drop
+	}
+	chain postrouting {
+		type nat hook postrouting priority 100; policy accept;
+		iifname "sbx*" oifname != "sbx*" masquerade
+	}
+}
+`
+
+// Info is what a backend records of a sandbox's egress.
+type Info struct {
+	IP      netip.Addr `json:"ip"`
+	HostIf  string     `json:"hostIf"`
+	Gateway netip.Addr `json:"gateway"`
+}
+
+// LinkNames are the names of the veth ends of the sandbox with this key (15
+// bytes each, the kernel's limit).
+func LinkNames(key string) (host, peer string) {
+	h := sha256.Sum256([]byte(key))
+	suffix := hex.EncodeToString(h[:])[:12]
+	return HostPrefix + suffix, PeerPrefix + suffix
+}
+
+// Egress holds the state shared by all sandboxes of a backend with internet
+// access.
+type Egress struct {
+	subnet  netip.Prefix
+	gateway netip.Addr
+
+	once    sync.Once
+	initErr error
+}
+
+// New checks subnet: IPv4, /28 or larger. Its first address is every
+// sandbox's gateway.
+func New(subnet netip.Prefix) (*Egress, error) {
+	subnet = subnet.Masked()
+	if !subnet.Addr().Is4() || subnet.Bits() > 28 {
+		return nil, fmt.Errorf("egress subnet %s: want IPv4, /28 or larger", subnet)
+	}
+	return &Egress{subnet: subnet, gateway: subnet.Addr().Next()}, nil
+}
+
+// Subnet is where sandbox addresses come from.
+func (e *Egress) Subnet() netip.Prefix { return e.subnet }
+
+// Gateway is the address of every host end.
+func (e *Egress) Gateway() netip.Addr { return e.gateway }
+
+// Setup enables forwarding and installs the nftables table, once per
+// process. The table is replaced whole, so a changed ruleset takes effect
+// and repeated runs do not stack rules.
+func (e *Egress) Setup() error {
+	e.once.Do(func() {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			e.initErr = fmt.Errorf("enable ip_forward: %w", err)
+			return
+		}
+		script := "table inet " + Table + "\ndelete table inet " + Table + "\n" + ruleset
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(script)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			e.initErr = fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+		}
+	})
+	return e.initErr
+}
+
+// Allocate picks a free address in the subnet, skipping the network,
+// gateway and broadcast addresses and those in used.
+func (e *Egress) Allocate(used func(netip.Addr) bool) (netip.Addr, error) {
+	last := lastAddr(e.subnet)
+	for a := e.gateway.Next(); a.IsValid() && a.Less(last); a = a.Next() {
+		if !used(a) {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("egress subnet %s is full", e.subnet)
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) | host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// CreateVeth makes the pair for the sandbox with this key: the host end
+// configured by ConfigureHost, the peer with ip, left for the runtime to
+// move into the sandbox as eth0 (libcontainer keeps permanent addresses and
+// brings the link up).
+func (e *Egress) CreateVeth(key string, ip netip.Addr) (Info, error) {
+	host, peer := LinkNames(key)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: peer}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return Info{}, fmt.Errorf("add veth %s: %w", host, err)
+	}
+	fail := func(err error) (Info, error) {
+		DeleteLinks(key)
+		return Info{}, err
+	}
+	pl, err := netlink.LinkByName(peer)
+	if err != nil {
+		return fail(err)
+	}
+	if err := netlink.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(ip)}); err != nil {
+		return fail(fmt.Errorf("address %s on %s: %w", ip, peer, err))
+	}
+	if err := e.ConfigureHost(host, ip); err != nil {
+		return fail(err)
+	}
+	return Info{IP: ip, HostIf: host, Gateway: e.gateway}, nil
+}
+
+// ConfigureHost sets up host end hostIf of a sandbox's veth: the gateway
+// address, forwarding, link up and the route to the sandbox's address ip.
+func (e *Egress) ConfigureHost(hostIf string, ip netip.Addr) error {
+	if !strings.HasPrefix(hostIf, HostPrefix) {
+		return fmt.Errorf("host end %q: the egress rules only cover %s* interfaces", hostIf, HostPrefix)
+	}
+	hl, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		return fmt.Errorf("host end %s: %w", hostIf, err)
+	}
+	if err := netlink.AddrAdd(hl, &netlink.Addr{IPNet: ipNet(e.gateway)}); err != nil {
+		return fmt.Errorf("address %s on %s: %w", e.gateway, hostIf, err)
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+hostIf+"/forwarding", []byte("1"), 0o644); err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(hl); err != nil {
+		return fmt.Errorf("up %s: %w", hostIf, err)
+	}
+	route := &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: ipNet(ip), Scope: netlink.SCOPE_LINK}
+	if err := netlink.RouteReplace(route); err != nil {
+		return fmt.Errorf("route %s via %s: %w", ip, hostIf, err)
+	}
+	return nil
+}
+
+// ConfigureSandbox sets up eth0 in the network namespace of process pid:
+// address ip/32 (unless ip is the zero Addr: a runtime that moved the peer
+// in with its address), link up, and the default route via gw, on-link.
+func ConfigureSandbox(pid int, ip, gw netip.Addr) error {
+	if pid <= 0 {
+		return errors.New("no sandbox process to find the network namespace by")
+	}
+	ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0 in the sandbox: %w", err)
+	}
+	if ip.IsValid() {
+		if err := h.AddrReplace(eth0, &netlink.Addr{IPNet: ipNet(ip)}); err != nil {
+			return fmt.Errorf("address %s on eth0 in the sandbox: %w", ip, err)
+		}
+		if err := h.LinkSetUp(eth0); err != nil {
+			return fmt.Errorf("eth0 up in the sandbox: %w", err)
+		}
+	}
+	route := &netlink.Route{
+		LinkIndex: eth0.Attrs().Index,
+		Gw:        net.IP(gw.AsSlice()),
+		Flags:     int(netlink.FLAG_ONLINK),
+	}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("default route via %s: %w", gw, err)
+	}
+	return nil
+}
+
+// DeleteLinks removes the veth ends of the sandbox with this key left in
+// the host namespace (a failed create; once the peer is in the sandbox, the
+// pair dies with it).
+func DeleteLinks(key string) {
+	host, peer := LinkNames(key)
+	for _, name := range []string{peer, host} {
+		if l, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	}
+}
+
+func ipNet(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
+
+// ResolvConf is the /etc/resolv.conf of a sandbox with egress: the host's
+// nameservers, except loopback ones the sandbox cannot reach, or public
+// resolvers if none is left.
+func ResolvConf() []byte {
+	var servers []string
+	if raw, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(raw))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) >= 2 && f[0] == "nameserver" {
+				if a, err := netip.ParseAddr(f[1]); err == nil && a.Is4() && !a.IsLoopback() {
+					servers = append(servers, f[1])
+				}
+			}
+		}
+	}
+	if len(servers) == 0 {
+		servers = []string{"8.8.8.8", "1.1.1.1"}
+	}
+	var b bytes.Buffer
+	for _, s := range servers {
+		fmt.Fprintf(&b, "nameserver %s\n", s)
+	}
+	return b.Bytes()
+}
+
+// ErrNoNft: sandboxes with internet access need the nft command.
+var ErrNoNft = errors.New("nft not found: install the nftables package for sandboxes with internet access")
+
+// HaveNft reports ErrNoNft when nft is not on PATH.
+func HaveNft() error {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return ErrNoNft
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package egress
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestNew(t *testing.T) {
+	for _, tc := range []struct {
+		subnet, gateway string
+		ok              bool
+	}{
+		{"10.133.0.0/16", "10.133.0.1", true},
+		{"10.134.7.9/24", "10.134.7.1", true}, // masked
+		{"192.168.4.0/28", "192.168.4.1", true},
+		{"192.168.4.0/29", "", false},
+		{"fd00::/64", "", false},
+	} {
+		e, err := New(netip.MustParsePrefix(tc.subnet))
+		if (err == nil) != tc.ok {
+			t.Errorf("New(%s) = %v; want ok %v", tc.subnet, err, tc.ok)
+			continue
+		}
+		if tc.ok && e.Gateway().String() != tc.gateway {
+			t.Errorf("New(%s).Gateway() = %s; want %s", tc.subnet, e.Gateway(), tc.gateway)
+		}
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	e, err := New(netip.MustParsePrefix("10.9.8.0/28"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[netip.Addr]bool{}
+	var got []string
+	for {
+		a, err := e.Allocate(func(a netip.Addr) bool { return used[a] })
+		if err != nil {
+			if !strings.Contains(err.Error(), "full") {
+				t.Fatalf("Allocate: %v; want a full subnet", err)
+			}
+			break
+		}
+		used[a] = true
+		got = append(got, a.String())
+	}
+	// .0 network, .1 gateway, .15 broadcast are never handed out.
+	if len(got) != 13 || got[0] != "10.9.8.2" || got[12] != "10.9.8.14" {
+		t.Errorf("allocated %v; want 10.9.8.2 … 10.9.8.14", got)
+	}
+	delete(used, netip.MustParseAddr("10.9.8.7"))
+	if a, err := e.Allocate(func(a netip.Addr) bool { return used[a] }); err != nil || a.String() != "10.9.8.7" {
+		t.Errorf("Allocate after a release = %v, %v; want the freed 10.9.8.7", a, err)
+	}
+}
+
+func TestLinkNames(t *testing.T) {
+	h1, p1 := LinkNames("a")
+	h2, _ := LinkNames("b")
+	if len(h1) != 15 || len(p1) != 15 || !strings.HasPrefix(h1, HostPrefix) || !strings.HasPrefix(p1, PeerPrefix) || h1[3:] != p1[3:] {
+		t.Errorf("LinkNames(a) = %s, %s; want sbx/sbp + the same 12 hex digits", h1, p1)
+	}
+	if h1 == h2 {
+		t.Errorf("two keys got the same name %s", h1)
+	}
+}
