@@ -10,9 +10,13 @@
 #             and API key; afterwards every sandbox still listed is killed
 #             through the API and counted as a failure (a leak), sandboxd gets
 #             SIGTERM, and the run dir's sandboxes/ must be empty
+#   incus     the same with `sandboxd serve --backend incus` (needs Incus as
+#             scripts/incus-setup.sh prepares it); in addition no Incus
+#             instance made during the run may be left afterwards
 #
 # Environment:
-#   COMPAT_TARGET="debug sandboxd"  which modes to run, in order (default both)
+#   COMPAT_TARGET="debug sandboxd"  which modes to run, in order (default
+#                             debug and sandboxd; incus must be asked for)
 #   E2B_SDK_VERSION=latest    test the newest SDKs instead of the pinned ones
 #                             (installed into a temporary directory; the
 #                             pinned lock files are left alone)
@@ -53,10 +57,12 @@ die() { echo "compat-tests: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 for t in $targets; do
   case $t in
     debug) [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first" ;;
-    sandboxd)
+    sandboxd|incus)
       [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first"
-      [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;
-    *) die "COMPAT_TARGET: unknown mode '$t' (want debug and/or sandboxd)" ;;
+      [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;&
+    incus) incus query /1.0 >/dev/null 2>&1 || die "incus mode: Incus does not answer (run scripts/incus-setup.sh)" ;;
+    debug|sandboxd) ;;
+    *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd and/or incus)" ;;
   esac
 done
 
@@ -78,6 +84,7 @@ sbxd_pid=
 sbxd_port=
 sbxd_key=
 sbxd_run=
+sbxd_args=() # extra `sandboxd serve` flags of the current mode
 stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   if kill "$1" 2>/dev/null; then
     for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
@@ -244,7 +251,7 @@ start_sandboxd() {
   # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
   # check has killed the sandboxes through it.
   setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1
@@ -282,10 +289,18 @@ for sid, state, md in ids:
 EOF
 }
 
-run_sandboxd() {
-  local data out left
+run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
+  local mode=$1 data out left before=
+  if [[ $mode == incus ]]; then
+    # --egress-subnet: 10.134.0.0/24, the one /24 of Incus's default subnet
+    # that the incus package's tests never pick, so both can run at once.
+    sbxd_args=(--backend incus --egress-subnet 10.134.0.0/24)
+    before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
+  else
+    sbxd_args=()
+  fi
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
-  sbxd_run=/run/sandboxd/compat-$(date +%s)-$$-$RANDOM
+  sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
   sbxd_port=$(free_port)
   if ! sbxd_key=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat 2>>"$log_dir/sandboxd.log"); then
     echo "compat-tests: sandboxd keys create failed (see $log_dir/sandboxd.log)" >&2
@@ -296,11 +311,11 @@ run_sandboxd() {
     echo "compat-tests: sandboxd did not answer GET /health within 30 s" >&2
     total_fail=$((total_fail + 1))
   else
-    echo "compat-tests: [sandboxd] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
-    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
+    echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
+    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=${sbxd_args[1]:-local}" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key")
-    run_suites sandboxd
+    run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then
       echo "compat-tests: sandboxd died during the run (see $log_dir/sandboxd.log)" >&2
       total_fail=$((total_fail + 1))
@@ -314,7 +329,7 @@ run_sandboxd() {
       echo "$out" | sed 's/^/compat-tests: /' >&2
       local n; n=$(grep -c '^leaked' <<<"$out")
       total_fail=$((total_fail + n))
-      summary+=("[sandboxd] leaks: $n sandbox(es) still listed after the suites")
+      summary+=("[$mode] leaks: $n sandbox(es) still listed after the suites")
     fi
   fi
   stop "$sbxd_pid"   # SIGTERM (SIGKILL only after 10 s)
@@ -323,14 +338,40 @@ run_sandboxd() {
   if [[ -n $left ]]; then
     echo "compat-tests: $sbxd_run/sandboxes is not empty after sandboxd stopped: $(echo $left)" >&2
     total_fail=$((total_fail + 1))
-    summary+=("[sandboxd] leaks: $sbxd_run/sandboxes not empty after SIGTERM")
+    summary+=("[$mode] leaks: $sbxd_run/sandboxes not empty after SIGTERM")
     # Sandboxes outlive sandboxd: start it once more on the same state so it
     # re-adopts them, kill them through the API, stop it again.
     if start_sandboxd "$data"; then reap_sandboxes >&2; fi
     stop "$sbxd_pid"; sbxd_pid=
   fi
   remove_run_dir
+  if [[ $mode == incus ]]; then
+    # Destroy deletes in the background; sandboxd waits for those deletions
+    # at SIGTERM, so every instance made during the run must be gone now.
+    local after new
+    if ! after=$(incus_instances); then
+      echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1))
+    else
+      new=$(comm -13 <(echo "$before") <(echo "$after"))
+      if [[ -n $new ]]; then
+        echo "compat-tests: [incus] Incus instances left after sandboxd stopped: $(echo $new)" >&2
+        total_fail=$((total_fail + $(wc -l <<<"$new")))
+        summary+=("[incus] leaks: $(wc -l <<<"$new") Incus instance(s) left")
+      fi
+    fi
+  fi
 }
+
+# incus_instances: the names of the Incus instances a sandboxd without a
+# namespace could have made (tests of the incus package use namespaces),
+# sorted, one a line.
+incus_instances() {
+  incus query '/1.0/instances?recursion=1' | python3 -c '
+import json, sys
+print("\n".join(sorted(i["name"] for i in json.load(sys.stdin)
+                        if not i["config"].get("user.sandboxd.namespace"))))'
+}
+
 
 # remove_run_dir: removes the run dir if no sandbox is left in it and nothing
 # is mounted below it.
@@ -343,7 +384,8 @@ remove_run_dir() {
 for t in $targets; do
   case $t in
     debug) run_debug ;;
-    sandboxd) run_sandboxd ;;
+    sandboxd) run_sandboxd sandboxd ;;
+    incus) run_sandboxd incus ;;
   esac
 done
 

@@ -15,6 +15,8 @@ import { Sandbox } from 'e2b'
 
 export const TARGET = process.env.COMPAT_TARGET || 'debug'
 export const SANDBOXD = TARGET === 'sandboxd'
+/** sandboxd's backend in sandboxd mode (run.sh's incus mode sets `incus`). */
+export const BACKEND = process.env.COMPAT_BACKEND || 'local'
 if (TARGET !== 'debug' && TARGET !== 'sandboxd') throw new Error(`COMPAT_TARGET=${TARGET}: want debug or sandboxd`)
 
 const isLoopback = (u) => {

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 TARGET = os.environ.get("COMPAT_TARGET") or "debug"
 SANDBOXD = TARGET == "sandboxd"
+# sandboxd's backend in sandboxd mode (run.sh's incus mode sets "incus").
+BACKEND = os.environ.get("COMPAT_BACKEND") or "local"
 if TARGET not in ("debug", "sandboxd"):
     raise RuntimeError(f"COMPAT_TARGET={TARGET}: want debug or sandboxd")
 if SANDBOXD:
