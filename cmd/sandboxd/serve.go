@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -37,7 +36,6 @@ func serve(args []string) error {
 		dataDir     = fs.String("data-dir", "./data", "state directory (SQLite store)")
 		backend     = fs.String("backend", "local", "isolation backend: local or incus")
 		incusSocket = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
-		egressNet   = fs.String("egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
 		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
 		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
 		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
@@ -50,6 +48,8 @@ func serve(args []string) error {
 	fs.Var(templates, "template", "extra local template NAME=PATH: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image); repeatable")
 	var lim limitOpts
 	lim.register(fs)
+	var bo backendOpts
+	bo.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -89,13 +89,7 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	var egressSubnet netip.Prefix
-	if *egressNet != "" {
-		if egressSubnet, err = netip.ParsePrefix(*egressNet); err != nil {
-			return fmt.Errorf("--egress-subnet: %w", err)
-		}
-	}
-	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, egressSubnet, templates, log)
+	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, bo, templates, log)
 	if err != nil {
 		return err
 	}
@@ -216,9 +210,16 @@ type backend interface {
 }
 
 // openBackend is the one place a backend is chosen.
-func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, egressSubnet netip.Prefix, templates templateFlag, log *slog.Logger) (backend, error) {
+func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, bo backendOpts, templates templateFlag, log *slog.Logger) (backend, error) {
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
+	}
+	if len(bo.incusImages) > 0 && name != "incus" {
+		return nil, fmt.Errorf("--incus-image: only for --backend incus")
+	}
+	egressSubnet, err := bo.subnet()
+	if err != nil {
+		return nil, err
 	}
 	switch name {
 	case "local":
@@ -232,7 +233,7 @@ func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string
 		return be, nil
 	case "incus":
 		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet,
-			Log: log.With("component", "incus")}
+			Images: bo.images(), Log: log.With("component", "incus")}
 		if runDir != defaultRunDir {
 			opts.Root = runDir
 		}

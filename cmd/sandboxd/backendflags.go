@@ -1,0 +1,60 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"maps"
+	"net/netip"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/incus"
+)
+
+// backendOpts are serve's flags that configure a backend beyond its name.
+type backendOpts struct {
+	egressSubnet string
+	incusImages  imageFlag
+}
+
+func (o *backendOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
+	o.incusImages = imageFlag{}
+	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")
+}
+
+// subnet parses --egress-subnet; the zero Prefix means the backend's default.
+func (o *backendOpts) subnet() (netip.Prefix, error) {
+	if o.egressSubnet == "" {
+		return netip.Prefix{}, nil
+	}
+	p, err := netip.ParsePrefix(o.egressSubnet)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("--egress-subnet: %w", err)
+	}
+	return p, nil
+}
+
+// images is the Incus backend's template → image map: base → sandboxd-base
+// (scripts/incus-setup.sh) plus --incus-image.
+func (o *backendOpts) images() map[string]string {
+	m := map[string]string{incus.DefaultTemplate: "sandboxd-base"}
+	maps.Copy(m, o.incusImages)
+	return m
+}
+
+// imageFlag collects repeated --incus-image NAME=ALIAS flags.
+type imageFlag map[string]string
+
+func (f imageFlag) String() string { return fmt.Sprint(map[string]string(f)) }
+
+func (f imageFlag) Set(v string) error {
+	name, alias, ok := strings.Cut(v, "=")
+	if !ok || name == "" || alias == "" {
+		return fmt.Errorf("want NAME=ALIAS, got %q", v)
+	}
+	if _, dup := f[name]; dup {
+		return fmt.Errorf("template %q given twice", name)
+	}
+	f[name] = alias
+	return nil
+}
