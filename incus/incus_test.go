@@ -251,20 +251,25 @@ func TestRecovery(t *testing.T) {
 }
 
 // TestTiming measures create → envd healthy and Destroy → instance gone,
-// sequentially, and logs the medians. Run with SANDBOXD_INCUS_BENCH=1
-// go test -run TestTiming -v.
+// sequentially, without and with internet access (alternating), and logs
+// the medians. Run with SANDBOXD_INCUS_BENCH=1 go test -run TestTiming -v.
 func TestTiming(t *testing.T) {
 	if os.Getenv("SANDBOXD_INCUS_BENCH") == "" {
 		t.Skip("a measurement: set SANDBOXD_INCUS_BENCH=1")
 	}
-	b, _ := newBackend(t)
+	ns := randHex()
+	opts := options(t, ns)
+	opts.EgressSubnet = egressSubnet()
+	b := newBackendWith(t, ns, opts)
 	ctx := t.Context()
 	n := 11
-	var create, destroy, gone []time.Duration
-	for i := range n {
+	type series struct{ create, destroy, gone []time.Duration }
+	var res [2]series
+	for i := range 2 * n {
+		internet := i%2 == 1
 		id := runtimetest.NewID()
 		t0 := time.Now()
-		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1, AllowInternet: internet}); err != nil {
 			t.Fatal(err)
 		}
 		c := time.Since(t0)
@@ -277,14 +282,17 @@ func TestTiming(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := time.Since(t1)
-		if i == 0 {
+		if i < 2 {
 			continue // warm-up
 		}
-		create, destroy, gone = append(create, c), append(destroy, d), append(gone, g)
+		r := &res[i%2]
+		r.create, r.destroy, r.gone = append(r.create, c), append(r.destroy, d), append(r.gone, g)
 	}
 	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	t.Logf("n=%d create→envd healthy p50 %v (min %v max %v); Destroy returns p50 %v; instance gone p50 %v",
-		len(create), med(create), create[0], create[len(create)-1], med(destroy), med(gone))
+	for i, r := range res {
+		t.Logf("internet %v, n=%d: create→envd healthy p50 %v (min %v max %v); Destroy returns p50 %v; instance gone p50 %v",
+			i == 1, len(r.create), med(r.create), r.create[0], r.create[len(r.create)-1], med(r.destroy), med(r.gone))
+	}
 }
 
 // TestSocketDir: the shared socket directory is a small tmpfs of its own
