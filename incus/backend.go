@@ -14,8 +14,8 @@
 //     device and no network are needed;
 //   - has no NIC: only loopback, which the backend sets up from the host
 //     (envd cannot: the container has no CAP_NET_ADMIN); with AllowInternet,
-//     a p2p NIC (a veth) whose host end runtime/egress names, addresses and
-//     filters as runtime/local's (egress.go);
+//     a p2p NIC (a veth) as eth0, whose host end is named, addressed and
+//     filtered by runtime/egress exactly like runtime/local's;
 //   - keeps Docker's default capabilities minus CAP_NET_RAW and CAP_MKNOD
 //     (lxc.cap.drop), no_new_privs, and /usr read-only (a read-only idmapped
 //     bind of its own /usr);
