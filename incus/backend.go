@@ -1,6 +1,7 @@
 // Package incus is the runtime.Backend on Incus: each sandbox is an
-// unprivileged, ephemeral, network-less LXC container created through the
-// Incus REST API (our own client, client.go; no Incus Go module).
+// unprivileged, ephemeral LXC container, without a NIC unless it has
+// internet access, created through the Incus REST API (our own client,
+// client.go; no Incus Go module).
 //
 // A sandbox's container:
 //   - starts from an Incus image (Options.Images maps template names to image
