@@ -429,10 +429,11 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string) er
 	return err
 }
 
-// Pause freezes a running sandbox. A paused one is ErrConflict (E2B's 409).
-// memory=false (a filesystem-only snapshot in E2B) is served as a memory
-// pause: the sandbox resumes exactly where it was, which is a superset of
-// what the caller asked for.
+// Pause stops a running sandbox. A paused one is ErrConflict (E2B's 409).
+// memory=true freezes its processes; memory=false (E2B's filesystem-only
+// pause) ends them and keeps only its filesystem, and resume starts it
+// afresh. A backend that cannot pause to disk pauses in memory instead: the
+// sandbox then resumes exactly where it was, a superset of what was asked.
 func (m *Manager) Pause(ctx context.Context, id string, memory bool) error {
 	unlock := m.lock(id)
 	defer unlock()
@@ -450,14 +451,23 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 	if sb.State != store.StateRunning {
 		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", sb.ID, sb.State))
 	}
-	if err := m.backend.Pause(ctx, sb.ID); err != nil {
-		m.audit(ctx, reason, sb, err)
+	kind := runtime.PauseMemory
+	if !memory {
+		kind = runtime.PauseDisk
+	}
+	err := m.backend.Pause(ctx, sb.ID, kind)
+	if kind == runtime.PauseDisk && errors.Is(err, runtime.ErrUnsupported) {
+		kind = runtime.PauseMemory
+		err = m.backend.Pause(ctx, sb.ID, kind)
+	}
+	if err != nil {
+		m.audit(ctx, reason, sb, err, "memory", memory)
 		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	m.stopped(sb.ID)
 	sb.State = store.StatePaused
-	err := m.store.UpdateSandbox(ctx, sb)
-	m.audit(ctx, reason, sb, err, "memory", memory)
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err, "memory", memory, "kind", kind.String())
 	return err
 }
 
@@ -517,9 +527,23 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 }
 
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
-	if err := m.backend.Resume(ctx, sb.ID); err != nil {
+	restarted, err := m.backend.Resume(ctx, sb.ID)
+	if err != nil {
 		m.audit(ctx, reason, sb, err)
 		return fmt.Errorf("resume sandbox %s: %w", sb.ID, backendErr(err))
+	}
+	if restarted {
+		// A sandbox paused to disk runs a new envd: it gets its env vars,
+		// token and default user again, exactly as at create.
+		if err := m.initEnvd(ctx, sb); err != nil {
+			err = fmt.Errorf("resume sandbox %s: init envd: %w", sb.ID, err)
+			// Back to where it was, so that a retry starts over.
+			if perr := m.backend.Pause(context.WithoutCancel(ctx), sb.ID, runtime.PauseDisk); perr != nil {
+				err = fmt.Errorf("%w (and pausing it again failed: %w)", err, perr)
+			}
+			m.audit(ctx, reason, sb, err)
+			return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+		}
 	}
 	sb.State = store.StateRunning
 	now := m.now()
@@ -529,8 +553,8 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	if sb.IdleTTL > 0 {
 		sb.LastActiveAt = now.UTC() // its idle time starts over
 	}
-	err := m.store.UpdateSandbox(ctx, sb)
-	m.audit(ctx, reason, sb, err)
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err, "restarted", restarted)
 	return err
 }
 

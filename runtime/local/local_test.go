@@ -151,6 +151,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestRestart(t *testing.T) {
+	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
+		env := newEnv(t)
+		return env.open(t), func(t *testing.T) runtime.Backend { return env.open(t) }
+	})
+}
+
 // TestRecovery: sandboxes outlive the Backend that made them; a new one
 // adopts the live ones, and Reconcile removes what dead ones left.
 func TestRecovery(t *testing.T) {
@@ -163,7 +170,7 @@ func TestRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := b1.Pause(ctx, paused); err != nil {
+	if err := b1.Pause(ctx, paused, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
 	// A crash between steps of a create leaves a directory without meta.
@@ -184,7 +191,7 @@ func TestRecovery(t *testing.T) {
 	if err := runtimetestHealth(b2, live); err != nil {
 		t.Fatalf("adopted sandbox: %v", err)
 	}
-	if err := b2.Resume(ctx, paused); err != nil {
+	if _, err := b2.Resume(ctx, paused); err != nil {
 		t.Fatalf("Resume(adopted paused) = %v", err)
 	}
 	if err := runtimetestHealth(b2, paused); err != nil {

@@ -207,12 +207,12 @@ func (b *Backend) setState(id string, st runtime.State) error {
 	return nil
 }
 
-func (b *Backend) Pause(_ context.Context, id string) error {
+func (b *Backend) Pause(_ context.Context, id string, _ runtime.PauseKind) error {
 	return b.setState(id, runtime.StatePaused)
 }
 
-func (b *Backend) Resume(_ context.Context, id string) error {
-	return b.setState(id, runtime.StateRunning)
+func (b *Backend) Resume(_ context.Context, id string) (bool, error) {
+	return false, b.setState(id, runtime.StateRunning)
 }
 
 // Dial reaches the fake envd for runtime.EnvdPort; other ports are refused.
