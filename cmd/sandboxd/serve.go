@@ -39,6 +39,7 @@ func serve(args []string) error {
 		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
 		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
 		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
+		pauseDir    = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
 		maxTimeout  = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
@@ -87,7 +88,10 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, templates, log)
+	if *pauseDir == "" {
+		*pauseDir = filepath.Join(*dataDir, "paused")
+	}
+	be, err := openBackend(ctx, *backend, *runRoot, *pauseDir, *envdPath, *incusSocket, templates, log)
 	if err != nil {
 		return err
 	}
@@ -208,14 +212,14 @@ type backend interface {
 }
 
 // openBackend is the one place a backend is chosen.
-func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, templates templateFlag, log *slog.Logger) (backend, error) {
+func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSocket string, templates templateFlag, log *slog.Logger) (backend, error) {
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
 	}
 	switch name {
 	case "local":
 		be, err := local.New(ctx, local.Options{
-			Root: runDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			Root: runDir, SaveDir: pauseDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates, Log: log.With("component", "local"),
 		})
 		if err != nil {

@@ -199,6 +199,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.SaveDir == "" {
 		opts.SaveDir = filepath.Join(opts.Root, "saved")
 	}
+	if d, err := filepath.Abs(opts.SaveDir); err == nil {
+		opts.SaveDir = d // the copy child must find it whatever its cwd
+	}
 	opts.CPUCount = orDefault(opts.CPUCount, 2)
 	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
 	opts.DiskSizeMB = orDefault(opts.DiskSizeMB, 1024)

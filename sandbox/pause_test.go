@@ -1,0 +1,81 @@
+package sandbox
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// TestPauseKinds: memory=false pauses to disk where the backend can, and a
+// resume that restarted the sandbox hands its envd the same /init as the
+// create did; a backend that cannot pause to disk pauses in memory.
+func TestPauseKinds(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		memory      bool
+		noDiskPause bool
+		wantDisk    bool
+		wantInits   int
+	}{
+		{"memory", true, false, false, 1},
+		{"disk", false, false, true, 2},
+		{"disk unsupported: memory instead", false, true, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTestEnv(t, nil)
+			e.be.NoDiskPause.Store(tc.noDiskPause)
+			sb, err := e.m.Create(as("a"), CreateRequest{Secure: true, EnvVars: map[string]string{"K": "v"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.m.Pause(as("a"), sb.ID, tc.memory); err != nil {
+				t.Fatalf("Pause(memory=%v) = %v", tc.memory, err)
+			}
+			if got := e.be.PausedToDisk(sb.ID); got != tc.wantDisk {
+				t.Errorf("paused to disk = %v; want %v", got, tc.wantDisk)
+			}
+			if _, resumed, err := e.m.Connect(as("a"), sb.ID, 0); err != nil || !resumed {
+				t.Fatalf("Connect = %v, %v; want resumed", resumed, err)
+			}
+			inits := e.be.Inits(sb.ID)
+			if len(inits) != tc.wantInits {
+				t.Fatalf("/init calls = %d (%v); want %d", len(inits), inits, tc.wantInits)
+			}
+			last := inits[len(inits)-1]
+			env, _ := last["envVars"].(map[string]any)
+			if env["K"] != "v" || last["accessToken"] != sb.EnvdAccessToken || last["defaultUser"] != "user" {
+				t.Errorf("last /init = %v; want the create's env vars, token and default user", last)
+			}
+		})
+	}
+}
+
+// TestResumeInitFails: a restarted sandbox whose envd refuses /init is put
+// back to disk and stays paused, so that a retry starts over.
+func TestResumeInitFails(t *testing.T) {
+	e := newTestEnv(t, nil)
+	sb, err := e.m.Create(as("a"), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Pause(as("a"), sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	e.be.FailInit.Store(true)
+	if _, _, err := e.m.Connect(as("a"), sb.ID, 0); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Connect with a failing /init = %v; want ErrUnavailable", err)
+	}
+	got, err := e.m.Get(as("a"), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != store.StatePaused || !e.be.PausedToDisk(sb.ID) {
+		t.Errorf("after a failed resume: state %s, paused to disk %v; want paused to disk", got.State, e.be.PausedToDisk(sb.ID))
+	}
+	e.be.FailInit.Store(false)
+	if _, resumed, err := e.m.Connect(as("a"), sb.ID, 0); err != nil || !resumed {
+		t.Fatalf("retried Connect = %v, %v; want resumed", resumed, err)
+	}
+}
