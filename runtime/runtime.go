@@ -100,6 +100,23 @@ type TemplateLister interface {
 	Templates(ctx context.Context) ([]string, error)
 }
 
+// TemplateResourcer is a backend whose templates carry default resources,
+// as E2B's templates do (E2B's create request names none: the template's
+// cpuCount, memoryMB and diskSizeMB apply).
+type TemplateResourcer interface {
+	// TemplateResources returns what template declares; zero fields it
+	// leaves to the control plane's defaults. ok is false for a template
+	// the backend lacks.
+	TemplateResources(template string) (r Resources, ok bool)
+}
+
+// Resources are a sandbox's limits, in Spec's units. Zero means unset.
+type Resources struct {
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+}
+
 // Spec is what a sandbox should be. Zero resource fields mean the backend's
 // defaults for the template.
 type Spec struct {

@@ -260,6 +260,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	if req.IdleTTL < 0 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
 	}
+	def := m.TemplateResources(req.Template)
 	// sb is not the named result: the undos and the audit below run after a
 	// `return nil, err` has set the result to nil.
 	sb := &store.Sandbox{
@@ -269,9 +270,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		State:               store.StateCreating,
 		StartedAt:           start.UTC(),
 		EndAt:               start.Add(timeout).UTC(),
-		CPUCount:            cmpOr(req.CPUCount, m.cfg.DefaultCPU),
-		MemoryMB:            cmpOr(req.MemoryMB, m.cfg.DefaultMemoryMB),
-		DiskMB:              cmpOr(req.DiskMB, m.cfg.DefaultDiskMB),
+		CPUCount:            cmpOr(req.CPUCount, def.CPUCount),
+		MemoryMB:            cmpOr(req.MemoryMB, def.MemoryMB),
+		DiskMB:              cmpOr(req.DiskMB, def.DiskSizeMB),
 		Metadata:            req.Metadata,
 		EnvVars:             req.EnvVars,
 		Secure:              req.Secure,
@@ -361,6 +362,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()),
 		"served_from", servedFrom)
 	return sb, nil
+}
+
+// TemplateResources returns the resources a sandbox of template gets when
+// its create names none: the template's own (runtime.TemplateResourcer),
+// else the configured defaults.
+func (m *Manager) TemplateResources(template string) runtime.Resources {
+	var r runtime.Resources
+	if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
+		r, _ = tr.TemplateResources(template)
+	}
+	return runtime.Resources{
+		CPUCount:   cmpOr(r.CPUCount, m.cfg.DefaultCPU),
+		MemoryMB:   cmpOr(r.MemoryMB, m.cfg.DefaultMemoryMB),
+		DiskSizeMB: cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB),
+	}
 }
 
 func cmpOr(v, def int) int {

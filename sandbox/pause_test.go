@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -77,5 +78,36 @@ func TestResumeInitFails(t *testing.T) {
 	e.be.FailInit.Store(false)
 	if _, resumed, err := e.m.Connect(as("a"), sb.ID, 0); err != nil || !resumed {
 		t.Fatalf("retried Connect = %v, %v; want resumed", resumed, err)
+	}
+}
+
+// TestTemplateResources: a create that names no resources gets its
+// template's, where the backend declares them, else the configured
+// defaults; the pool key follows the same rule.
+func TestTemplateResources(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.be.Resources = map[string]runtime.Resources{"big": {CPUCount: 4, MemoryMB: 2048}}
+	for _, tc := range []struct {
+		name          string
+		req           CreateRequest
+		cpu, mem, dsk int
+	}{
+		{"template's, default disk", CreateRequest{Template: "big"}, 4, 2048, 1024},
+		{"request's own win", CreateRequest{Template: "big", MemoryMB: 256}, 4, 256, 1024},
+		{"no declared resources", CreateRequest{}, 2, 512, 1024},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb, err := e.m.Create(as("a"), tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb.CPUCount != tc.cpu || sb.MemoryMB != tc.mem || sb.DiskMB != tc.dsk {
+				t.Errorf("created with cpu %d memory %d disk %d; want %d %d %d", sb.CPUCount, sb.MemoryMB, sb.DiskMB, tc.cpu, tc.mem, tc.dsk)
+			}
+			k := e.m.PoolKey("a", tc.req)
+			if k.CPUCount != tc.cpu || k.MemoryMB != tc.mem || k.DiskMB != tc.dsk {
+				t.Errorf("pool key %+v; want cpu %d memory %d disk %d", k, tc.cpu, tc.mem, tc.dsk)
+			}
+		})
 	}
 }

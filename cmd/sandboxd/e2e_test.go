@@ -917,6 +917,43 @@ func TestPauseToDisk(t *testing.T) {
 	}
 }
 
+// TestTemplateResources: a template's declared resources apply to creates
+// that name none (E2B's create body cannot), the sandbox gets them as
+// limits, and the templates listing reports them.
+func TestTemplateResources(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	e.serveArgs = []string{"--template", "base=,cpu=1,memory=300,disk=200"}
+	s := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600})
+	d := s.get(t, key, sb.SandboxID)
+	if d.CPUCount != 1 || d.MemoryMB != 300 || d.DiskSizeMB != 200 {
+		t.Errorf("sandbox of base: cpuCount=%d memoryMB=%d diskSizeMB=%d; want 1 300 200", d.CPUCount, d.MemoryMB, d.DiskSizeMB)
+	}
+	r := s.api(t, http.MethodGet, "/sandboxes/"+sb.SandboxID+"/metrics", key, nil)
+	wantStatus(t, "metrics", r, http.StatusOK)
+	var ms []struct {
+		MemTotal  int64 `json:"memTotal"`
+		DiskTotal int64 `json:"diskTotal"`
+	}
+	e2eDecode(t, "metrics", r, &ms)
+	if len(ms) != 1 || ms[0].MemTotal != 300<<20 || ms[0].DiskTotal != 200<<20 {
+		t.Errorf("metrics: %s; want memTotal %d and diskTotal %d", r.body, 300<<20, 200<<20)
+	}
+	r = s.api(t, http.MethodGet, "/templates", key, nil)
+	wantStatus(t, "GET /templates", r, http.StatusOK)
+	var tpls []struct {
+		TemplateID string `json:"templateID"`
+		CPUCount   int    `json:"cpuCount"`
+		MemoryMB   int    `json:"memoryMB"`
+		DiskSizeMB int    `json:"diskSizeMB"`
+	}
+	e2eDecode(t, "templates", r, &tpls)
+	if len(tpls) != 1 || tpls[0].TemplateID != "base" || tpls[0].CPUCount != 1 || tpls[0].MemoryMB != 300 || tpls[0].DiskSizeMB != 200 {
+		t.Errorf("GET /templates = %s; want base with 1 CPU, 300 MiB, 200 MiB disk", r.body)
+	}
+}
+
 // TestSweeper lets the sweeper enforce end times: kill by default, pause
 // with autoPause; each writes its audit line.
 func TestSweeper(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -46,7 +47,7 @@ func serve(args []string) error {
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 	)
 	templates := templateFlag{}
-	fs.Var(templates, "template", "extra local template NAME=PATH: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image); repeatable")
+	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
 	var lim limitOpts
 	lim.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -220,7 +221,8 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	case "local":
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, SaveDir: pauseDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
-			Templates: templates, Log: log.With("component", "local"),
+			Templates: templates.paths(), TemplateResources: templates.resources(),
+			Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
@@ -240,19 +242,85 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	return nil, fmt.Errorf("--backend %q: want local or incus", name)
 }
 
-// templateFlag collects repeated --template NAME=PATH flags.
-type templateFlag map[string]string
+// templateFlag collects repeated --template NAME=PATH[,KEY=N]... flags.
+type templateFlag map[string]templateArg
 
-func (t templateFlag) String() string { return fmt.Sprint(map[string]string(t)) }
+type templateArg struct {
+	path string // "" for base, which is built in
+	res  sbxruntime.Resources
+}
 
+func (t templateFlag) String() string { return fmt.Sprint(map[string]templateArg(t)) }
+
+// Set parses one flag. Trailing ",cpu=N", ",memory=MiB" and ",disk=MiB"
+// are the template's resources; anything else after a comma is part of
+// the path.
 func (t templateFlag) Set(v string) error {
-	name, path, ok := strings.Cut(v, "=")
-	if !ok || name == "" || path == "" {
-		return fmt.Errorf("want NAME=PATH, got %q", v)
+	name, rest, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB], got %q", v)
+	}
+	var arg templateArg
+	for {
+		i := strings.LastIndexByte(rest, ',')
+		if i < 0 {
+			break
+		}
+		key, val, _ := strings.Cut(rest[i+1:], "=")
+		var dst *int
+		switch key {
+		case "cpu":
+			dst = &arg.res.CPUCount
+		case "memory":
+			dst = &arg.res.MemoryMB
+		case "disk":
+			dst = &arg.res.DiskSizeMB
+		}
+		if dst == nil {
+			break
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("template %s: %s=%q: want a positive integer", name, key, val)
+		}
+		if *dst != 0 {
+			return fmt.Errorf("template %s: %s given twice", name, key)
+		}
+		*dst = n
+		rest = rest[:i]
+	}
+	arg.path = rest
+	switch {
+	case name == local.BaseTemplate && arg.path != "":
+		return fmt.Errorf("template %s is built in: give it resources only (%s=,cpu=N...)", name, name)
+	case name != local.BaseTemplate && arg.path == "":
+		return fmt.Errorf("template %s: want NAME=PATH, got %q", name, v)
 	}
 	if _, dup := t[name]; dup {
 		return fmt.Errorf("template %q given twice", name)
 	}
-	t[name] = path
+	t[name] = arg
 	return nil
+}
+
+// paths returns the templates to import, by name.
+func (t templateFlag) paths() map[string]string {
+	out := map[string]string{}
+	for name, a := range t {
+		if a.path != "" {
+			out[name] = a.path
+		}
+	}
+	return out
+}
+
+// resources returns the templates' declared resources, by name.
+func (t templateFlag) resources() map[string]sbxruntime.Resources {
+	out := map[string]sbxruntime.Resources{}
+	for name, a := range t {
+		if a.res != (sbxruntime.Resources{}) {
+			out[name] = a.res
+		}
+	}
+	return out
 }

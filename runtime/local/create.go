@@ -33,9 +33,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
-	spec.CPUCount = orDefault(spec.CPUCount, b.opts.CPUCount)
-	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
-	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
+	def := b.opts.TemplateResources[spec.Template]
+	spec.CPUCount = orDefault(spec.CPUCount, orDefault(def.CPUCount, b.opts.CPUCount))
+	spec.MemoryMB = orDefault(spec.MemoryMB, orDefault(def.MemoryMB, b.opts.MemoryMB))
+	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, orDefault(def.DiskSizeMB, b.opts.DiskSizeMB))
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
 		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
 	}

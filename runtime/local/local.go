@@ -120,6 +120,10 @@ type Options struct {
 	// root and user (uid 1000) added to its /etc/passwd and /etc/group
 	// where missing. "base" is built in.
 	Templates map[string]string
+	// TemplateResources are the default resources of templates (of
+	// Templates, or "base"): what a Spec's zero resources become, before
+	// the backend-wide defaults below. Zero fields are unset.
+	TemplateResources map[string]runtime.Resources
 	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory,
 	// 1024 MiB disk. PidsMax bounds tasks per sandbox: default 1024.
 	CPUCount   int
@@ -155,9 +159,10 @@ type Backend struct {
 }
 
 var (
-	_ runtime.Backend        = (*Backend)(nil)
-	_ runtime.Reconciler     = (*Backend)(nil)
-	_ runtime.TemplateLister = (*Backend)(nil)
+	_ runtime.Backend           = (*Backend)(nil)
+	_ runtime.Reconciler        = (*Backend)(nil)
+	_ runtime.TemplateLister    = (*Backend)(nil)
+	_ runtime.TemplateResourcer = (*Backend)(nil)
 )
 
 // sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
@@ -267,6 +272,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: base template: %w", err)
 	}
 	b.templates[BaseTemplate] = &template{name: BaseTemplate, lower: baseDir, mounts: mounts}
+	for name, r := range opts.TemplateResources {
+		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate {
+			return nil, fmt.Errorf("local backend: resources for unknown template %q", name)
+		}
+		if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
+			return nil, fmt.Errorf("local backend: template %q: negative resources", name)
+		}
+	}
 	for name, d := range opts.Templates {
 		if name == BaseTemplate {
 			return nil, fmt.Errorf("local backend: template %q is built in", name)
@@ -294,6 +307,15 @@ func orDefault(v, def int) int {
 // SeccompEnabled reports whether sandboxes get the seccomp profile: only a
 // binary built with -tags seccomp can apply one.
 func (b *Backend) SeccompEnabled() bool { return b.seccomp }
+
+// TemplateResources returns the resources template was given in
+// Options.TemplateResources.
+func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
+	if b.templates[template] == nil {
+		return runtime.Resources{}, false
+	}
+	return b.opts.TemplateResources[template], true
+}
 
 // Templates lists the template names this backend can create from.
 func (b *Backend) Templates(context.Context) ([]string, error) {

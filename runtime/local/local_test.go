@@ -439,3 +439,54 @@ func TestSocketDir(t *testing.T) {
 	// 64 MiB on a 32 MiB disk.
 	runtimetest.CheckSocketDir(t, b, id, 64)
 }
+
+// TestTemplateResources: a template's declared resources fill a spec's zero
+// resources, before the backend-wide defaults; a spec's own win.
+func TestTemplateResources(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.TemplateResources = map[string]runtime.Resources{local.BaseTemplate: {MemoryMB: 200, DiskSizeMB: 96}}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := b.TemplateResources(local.BaseTemplate); !ok || r != opts.TemplateResources[local.BaseTemplate] {
+		t.Errorf("TemplateResources(base) = %+v, %v", r, ok)
+	}
+	if _, ok := b.TemplateResources("nope"); ok {
+		t.Error("TemplateResources(nope) ok")
+	}
+	for _, tc := range []struct {
+		name     string
+		spec     runtime.Spec
+		wantMem  int
+		wantDisk int
+	}{
+		{"template's", runtime.Spec{}, 200, 96},
+		{"spec's own", runtime.Spec{MemoryMB: 160, DiskSizeMB: 64}, 160, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.spec.ID = runtimetest.NewID()
+			sb, err := b.Create(t.Context(), tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), tc.spec.ID) })
+			if sb.Spec.MemoryMB != tc.wantMem || sb.Spec.DiskSizeMB != tc.wantDisk {
+				t.Errorf("spec = %+v; want memory %d, disk %d", sb.Spec, tc.wantMem, tc.wantDisk)
+			}
+			st, err := b.Stats(t.Context(), tc.spec.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.MemoryLimitBytes != uint64(tc.wantMem)<<20 || st.DiskLimitBytes != uint64(tc.wantDisk)<<20 {
+				t.Errorf("stats limits: memory %d disk %d; want %d MiB and %d MiB", st.MemoryLimitBytes, st.DiskLimitBytes, tc.wantMem, tc.wantDisk)
+			}
+		})
+	}
+
+	opts.TemplateResources = map[string]runtime.Resources{"nope": {CPUCount: 1}}
+	if _, err := local.New(t.Context(), opts); err == nil {
+		t.Error("New with resources of an unknown template succeeded")
+	}
+}

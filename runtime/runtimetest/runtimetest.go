@@ -1,7 +1,8 @@
 // Package runtimetest is the conformance suite every runtime.Backend must
 // pass: lifecycle, errors, pause, stats, list, concurrency, leaks, limits and
-// isolation. A backend's own tests call Run and add only what is specific to
-// it (recovery after a restart, for one, needs a backend-specific reopen).
+// isolation. A backend's own tests call Run, and RunRestart with a way to
+// reopen the backend on the same state (both kinds of pause must survive a
+// restart), and add only what is specific to them.
 //
 // The suite drives sandboxes the way sandboxd does: through the Backend
 // methods, and inside the sandbox only through envd (its /health, and its

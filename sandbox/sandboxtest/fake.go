@@ -28,6 +28,9 @@ type Backend struct {
 	FailCreate atomic.Pointer[error]
 	// FailInit, when set, makes every envd answer /init with 500.
 	FailInit atomic.Bool
+	// Resources, when set before use, are the templates' declared
+	// resources (runtime.TemplateResourcer).
+	Resources map[string]runtime.Resources
 	// NoDiskPause, when set, makes Pause(PauseDisk) fail with
 	// runtime.ErrUnsupported, as a backend that only pauses in memory.
 	NoDiskPause atomic.Bool
@@ -210,6 +213,12 @@ func (b *Backend) setState(id string, st runtime.State) error {
 	}
 	sb.State = st
 	return nil
+}
+
+// TemplateResources returns Resources[template].
+func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
+	r, ok := b.Resources[template]
+	return r, ok
 }
 
 // Pause marks the sandbox paused; one paused to disk "restarts" on Resume.
