@@ -490,3 +490,63 @@ func TestTemplateResources(t *testing.T) {
 		t.Error("New with resources of an unknown template succeeded")
 	}
 }
+
+// TestResumeFromDiskFails: a resume that cannot restore the saved layer
+// (here: it no longer fits the sandbox's disk) leaves the sandbox paused to
+// disk, holding nothing but its files, and a later resume works.
+func TestResumeFromDiskFails(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(env.root, "saved", id, "upper", "big")
+	if err := os.WriteFile(big, make([]byte, 32<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Resume(ctx, id); err == nil {
+		t.Fatal("Resume with a layer larger than the disk succeeded")
+	}
+	l, err := b.List(ctx)
+	if err != nil || len(l) != 1 || l[0].State != runtime.StatePaused {
+		t.Fatalf("List() after a failed resume = %v, %v; want it paused", l, err)
+	}
+	for _, p := range b.HostPaths(id) {
+		if strings.Contains(p, "/sys/") && exists(p) {
+			t.Errorf("failed resume left %s", p)
+		}
+	}
+	if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes", id)); len(ms) > 0 {
+		t.Errorf("failed resume left mounts %v", ms)
+	}
+	if err := os.Remove(big); err != nil {
+		t.Fatal(err)
+	}
+	if restarted, err := b.Resume(ctx, id); err != nil || !restarted {
+		t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+	}
+	if err := runtimetestHealth(b, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}

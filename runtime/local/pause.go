@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -375,7 +376,7 @@ func copyTree(src, dst string) error {
 			if first, ok := links[k]; ok {
 				return os.Link(first, target)
 			}
-			if err := copyFile(p, target); err != nil {
+			if err := copyFile(p, target, st.Size); err != nil {
 				return err
 			}
 			if st.Nlink > 1 {
@@ -389,7 +390,15 @@ func copyTree(src, dst string) error {
 			if err := os.Symlink(to, target); err != nil {
 				return err
 			}
-		default: // devices (whiteouts), fifos, sockets
+		case unix.S_IFCHR, unix.S_IFBLK:
+			// Only overlayfs's whiteouts (0/0) belong here: a sandbox
+			// cannot make device nodes, and none is ever copied to the
+			// host's disk.
+			if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+				return nil
+			}
+			fallthrough
+		default: // fifos, sockets
 			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
 				return fmt.Errorf("mknod %s: %w", target, err)
 			}
@@ -425,7 +434,11 @@ func copyTree(src, dst string) error {
 	return nil
 }
 
-func copyFile(src, dst string) error {
+// copyFile copies the regular file src of size bytes to dst, keeping its
+// holes: a sandbox can make a sparse file far larger than its disk, which
+// must take no more room on the host's disk (or on its tmpfs when it comes
+// back) than it did.
+func copyFile(src, dst string, size int64) error {
 	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
@@ -435,11 +448,36 @@ func copyFile(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := out.ReadFrom(in); err != nil {
+	if err := copyData(in, out, size); err != nil {
 		out.Close()
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	return out.Close()
+}
+
+// copyData copies the data extents of in (SEEK_DATA/SEEK_HOLE) to the same
+// offsets of out and sets out's size.
+func copyData(in, out *os.File, size int64) error {
+	fd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
 }
 
 // copyXattrs copies every extended attribute of src to dst (neither

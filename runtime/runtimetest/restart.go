@@ -26,7 +26,8 @@ func RunRestart(t *testing.T, open func(t *testing.T) (b runtime.Backend, reopen
 }
 
 // The layer checks: a file with owner, mode, setuid bit, an xattr, a
-// symlink and a hard link to it; a deleted file of the template (a
+// symlink and a hard link to it; a sparse file far larger than the disk
+// that must stay sparse; a deleted file of the template (a
 // whiteout in the upper layer); a directory of the template removed and
 // made again (an opaque directory). Deleting prefers a template file that
 // exists; the base template has /etc/hostname.
@@ -40,6 +41,8 @@ printf '#!/bin/sh\n' > /root/t/suid
 chmod 4750 /root/t/suid
 ln -s kept /root/t/link
 ln /root/t/kept /root/t/hard
+truncate -s 4G /root/t/sparse
+printf 'tail' >> /root/t/sparse
 if command -v setfattr >/dev/null && setfattr -n user.sbx -v v1 /root/t/kept 2>/dev/null; then
   touch /root/t/has-xattr
 fi
@@ -56,6 +59,9 @@ test "$(stat -c '%a %u %g' /root/t/kept)" = "640 1000 1000"
 test "$(stat -c '%a' /root/t/suid)" = 4750
 test "$(readlink /root/t/link)" = kept
 test "$(stat -c %i /root/t/kept)" = "$(stat -c %i /root/t/hard)"
+test "$(stat -c %s /root/t/sparse)" = 4294967300
+test "$(du -k /root/t/sparse | cut -f1)" -lt 1024
+test "$(tail -c 4 /root/t/sparse)" = tail
 if [ -e /root/t/has-xattr ]; then
   test "$(getfattr --absolute-names --only-values -n user.sbx /root/t/kept)" = v1
 fi
