@@ -47,7 +47,9 @@ type Backend interface {
 	// is kept, off the memory it was charged to, and Resume starts the
 	// sandbox afresh on it. Both kinds survive a restart of sandboxd.
 	// Pausing a paused sandbox returns nil. A backend that cannot pause to
-	// disk fails PauseDisk with ErrUnsupported and changes nothing.
+	// disk fails PauseDisk with ErrUnsupported and changes nothing. A
+	// pause to disk that fails once the processes have ended (no room for
+	// the files) may start the sandbox afresh and fail with ErrRestarted.
 	Pause(ctx context.Context, id string, kind PauseKind) error
 	// Resume continues a paused sandbox. restarted reports that its
 	// processes were started afresh (it was paused with PauseDisk): envd is

@@ -477,6 +477,12 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 		err = m.backend.Pause(ctx, sb.ID, kind)
 	}
 	if err != nil {
+		if errors.Is(err, runtime.ErrRestarted) {
+			// It runs on, afresh: its new envd needs its /init.
+			if ierr := m.initEnvd(context.WithoutCancel(ctx), sb); ierr != nil {
+				err = fmt.Errorf("%w (and init envd after the restart: %w)", err, ierr)
+			}
+		}
 		m.audit(ctx, reason, sb, err, "memory", memory)
 		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
 	}

@@ -111,3 +111,24 @@ func TestTemplateResources(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseRestarted: a pause to disk that the backend had to undo by
+// starting the sandbox afresh fails, and the new envd gets its /init.
+func TestPauseRestarted(t *testing.T) {
+	e := newTestEnv(t, nil)
+	e.be.RestartOnDiskPause.Store(true)
+	sb, err := e.m.Create(as("a"), CreateRequest{EnvVars: map[string]string{"K": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Pause(as("a"), sb.ID, false); err == nil {
+		t.Fatal("Pause = nil; want the backend's error")
+	}
+	got, err := e.m.Get(as("a"), sb.ID)
+	if err != nil || got.State != store.StateRunning {
+		t.Fatalf("after the failed pause: %v, %v; want running", got, err)
+	}
+	if inits := e.be.Inits(sb.ID); len(inits) != 2 {
+		t.Errorf("/init calls = %d; want 2 (create, restart)", len(inits))
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -549,4 +550,47 @@ func mountsUnder(t *testing.T, dir string) []string {
 		}
 	}
 	return out
+}
+
+// TestPauseToDiskFails: when the layer cannot be saved (SaveDir is full),
+// the pause fails with ErrRestarted and the sandbox runs again, afresh, on
+// the files it had.
+func TestPauseToDiskFails(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.SaveDir = filepath.Join(t.TempDir(), "save")
+	if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "head -c 4194304 /dev/zero > /root/big")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("write: %v %v", res, err)
+	}
+	if err := b.Pause(ctx, id, runtime.PauseDisk); !errors.Is(err, runtime.ErrRestarted) {
+		t.Fatalf("Pause(disk) into a full SaveDir = %v; want ErrRestarted", err)
+	}
+	if err := runtimetestHealth(b, id); err != nil {
+		t.Fatalf("after the failed pause: %v", err)
+	}
+	res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "stat -c %s /root/big")
+	if err != nil || res.Stdout != "4194304\n" {
+		t.Errorf("file after the failed pause: %v %v", res, err)
+	}
+	if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
+		t.Errorf("failed pause left %v in SaveDir", ents)
+	}
 }

@@ -153,7 +153,7 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 		if rerr := b.restart(ctx, s); rerr != nil {
 			return fmt.Errorf("save upper layer: %w (and restarting it failed: %w)", err, rerr)
 		}
-		return fmt.Errorf("save upper layer: %w (the sandbox was restarted)", err)
+		return fmt.Errorf("save upper layer: %w (%w)", err, runtime.ErrRestarted)
 	}
 	s.exited = nil
 	return b.releaseStopped(s)

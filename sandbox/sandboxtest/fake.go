@@ -34,6 +34,9 @@ type Backend struct {
 	// NoDiskPause, when set, makes Pause(PauseDisk) fail with
 	// runtime.ErrUnsupported, as a backend that only pauses in memory.
 	NoDiskPause atomic.Bool
+	// RestartOnDiskPause, when set, makes Pause(PauseDisk) fail with
+	// runtime.ErrRestarted, leaving the sandbox running.
+	RestartOnDiskPause atomic.Bool
 
 	Creates, Destroys atomic.Int64
 
@@ -225,6 +228,9 @@ func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
 func (b *Backend) Pause(_ context.Context, id string, kind runtime.PauseKind) error {
 	if kind == runtime.PauseDisk && b.NoDiskPause.Load() {
 		return fmt.Errorf("%s: %w", id, runtime.ErrUnsupported)
+	}
+	if kind == runtime.PauseDisk && b.RestartOnDiskPause.Load() {
+		return fmt.Errorf("%s: %w", id, runtime.ErrRestarted)
 	}
 	if err := b.setState(id, runtime.StatePaused); err != nil {
 		return err
