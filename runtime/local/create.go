@@ -191,6 +191,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		sockDir = filepath.Join(s.diskDir(), "envd")
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
+	t0 := time.Now()
 	if err := mountOverlay(rootfs, tpl.lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
 		return fmt.Errorf("rootfs: %w", err)
 	}
@@ -213,6 +214,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		}
 	}
 
+	tMounted := time.Now()
 	oci := ociSpec(specInput{
 		spec:      spec,
 		pidsMax:   int64(b.opts.PidsMax),
@@ -242,6 +244,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	// cleanup removes the cgroups and the state by path as well; Destroy
 	// here keeps libcontainer's view consistent while it can.
 	r.Add(func() { _ = ctr.Destroy() })
+	tCreated := time.Now()
 
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -259,6 +262,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	if err := ctr.Run(proc); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
+	tStarted := time.Now()
 	exited := make(chan struct{})
 	s.exited = exited
 	// The waiter reaps init. It exits when init does: on Destroy, on a
@@ -289,5 +293,8 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}
+	b.log.Debug("sandbox started", "sandbox", spec.ID,
+		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
+		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted))
 	return nil
 }
