@@ -115,12 +115,12 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 	if err := s.waitExit(); err != nil {
 		return err
 	}
-	if err := unmount(s.rootfsDir()); err != nil {
-		return err
-	}
 	saved := b.savedDir(s.id)
 	tmp := filepath.Join(b.opts.SaveDir, "."+s.id+".tmp")
 	err := func() error {
+		if err := unmount(s.rootfsDir()); err != nil {
+			return err
+		}
 		if err := os.RemoveAll(tmp); err != nil {
 			return err
 		}
@@ -156,7 +156,12 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 		return fmt.Errorf("save upper layer: %w (%w)", err, runtime.ErrRestarted)
 	}
 	s.exited = nil
-	return b.releaseStopped(s)
+	// The pause holds from here: what could not be released now goes at
+	// the next load (a restart of sandboxd), resume or destroy.
+	if err := b.releaseStopped(s); err != nil {
+		b.log.Warn("pause to disk: release", "sandbox", s.id, "err", err)
+	}
+	return nil
 }
 
 // restart starts a stopped sandbox again on the tmpfs it still has.
@@ -232,6 +237,10 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 	saved := filepath.Join(b.savedDir(s.id), "upper")
 	if _, err := os.Lstat(saved); err != nil {
 		return fmt.Errorf("saved upper layer: %w", err)
+	}
+	// From a clean slate, should the pause have left something behind.
+	if err := b.releaseStopped(s); err != nil {
+		return err
 	}
 	r := revert.New()
 	defer r.Fail()
