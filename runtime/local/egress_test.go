@@ -140,6 +140,28 @@ print(s.recv(4096).decode(errors="replace"))
 	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, "from-inet "+inetHost+":") {
 		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
 	}
+	// A pause to disk gives the veth up and keeps the address reserved;
+	// resume brings egress back on the same address.
+	ipOf := func(id string) string {
+		return strings.TrimSpace(mustExec(t, b, id, "ip -o -4 addr show dev eth0 | awk '{print $4}' | cut -d/ -f1"))
+	}
+	before := ipOf(on)
+	if err := b.Pause(ctx, on, runtime.PauseDisk); err != nil {
+		t.Fatalf("Pause(disk) = %v", err)
+	}
+	if _, err := net.InterfaceByName(hostIfOf(on)); err == nil {
+		t.Errorf("veth %s kept while paused to disk", hostIfOf(on))
+	}
+	if restarted, err := b.Resume(ctx, on); err != nil || !restarted {
+		t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+	}
+	if after := ipOf(on); after != before {
+		t.Errorf("address after a pause to disk = %q; want %q", after, before)
+	}
+	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, "from-inet "+inetHost+":") {
+		t.Errorf("with internet, after a pause to disk: GET %s = %v", server, res)
+	}
+
 	res := connect(off, server)
 	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
 	if res.ExitCode == 0 {
