@@ -20,9 +20,9 @@ for proto in envd/spec/process/process.proto envd/spec/filesystem/filesystem.pro
 done
 
 # E2B control-plane REST server: openapi/e2b.yaml -> openapi/e2bapi/e2b.gen.go (chi + strict
-# server, models, embedded spec). oapi-codegen is pinned by the tool directive in go.mod.
+# server, models). oapi-codegen is pinned by the tool directive in go.mod.
 go tool oapi-codegen -config openapi/e2b.cfg.yaml openapi/e2b.yaml
 
 # sandboxd's native API: openapi/native.yaml -> openapi/nativeapi/native.gen.go (chi server
-# wrapper, models, embedded spec); server/native_routes.go mounts it with a scope per route.
+# wrapper, models); server/native_routes.go mounts it with a scope per route.
 go tool oapi-codegen -config openapi/native.cfg.yaml openapi/native.yaml

@@ -261,10 +261,7 @@ func TestNativeRouteTable(t *testing.T) {
 		p := strings.TrimSuffix(NativePrefix+rt.pattern, "/")
 		inTable[rt.method+" "+p] = rt.operation
 	}
-	spec, err := nativeapi.GetSwagger()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := loadNativeSpec(t)
 	inSpec := map[string]string{}
 	for path, item := range spec.Paths.Map() {
 		for method, op := range item.Operations() {
