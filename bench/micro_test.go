@@ -105,8 +105,12 @@ func (f *fakeBackend) Destroy(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeBackend) Pause(context.Context, string) error  { return runtime.ErrUnavailable }
-func (f *fakeBackend) Resume(context.Context, string) error { return runtime.ErrUnavailable }
+func (f *fakeBackend) Pause(context.Context, string, runtime.PauseKind) error {
+	return runtime.ErrUnavailable
+}
+func (f *fakeBackend) Resume(context.Context, string) (bool, error) {
+	return false, runtime.ErrUnavailable
+}
 
 func (f *fakeBackend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
 	fs := f.get(id)

@@ -205,7 +205,7 @@ func TestRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := b1.Pause(ctx, y); err != nil {
+	if err := b1.Pause(ctx, y, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
 	b2, err := incus.New(ctx, options(t, ns))
@@ -229,7 +229,7 @@ func TestRecovery(t *testing.T) {
 	if got[x] != runtime.StateRunning || got[y] != runtime.StatePaused || len(got) != 2 {
 		t.Fatalf("List() after restart = %v", got)
 	}
-	if err := b2.Resume(ctx, y); err != nil {
+	if _, err := b2.Resume(ctx, y); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{x, y} {

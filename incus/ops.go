@@ -183,13 +183,18 @@ func (b *Backend) removeInstance(id, name string) error {
 }
 
 // Pause freezes every process of the sandbox (cgroup freezer); memory stays.
-func (b *Backend) Pause(ctx context.Context, id string) error {
+// Pausing to disk is not implemented for Incus yet: it fails with
+// runtime.ErrUnsupported and changes nothing.
+func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
+	if kind == runtime.PauseDisk {
+		return fmt.Errorf("pause sandbox %s to disk: %w: the Incus backend pauses in memory only", id, runtime.ErrUnsupported)
+	}
 	return b.setFrozen(ctx, id, true)
 }
 
-// Resume thaws a paused sandbox.
-func (b *Backend) Resume(ctx context.Context, id string) error {
-	return b.setFrozen(ctx, id, false)
+// Resume thaws a paused sandbox; it never restarts one.
+func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
+	return false, b.setFrozen(ctx, id, false)
 }
 
 func (b *Backend) setFrozen(ctx context.Context, id string, frozen bool) error {

@@ -21,6 +21,10 @@ var (
 	// ErrUnavailable: envd did not answer in time, or a dependency of the
 	// backend is missing; retrying may help.
 	ErrUnavailable = errors.New("sandbox backend unavailable")
+	// ErrRestarted: a pause to disk failed after the sandbox's processes
+	// had ended, and the backend started it afresh instead: it runs, but
+	// its envd is a new process that has to be initialised again.
+	ErrRestarted = errors.New("sandbox was restarted")
 	// ErrUnsupported: the backend cannot do this (for example a port Dial
 	// before envd has a tunnel).
 	ErrUnsupported = errors.New("not supported by this backend")

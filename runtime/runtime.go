@@ -41,11 +41,21 @@ type Backend interface {
 	// the host. It is idempotent: destroying a sandbox that is already gone,
 	// or never existed, returns nil. A paused sandbox can be destroyed.
 	Destroy(ctx context.Context, id string) error
-	// Pause stops every process of the sandbox, keeping its memory, so that
-	// Resume continues it where it was. Pausing a paused sandbox returns nil.
-	Pause(ctx context.Context, id string) error
-	// Resume continues a paused sandbox. Resuming a running one returns nil.
-	Resume(ctx context.Context, id string) error
+	// Pause stops every process of the sandbox. With PauseMemory the
+	// processes are kept (frozen) and Resume continues them where they
+	// were; with PauseDisk they are ended and only the sandbox's filesystem
+	// is kept, off the memory it was charged to, and Resume starts the
+	// sandbox afresh on it. Both kinds survive a restart of sandboxd.
+	// Pausing a paused sandbox returns nil. A backend that cannot pause to
+	// disk fails PauseDisk with ErrUnsupported and changes nothing. A
+	// pause to disk that fails once the processes have ended (no room for
+	// the files) may start the sandbox afresh and fail with ErrRestarted.
+	Pause(ctx context.Context, id string, kind PauseKind) error
+	// Resume continues a paused sandbox. restarted reports that its
+	// processes were started afresh (it was paused with PauseDisk): envd is
+	// then a new process that has to be initialised again. Resuming a
+	// running one returns false, nil.
+	Resume(ctx context.Context, id string) (restarted bool, err error)
 	// Dial opens a byte stream to TCP port on the sandbox's loopback. Dial
 	// of EnvdPort reaches envd. It fails with ErrPaused while the sandbox
 	// is paused.
@@ -56,6 +66,24 @@ type Backend interface {
 	// or paused), including those started by an earlier process of sandboxd,
 	// so that the control plane can re-adopt them after a restart.
 	List(ctx context.Context) ([]*Sandbox, error)
+}
+
+// PauseKind says what a pause keeps.
+type PauseKind int
+
+const (
+	// PauseMemory freezes the processes; they keep their memory.
+	PauseMemory PauseKind = iota
+	// PauseDisk ends the processes and keeps the sandbox's filesystem on
+	// disk (E2B's pause with memory=false).
+	PauseDisk
+)
+
+func (k PauseKind) String() string {
+	if k == PauseDisk {
+		return "disk"
+	}
+	return "memory"
 }
 
 // Optional abilities. The control plane finds them by type assertion; a
@@ -72,6 +100,23 @@ type Reconciler interface {
 // sandboxes from.
 type TemplateLister interface {
 	Templates(ctx context.Context) ([]string, error)
+}
+
+// TemplateResourcer is a backend whose templates carry default resources,
+// as E2B's templates do (E2B's create request names none: the template's
+// cpuCount, memoryMB and diskSizeMB apply).
+type TemplateResourcer interface {
+	// TemplateResources returns what template declares; zero fields it
+	// leaves to the control plane's defaults. ok is false for a template
+	// the backend lacks.
+	TemplateResources(template string) (r Resources, ok bool)
+}
+
+// Resources are a sandbox's limits, in Spec's units. Zero means unset.
+type Resources struct {
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
 }
 
 // Spec is what a sandbox should be. Zero resource fields mean the backend's

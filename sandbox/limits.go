@@ -35,11 +35,12 @@ func (m *Manager) PoolKey(t tenant.ID, req CreateRequest) pool.Key {
 	if tmpl == "" {
 		tmpl = "base"
 	}
+	def := m.TemplateResources(tmpl)
 	return pool.Key{
 		Tenant: t, Template: tmpl,
-		CPUCount:      cmpOr(req.CPUCount, m.cfg.DefaultCPU),
-		MemoryMB:      cmpOr(req.MemoryMB, m.cfg.DefaultMemoryMB),
-		DiskMB:        cmpOr(req.DiskMB, m.cfg.DefaultDiskMB),
+		CPUCount:      cmpOr(req.CPUCount, def.CPUCount),
+		MemoryMB:      cmpOr(req.MemoryMB, def.MemoryMB),
+		DiskMB:        cmpOr(req.DiskMB, def.DiskSizeMB),
 		AllowInternet: req.AllowInternet,
 	}
 }

@@ -355,7 +355,7 @@ func TestPoolFailedInitFallsBackCleanly(t *testing.T) {
 		member := e.be.IDs()[0]
 		// Its envd dies: /init fails, the create fails and the member is gone
 		// (never returned to the pool), and no row is left.
-		if err := e.be.Pause(context.Background(), member); err != nil {
+		if err := e.be.Pause(context.Background(), member, runtime.PauseMemory); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {

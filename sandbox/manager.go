@@ -260,6 +260,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	if req.IdleTTL < 0 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
 	}
+	def := m.TemplateResources(req.Template)
 	// sb is not the named result: the undos and the audit below run after a
 	// `return nil, err` has set the result to nil.
 	sb := &store.Sandbox{
@@ -269,9 +270,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		State:               store.StateCreating,
 		StartedAt:           start.UTC(),
 		EndAt:               start.Add(timeout).UTC(),
-		CPUCount:            cmpOr(req.CPUCount, m.cfg.DefaultCPU),
-		MemoryMB:            cmpOr(req.MemoryMB, m.cfg.DefaultMemoryMB),
-		DiskMB:              cmpOr(req.DiskMB, m.cfg.DefaultDiskMB),
+		CPUCount:            cmpOr(req.CPUCount, def.CPUCount),
+		MemoryMB:            cmpOr(req.MemoryMB, def.MemoryMB),
+		DiskMB:              cmpOr(req.DiskMB, def.DiskSizeMB),
 		Metadata:            req.Metadata,
 		EnvVars:             req.EnvVars,
 		Secure:              req.Secure,
@@ -363,6 +364,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	return sb, nil
 }
 
+// TemplateResources returns the resources a sandbox of template gets when
+// its create names none: the template's own (runtime.TemplateResourcer),
+// else the configured defaults.
+func (m *Manager) TemplateResources(template string) runtime.Resources {
+	var r runtime.Resources
+	if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
+		r, _ = tr.TemplateResources(template)
+	}
+	return runtime.Resources{
+		CPUCount:   cmpOr(r.CPUCount, m.cfg.DefaultCPU),
+		MemoryMB:   cmpOr(r.MemoryMB, m.cfg.DefaultMemoryMB),
+		DiskSizeMB: cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB),
+	}
+}
+
 func cmpOr(v, def int) int {
 	if v == 0 {
 		return def
@@ -429,10 +445,11 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string) er
 	return err
 }
 
-// Pause freezes a running sandbox. A paused one is ErrConflict (E2B's 409).
-// memory=false (a filesystem-only snapshot in E2B) is served as a memory
-// pause: the sandbox resumes exactly where it was, which is a superset of
-// what the caller asked for.
+// Pause stops a running sandbox. A paused one is ErrConflict (E2B's 409).
+// memory=true freezes its processes; memory=false (E2B's filesystem-only
+// pause) ends them and keeps only its filesystem, and resume starts it
+// afresh. A backend that cannot pause to disk pauses in memory instead: the
+// sandbox then resumes exactly where it was, a superset of what was asked.
 func (m *Manager) Pause(ctx context.Context, id string, memory bool) error {
 	unlock := m.lock(id)
 	defer unlock()
@@ -450,14 +467,29 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 	if sb.State != store.StateRunning {
 		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", sb.ID, sb.State))
 	}
-	if err := m.backend.Pause(ctx, sb.ID); err != nil {
-		m.audit(ctx, reason, sb, err)
+	kind := runtime.PauseMemory
+	if !memory {
+		kind = runtime.PauseDisk
+	}
+	err := m.backend.Pause(ctx, sb.ID, kind)
+	if kind == runtime.PauseDisk && errors.Is(err, runtime.ErrUnsupported) {
+		kind = runtime.PauseMemory
+		err = m.backend.Pause(ctx, sb.ID, kind)
+	}
+	if err != nil {
+		if errors.Is(err, runtime.ErrRestarted) {
+			// It runs on, afresh: its new envd needs its /init.
+			if ierr := m.initEnvd(context.WithoutCancel(ctx), sb); ierr != nil {
+				err = fmt.Errorf("%w (and init envd after the restart: %w)", err, ierr)
+			}
+		}
+		m.audit(ctx, reason, sb, err, "memory", memory)
 		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	m.stopped(sb.ID)
 	sb.State = store.StatePaused
-	err := m.store.UpdateSandbox(ctx, sb)
-	m.audit(ctx, reason, sb, err, "memory", memory)
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err, "memory", memory, "kind", kind.String())
 	return err
 }
 
@@ -517,9 +549,23 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 }
 
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
-	if err := m.backend.Resume(ctx, sb.ID); err != nil {
+	restarted, err := m.backend.Resume(ctx, sb.ID)
+	if err != nil {
 		m.audit(ctx, reason, sb, err)
 		return fmt.Errorf("resume sandbox %s: %w", sb.ID, backendErr(err))
+	}
+	if restarted {
+		// A sandbox paused to disk runs a new envd: it gets its env vars,
+		// token and default user again, exactly as at create.
+		if err := m.initEnvd(ctx, sb); err != nil {
+			err = fmt.Errorf("resume sandbox %s: init envd: %w", sb.ID, err)
+			// Back to where it was, so that a retry starts over.
+			if perr := m.backend.Pause(context.WithoutCancel(ctx), sb.ID, runtime.PauseDisk); perr != nil {
+				err = fmt.Errorf("%w (and pausing it again failed: %w)", err, perr)
+			}
+			m.audit(ctx, reason, sb, err)
+			return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+		}
 	}
 	sb.State = store.StateRunning
 	now := m.now()
@@ -529,8 +575,8 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	if sb.IdleTTL > 0 {
 		sb.LastActiveAt = now.UTC() // its idle time starts over
 	}
-	err := m.store.UpdateSandbox(ctx, sb)
-	m.audit(ctx, reason, sb, err)
+	err = m.store.UpdateSandbox(ctx, sb)
+	m.audit(ctx, reason, sb, err, "restarted", restarted)
 	return err
 }
 

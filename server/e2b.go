@@ -599,9 +599,11 @@ func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesReques
 	}
 	out := e2bapi.ListTemplates200JSONResponse{}
 	for _, n := range names {
+		r := a.mgr.TemplateResources(n)
 		out = append(out, e2bapi.Template{
 			TemplateID: n, BuildID: n, Aliases: []string{n}, Names: []string{n}, Public: true,
-			BuildStatus: "ready", EnvdVersion: a.envdVersion, CpuCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
+			BuildStatus: "ready", EnvdVersion: a.envdVersion,
+			CpuCount: int32(r.CPUCount), MemoryMB: int32(r.MemoryMB), DiskSizeMB: int32(r.DiskSizeMB),
 		})
 	}
 	return out, nil

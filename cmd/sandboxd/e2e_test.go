@@ -850,6 +850,110 @@ func TestRestart(t *testing.T) {
 	// The env's cleanup checks the run dir, mounts and cgroups once more.
 }
 
+// TestPauseToDisk: pause with memory=false ends every process of the
+// sandbox and keeps its files off its memory; it survives a restart of
+// sandboxd, and connect starts it afresh with its env vars, access token and
+// default user applied again. Killing it while paused removes its files.
+func TestPauseToDisk(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s1 := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
+		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
+	})
+	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	content := []byte("survives a pause to disk " + e2eRandHex(8))
+	s1.writeFile(t, id, tok, "/home/user/disk.txt", content)
+	s1.mustRun(t, id, tok, "sleep 3600 >/dev/null 2>&1 </dev/null & echo $! >/tmp/sleep.pid")
+	wantEnv := s1.mustRun(t, id, tok, `echo "$SBX_KEPT $(id -un)"`).stdout
+	if !strings.HasPrefix(wantEnv, "kept ") {
+		t.Fatalf("env var before the pause: %q", wantEnv)
+	}
+
+	wantStatus(t, "pause memory=false", s1.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusNoContent)
+	wantError(t, "pause again", s1.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusConflict)
+	if cg := e2eSandboxCgroups(id); len(cg) != 0 {
+		t.Errorf("cgroups of a sandbox paused to disk: %v", cg)
+	}
+	if ms := e2eMountsUnder(filepath.Join(e.runDir, "sandboxes", id)); len(ms) != 0 {
+		t.Errorf("mounts of a sandbox paused to disk: %v", ms)
+	}
+	saved := filepath.Join(e.dataDir, "paused", id)
+	if !e2eExists(filepath.Join(saved, "upper", "home", "user", "disk.txt")) {
+		t.Errorf("no saved layer with the file under %s", saved)
+	}
+	wantProxyNotFound(t, "GET /health while paused to disk", s1.envd(t, id, tok, http.MethodGet, "/health", nil, ""), id)
+
+	if err := s1.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.start()
+	if got := s2.get(t, key, id).State; got != "paused" {
+		t.Fatalf("after restart: %s, want paused", got)
+	}
+	r := s2.api(t, http.MethodPost, "/sandboxes/"+id+"/connect", key, map[string]any{"timeout": 600})
+	wantStatus(t, "connect after a pause to disk", r, http.StatusCreated)
+	if got := s2.readFile(t, id, tok, "/home/user/disk.txt"); string(got) != string(content) {
+		t.Errorf("file after resume: %q, want %q", got, content)
+	}
+	if res := s2.mustRun(t, id, tok, `echo "$SBX_KEPT $(id -un)"`); res.stdout != wantEnv {
+		t.Errorf("env var and default user after resume: %q, want %q", res.stdout, wantEnv)
+	}
+	if res := s2.mustRun(t, id, tok, `test -s /tmp/sleep.pid && ! grep -qsx sleep /proc/[0-9]*/comm && echo restarted`); res.stdout != "restarted\n" {
+		t.Errorf("after resume: %q %q; want /tmp kept and the old process gone (pids start over, so by name)", res.stdout, res.stderr)
+	}
+	wantStatus(t, "GET /files without the token after resume", s2.envd(t, id, "", http.MethodGet, "/files?path=/home/user/disk.txt", nil, ""), http.StatusUnauthorized)
+	if e2eExists(saved) {
+		t.Errorf("resume left the saved layer %s", saved)
+	}
+
+	// Killed while paused to disk: the saved layer goes too.
+	wantStatus(t, "pause to disk again", s2.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusNoContent)
+	wantStatus(t, "kill while paused to disk", s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+	for _, p := range []string{saved, filepath.Join(e.runDir, "sandboxes", id)} {
+		if e2eExists(p) {
+			t.Errorf("kill of a sandbox paused to disk left %s", p)
+		}
+	}
+}
+
+// TestTemplateResources: a template's declared resources apply to creates
+// that name none (E2B's create body cannot), the sandbox gets them as
+// limits, and the templates listing reports them.
+func TestTemplateResources(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	e.serveArgs = []string{"--template", "base=,cpu=1,memory=300,disk=200"}
+	s := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600})
+	d := s.get(t, key, sb.SandboxID)
+	if d.CPUCount != 1 || d.MemoryMB != 300 || d.DiskSizeMB != 200 {
+		t.Errorf("sandbox of base: cpuCount=%d memoryMB=%d diskSizeMB=%d; want 1 300 200", d.CPUCount, d.MemoryMB, d.DiskSizeMB)
+	}
+	r := s.api(t, http.MethodGet, "/sandboxes/"+sb.SandboxID+"/metrics", key, nil)
+	wantStatus(t, "metrics", r, http.StatusOK)
+	var ms []struct {
+		MemTotal  int64 `json:"memTotal"`
+		DiskTotal int64 `json:"diskTotal"`
+	}
+	e2eDecode(t, "metrics", r, &ms)
+	if len(ms) != 1 || ms[0].MemTotal != 300<<20 || ms[0].DiskTotal != 200<<20 {
+		t.Errorf("metrics: %s; want memTotal %d and diskTotal %d", r.body, 300<<20, 200<<20)
+	}
+	r = s.api(t, http.MethodGet, "/templates", key, nil)
+	wantStatus(t, "GET /templates", r, http.StatusOK)
+	var tpls []struct {
+		TemplateID string `json:"templateID"`
+		CPUCount   int    `json:"cpuCount"`
+		MemoryMB   int    `json:"memoryMB"`
+		DiskSizeMB int    `json:"diskSizeMB"`
+	}
+	e2eDecode(t, "templates", r, &tpls)
+	if len(tpls) != 1 || tpls[0].TemplateID != "base" || tpls[0].CPUCount != 1 || tpls[0].MemoryMB != 300 || tpls[0].DiskSizeMB != 200 {
+		t.Errorf("GET /templates = %s; want base with 1 CPU, 300 MiB, 200 MiB disk", r.body)
+	}
+}
+
 // TestSweeper lets the sweeper enforce end times: kill by default, pause
 // with autoPause; each writes its audit line.
 func TestSweeper(t *testing.T) {

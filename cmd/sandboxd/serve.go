@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -39,13 +40,14 @@ func serve(args []string) error {
 		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
 		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
 		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
+		pauseDir    = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
 		maxTimeout  = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 	)
 	templates := templateFlag{}
-	fs.Var(templates, "template", "extra local template NAME=PATH: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image); repeatable")
+	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
 	var lim limitOpts
 	lim.register(fs)
 	var bo backendOpts
@@ -89,7 +91,10 @@ func serve(args []string) error {
 	}
 	defer st.Close()
 
-	be, err := openBackend(ctx, *backend, *runRoot, *envdPath, *incusSocket, bo, templates, log)
+	if *pauseDir == "" {
+		*pauseDir = filepath.Join(*dataDir, "paused")
+	}
+	be, err := openBackend(ctx, *backend, *runRoot, *pauseDir, *envdPath, *incusSocket, bo, templates, log)
 	if err != nil {
 		return err
 	}
@@ -210,7 +215,7 @@ type backend interface {
 }
 
 // openBackend is the one place a backend is chosen.
-func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string, bo backendOpts, templates templateFlag, log *slog.Logger) (backend, error) {
+func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSocket string, bo backendOpts, templates templateFlag, log *slog.Logger) (backend, error) {
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
 	}
@@ -224,8 +229,9 @@ func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string
 	switch name {
 	case "local":
 		be, err := local.New(ctx, local.Options{
-			Root: runDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
-			Templates: templates, EgressSubnet: egressSubnet, Log: log.With("component", "local"),
+			Root: runDir, SaveDir: pauseDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			Templates: templates.paths(), TemplateResources: templates.resources(),
+			EgressSubnet: egressSubnet, Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
@@ -246,19 +252,85 @@ func openBackend(ctx context.Context, name, runDir, envdPath, incusSocket string
 	return nil, fmt.Errorf("--backend %q: want local or incus", name)
 }
 
-// templateFlag collects repeated --template NAME=PATH flags.
-type templateFlag map[string]string
+// templateFlag collects repeated --template NAME=PATH[,KEY=N]... flags.
+type templateFlag map[string]templateArg
 
-func (t templateFlag) String() string { return fmt.Sprint(map[string]string(t)) }
+type templateArg struct {
+	path string // "" for base, which is built in
+	res  sbxruntime.Resources
+}
 
+func (t templateFlag) String() string { return fmt.Sprint(map[string]templateArg(t)) }
+
+// Set parses one flag. Trailing ",cpu=N", ",memory=MiB" and ",disk=MiB"
+// are the template's resources; anything else after a comma is part of
+// the path.
 func (t templateFlag) Set(v string) error {
-	name, path, ok := strings.Cut(v, "=")
-	if !ok || name == "" || path == "" {
-		return fmt.Errorf("want NAME=PATH, got %q", v)
+	name, rest, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB], got %q", v)
+	}
+	var arg templateArg
+	for {
+		i := strings.LastIndexByte(rest, ',')
+		if i < 0 {
+			break
+		}
+		key, val, _ := strings.Cut(rest[i+1:], "=")
+		var dst *int
+		switch key {
+		case "cpu":
+			dst = &arg.res.CPUCount
+		case "memory":
+			dst = &arg.res.MemoryMB
+		case "disk":
+			dst = &arg.res.DiskSizeMB
+		}
+		if dst == nil {
+			break
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("template %s: %s=%q: want a positive integer", name, key, val)
+		}
+		if *dst != 0 {
+			return fmt.Errorf("template %s: %s given twice", name, key)
+		}
+		*dst = n
+		rest = rest[:i]
+	}
+	arg.path = rest
+	switch {
+	case name == local.BaseTemplate && arg.path != "":
+		return fmt.Errorf("template %s is built in: give it resources only (%s=,cpu=N...)", name, name)
+	case name != local.BaseTemplate && arg.path == "":
+		return fmt.Errorf("template %s: want NAME=PATH, got %q", name, v)
 	}
 	if _, dup := t[name]; dup {
 		return fmt.Errorf("template %q given twice", name)
 	}
-	t[name] = path
+	t[name] = arg
 	return nil
+}
+
+// paths returns the templates to import, by name.
+func (t templateFlag) paths() map[string]string {
+	out := map[string]string{}
+	for name, a := range t {
+		if a.path != "" {
+			out[name] = a.path
+		}
+	}
+	return out
+}
+
+// resources returns the templates' declared resources, by name.
+func (t templateFlag) resources() map[string]sbxruntime.Resources {
+	out := map[string]sbxruntime.Resources{}
+	for name, a := range t {
+		if a.res != (sbxruntime.Resources{}) {
+			out[name] = a.res
+		}
+	}
+	return out
 }

@@ -169,6 +169,8 @@ type e2eEnv struct {
 	runDir  string
 	logDir  string
 	keys    map[string]string // tenant -> API key
+	// serveArgs are added to every `sandboxd serve` the env starts.
+	serveArgs []string
 
 	mu      sync.Mutex
 	srv     *e2eServer        // the current sandboxd; nil before start
@@ -271,7 +273,7 @@ func (e *e2eEnv) start() *e2eServer {
 	e.mu.Lock()
 	n := len(e.servers)
 	e.mu.Unlock()
-	s := startE2EServer(e.t, e.dataDir, e.runDir, filepath.Join(e.logDir, fmt.Sprintf("sandboxd-%d.log", n)))
+	s := startE2EServer(e.t, e.dataDir, e.runDir, filepath.Join(e.logDir, fmt.Sprintf("sandboxd-%d.log", n)), e.serveArgs...)
 	e.mu.Lock()
 	e.srv = s
 	e.servers = append(e.servers, s)
@@ -321,7 +323,7 @@ func (e *e2eEnv) cleanup() {
 		// re-adopts them and kills them through the API.
 		t.Errorf("cleanup: sandboxes left on the host after killing them all through the API and stopping sandboxd:\n  %s",
 			strings.Join(leaks, "\n  "))
-		if fresh := tryStartE2EServer(e.dataDir, e.runDir, filepath.Join(e.logDir, "sandboxd-cleanup.log")); fresh != nil {
+		if fresh := tryStartE2EServer(e.dataDir, e.runDir, filepath.Join(e.logDir, "sandboxd-cleanup.log"), e.serveArgs...); fresh != nil {
 			e.killAll(fresh)
 			_ = fresh.stop(syscall.SIGTERM)
 			e.mu.Lock()
@@ -513,11 +515,11 @@ type e2eServer struct {
 // startE2EServer starts sandboxd serve on a free loopback port and waits for
 // GET /health to answer 200 (it does once Reconcile is done). A sandboxd that
 // exits first fails the test with its log.
-func startE2EServer(t *testing.T, dataDir, runDir, logPath string) *e2eServer {
+func startE2EServer(t *testing.T, dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
 	t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		s, err := launchE2EServer(dataDir, runDir, logPath)
+		s, err := launchE2EServer(dataDir, runDir, logPath, extraArgs...)
 		if err != nil {
 			t.Fatalf("start sandboxd: %v", err)
 		}
@@ -538,8 +540,8 @@ func startE2EServer(t *testing.T, dataDir, runDir, logPath string) *e2eServer {
 }
 
 // tryStartE2EServer is startE2EServer for cleanups: nil instead of failing.
-func tryStartE2EServer(dataDir, runDir, logPath string) *e2eServer {
-	s, err := launchE2EServer(dataDir, runDir, logPath)
+func tryStartE2EServer(dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
+	s, err := launchE2EServer(dataDir, runDir, logPath, extraArgs...)
 	if err != nil {
 		return nil
 	}
@@ -550,7 +552,7 @@ func tryStartE2EServer(dataDir, runDir, logPath string) *e2eServer {
 	return s
 }
 
-func launchE2EServer(dataDir, runDir, logPath string) (*e2eServer, error) {
+func launchE2EServer(dataDir, runDir, logPath string, extraArgs ...string) (*e2eServer, error) {
 	port, err := e2eFreePort()
 	if err != nil {
 		return nil, err
@@ -561,12 +563,12 @@ func launchE2EServer(dataDir, runDir, logPath string) (*e2eServer, error) {
 	}
 	defer logf.Close() // the child has its own copy
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), "serve",
+	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), append([]string{"serve",
 		"--listen", addr,
 		"--data-dir", dataDir,
 		"--run-dir", runDir,
 		"--envd", filepath.Join(e2eBinDir, "envd"),
-	)
+	}, extraArgs...)...)
 	cmd.Env = e2eSandboxdEnviron()
 	// A file, not a pipe: sandboxes outlive a SIGKILLed sandboxd, and
 	// nothing may hold a pipe of ours open past the process we wait for.

@@ -33,9 +33,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
-	spec.CPUCount = orDefault(spec.CPUCount, b.opts.CPUCount)
-	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
-	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
+	def := b.opts.TemplateResources[spec.Template]
+	spec.CPUCount = orDefault(spec.CPUCount, orDefault(def.CPUCount, b.opts.CPUCount))
+	spec.MemoryMB = orDefault(spec.MemoryMB, orDefault(def.MemoryMB, b.opts.MemoryMB))
+	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, orDefault(def.DiskSizeMB, b.opts.DiskSizeMB))
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
 		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
 	}
@@ -111,55 +112,105 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		}
 	})
 
+	if err := s.prepareDisk(nil); err != nil {
+		return nil, wrap("disk", err)
+	}
+	if err := b.start(ctx, s, tpl, ip, r); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+
+	b.log.Debug("sandbox created", "sandbox", spec.ID, "total", time.Since(t0))
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.created = true
+	r.Success()
+	return s.info()
+}
+
+// writeJSON writes v to path atomically: a reader sees all of it or nothing.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// The paths of a sandbox's state directory; see the package doc.
+func (s *sandbox) diskDir() string   { return filepath.Join(s.dir, "disk") }
+func (s *sandbox) rootfsDir() string { return filepath.Join(s.dir, "rootfs") }
+func (s *sandbox) upperDir() string  { return filepath.Join(s.dir, "disk", "upper") }
+
+// prepareDisk mounts the sandbox's disk tmpfs and makes the directories the
+// sandbox writes to, filling the overlay's upper layer with restore when
+// given (a resume from disk). Its undo is cleanup's (Create) or
+// stopToDisk's (resume): both unmount everything under the state dir.
+func (s *sandbox) prepareDisk(restore func(upper string) error) error {
+	// Everything the sandbox can write to lives on its disk tmpfs, so its
+	// size bounds it: the overlay's upper layer, the socket directory
+	// (bind-mounted in, writable by root inside) and envd's log (which
+	// root inside can write through /proc/1/fd/2).
+	disk := s.diskDir()
+	for _, d := range []string{disk, s.rootfsDir()} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	if err := mountTmpfs(disk, s.meta.Spec.DiskSizeMB); err != nil {
+		return err
+	}
+	for _, d := range []string{"work", "envd"} {
+		if err := os.Mkdir(filepath.Join(disk, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(disk, "envd"), 0o700); err != nil {
+		return err
+	}
+	if restore != nil {
+		return restore(s.upperDir())
+	}
+	return os.Mkdir(s.upperDir(), 0o755)
+}
+
+// start mounts the sandbox's root on its prepared disk, gives it its
+// network (ip, when valid) and starts envd in a new container, returning
+// once envd answers /health. It writes meta.json once the container runs.
+// Its undos kill the container and delete the links; the mounts and the
+// cgroup are left to the caller's cleanup.
+func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip.Addr, r *revert.Reverter) error {
 	var (
-		disk   = filepath.Join(dir, "disk")
-		rootfs = filepath.Join(dir, "rootfs")
-		// Everything the sandbox can write to lives on its disk tmpfs, so
-		// its size bounds it: the overlay's upper layer, the socket
-		// directory (bind-mounted in, writable by root inside) and envd's
-		// log (which root inside can write through /proc/1/fd/2).
-		upper   = filepath.Join(disk, "upper")
-		work    = filepath.Join(disk, "work")
-		sockDir = filepath.Join(disk, "envd")
-		logPath = filepath.Join(disk, "envd.log")
+		spec    = s.meta.Spec
+		dir     = s.dir
+		rootfs  = s.rootfsDir()
+		sockDir = filepath.Join(s.diskDir(), "envd")
+		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
-	for _, d := range []string{disk, rootfs} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, wrap("state dir", err)
-		}
-	}
-	// cleanup unmounts everything under dir, so the mounts need no undo of
-	// their own.
-	if err := mountTmpfs(disk, spec.DiskSizeMB); err != nil {
-		return nil, wrap("disk", err)
-	}
-	for _, d := range []string{upper, work, sockDir} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return nil, wrap("disk", err)
-		}
-	}
-	if err := os.Chmod(sockDir, 0o700); err != nil {
-		return nil, wrap("disk", err)
-	}
-	if err := mountOverlay(rootfs, tpl.lower, upper, work); err != nil {
-		return nil, wrap("rootfs", err)
+	t0 := time.Now()
+	if err := mountOverlay(rootfs, tpl.lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
+		return fmt.Errorf("rootfs: %w", err)
 	}
 	if err := os.Chmod(rootfs, 0o755); err != nil {
-		return nil, wrap("rootfs", err)
+		return fmt.Errorf("rootfs: %w", err)
 	}
 
 	var netPeer, resolv string
 	if ip.IsValid() {
-		// cleanup deletes the links too.
+		r.Add(func() { deleteLinks(spec.ID) })
 		ni, err := b.egress.createVeth(spec.ID, ip)
 		if err != nil {
-			return nil, wrap("network", err)
+			return fmt.Errorf("network: %w", err)
 		}
 		s.meta.Net = &ni
 		_, netPeer = linkNames(spec.ID)
 		resolv = filepath.Join(dir, "resolv.conf")
 		if err := os.WriteFile(resolv, resolvConf(), 0o644); err != nil {
-			return nil, wrap("network", err)
+			return fmt.Errorf("network: %w", err)
 		}
 	}
 
@@ -183,20 +234,21 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		Spec:       oci,
 	})
 	if err != nil {
-		return nil, wrap("config", err)
+		return fmt.Errorf("config: %w", err)
 	}
 	ctr, err := libcontainer.Create(filepath.Join(dir, "ctr"), spec.ID, cfg)
 	if err != nil {
-		return nil, wrap("container", err)
+		return fmt.Errorf("container: %w", err)
 	}
 	s.ctr = ctr
 	// cleanup removes the cgroups and the state by path as well; Destroy
 	// here keeps libcontainer's view consistent while it can.
 	r.Add(func() { _ = ctr.Destroy() })
+	tCreated := time.Now()
 
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, wrap("log", err)
+		return fmt.Errorf("log: %w", err)
 	}
 	defer logf.Close()
 	proc := &libcontainer.Process{
@@ -207,61 +259,42 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		Stderr: logf,
 		Init:   true,
 	}
-	tCreated := time.Now()
 	if err := ctr.Run(proc); err != nil {
-		return nil, wrap("start", err)
+		return fmt.Errorf("start: %w", err)
 	}
 	tStarted := time.Now()
-	s.exited = make(chan struct{})
-	// The waiter reaps init. It exits when init does: on Destroy, or when
-	// envd dies on its own.
-	go func(exited chan struct{}) {
+	exited := make(chan struct{})
+	s.exited = exited
+	// The waiter reaps init. It exits when init does: on Destroy, on a
+	// pause to disk, or when envd dies on its own.
+	go func() {
 		_, _ = proc.Wait()
 		close(exited)
-	}(s.exited)
+	}()
 	r.Add(func() {
 		_ = ctr.Signal(unix.SIGKILL)
-		<-s.exited
+		<-exited
 	})
 	if s.meta.Net != nil {
 		pid, err := proc.Pid()
 		if err != nil {
-			return nil, wrap("network", err)
+			return fmt.Errorf("network: %w", err)
 		}
 		if err := addDefaultRoute(pid, s.meta.Net.Gateway); err != nil {
-			return nil, wrap("network", err)
+			return fmt.Errorf("network: %w", err)
 		}
 	}
 
 	if err := writeJSON(filepath.Join(dir, "meta.json"), s.meta); err != nil {
-		return nil, wrap("meta", err)
+		return fmt.Errorf("meta: %w", err)
 	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
-		Exited: s.exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
+		Exited: exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
 	}); err != nil {
-		return nil, wrap("envd", err)
+		return fmt.Errorf("envd: %w", err)
 	}
-
-	b.log.Debug("sandbox created", "sandbox", spec.ID,
+	b.log.Debug("sandbox started", "sandbox", spec.ID,
 		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
-		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted), "total", time.Since(t0))
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.created = true
-	r.Success()
-	return s.info()
-}
-
-// writeJSON writes v to path atomically: a reader sees all of it or nothing.
-func writeJSON(path string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted))
+	return nil
 }

@@ -29,6 +29,13 @@
 //	ctr/             libcontainer's state (state.json)
 //	resolv.conf      the sandbox's /etc/resolv.conf, with internet only
 //
+// A sandbox paused to disk (runtime.PauseDisk) has no process, mount,
+// cgroup or veth: only meta.json (saying so) and its upper layer, copied to
+// <SaveDir>/<id>/upper with everything overlayfs needs (whiteouts, opaque
+// directory xattrs, ownership). Resume mounts a fresh tmpfs, copies the
+// layer back from a child process in the sandbox's cgroup (so the pages are
+// charged to the sandbox, as before) and starts envd again as init.
+//
 // Sandboxes outlive sandboxd: New re-adopts live ones, and Reconcile removes
 // what dead ones left (mounts, cgroups, directories).
 //
@@ -51,6 +58,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,12 +94,19 @@ func Init() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init() // exits
 	}
+	if len(os.Args) > 1 && os.Args[1] == copyTreeArg {
+		copyTreeMain(os.Args[2:]) // exits
+	}
 }
 
 // Options configure a Backend. Zero fields take the defaults below.
 type Options struct {
 	// Root holds all host state of the backend. Default /run/sandboxd/local.
 	Root string
+	// SaveDir keeps the writable layers of sandboxes paused to disk, one
+	// directory per sandbox. It should be on a disk: under /run it takes
+	// the host's memory. Default <Root>/saved.
+	SaveDir string
 	// EnvdPath is the host path of the static envd binary. Required.
 	EnvdPath string
 	// CgroupParent is the cgroup (in every hierarchy) under which each
@@ -105,6 +120,10 @@ type Options struct {
 	// root and user (uid 1000) added to its /etc/passwd and /etc/group
 	// where missing. "base" is built in.
 	Templates map[string]string
+	// TemplateResources are the default resources of templates (of
+	// Templates, or "base"): what a Spec's zero resources become, before
+	// the backend-wide defaults below. Zero fields are unset.
+	TemplateResources map[string]runtime.Resources
 	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory,
 	// 1024 MiB disk. PidsMax bounds tasks per sandbox: default 1024.
 	CPUCount   int
@@ -140,9 +159,10 @@ type Backend struct {
 }
 
 var (
-	_ runtime.Backend        = (*Backend)(nil)
-	_ runtime.Reconciler     = (*Backend)(nil)
-	_ runtime.TemplateLister = (*Backend)(nil)
+	_ runtime.Backend           = (*Backend)(nil)
+	_ runtime.Reconciler        = (*Backend)(nil)
+	_ runtime.TemplateLister    = (*Backend)(nil)
+	_ runtime.TemplateResourcer = (*Backend)(nil)
 )
 
 // sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
@@ -167,6 +187,8 @@ type meta struct {
 	Template  string       `json:"templateDir"`
 	CreatedAt time.Time    `json:"createdAt"`
 	Net       *netInfo     `json:"net,omitempty"`
+	// Paused is pausedDisk while the sandbox is paused to disk.
+	Paused string `json:"paused,omitempty"`
 }
 
 // New prepares Root (building the base template), re-adopts sandboxes that
@@ -178,6 +200,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "/sandboxd"
+	}
+	if opts.SaveDir == "" {
+		opts.SaveDir = filepath.Join(opts.Root, "saved")
+	}
+	if d, err := filepath.Abs(opts.SaveDir); err == nil {
+		opts.SaveDir = d // the copy child must find it whatever its cwd
 	}
 	opts.CPUCount = orDefault(opts.CPUCount, 2)
 	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
@@ -209,7 +237,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
 	}
-	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates")} {
+	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates"), opts.SaveDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
@@ -244,6 +272,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: base template: %w", err)
 	}
 	b.templates[BaseTemplate] = &template{name: BaseTemplate, lower: baseDir, mounts: mounts}
+	for name, r := range opts.TemplateResources {
+		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate {
+			return nil, fmt.Errorf("local backend: resources for unknown template %q", name)
+		}
+		if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
+			return nil, fmt.Errorf("local backend: template %q: negative resources", name)
+		}
+	}
 	for name, d := range opts.Templates {
 		if name == BaseTemplate {
 			return nil, fmt.Errorf("local backend: template %q is built in", name)
@@ -272,6 +308,15 @@ func orDefault(v, def int) int {
 // binary built with -tags seccomp can apply one.
 func (b *Backend) SeccompEnabled() bool { return b.seccomp }
 
+// TemplateResources returns the resources template was given in
+// Options.TemplateResources.
+func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
+	if b.templates[template] == nil {
+		return runtime.Resources{}, false
+	}
+	return b.opts.TemplateResources[template], true
+}
+
 // Templates lists the template names this backend can create from.
 func (b *Backend) Templates(context.Context) ([]string, error) {
 	return slices.Sorted(maps.Keys(b.templates)), nil
@@ -286,7 +331,7 @@ func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.Cgr
 // of them exist after Destroy.
 func (b *Backend) HostPaths(id string) []string {
 	host, _ := linkNames(id)
-	paths := []string{filepath.Join(b.sandboxesDir(), id), "/sys/class/net/" + host}
+	paths := []string{filepath.Join(b.sandboxesDir(), id), b.savedDir(id), "/sys/class/net/" + host}
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hier {
 		paths = append(paths, filepath.Join(h, b.cgroupPath(id)))
@@ -346,6 +391,21 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, err
 	}
+	ready := make(chan struct{})
+	close(ready)
+	if m.Paused == pausedDisk {
+		if _, err := os.Lstat(filepath.Join(b.savedDir(id), "upper")); err != nil {
+			return nil, err
+		}
+		s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true}
+		// A crash may have interrupted the pause after the layer was
+		// saved, or a resume before it finished: either way, the sandbox
+		// is paused to disk, and what it held while running goes.
+		if err := b.releaseStopped(s); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
 	ctr, err := libcontainer.Load(filepath.Join(dir, "ctr"), id)
 	if err != nil {
 		return nil, err
@@ -357,8 +417,6 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if st != libcontainer.Running && st != libcontainer.Paused {
 		return nil, fmt.Errorf("sandbox %s is %s", id, st)
 	}
-	ready := make(chan struct{})
-	close(ready)
 	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, ready: ready, created: true}, nil
 }
 
@@ -386,11 +444,14 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 
 // info reports s; the caller holds s.mu.
 func (s *sandbox) info() (*runtime.Sandbox, error) {
-	st, err := s.ctr.Status()
-	if err != nil {
-		return nil, err
-	}
 	var state runtime.State
+	st := libcontainer.Paused
+	if s.meta.Paused != pausedDisk {
+		var err error
+		if st, err = s.ctr.Status(); err != nil {
+			return nil, err
+		}
+	}
 	switch st {
 	case libcontainer.Running, libcontainer.Created:
 		state = runtime.StateRunning
@@ -487,6 +548,24 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	saved, _ := os.ReadDir(b.opts.SaveDir)
+	for _, e := range saved {
+		// Layers of sandboxes not paused to disk: an interrupted pause
+		// (".<id>.tmp"), or one whose resume did not get to remove it.
+		id := strings.TrimSuffix(strings.TrimPrefix(e.Name(), "."), ".tmp")
+		b.mu.Lock()
+		s := b.sbx[id]
+		b.mu.Unlock()
+		if s != nil && e.Name() == id && s.diskPaused() {
+			continue
+		}
+		if s != nil && e.Name() != id {
+			continue // a pause in progress
+		}
+		if err := os.RemoveAll(filepath.Join(b.opts.SaveDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, id := range strayCgroups(b.opts.CgroupParent) {
 		if known[id] || !runtime.ValidID(id) {
 			continue
@@ -506,4 +585,11 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// diskPaused reports whether the sandbox is paused to disk.
+func (s *sandbox) diskPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.meta.Paused == pausedDisk
 }

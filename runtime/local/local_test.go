@@ -16,6 +16,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,6 +153,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestRestart(t *testing.T) {
+	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
+		env := newEnv(t)
+		return env.open(t), func(t *testing.T) runtime.Backend { return env.open(t) }
+	})
+}
+
 // TestRecovery: sandboxes outlive the Backend that made them; a new one
 // adopts the live ones, and Reconcile removes what dead ones left.
 func TestRecovery(t *testing.T) {
@@ -163,7 +172,7 @@ func TestRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := b1.Pause(ctx, paused); err != nil {
+	if err := b1.Pause(ctx, paused, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
 	// A crash between steps of a create leaves a directory without meta.
@@ -184,7 +193,7 @@ func TestRecovery(t *testing.T) {
 	if err := runtimetestHealth(b2, live); err != nil {
 		t.Fatalf("adopted sandbox: %v", err)
 	}
-	if err := b2.Resume(ctx, paused); err != nil {
+	if _, err := b2.Resume(ctx, paused); err != nil {
 		t.Fatalf("Resume(adopted paused) = %v", err)
 	}
 	if err := runtimetestHealth(b2, paused); err != nil {
@@ -378,12 +387,19 @@ func TestSeccomp(t *testing.T) {
 }
 
 // BenchmarkCreateDestroy measures create → envd healthy, and destroy, one
-// sandbox at a time, with the base template. Run:
+// sandbox at a time, with the base template, and where a create's time goes
+// (the phases of the backend's "sandbox started" debug line). Run:
 //
 //	go test -run '^$' -bench CreateDestroy -benchtime 50x ./runtime/local/
 func BenchmarkCreateDestroy(b *testing.B) {
 	env := newEnv(b)
-	be := env.open(b)
+	opts := env.options(b)
+	phases := &phaseRecorder{d: map[string][]time.Duration{}}
+	opts.Log = slog.New(phases)
+	be, err := local.New(context.Background(), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx := context.Background()
 	var creates, destroys []time.Duration
 	for b.Loop() {
@@ -403,6 +419,74 @@ func BenchmarkCreateDestroy(b *testing.B) {
 	b.ReportMetric(ms(pct(creates, 99)), "create-p99-ms")
 	b.ReportMetric(ms(pct(destroys, 50)), "destroy-p50-ms")
 	b.ReportMetric(ms(pct(destroys, 99)), "destroy-p99-ms")
+	for _, k := range []string{"mounts", "config", "run", "health"} {
+		b.ReportMetric(ms(pct(phases.get(k), 50)), k+"-p50-ms")
+	}
+}
+
+// BenchmarkPauseDisk measures a pause to disk and the resume (restore,
+// start, envd healthy) of a sandbox with 8 MiB of files.
+//
+//	go test -run '^$' -bench PauseDisk -benchtime 20x ./runtime/local/
+func BenchmarkPauseDisk(b *testing.B) {
+	env := newEnv(b)
+	be := env.open(b)
+	ctx := context.Background()
+	id := runtimetest.NewID()
+	if _, err := be.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = be.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, be, id, "root", "/bin/sh", "-c", "for i in 1 2 3 4 5 6 7 8; do head -c 1048576 /dev/urandom > /root/f$i; done")
+	if err != nil || res.ExitCode != 0 {
+		b.Fatalf("write: %v %v", res, err)
+	}
+	var pauses, resumes []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if err := be.Pause(ctx, id, runtime.PauseDisk); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := be.Resume(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		pauses = append(pauses, t1.Sub(t0))
+		resumes = append(resumes, time.Since(t1))
+	}
+	b.ReportMetric(ms(pct(pauses, 50)), "pause-p50-ms")
+	b.ReportMetric(ms(pct(resumes, 50)), "resume-p50-ms")
+}
+
+// phaseRecorder is a slog.Handler that keeps the durations of "sandbox
+// started" records, by attribute.
+type phaseRecorder struct {
+	mu sync.Mutex
+	d  map[string][]time.Duration
+}
+
+func (p *phaseRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (p *phaseRecorder) WithAttrs([]slog.Attr) slog.Handler       { return p }
+func (p *phaseRecorder) WithGroup(string) slog.Handler            { return p }
+func (p *phaseRecorder) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "sandbox started" {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindDuration {
+			p.d[a.Key] = append(p.d[a.Key], a.Value.Duration())
+		}
+		return true
+	})
+	return nil
+}
+
+func (p *phaseRecorder) get(k string) []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.d[k]
 }
 
 func pct(d []time.Duration, p int) time.Duration {
@@ -431,4 +515,158 @@ func TestSocketDir(t *testing.T) {
 
 	// 64 MiB on a 32 MiB disk.
 	runtimetest.CheckSocketDir(t, b, id, 64)
+}
+
+// TestTemplateResources: a template's declared resources fill a spec's zero
+// resources, before the backend-wide defaults; a spec's own win.
+func TestTemplateResources(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.TemplateResources = map[string]runtime.Resources{local.BaseTemplate: {MemoryMB: 200, DiskSizeMB: 96}}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := b.TemplateResources(local.BaseTemplate); !ok || r != opts.TemplateResources[local.BaseTemplate] {
+		t.Errorf("TemplateResources(base) = %+v, %v", r, ok)
+	}
+	if _, ok := b.TemplateResources("nope"); ok {
+		t.Error("TemplateResources(nope) ok")
+	}
+	for _, tc := range []struct {
+		name     string
+		spec     runtime.Spec
+		wantMem  int
+		wantDisk int
+	}{
+		{"template's", runtime.Spec{}, 200, 96},
+		{"spec's own", runtime.Spec{MemoryMB: 160, DiskSizeMB: 64}, 160, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.spec.ID = runtimetest.NewID()
+			sb, err := b.Create(t.Context(), tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), tc.spec.ID) })
+			if sb.Spec.MemoryMB != tc.wantMem || sb.Spec.DiskSizeMB != tc.wantDisk {
+				t.Errorf("spec = %+v; want memory %d, disk %d", sb.Spec, tc.wantMem, tc.wantDisk)
+			}
+			st, err := b.Stats(t.Context(), tc.spec.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.MemoryLimitBytes != uint64(tc.wantMem)<<20 || st.DiskLimitBytes != uint64(tc.wantDisk)<<20 {
+				t.Errorf("stats limits: memory %d disk %d; want %d MiB and %d MiB", st.MemoryLimitBytes, st.DiskLimitBytes, tc.wantMem, tc.wantDisk)
+			}
+		})
+	}
+
+	opts.TemplateResources = map[string]runtime.Resources{"nope": {CPUCount: 1}}
+	if _, err := local.New(t.Context(), opts); err == nil {
+		t.Error("New with resources of an unknown template succeeded")
+	}
+}
+
+// TestResumeFromDiskFails: a resume that cannot restore the saved layer
+// (here: it no longer fits the sandbox's disk) leaves the sandbox paused to
+// disk, holding nothing but its files, and a later resume works.
+func TestResumeFromDiskFails(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(env.root, "saved", id, "upper", "big")
+	if err := os.WriteFile(big, make([]byte, 32<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Resume(ctx, id); err == nil {
+		t.Fatal("Resume with a layer larger than the disk succeeded")
+	}
+	l, err := b.List(ctx)
+	if err != nil || len(l) != 1 || l[0].State != runtime.StatePaused {
+		t.Fatalf("List() after a failed resume = %v, %v; want it paused", l, err)
+	}
+	for _, p := range b.HostPaths(id) {
+		if strings.Contains(p, "/sys/") && exists(p) {
+			t.Errorf("failed resume left %s", p)
+		}
+	}
+	if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes", id)); len(ms) > 0 {
+		t.Errorf("failed resume left mounts %v", ms)
+	}
+	if err := os.Remove(big); err != nil {
+		t.Fatal(err)
+	}
+	if restarted, err := b.Resume(ctx, id); err != nil || !restarted {
+		t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+	}
+	if err := runtimetestHealth(b, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// TestPauseToDiskFails: when the layer cannot be saved (SaveDir is full),
+// the pause fails with ErrRestarted and the sandbox runs again, afresh, on
+// the files it had.
+func TestPauseToDiskFails(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.SaveDir = filepath.Join(t.TempDir(), "save")
+	if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "head -c 4194304 /dev/zero > /root/big")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("write: %v %v", res, err)
+	}
+	if err := b.Pause(ctx, id, runtime.PauseDisk); !errors.Is(err, runtime.ErrRestarted) {
+		t.Fatalf("Pause(disk) into a full SaveDir = %v; want ErrRestarted", err)
+	}
+	if err := runtimetestHealth(b, id); err != nil {
+		t.Fatalf("after the failed pause: %v", err)
+	}
+	res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "stat -c %s /root/big")
+	if err != nil || res.Stdout != "4194304\n" {
+		t.Errorf("file after the failed pause: %v %v", res, err)
+	}
+	if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
+		t.Errorf("failed pause left %v in SaveDir", ents)
+	}
 }

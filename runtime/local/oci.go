@@ -17,7 +17,6 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 )
@@ -27,7 +26,7 @@ const ociRefAnnotation = "org.opencontainers.image.ref.name"
 
 // ociImportVersion goes into the name of imported templates: bump it when
 // what an import produces changes, so old imports are not reused.
-const ociImportVersion = "oci-import-v1"
+const ociImportVersion = "oci-import-v2" // v2: opaque whiteouts
 
 // ImportOCI unpacks the flattened root filesystem of a local image archive
 // into destDir, which must be empty or not exist yet. archivePath is either
@@ -36,10 +35,9 @@ const ociImportVersion = "oci-import-v1"
 // REF when the layout holds several (otherwise its single image, or the one
 // for this machine's platform). No registry is contacted.
 //
-// The layers are flattened with mutate.Extract (whiteouts applied; opaque
-// directory whiteouts, .wh..wh..opq, are not: mutate.Extract ignores them, so
-// a lower layer's files in such a directory reappear) and
-// unpacked without ever following a symlink: entries with absolute names or
+// The layers are flattened as overlayfs would stack them (see flatten:
+// ".wh.NAME" deletes NAME of lower layers, ".wh..wh..opq" hides all a lower
+// layer has in its directory) and unpacked without ever following a symlink: entries with absolute names or
 // ".." escapes, and entries (or hard-link targets) whose parent is a symlink,
 // are refused with an error. Modes (with setuid, setgid, sticky), owners
 // (uid/gid as in the tar headers) and file times are kept; device nodes and
@@ -192,8 +190,12 @@ func unpackImage(ctx context.Context, img v1.Image, destDir string) (err error) 
 	} else if len(ents) > 0 {
 		return fmt.Errorf("unpack image into %s: directory not empty", destDir)
 	}
-	rc := mutate.Extract(img)
-	defer rc.Close()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(flatten(img, pw)) }()
+	// Closing the reader ends flatten (its next write fails) if unpacking
+	// stops early.
+	defer pr.Close()
+	rc := pr
 	u, err := newUnpacker(destDir)
 	if err != nil {
 		return err
@@ -212,8 +214,8 @@ func unpackImage(ctx context.Context, img v1.Image, destDir string) (err error) 
 type unpacker struct {
 	root int
 	// implicit are directories created as parents of other entries, before
-	// (or without) their own header: mutate.Extract emits the top layer
-	// first, so a directory's header may come after its children.
+	// (or without) their own header: flatten emits the top layer first, so
+	// a directory's header may come after its children.
 	implicit map[string]bool
 }
 
@@ -319,7 +321,7 @@ func (u *unpacker) unpack(ctx context.Context, tr *tar.Reader) error {
 			if err != nil {
 				return fmt.Errorf("hard link %q: %w", name, err)
 			}
-			// The target may come from a lower layer, which Extract
+			// The target may come from a lower layer, which flatten
 			// emits later: link once everything else is there.
 			links = append(links, hardlink{name, target})
 			continue
@@ -340,7 +342,7 @@ func (u *unpacker) unpack(ctx context.Context, tr *tar.Reader) error {
 }
 
 // create makes one file, directory or symlink. The first entry for a path
-// wins: Extract emits upper layers first.
+// wins: flatten emits upper layers first.
 func (u *unpacker) create(name string, hdr *tar.Header, r io.Reader) error {
 	pfd, base, err := u.parent(name, true)
 	if err != nil {
@@ -609,4 +611,110 @@ func (u *unpacker) ensureLines(rel string, lines []string) error {
 		return fmt.Errorf("write /%s: %w", rel, err)
 	}
 	return nil
+}
+
+// Whiteout names of the OCI image spec (layer.md, "Whiteouts").
+const (
+	whiteoutPrefix = ".wh."
+	whiteoutOpaque = ".wh..wh..opq"
+)
+
+// flatten writes img's layers to w as one tar stream, top layer first, with
+// the OCI whiteouts applied: an entry is dropped when an upper layer has
+// the same path (the first entry for a path wins), when an upper layer
+// deleted it or one of its parents (".wh.NAME", or a non-directory
+// replacing a parent) or when an upper layer made one of its parent
+// directories opaque (".wh..wh..opq": the lower layers' content of that
+// directory is hidden, the layer's own is kept). Whiteout entries
+// themselves are not written. It is mutate.Extract plus opaque directories,
+// which mutate.Extract ignores.
+func flatten(img v1.Image, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	layers, err := img.Layers()
+	if err != nil {
+		return fmt.Errorf("image layers: %w", err)
+	}
+	// seen: paths an upper layer had; true if nothing below them may
+	// appear (deleted, or not a directory). opaque: directories made
+	// opaque, with the index of the layer that did it.
+	seen := map[string]bool{}
+	opaque := map[string]int{}
+	hidden := func(name string, layer int) bool {
+		for d := path.Dir(name); ; d = path.Dir(d) {
+			if seen[d] {
+				return true
+			}
+			if i, ok := opaque[d]; ok && i > layer {
+				return true
+			}
+			if d == "." || d == "/" {
+				return false
+			}
+		}
+	}
+	for i := len(layers) - 1; i >= 0; i-- {
+		if err := flattenLayer(layers[i], i, tw, seen, opaque, hidden); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func flattenLayer(l v1.Layer, i int, tw *tar.Writer, seen map[string]bool, opaque map[string]int, hidden func(string, int) bool) error {
+	rc, err := l.Uncompressed()
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", i, err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
+		}
+		// Absolute and escaping names pass through: the unpacker refuses
+		// them.
+		name := path.Clean(hdr.Name)
+		dir, base := path.Split(name)
+		dir = path.Clean(dir)
+		if base == whiteoutOpaque {
+			if _, ok := opaque[dir]; !ok && !hidden(name, i) {
+				opaque[dir] = i
+			}
+			continue
+		}
+		tombstone := strings.HasPrefix(base, whiteoutPrefix)
+		if tombstone {
+			name = path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
+		}
+		if hidden(name, i) {
+			continue
+		}
+		if gone, ok := seen[name]; ok {
+			// An upper layer has name. If that is a directory and this
+			// layer deletes or replaces it, the upper directory is a new
+			// one: what lower layers have below it is hidden.
+			if _, set := opaque[name]; !gone && !set && (tombstone || hdr.Typeflag != tar.TypeDir) {
+				opaque[name] = i
+			}
+			continue
+		}
+		seen[name] = tombstone || hdr.Typeflag != tar.TypeDir
+		if tombstone {
+			continue
+		}
+		hdr.Name = name
+		hdr.Format = tar.FormatPAX // no USTAR length limits on names
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if hdr.Size > 0 {
+			if _, err := io.CopyN(tw, tr, hdr.Size); err != nil {
+				return err
+			}
+		}
+	}
 }

@@ -182,6 +182,56 @@ func TestImportOCI(t *testing.T) {
 	}
 }
 
+// TestImportOCIWhiteouts: three layers stacked as overlayfs would: an
+// opaque directory hides what lower layers had in it (but not what its own
+// layer adds), ".wh.NAME" deletes a file or a whole directory, and a
+// directory deleted and made again in a higher layer starts empty.
+func TestImportOCIWhiteouts(t *testing.T) {
+	needRoot(t)
+	base := testLayer(t,
+		tdir("opq"), reg("opq/old", "hidden"), tdir("opq/sub"), reg("opq/sub/deep", "hidden"),
+		tdir("keep"), reg("keep/a", "a"), reg("keep/b", "b"),
+		tdir("gone"), reg("gone/x", "x"),
+		tdir("again"), reg("again/old", "old"),
+		tdir("swap"), reg("swap/old", "old"),
+	)
+	mid := testLayer(t,
+		tdir("opq"), reg("opq/"+".wh..wh..opq", ""), reg("opq/new", "new"),
+		reg("keep/.wh.a", ""),
+		reg(".wh.gone", ""),
+		reg(".wh.again", ""),
+		reg("swap", "a file replaces the directory"),
+	)
+	top := testLayer(t,
+		reg("opq/top", "top"),
+		tdir("again"), reg("again/fresh", "fresh"),
+		tdir("swap"), reg("swap/n", "n"),
+		// An opaque marker in the top layer hides lower content only.
+		tdir("keep2"), reg("keep2/"+".wh..wh..opq", ""), reg("keep2/mine", "mine"),
+	)
+	dest := filepath.Join(t.TempDir(), "rootfs")
+	if err := local.ImportOCI(t.Context(), saveTarball(t, testImage(t, base, mid, top)), dest); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	err := filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dest, p); rel != "." {
+			got = append(got, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"again", "again/fresh", "keep", "keep/b", "keep2", "keep2/mine", "opq", "opq/new", "opq/top", "swap", "swap/n"}
+	if !slices.Equal(got, want) {
+		t.Errorf("imported tree = %v; want %v", got, want)
+	}
+}
+
 // TestImportOCIMalicious: entries that would land outside the destination
 // are refused, and nothing is written outside it.
 func TestImportOCIMalicious(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"time"
@@ -64,11 +65,13 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	// SIGKILL to init kills the whole pid namespace; libcontainer thaws a
 	// paused sandbox first so that the kill is delivered.
-	if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-		b.log.Warn("destroy: kill", "sandbox", id, "err", err)
-	}
-	if err := s.waitExit(); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	if s.ctr != nil { // nil: paused to disk, nothing runs
+		if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+			b.log.Warn("destroy: kill", "sandbox", id, "err", err)
+		}
+		if err := s.waitExit(); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
 	}
 	if err := b.cleanup(id, dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
@@ -112,7 +115,7 @@ func (s *sandbox) waitExit() error {
 
 // cleanup removes what sandbox id holds on the host, whatever state it is
 // in: it kills any process left in its cgroups, unmounts everything under
-// dir, removes dir and removes the cgroups. Mounts go before cgroups so that
+// dir, removes dir and its saved layer and removes the cgroups. Mounts go before cgroups so that
 // the tmpfs's pages are freed while they are still charged to the sandbox.
 func (b *Backend) cleanup(id, dir string) error {
 	cg := b.cgroupPath(id)
@@ -122,56 +125,13 @@ func (b *Backend) cleanup(id, dir string) error {
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	if err := os.RemoveAll(b.savedDir(id)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := removeCgroup(cg); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// Pause freezes every process of the sandbox (cgroup freezer); memory stays.
-func (b *Backend) Pause(ctx context.Context, id string) error {
-	s, err := b.get(ctx, id)
-	if err != nil {
-		return fmt.Errorf("pause: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gone {
-		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
-	}
-	if err := s.ctr.Pause(); err != nil {
-		if st, _ := s.ctr.Status(); st == libcontainer.Paused {
-			return nil
-		}
-		if errors.Is(err, libcontainer.ErrNotRunning) {
-			return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotRunning)
-		}
-		return fmt.Errorf("pause sandbox %s: %w", id, err)
-	}
-	return nil
-}
-
-// Resume thaws a paused sandbox.
-func (b *Backend) Resume(ctx context.Context, id string) error {
-	s, err := b.get(ctx, id)
-	if err != nil {
-		return fmt.Errorf("resume: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gone {
-		return fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
-	}
-	if err := s.ctr.Resume(); err != nil {
-		if errors.Is(err, libcontainer.ErrNotPaused) {
-			if st, _ := s.ctr.Status(); st == libcontainer.Running {
-				return nil
-			}
-			return fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotRunning)
-		}
-		return fmt.Errorf("resume sandbox %s: %w", id, err)
-	}
-	return nil
 }
 
 // Dial connects to port on the sandbox's loopback. EnvdPort is envd's unix
@@ -217,6 +177,15 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	defer s.mu.Unlock()
 	if s.gone {
 		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if s.meta.Paused == pausedDisk {
+		// Nothing runs and nothing is charged: only the limits hold.
+		return runtime.Stats{
+			CPUCount:         s.meta.Spec.CPUCount,
+			MemoryLimitBytes: uint64(s.meta.Spec.MemoryMB) << 20,
+			DiskLimitBytes:   uint64(s.meta.Spec.DiskSizeMB) << 20,
+			PidsLimit:        uint64(b.opts.PidsMax),
+		}, nil
 	}
 	st, err := s.ctr.Stats()
 	if err != nil {

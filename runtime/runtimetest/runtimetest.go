@@ -1,7 +1,8 @@
 // Package runtimetest is the conformance suite every runtime.Backend must
 // pass: lifecycle, errors, pause, stats, list, concurrency, leaks, limits and
-// isolation. A backend's own tests call Run and add only what is specific to
-// it (recovery after a restart, for one, needs a backend-specific reopen).
+// isolation. A backend's own tests call Run, and RunRestart with a way to
+// reopen the backend on the same state (both kinds of pause must survive a
+// restart), and add only what is specific to them.
 //
 // The suite drives sandboxes the way sandboxd does: through the Backend
 // methods, and inside the sandbox only through envd (its /health, and its
@@ -269,10 +270,10 @@ func testCreateErrors(t *testing.T, b runtime.Backend) {
 	assertNoTrace(t, b, noTpl.ID)
 
 	unknown := NewID()
-	if err := b.Pause(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
+	if err := b.Pause(ctx, unknown, runtime.PauseMemory); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("Pause(unknown) = %v; want ErrNotFound", err)
 	}
-	if err := b.Resume(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
+	if _, err := b.Resume(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("Resume(unknown) = %v; want ErrNotFound", err)
 	}
 	if _, err := b.Stats(ctx, unknown); !errors.Is(err, runtime.ErrNotFound) {
@@ -360,7 +361,7 @@ func testPauseResume(t *testing.T, b runtime.Backend) {
 	defer conn.Close()
 
 	for i := range 2 {
-		if err := b.Pause(ctx, sb.ID); err != nil {
+		if err := b.Pause(ctx, sb.ID, runtime.PauseMemory); err != nil {
 			t.Fatalf("Pause #%d = %v", i+1, err)
 		}
 	}
@@ -380,7 +381,7 @@ func testPauseResume(t *testing.T, b runtime.Backend) {
 	}
 
 	for i := range 2 {
-		if err := b.Resume(ctx, sb.ID); err != nil {
+		if _, err := b.Resume(ctx, sb.ID); err != nil {
 			t.Fatalf("Resume #%d = %v", i+1, err)
 		}
 	}
@@ -397,7 +398,7 @@ func testPauseResume(t *testing.T, b runtime.Backend) {
 	mustHealthy(t, b, sb.ID)
 
 	// A paused sandbox can be destroyed.
-	if err := b.Pause(ctx, sb.ID); err != nil {
+	if err := b.Pause(ctx, sb.ID, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Destroy(ctx, sb.ID); err != nil {
@@ -565,7 +566,7 @@ func testNoLeaks(t *testing.T, b runtime.Backend) {
 	}
 	// Leave files, a background process and a paused state behind.
 	mustSh(t, b, id, "user", "echo x > /home/user/f; mkdir -p /tmp/d; (sleep 600 >/dev/null 2>&1 &)")
-	if err := b.Pause(ctx, id); err != nil {
+	if err := b.Pause(ctx, id, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Destroy(ctx, id); err != nil {

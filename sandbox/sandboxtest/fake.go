@@ -28,11 +28,21 @@ type Backend struct {
 	FailCreate atomic.Pointer[error]
 	// FailInit, when set, makes every envd answer /init with 500.
 	FailInit atomic.Bool
+	// Resources, when set before use, are the templates' declared
+	// resources (runtime.TemplateResourcer).
+	Resources map[string]runtime.Resources
+	// NoDiskPause, when set, makes Pause(PauseDisk) fail with
+	// runtime.ErrUnsupported, as a backend that only pauses in memory.
+	NoDiskPause atomic.Bool
+	// RestartOnDiskPause, when set, makes Pause(PauseDisk) fail with
+	// runtime.ErrRestarted, leaving the sandbox running.
+	RestartOnDiskPause atomic.Bool
 
 	Creates, Destroys atomic.Int64
 
 	mu    sync.Mutex
 	sbx   map[string]*runtime.Sandbox
+	disk  map[string]bool // paused to disk: Resume restarts it
 	inits map[string][]map[string]any
 	// unhealthy ids answer /health with 503.
 	unhealthy map[string]bool
@@ -45,7 +55,7 @@ var _ runtime.Backend = (*Backend)(nil)
 
 // New returns a fake backend; Close stops its fake envd.
 func New() *Backend {
-	b := &Backend{sbx: map[string]*runtime.Sandbox{}, inits: map[string][]map[string]any{}, unhealthy: map[string]bool{}}
+	b := &Backend{sbx: map[string]*runtime.Sandbox{}, disk: map[string]bool{}, inits: map[string][]map[string]any{}, unhealthy: map[string]bool{}}
 	b.ln = &pipeListener{ch: make(chan net.Conn), done: make(chan struct{})}
 	b.srv = &http.Server{
 		Handler: http.HandlerFunc(b.envd),
@@ -191,6 +201,7 @@ func (b *Backend) Destroy(_ context.Context, id string) error {
 	defer b.mu.Unlock()
 	if _, ok := b.sbx[id]; ok {
 		delete(b.sbx, id)
+		delete(b.disk, id)
 		b.Destroys.Add(1)
 	}
 	return nil
@@ -207,12 +218,47 @@ func (b *Backend) setState(id string, st runtime.State) error {
 	return nil
 }
 
-func (b *Backend) Pause(_ context.Context, id string) error {
-	return b.setState(id, runtime.StatePaused)
+// TemplateResources returns Resources[template].
+func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
+	r, ok := b.Resources[template]
+	return r, ok
 }
 
-func (b *Backend) Resume(_ context.Context, id string) error {
-	return b.setState(id, runtime.StateRunning)
+// Pause marks the sandbox paused; one paused to disk "restarts" on Resume.
+func (b *Backend) Pause(_ context.Context, id string, kind runtime.PauseKind) error {
+	if kind == runtime.PauseDisk && b.NoDiskPause.Load() {
+		return fmt.Errorf("%s: %w", id, runtime.ErrUnsupported)
+	}
+	if kind == runtime.PauseDisk && b.RestartOnDiskPause.Load() {
+		return fmt.Errorf("%s: %w", id, runtime.ErrRestarted)
+	}
+	if err := b.setState(id, runtime.StatePaused); err != nil {
+		return err
+	}
+	if kind == runtime.PauseDisk {
+		b.mu.Lock()
+		b.disk[id] = true
+		b.mu.Unlock()
+	}
+	return nil
+}
+
+// PausedToDisk reports whether id is paused to disk.
+func (b *Backend) PausedToDisk(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.disk[id]
+}
+
+func (b *Backend) Resume(_ context.Context, id string) (bool, error) {
+	if err := b.setState(id, runtime.StateRunning); err != nil {
+		return false, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	restarted := b.disk[id]
+	delete(b.disk, id)
+	return restarted, nil
 }
 
 // Dial reaches the fake envd for runtime.EnvdPort; other ports are refused.

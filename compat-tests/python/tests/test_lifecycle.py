@@ -409,6 +409,25 @@ def test_pause_and_resume_by_connect():
         s.kill()
 
 
+def test_pause_filesystem_only_restarts_on_connect():
+    # mode="filesystem" sends {"memory": false}: processes end, files stay,
+    # and connect cold-boots the sandbox with its env vars applied again.
+    s = _create(metadata={"role": "pause-fs"}, envs={"COMPAT_FS_PAUSE": "kept"})
+    try:
+        s.files.write(f"{HOME}/compat-py-fs-pause.txt", "before pause")
+        s.commands.run("sleep 600", background=True)
+        assert s.pause(mode="filesystem") is True
+        assert s.get_info().state == SandboxState.PAUSED
+        assert s.pause(mode="filesystem") is False, "pausing a paused sandbox returns False (409)"
+        resumed = Sandbox.connect(s.sandbox_id)
+        assert resumed.get_info().state == SandboxState.RUNNING
+        assert resumed.files.read(f"{HOME}/compat-py-fs-pause.txt") == "before pause"
+        assert not any("sleep 600" in " ".join([p.cmd, *p.args]) for p in resumed.commands.list())
+        assert resumed.commands.run("echo $COMPAT_FS_PAUSE").stdout == "kept\n"
+    finally:
+        s.kill()
+
+
 def test_port_proxy_by_routing_headers(main: Sandbox):
     # get_host(8000) is `8000-<id>.<domain>`, which needs wildcard DNS; the
     # proxy also routes by the E2b-Sandbox-Id / E2b-Sandbox-Port headers.

@@ -1,0 +1,567 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/revert"
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// pausedDisk is meta.Paused of a sandbox paused to disk: no process, no
+// mount, no cgroup and no veth; its upper layer is in savedDir and its
+// egress address (meta.Net) stays reserved.
+const pausedDisk = "disk"
+
+// savedDir is where sandbox id's upper layer is kept while it is paused to
+// disk. It is on the disk of SaveDir, not on the sandbox's tmpfs.
+func (b *Backend) savedDir(id string) string { return filepath.Join(b.opts.SaveDir, id) }
+
+// Pause freezes every process of the sandbox (cgroup freezer; memory
+// stays), or, for PauseDisk, ends them and keeps only the upper layer on
+// disk.
+func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if s.meta.Paused == pausedDisk {
+		return nil
+	}
+	if kind == runtime.PauseDisk {
+		switch st, _ := s.ctr.Status(); st {
+		case libcontainer.Paused:
+			return nil // paused already, in memory
+		case libcontainer.Stopped:
+			return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotRunning)
+		}
+		if err := b.pauseToDisk(context.WithoutCancel(ctx), s); err != nil {
+			return fmt.Errorf("pause sandbox %s to disk: %w", id, err)
+		}
+		return nil
+	}
+	if err := s.ctr.Pause(); err != nil {
+		if st, _ := s.ctr.Status(); st == libcontainer.Paused {
+			return nil
+		}
+		if errors.Is(err, libcontainer.ErrNotRunning) {
+			return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotRunning)
+		}
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume thaws a sandbox paused in memory, or starts one paused to disk
+// afresh on its saved upper layer.
+func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("resume: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if s.meta.Paused == pausedDisk {
+		if err := b.resumeFromDisk(ctx, s); err != nil {
+			return false, fmt.Errorf("resume sandbox %s from disk: %w", id, err)
+		}
+		return true, nil
+	}
+	if err := s.ctr.Resume(); err != nil {
+		if errors.Is(err, libcontainer.ErrNotPaused) {
+			if st, _ := s.ctr.Status(); st == libcontainer.Running {
+				return false, nil
+			}
+			return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotRunning)
+		}
+		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	return false, nil
+}
+
+// pauseToDisk ends the sandbox's processes, copies its upper layer to
+// savedDir and releases its tmpfs, cgroup and veth. The caller holds s.mu.
+//
+// The steps are ordered so that a crash at any point leaves either a
+// running-shaped sandbox whose init is dead (Reconcile removes it, as any
+// dead sandbox) or a complete saved layer with meta.json saying so (load
+// finishes the release). The upper is copied while the tmpfs is still
+// charged to the sandbox's cgroup, so its pages are freed before the cgroup
+// goes.
+func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
+	if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		return fmt.Errorf("kill: %w", err)
+	}
+	if err := s.waitExit(); err != nil {
+		return err
+	}
+	saved := b.savedDir(s.id)
+	tmp := filepath.Join(b.opts.SaveDir, "."+s.id+".tmp")
+	err := func() error {
+		if err := unmount(s.rootfsDir()); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return err
+		}
+		if err := copyTree(s.upperDir(), filepath.Join(tmp, "upper")); err != nil {
+			return err
+		}
+		if err := syncDir(tmp); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(saved); err != nil {
+			return err
+		}
+		return os.Rename(tmp, saved)
+	}()
+	if err == nil {
+		m := s.meta
+		m.Paused = pausedDisk
+		if err = writeJSON(filepath.Join(s.dir, "meta.json"), m); err == nil {
+			s.meta = m
+		}
+	}
+	if err != nil {
+		// Nothing is lost yet: start the sandbox again on the upper layer
+		// it still has, so that a failed pause leaves it running (afresh).
+		_ = os.RemoveAll(tmp)
+		_ = os.RemoveAll(saved)
+		if rerr := b.restart(ctx, s); rerr != nil {
+			return fmt.Errorf("save upper layer: %w (and restarting it failed: %w)", err, rerr)
+		}
+		return fmt.Errorf("save upper layer: %w (%w)", err, runtime.ErrRestarted)
+	}
+	s.exited = nil
+	// The pause holds from here: what could not be released now goes at
+	// the next load (a restart of sandboxd), resume or destroy.
+	if err := b.releaseStopped(s); err != nil {
+		b.log.Warn("pause to disk: release", "sandbox", s.id, "err", err)
+	}
+	return nil
+}
+
+// restart starts a stopped sandbox again on the tmpfs it still has.
+func (b *Backend) restart(ctx context.Context, s *sandbox) error {
+	_ = s.ctr.Destroy()
+	deleteLinks(s.id)
+	tpl := b.templateOf(s)
+	var ip netip.Addr
+	if s.meta.Net != nil {
+		ip = s.meta.Net.IP
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.StartTimeout)
+	defer cancel()
+	r := revert.New()
+	defer r.Fail()
+	if err := b.start(ctx, s, tpl, ip, r); err != nil {
+		return err
+	}
+	r.Success()
+	return nil
+}
+
+// releaseStopped removes what a sandbox paused to disk no longer needs: any
+// process left in its cgroup, its mounts (the tmpfs with the old upper), its
+// libcontainer state, veth and cgroup. It is idempotent, and also finishes a
+// pause or undoes a resume that a crash interrupted.
+func (b *Backend) releaseStopped(s *sandbox) error {
+	cg := b.cgroupPath(s.id)
+	killCgroup(cg)
+	deleteLinks(s.id)
+	var errs []error
+	for _, d := range []string{s.rootfsDir(), s.diskDir()} {
+		if err := unmount(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Mounts first: the tmpfs's pages are charged to the cgroup.
+	if ms, err := mountsUnder(s.dir); err != nil || len(ms) > 0 {
+		errs = append(errs, fmt.Errorf("still mounted under %s: %v %w", s.dir, ms, err))
+	}
+	for _, p := range []string{s.diskDir(), filepath.Join(s.dir, "ctr"), filepath.Join(s.dir, "resolv.conf")} {
+		if len(errs) > 0 {
+			break // never remove through a mount
+		}
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := removeCgroup(cg); err != nil {
+		errs = append(errs, err)
+	}
+	s.ctr = nil
+	return errors.Join(errs...)
+}
+
+// resumeFromDisk builds a fresh tmpfs, restores the saved upper layer on it
+// and starts the sandbox. On failure the sandbox is paused to disk as
+// before. The caller holds s.mu.
+func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
+		defer cancel()
+	}
+	if s.meta.Net != nil {
+		if err := haveNft(); err != nil {
+			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
+		}
+		if err := b.egress.setup(); err != nil {
+			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
+		}
+	}
+	saved := filepath.Join(b.savedDir(s.id), "upper")
+	if _, err := os.Lstat(saved); err != nil {
+		return fmt.Errorf("saved upper layer: %w", err)
+	}
+	// From a clean slate, should the pause have left something behind.
+	if err := b.releaseStopped(s); err != nil {
+		return err
+	}
+	r := revert.New()
+	defer r.Fail()
+	r.Add(func() {
+		s.exited = nil
+		if err := b.releaseStopped(s); err != nil {
+			b.log.Warn("undo resume from disk", "sandbox", s.id, "err", err)
+		}
+	})
+	// The restored files are written by a child process in the sandbox's
+	// cgroup, so that they are charged to it as the originals were.
+	if err := s.prepareDisk(func(upper string) error {
+		return copyTreeInCgroup(ctx, b.cgroupPath(s.id), saved, upper)
+	}); err != nil {
+		return fmt.Errorf("restore upper layer: %w", err)
+	}
+	var ip netip.Addr
+	if s.meta.Net != nil {
+		ip = s.meta.Net.IP
+	}
+	if err := b.start(ctx, s, b.templateOf(s), ip, r); err != nil {
+		return err
+	}
+	m := s.meta
+	m.Paused = ""
+	if err := writeJSON(filepath.Join(s.dir, "meta.json"), m); err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
+	s.meta = m
+	r.Success()
+	if err := os.RemoveAll(b.savedDir(s.id)); err != nil {
+		b.log.Warn("resume from disk: remove saved layer", "sandbox", s.id, "err", err)
+	}
+	return nil
+}
+
+// templateOf returns the template a sandbox was created from, with the
+// lower directory it was created on (Reconcile keeps that directory while
+// the sandbox lives, even if the template has been rebuilt since).
+func (b *Backend) templateOf(s *sandbox) *template {
+	t := template{name: s.meta.Spec.Template, lower: s.meta.Template}
+	if cur := b.templates[s.meta.Spec.Template]; cur != nil {
+		t.mounts = cur.mounts
+	}
+	return &t
+}
+
+// copyTreeArg is the os.Args[1] of the child process that restores an
+// upper layer (see Init).
+const copyTreeArg = "sandboxd-local-copytree"
+
+// copyTreeInCgroup runs copyTree(src, dst) in a child process that joins
+// the cgroup at path before it writes anything.
+func copyTreeInCgroup(ctx context.Context, path, src, dst string) error {
+	m, err := cgroupManager(path)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, self, copyTreeArg, src, dst)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	// The child copies only once it reads the go-ahead, after joining.
+	if err := m.Apply(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("join cgroup %s: %w", path, err)
+	}
+	_, _ = stdin.Write([]byte{1})
+	_ = stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("copy %s: %w: %s", src, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// copyTreeMain is the child of copyTreeInCgroup.
+func copyTreeMain(args []string) {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: "+copyTreeArg+" SRC DST")
+		os.Exit(2)
+	}
+	var go1 [1]byte
+	if n, _ := os.Stdin.Read(go1[:]); n != 1 {
+		os.Exit(3) // the parent gave up
+	}
+	if err := copyTree(args[0], args[1]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// copyTree copies the tree at src to dst, which must not exist, with all
+// that an overlayfs upper layer holds: file types including the 0/0
+// character devices of whiteouts, ownership, modes, all extended attributes
+// (trusted.overlay.* marks opaque directories and more, security.capability
+// file capabilities), timestamps, symlinks and hard links. It follows no
+// symlink. Its source must be quiet: no process of the sandbox runs while a
+// layer is copied.
+func copyTree(src, dst string) error {
+	type key struct{ dev, ino uint64 }
+	links := map[key]string{}
+	type dirTimes struct {
+		path string
+		ts   []unix.Timespec
+	}
+	var dirs []dirTimes
+	err := filepath.WalkDir(src, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		ts := []unix.Timespec{st.Atim, st.Mtim}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if err := os.Mkdir(target, 0o700); err != nil {
+				return err
+			}
+			dirs = append(dirs, dirTimes{target, ts})
+		case unix.S_IFREG:
+			k := key{st.Dev, st.Ino}
+			if first, ok := links[k]; ok {
+				return os.Link(first, target)
+			}
+			if err := copyFile(p, target, st.Size); err != nil {
+				return err
+			}
+			if st.Nlink > 1 {
+				links[k] = target
+			}
+		case unix.S_IFLNK:
+			to, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(to, target); err != nil {
+				return err
+			}
+		case unix.S_IFCHR, unix.S_IFBLK:
+			// Only overlayfs's whiteouts (0/0) belong here: a sandbox
+			// cannot make device nodes, and none is ever copied to the
+			// host's disk.
+			if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+				return nil
+			}
+			fallthrough
+		default: // fifos, sockets
+			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
+				return fmt.Errorf("mknod %s: %w", target, err)
+			}
+		}
+		// chown clears setuid bits and file capabilities: it goes first.
+		if err := os.Lchown(target, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			if err := unix.Chmod(target, st.Mode&0o7777); err != nil {
+				return fmt.Errorf("chmod %s: %w", target, err)
+			}
+		}
+		if err := copyXattrs(p, target); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if err := unix.UtimesNanoAt(unix.AT_FDCWD, target, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("utimes %s: %w", target, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	// Directory times last: creating their entries changed them.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, dirs[i].path, dirs[i].ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("utimes %s: %w", dirs[i].path, err)
+		}
+	}
+	return nil
+}
+
+// copyFile copies the regular file src of size bytes to dst, keeping its
+// holes: a sandbox can make a sparse file far larger than its disk, which
+// must take no more room on the host's disk (or on its tmpfs when it comes
+// back) than it did.
+func copyFile(src, dst string, size int64) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := copyData(in, out, size); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	return out.Close()
+}
+
+// copyData copies the data extents of in (SEEK_DATA/SEEK_HOLE) to the same
+// offsets of out and sets out's size.
+func copyData(in, out *os.File, size int64) error {
+	fd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
+}
+
+// copyXattrs copies every extended attribute of src to dst (neither
+// followed if a symlink).
+func copyXattrs(src, dst string) error {
+	names, err := listXattrs(src)
+	if err != nil {
+		return fmt.Errorf("list xattrs of %s: %w", src, err)
+	}
+	for _, name := range names {
+		val, err := getXattr(src, name)
+		if err != nil {
+			return fmt.Errorf("get xattr %s of %s: %w", name, src, err)
+		}
+		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
+			return fmt.Errorf("set xattr %s on %s: %w", name, dst, err)
+		}
+	}
+	return nil
+}
+
+func listXattrs(p string) ([]string, error) {
+	buf := make([]byte, 1024)
+	for {
+		n, err := unix.Llistxattr(p, buf)
+		if errors.Is(err, unix.ERANGE) {
+			sz, err := unix.Llistxattr(p, nil)
+			if err != nil {
+				return nil, err
+			}
+			buf = make([]byte, sz+64)
+			continue
+		}
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for name := range strings.SplitSeq(string(buf[:n]), "\x00") {
+			if name != "" {
+				names = append(names, name)
+			}
+		}
+		return names, nil
+	}
+}
+
+func getXattr(p, name string) ([]byte, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Lgetxattr(p, name, buf)
+		if errors.Is(err, unix.ERANGE) {
+			sz, err := unix.Lgetxattr(p, name, nil)
+			if err != nil {
+				return nil, err
+			}
+			buf = make([]byte, sz+64)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+}
+
+// syncDir flushes the tree at dir to disk, so that a saved layer that
+// meta.json points to is there after a power loss too.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
+}
