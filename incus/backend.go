@@ -71,6 +71,9 @@ const (
 	keySpec      = "user.sandboxd.spec"
 	keyNamespace = "user.sandboxd.namespace"
 	keyEgressIP  = "user.sandboxd.egress-ip"
+	// keyPaused is "disk" on the stopped instance of a sandbox paused to
+	// disk (which is then not ephemeral, so that the stop keeps it).
+	keyPaused = "user.sandboxd.paused"
 )
 
 // DefaultTemplate is the template a Spec without one gets.
@@ -167,6 +170,7 @@ type sandbox struct {
 	spec      runtime.Spec
 	createdAt time.Time
 	paused    bool
+	onDisk    bool          // paused to disk: the instance is stopped
 	ready     chan struct{} // closed when Create finished (either way)
 	created   bool
 	readyAt   time.Time // when created became true; set before ready closes
@@ -591,26 +595,8 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, wrap("instance", err)
 	}
 	tRunning := time.Now()
-	st, err := b.c.InstanceState(ctx, s.name)
-	if err != nil {
-		return nil, wrap("instance state", err)
-	}
-	if err := loopbackUp(int(st.Pid)); err != nil {
-		return nil, wrap("loopback", err)
-	}
-	if s.ip.IsValid() {
-		// The veth dies with the container's network namespace, and the
-		// host end's address and route with it: no undo needed.
-		host, _ := egress.LinkNames(s.name)
-		if err := b.egress.ConfigureHost(host, s.ip); err != nil {
-			return nil, wrap("network", err)
-		}
-		if err := egress.ConfigureSandbox(int(st.Pid), s.ip, b.egress.Gateway()); err != nil {
-			return nil, wrap("network", err)
-		}
-	}
-	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 5 * time.Millisecond}); err != nil {
-		return nil, wrap("envd", err)
+	if err := b.settle(ctx, s); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name,
 		"running", tRunning.Sub(t0), "total", time.Since(t0))
@@ -620,6 +606,33 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	info := s.info()
 	s.mu.Unlock()
 	return info, nil
+}
+
+// settle finishes the start of s's running instance: loopback up, the
+// network of a sandbox with internet access, and envd answering /health.
+func (b *Backend) settle(ctx context.Context, s *sandbox) error {
+	st, err := b.c.InstanceState(ctx, s.name)
+	if err != nil {
+		return fmt.Errorf("instance state: %w", err)
+	}
+	if err := loopbackUp(int(st.Pid)); err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	if s.ip.IsValid() {
+		// The veth dies with the container's network namespace, and the
+		// host end's address and route with it: no undo needed.
+		host, _ := egress.LinkNames(s.name)
+		if err := b.egress.ConfigureHost(host, s.ip); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		if err := egress.ConfigureSandbox(int(st.Pid), s.ip, b.egress.Gateway()); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
+	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 5 * time.Millisecond}); err != nil {
+		return fmt.Errorf("envd: %w", err)
+	}
+	return nil
 }
 
 // info reports s; the caller holds s.mu.
@@ -680,7 +693,8 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	if !b.ours(in) {
 		return nil
 	}
-	if in.Status != "Running" && in.Status != "Frozen" {
+	onDisk := in.Status == "Stopped" && in.Config[keyPaused] == pausedDisk
+	if in.Status != "Running" && in.Status != "Frozen" && !onDisk {
 		return nil
 	}
 	b.mu.Lock()
@@ -703,7 +717,7 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	close(ready)
 	s := &sandbox{
 		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
-		paused: in.Status == "Frozen", ready: ready, created: true, readyAt: time.Now(),
+		paused: in.Status == "Frozen" || onDisk, onDisk: onDisk, ready: ready, created: true, readyAt: time.Now(),
 	}
 	if ip, err := netip.ParseAddr(in.Config[keyEgressIP]); err == nil {
 		s.ip = ip
@@ -714,7 +728,7 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 }
 
 // List returns the live sandboxes: every Incus instance with a
-// user.sandboxd.id that is running or frozen, minus those being deleted or
+// user.sandboxd.id that is running, frozen or stopped by a pause to disk, minus those being deleted or
 // created.
 func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 	t0 := time.Now()
@@ -739,7 +753,9 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 		}
 		s.mu.Lock()
 		if s.created {
-			s.paused = in.Status == "Frozen"
+			if !s.onDisk {
+				s.paused = in.Status == "Frozen"
+			}
 			out = append(out, s.info())
 		}
 		s.mu.Unlock()

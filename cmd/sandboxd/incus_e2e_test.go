@@ -109,10 +109,11 @@ for line in open("/proc/net/route").read().splitlines()[1:]:
 EOF`
 
 // TestIncusRestart SIGKILLs sandboxd on the Incus backend with several
-// sandboxes (with and without internet access, one paused), starts a new
+// sandboxes (with and without internet access; running, paused in memory
+// and paused to disk), starts a new
 // sandboxd on the same data and run dirs, and checks that every sandbox is
 // listed with its state, reachable through the proxy with its files, env
-// and processes, that the paused one resumes, that those with internet
+// and processes (a pause to disk ends those), that the paused ones resume, that those with internet
 // access kept their network on both sides of their veth, and that killing
 // them all leaves no instance in Incus.
 func TestIncusRestart(t *testing.T) {
@@ -126,20 +127,21 @@ func TestIncusRestart(t *testing.T) {
 	type box struct {
 		id, tok  string
 		internet bool
-		paused   bool
+		pause    string // "", "memory" or "disk"
 		file     []byte
 		env      string
 		net      string // incusNetScript's output before the restart
 	}
 	var boxes []*box
 	for _, c := range []struct {
-		internet, paused bool
-	}{{false, false}, {true, false}, {false, true}, {true, true}} {
+		internet bool
+		pause    string
+	}{{false, ""}, {true, ""}, {false, "memory"}, {true, "memory"}, {false, "disk"}, {true, "disk"}} {
 		env := "kept " + e2eRandHex(4)
 		sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
 			"timeout": 600, "allow_internet_access": c.internet, "envVars": map[string]string{"SBX_KEPT": env},
 		})
-		boxes = append(boxes, &box{id: sb.SandboxID, tok: *sb.EnvdAccessToken, internet: c.internet, paused: c.paused,
+		boxes = append(boxes, &box{id: sb.SandboxID, tok: *sb.EnvdAccessToken, internet: c.internet, pause: c.pause,
 			file: []byte("survives a restart " + e2eRandHex(8)), env: env})
 	}
 	wantState := map[string]string{}
@@ -152,8 +154,9 @@ func TestIncusRestart(t *testing.T) {
 			t.Fatalf("sandbox %s (internet %v) sees the network as:\n%s", b.id, b.internet, b.net)
 		}
 		wantState[b.id] = "running"
-		if b.paused {
-			wantStatus(t, "pause", s1.api(t, http.MethodPost, "/sandboxes/"+b.id+"/pause", key, nil), http.StatusNoContent)
+		if b.pause != "" {
+			body := map[string]any{"memory": b.pause == "memory"}
+			wantStatus(t, "pause", s1.api(t, http.MethodPost, "/sandboxes/"+b.id+"/pause", key, body), http.StatusNoContent)
 			wantState[b.id] = "paused"
 		}
 	}
@@ -162,8 +165,15 @@ func TestIncusRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := e.sandboxIDs()
-	if left := incusInstancesOf(t, c, ids); len(left) != len(boxes) {
+	left := incusInstancesOf(t, c, ids)
+	if len(left) != len(boxes) {
 		t.Fatalf("Incus instances after SIGKILL of sandboxd: %v, want all %d", left, len(boxes))
+	}
+	for _, b := range boxes {
+		want := incus.InstanceName("", b.id) + map[string]string{"": " Running", "memory": " Frozen", "disk": " Stopped"}[b.pause]
+		if !slices.Contains(left, want) {
+			t.Errorf("Incus instances after SIGKILL of sandboxd: %v, want %q", left, want)
+		}
 	}
 
 	s2 := e.start()
@@ -177,7 +187,7 @@ func TestIncusRestart(t *testing.T) {
 		}
 	}
 	for _, b := range boxes {
-		if b.paused {
+		if b.pause != "" {
 			wantProxyNotFound(t, "GET /health of a paused sandbox after restart", s2.envd(t, b.id, b.tok, http.MethodGet, "/health", nil, ""), b.id)
 			r := s2.api(t, http.MethodPost, "/sandboxes/"+b.id+"/connect", key, map[string]any{"timeout": 600})
 			wantStatus(t, "connect a paused sandbox after restart", r, http.StatusCreated)
@@ -188,8 +198,14 @@ func TestIncusRestart(t *testing.T) {
 		if got := s2.readFile(t, b.id, b.tok, "/home/user/restart.txt"); string(got) != string(b.file) {
 			t.Errorf("%s: file after restart: %q, want %q", b.id, got, b.file)
 		}
-		if res := s2.mustRun(t, b.id, b.tok, `echo "$SBX_KEPT"; kill -0 "$(cat /tmp/sleep.pid)" && echo alive`); res.stdout != b.env+"\nalive\n" {
-			t.Errorf("%s: env and background process after restart: %q %q", b.id, res.stdout, res.stderr)
+		// A pause to disk ends the processes; the resume starts envd
+		// afresh and sandboxd gives it the env vars again.
+		want := b.env + "\nalive\n"
+		if b.pause == "disk" {
+			want = b.env + "\nrestarted\n"
+		}
+		if res := s2.mustRun(t, b.id, b.tok, `echo "$SBX_KEPT"; if grep -qsx sleep /proc/[0-9]*/comm; then kill -0 "$(cat /tmp/sleep.pid)" && echo alive; else echo restarted; fi`); res.stdout != want {
+			t.Errorf("%s (paused %q): env and background process after restart: %q %q, want %q", b.id, b.pause, res.stdout, res.stderr, want)
 		}
 		if got := s2.mustRun(t, b.id, b.tok, incusNetScript).stdout; got != b.net {
 			t.Errorf("%s: network after restart:\n%s\nbefore:\n%s", b.id, got, b.net)
