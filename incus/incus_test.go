@@ -624,3 +624,84 @@ func mountsAt(dir string) []string {
 	}
 	return out
 }
+
+// TestCreateTakenID: Create skips the "is the id free?" GET when the id has
+// no socket directory, so the cases where one exists, or an instance does
+// without one, must still come out right.
+func TestCreateTakenID(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	ns := randHex()
+	opts := options(t, ns)
+	b1 := newBackendWith(t, ns, opts)
+	// Opened before b1 makes anything, so it adopts nothing of b1's; b1's
+	// cleanup removes the shared root.
+	b2, err := incus.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b2.WaitDeletes(context.Background()) })
+	ctx := t.Context()
+	dirOf := func(id string) string { return filepath.Join(opts.Root, "sandboxes", incus.InstanceName("test-"+ns, id)) }
+	create := func(b *incus.Backend, id string) error {
+		_, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})
+		return err
+	}
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T, id string) // with b1
+		wantErr error
+		wantDir bool // b1's socket dir after the failed Create
+	}{
+		{"stale socket dir, no instance", func(t *testing.T, id string) {
+			if err := os.Mkdir(dirOf(id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, true},
+		{"live instance of another backend", func(t *testing.T, id string) {
+			if err := create(b1, id); err != nil {
+				t.Fatal(err)
+			}
+		}, runtime.ErrAlreadyExists, true},
+		{"instance of another backend paused to disk", func(t *testing.T, id string) {
+			if err := create(b1, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+		}, runtime.ErrAlreadyExists, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := runtimetest.NewID()
+			t.Cleanup(func() { _ = b1.Destroy(context.Background(), id); _ = b2.Destroy(context.Background(), id) })
+			tc.prepare(t, id)
+			err := create(b2, id)
+			if !errors.Is(err, tc.wantErr) && (tc.wantErr != nil || err != nil) {
+				t.Fatalf("Create = %v; want %v", err, tc.wantErr)
+			}
+			if tc.wantErr == nil {
+				wantExec(t, b2, id)
+				return
+			}
+			if _, err := os.Stat(dirOf(id)); (err == nil) != tc.wantDir {
+				t.Errorf("socket dir after the failed Create: %v; want it there: %v", err, tc.wantDir)
+			}
+			// The other backend's sandbox is untouched and still works.
+			if _, err := b1.Resume(ctx, id); err != nil {
+				t.Fatalf("Resume by its own backend = %v", err)
+			}
+			wantExec(t, b1, id)
+		})
+	}
+}
+
+// wantExec runs a command in sandbox id through envd.
+func wantExec(t *testing.T, b runtime.Backend, id string) {
+	t.Helper()
+	res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", "echo hi")
+	if err != nil || res.Stdout != "hi\n" {
+		t.Fatalf("exec in %s: %+v, %v", id, res, err)
+	}
+}
