@@ -643,7 +643,9 @@ func TestCreateTakenID(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = b2.WaitDeletes(context.Background()) })
 	ctx := t.Context()
-	dirOf := func(id string) string { return filepath.Join(opts.Root, "sandboxes", incus.InstanceName("test-"+ns, id)) }
+	dirOf := func(id string) string {
+		return filepath.Join(opts.Root, "sandboxes", incus.InstanceName("test-"+ns, id))
+	}
 	create := func(b *incus.Backend, id string) error {
 		_, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})
 		return err
