@@ -48,6 +48,18 @@ func newIncusE2EEnv(t *testing.T, tenants ...string) (*e2eEnv, *incus.Client) {
 	if _, err := c.ImageAlias(ctx, "sandboxd-base"); err != nil {
 		t.Skipf("no image sandboxd-base in Incus (run scripts/incus-setup.sh): %v", err)
 	}
+	// sandboxd on Incus has no namespace: at start-up it adopts every
+	// namespace-less sandboxd instance and reconciles away those its store
+	// lacks. Never do that to another sandboxd's sandboxes.
+	all, err := c.Instances(ctx, incusE2EKey)
+	if err != nil {
+		t.Fatalf("list Incus instances: %v", err)
+	}
+	for _, in := range all {
+		if in.Config["user.sandboxd.namespace"] == "" {
+			t.Skipf("another sandboxd's Incus sandbox (%s) is live; a sandboxd on the Incus backend would reconcile it away at start-up", in.Name)
+		}
+	}
 	var e *e2eEnv
 	t.Cleanup(func() {
 		if e == nil {
