@@ -193,7 +193,7 @@ const pausedDisk = "disk"
 // paused. Pausing a paused sandbox (either kind) returns nil.
 func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
 	if kind != runtime.PauseDisk {
-		return b.setFrozen(ctx, id, true)
+		return b.freeze(ctx, id)
 	}
 	s, err := b.get(ctx, id)
 	if err != nil {
@@ -253,23 +253,26 @@ func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("resume: %w", err)
 	}
 	s.mu.Lock()
-	onDisk := s.onDisk
-	s.mu.Unlock()
-	if !onDisk {
-		return false, b.setFrozen(ctx, id, false)
-	}
-	return b.resumeFromDisk(ctx, s)
-}
-
-func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) {
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b.gone(s) {
-		return false, fmt.Errorf("resume sandbox %s: %w", s.id, runtime.ErrNotFound)
+		return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
 	}
-	if !s.onDisk {
-		return false, nil // resumed meanwhile
+	if !s.paused {
+		return false, nil
 	}
+	if s.onDisk {
+		return b.resumeFromDisk(ctx, s)
+	}
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: "unfreeze"}); err != nil && !errors.Is(err, errNotFrozen) {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	s.paused = false
+	return false, nil
+}
+
+// resumeFromDisk starts the stopped instance of s again; the caller holds
+// s.mu.
+func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) {
 	wrap := func(err error) error { return fmt.Errorf("resume sandbox %s from disk: %w", s.id, err) }
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -306,27 +309,24 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) 
 	return true, nil
 }
 
-func (b *Backend) setFrozen(ctx context.Context, id string, frozen bool) error {
-	verb, action, done := "pause", "freeze", errAlreadyFrozen
-	if !frozen {
-		verb, action, done = "resume", "unfreeze", errNotFrozen
-	}
+// freeze pauses sandbox id in memory.
+func (b *Backend) freeze(ctx context.Context, id string) error {
 	s, err := b.get(ctx, id)
 	if err != nil {
-		return fmt.Errorf("%s: %w", verb, err)
+		return fmt.Errorf("pause: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b.gone(s) {
-		return fmt.Errorf("%s sandbox %s: %w", verb, id, runtime.ErrNotFound)
+		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
 	}
-	if s.paused == frozen {
+	if s.paused {
 		return nil
 	}
-	if err := b.c.SetState(ctx, s.name, StatePut{Action: action}); err != nil && !errors.Is(err, done) {
-		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: "freeze"}); err != nil && !errors.Is(err, errAlreadyFrozen) {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	s.paused = frozen
+	s.paused = true
 	return nil
 }
 
