@@ -23,6 +23,10 @@
 //   - carries user.sandboxd.* config keys (id, template, created-at and the
 //     spec) from which List rebuilds the backend's view after a restart.
 //
+// A pause to disk makes the instance persistent, marks it
+// (user.sandboxd.paused=disk) and stops it: its root volume stays on the
+// pool, its processes and memory go; Resume starts it again (ops.go).
+//
 // Destroy returns at once: LXC takes about 0.7 s to stop a container, so the
 // forced stop (which deletes the ephemeral instance) runs in the background
 // with retries; List and the other calls no longer see the sandbox, and a
