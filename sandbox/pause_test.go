@@ -1,8 +1,11 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/runtime"
@@ -130,5 +133,35 @@ func TestPauseRestarted(t *testing.T) {
 	}
 	if inits := e.be.Inits(sb.ID); len(inits) != 2 {
 		t.Errorf("/init calls = %d; want 2 (create, restart)", len(inits))
+	}
+}
+
+// TestTimeoutPauseKinds: at its timeout, a sandbox with onTimeout pause
+// pauses in memory, and one with autoPauseMemory false (pause_disk) to disk.
+func TestTimeoutPauseKinds(t *testing.T) {
+	for _, tc := range []struct {
+		on       store.OnTimeout
+		wantDisk bool
+	}{
+		{store.OnTimeoutPause, false},
+		{store.OnTimeoutPauseDisk, true},
+	} {
+		t.Run(string(tc.on), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newTestEnv(t, nil)
+				sb, err := e.m.Create(as("a"), CreateRequest{Timeout: time.Minute, Lifecycle: store.Lifecycle{OnTimeout: tc.on}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(61 * time.Second)
+				e.m.Sweep(context.Background())
+				if st := e.state(t, sb.ID).State; st != store.StatePaused {
+					t.Fatalf("after the timeout: %s; want paused", st)
+				}
+				if got := e.be.PausedToDisk(sb.ID); got != tc.wantDisk {
+					t.Errorf("paused to disk = %v; want %v", got, tc.wantDisk)
+				}
+			})
+		})
 	}
 }

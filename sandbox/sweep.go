@@ -62,9 +62,10 @@ func (m *Manager) expire(ctx context.Context, seen store.Sandbox) {
 	if err != nil || sb.Generation != seen.Generation || sb.State != store.StateRunning {
 		return // changed since we looked: its new owner decides
 	}
-	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause {
-		err = m.pause(ctx, &sb, "timeout_pause", true)
-	} else {
+	switch sb.Lifecycle.OnTimeout {
+	case store.OnTimeoutPause, store.OnTimeoutPauseDisk:
+		err = m.pause(ctx, &sb, "timeout_pause", sb.Lifecycle.OnTimeout == store.OnTimeoutPause)
+	default:
 		err = m.kill(ctx, &sb, "timeout_kill")
 	}
 	if err != nil {

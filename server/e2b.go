@@ -68,6 +68,7 @@ type newSandbox struct {
 	metadata      *e2bapi.SandboxMetadata
 	envVars       *e2bapi.EnvVars
 	autoPause     *bool
+	autoPauseMem  *bool // with autoPause: false pauses to disk
 	autoResume    *e2bapi.SandboxAutoResumeConfig
 	network       *e2bapi.SandboxNetworkConfig
 	mcp, volumes  bool
@@ -99,6 +100,9 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 	}
 	if n.autoPause != nil && *n.autoPause {
 		req.Lifecycle.OnTimeout = store.OnTimeoutPause
+		if n.autoPauseMem != nil && !*n.autoPauseMem {
+			req.Lifecycle.OnTimeout = store.OnTimeoutPauseDisk
+		}
 	}
 	if n.autoResume != nil {
 		req.Lifecycle.AutoResume = n.autoResume.Enabled
@@ -129,7 +133,7 @@ func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequ
 	sb, err := a.create(ctx, newSandbox{
 		template: b.TemplateID, timeout: b.Timeout, secure: b.Secure == nil || *b.Secure,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
-		autoPause: b.AutoPause, autoResume: b.AutoResume, network: b.Network,
+		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
 		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
 	})
 	if err != nil {
@@ -148,7 +152,7 @@ func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2
 	sb, err := a.create(ctx, newSandbox{
 		template: b.TemplateID, timeout: b.Timeout, secure: true,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
-		autoPause: b.AutoPause, autoResume: b.AutoResume, network: b.Network,
+		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
 		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
 	})
 	if err != nil {
@@ -176,7 +180,7 @@ func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
 			AutoResume: sb.Lifecycle.AutoResume,
 		},
 	}
-	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause {
+	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause || sb.Lifecycle.OnTimeout == store.OnTimeoutPauseDisk {
 		d.Lifecycle.OnTimeout = e2bapi.SandboxOnTimeoutPause
 	}
 	if sb.Alias != "" {

@@ -53,6 +53,9 @@ type OnTimeout string
 const (
 	OnTimeoutKill  OnTimeout = "kill"
 	OnTimeoutPause OnTimeout = "pause"
+	// OnTimeoutPauseDisk pauses keeping only the filesystem (E2B's
+	// autoPauseMemory: false).
+	OnTimeoutPauseDisk OnTimeout = "pause_disk"
 )
 
 // Lifecycle is a sandbox's timeout behaviour.
@@ -128,7 +131,7 @@ func (sb *Sandbox) validate() error {
 	switch sb.Lifecycle.OnTimeout {
 	case "":
 		sb.Lifecycle.OnTimeout = OnTimeoutKill
-	case OnTimeoutKill, OnTimeoutPause:
+	case OnTimeoutKill, OnTimeoutPause, OnTimeoutPauseDisk:
 	default:
 		return fmt.Errorf("%w: on timeout %q", ErrInvalid, sb.Lifecycle.OnTimeout)
 	}

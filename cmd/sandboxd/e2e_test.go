@@ -964,13 +964,19 @@ func TestSweeper(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		autoPause bool
+		toDisk    bool // autoPauseMemory: false
 		action    string
 	}{
-		{"kill", false, "timeout_kill"},
-		{"pause", true, "timeout_pause"},
+		{"kill", false, false, "timeout_kill"},
+		{"pause", true, false, "timeout_pause"},
+		{"pause to disk", true, true, "timeout_pause"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 2, "autoPause": c.autoPause})
+			body := map[string]any{"timeout": 2, "autoPause": c.autoPause}
+			if c.toDisk {
+				body["autoPauseMemory"] = false
+			}
+			sb, _ := e.create(t, "/v2/sandboxes", key, body)
 			id := sb.SandboxID
 			e2eEventually(t, "the sweeper acts on "+id, 15*time.Second, 100*time.Millisecond, func() (bool, string) {
 				r := s.api(t, http.MethodGet, "/sandboxes/"+id, key, nil)
@@ -988,6 +994,9 @@ func TestSweeper(t *testing.T) {
 				}
 				if l["audit"] != true || l["result"] != "ok" || l["tenant"] != "alice" {
 					return false, fmt.Sprintf("audit line %v: want audit=true result=ok tenant=alice", l)
+				}
+				if want := map[bool]string{false: "memory", true: "disk"}[c.toDisk]; c.autoPause && l["kind"] != want {
+					return false, fmt.Sprintf("audit line %v: want kind=%s", l, want)
 				}
 				return true, ""
 			})

@@ -255,6 +255,23 @@ test('lifecycle: a paused sandbox does not expire at its timeout; connect resume
   }
 })
 
+test('lifecycle: pause({ keepMemory: false }) keeps files, ends processes; connect restarts it with its envs', S, async () => {
+  const s = await create({ envs: { COMPAT_FS_PAUSE: 'kept' } })
+  try {
+    await s.files.write(`${HOME}/compat-fs-pause.txt`, 'before pause')
+    await s.commands.run('sleep 600', { background: true })
+    assert.equal(await s.pause({ keepMemory: false }), true)
+    assert.equal((await s.getInfo()).state, 'paused')
+    const r = await Sandbox.connect(s.sandboxId)
+    assert.equal(await r.files.read(`${HOME}/compat-fs-pause.txt`), 'before pause')
+    const procs = await r.commands.list()
+    assert.ok(!procs.some((p) => [p.cmd, ...p.args].join(' ').includes('sleep 600')), JSON.stringify(procs))
+    assert.equal((await r.commands.run('echo $COMPAT_FS_PAUSE')).stdout, 'kept\n')
+  } finally {
+    await s.kill()
+  }
+})
+
 test('lifecycle: kill of a paused sandbox', S, async () => {
   const s = await create()
   assert.equal(await s.pause(), true)
