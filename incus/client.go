@@ -471,6 +471,27 @@ func (c *Client) SetState(ctx context.Context, name string, s StatePut) error {
 	return err
 }
 
+// InstancePatch is a partial update of an instance: only the fields set
+// change, and Config is merged into the instance's own keys.
+type InstancePatch struct {
+	Ephemeral *bool             `json:"ephemeral,omitempty"`
+	Config    map[string]string `json:"config,omitempty"`
+}
+
+// PatchInstance updates an instance (PATCH), waiting for the operation when
+// the server answers with one.
+func (c *Client) PatchInstance(ctx context.Context, name string, p InstancePatch) error {
+	path := "/1.0/instances/" + url.PathEscape(name)
+	r, err := c.do(ctx, http.MethodPatch, path, nil, p)
+	if err != nil {
+		return err
+	}
+	if r.Type == "async" && r.Operation != "" {
+		_, err = c.Wait(ctx, strings.TrimPrefix(r.Operation, "/1.0/operations/"))
+	}
+	return err
+}
+
 // DeleteInstance deletes a stopped instance and waits for it.
 func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 	_, err := c.run(ctx, http.MethodDelete, "/1.0/instances/"+url.PathEscape(name), nil)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/incus"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 )
 
@@ -192,6 +193,29 @@ func TestConformance(t *testing.T) {
 		b, _ := newBackend(t)
 		return b
 	})
+}
+
+// TestRestartConformance runs the shared restart suite: both kinds of pause
+// survive a new backend (a restarted sandboxd) on the same Incus.
+func TestRestartConformance(t *testing.T) {
+	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
+		b, ns := newBackend(t)
+		return b, func(t *testing.T) runtime.Backend { return reopen(t, options(t, ns)) }
+	})
+}
+
+// reopen opens a second backend with opts, as a restarted sandboxd does
+// (New, then Reconcile).
+func reopen(t *testing.T, opts incus.Options) *incus.Backend {
+	t.Helper()
+	b, err := incus.New(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("incus.New again: %v", err)
+	}
+	if err := b.Reconcile(t.Context()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	return b
 }
 
 // TestRecovery: a second backend (a restarted sandboxd) sees the sandboxes
@@ -480,5 +504,206 @@ func TestInstanceVanished(t *testing.T) {
 	dir := filepath.Join("/run/sandboxd-test/incus", ns, "sandboxes", name)
 	if _, err := os.Lstat(dir); err == nil {
 		t.Errorf("socket dir %s left", dir)
+	}
+}
+
+// TestPauseToDisk checks what the shared suite cannot see of a pause to
+// disk on Incus: the instance is stopped (no init process, no memory
+// charged) and persistent while paused, kept by a new backend's Reconcile,
+// an ordinary ephemeral instance again once resumed, and deleted by a
+// Destroy while paused; a sandbox with internet access gets its network
+// back on resume.
+func TestPauseToDisk(t *testing.T) {
+	for _, internet := range []bool{false, true} {
+		t.Run(fmt.Sprintf("internet=%v", internet), func(t *testing.T) {
+			if skipReason != "" {
+				t.Skip(skipReason)
+			}
+			if internet {
+				if err := egress.HaveNft(); err != nil {
+					t.Skip(err)
+				}
+			}
+			ns := randHex()
+			opts := options(t, ns)
+			opts.EgressSubnet = egressSubnet()
+			b := newBackendWith(t, ns, opts)
+			ctx := t.Context()
+			c := b.Client()
+			id := runtimetest.NewID()
+			name := incus.InstanceName("test-"+ns, id)
+			if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet}); err != nil {
+				t.Fatal(err)
+			}
+			sh := func(b runtime.Backend, script string) string {
+				t.Helper()
+				res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", script)
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("exec %q: %+v %v", script, res, err)
+				}
+				return res.Stdout
+			}
+			netView := func(b runtime.Backend) string {
+				t.Helper()
+				res, err := runtimetest.Exec(ctx, b, id, "user", "/usr/bin/python3", "-c", ifaceScript)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.Stdout
+			}
+			before := netView(b)
+			if got := strings.Contains(before, "default eth0"); got != internet {
+				t.Fatalf("network before the pause (internet %v):\n%s", internet, before)
+			}
+			sh(b, "echo kept > /root/kept")
+
+			if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+			wantInstance := func(status string, ephemeral bool, paused string) {
+				t.Helper()
+				in, err := c.Instance(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if in.Status != status || in.Ephemeral != ephemeral || in.Config["user.sandboxd.paused"] != paused {
+					t.Fatalf("instance %s: status %s ephemeral %v paused %q; want %s %v %q",
+						name, in.Status, in.Ephemeral, in.Config["user.sandboxd.paused"], status, ephemeral, paused)
+				}
+			}
+			wantInstance("Stopped", false, "disk")
+			st, err := c.InstanceState(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Pid > 0 || st.Processes > 0 || st.Memory.Usage > 0 {
+				t.Errorf("state of an instance paused to disk: pid %d, %d processes, %d bytes of memory", st.Pid, st.Processes, st.Memory.Usage)
+			}
+			if ms := mountsAt(filepath.Join(opts.Root, "sandboxes", name)); len(ms) != 0 {
+				t.Errorf("socket dir still mounted while paused to disk: %v", ms)
+			}
+
+			b2 := reopen(t, opts)
+			wantInstance("Stopped", false, "disk")
+			restarted, err := b2.Resume(ctx, id)
+			if err != nil || !restarted {
+				t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+			}
+			wantInstance("Running", true, "")
+			if got := sh(b2, "cat /root/kept"); got != "kept\n" {
+				t.Errorf("file after resume: %q", got)
+			}
+			if after := netView(b2); after != before {
+				t.Errorf("network after resume:\n%s\nbefore:\n%s", after, before)
+			}
+
+			if err := b2.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.Destroy(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.WaitDeletes(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Instance(ctx, name); !errors.Is(err, runtime.ErrNotFound) {
+				t.Errorf("instance of a sandbox destroyed while paused to disk: %v; want it gone", err)
+			}
+		})
+	}
+}
+
+// mountsAt lists the mounts at dir in this process's mount namespace.
+func mountsAt(dir string) []string {
+	raw, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestCreateTakenID: Create skips the "is the id free?" GET when the id has
+// no socket directory, so the cases where one exists, or an instance does
+// without one, must still come out right.
+func TestCreateTakenID(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	ns := randHex()
+	opts := options(t, ns)
+	b1 := newBackendWith(t, ns, opts)
+	// Opened before b1 makes anything, so it adopts nothing of b1's; b1's
+	// cleanup removes the shared root.
+	b2, err := incus.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b2.WaitDeletes(context.Background()) })
+	ctx := t.Context()
+	dirOf := func(id string) string {
+		return filepath.Join(opts.Root, "sandboxes", incus.InstanceName("test-"+ns, id))
+	}
+	create := func(b *incus.Backend, id string) error {
+		_, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})
+		return err
+	}
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T, id string) // with b1
+		wantErr error
+		wantDir bool // b1's socket dir after the failed Create
+	}{
+		{"stale socket dir, no instance", func(t *testing.T, id string) {
+			if err := os.Mkdir(dirOf(id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, true},
+		{"live instance of another backend", func(t *testing.T, id string) {
+			if err := create(b1, id); err != nil {
+				t.Fatal(err)
+			}
+		}, runtime.ErrAlreadyExists, true},
+		{"instance of another backend paused to disk", func(t *testing.T, id string) {
+			if err := create(b1, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+		}, runtime.ErrAlreadyExists, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := runtimetest.NewID()
+			t.Cleanup(func() { _ = b1.Destroy(context.Background(), id); _ = b2.Destroy(context.Background(), id) })
+			tc.prepare(t, id)
+			err := create(b2, id)
+			if !errors.Is(err, tc.wantErr) && (tc.wantErr != nil || err != nil) {
+				t.Fatalf("Create = %v; want %v", err, tc.wantErr)
+			}
+			if tc.wantErr == nil {
+				wantExec(t, b2, id)
+				return
+			}
+			if _, err := os.Stat(dirOf(id)); (err == nil) != tc.wantDir {
+				t.Errorf("socket dir after the failed Create: %v; want it there: %v", err, tc.wantDir)
+			}
+			// The other backend's sandbox is untouched and still works.
+			if _, err := b1.Resume(ctx, id); err != nil {
+				t.Fatalf("Resume by its own backend = %v", err)
+			}
+			wantExec(t, b1, id)
+		})
+	}
+}
+
+// wantExec runs a command in sandbox id through envd.
+func wantExec(t *testing.T, b runtime.Backend, id string) {
+	t.Helper()
+	res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", "echo hi")
+	if err != nil || res.Stdout != "hi\n" {
+		t.Fatalf("exec in %s: %+v, %v", id, res, err)
 	}
 }

@@ -182,42 +182,151 @@ func (b *Backend) removeInstance(id, name string) error {
 	}
 }
 
-// Pause freezes every process of the sandbox (cgroup freezer); memory stays.
-// Pausing to disk is not implemented for Incus yet: it fails with
-// runtime.ErrUnsupported and changes nothing.
+// pausedDisk is keyPaused's value on a sandbox paused to disk.
+const pausedDisk = "disk"
+
+// Pause with PauseMemory freezes every process of the sandbox (cgroup
+// freezer); memory stays. With PauseDisk the instance is made persistent
+// (not ephemeral), marked with keyPaused and stopped: its processes end and
+// their memory is released, its root stays on the storage pool (its
+// copy-on-write snapshot of the image), and a later sandboxd adopts it as
+// paused. Pausing a paused sandbox (either kind) returns nil.
 func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
-	if kind == runtime.PauseDisk {
-		return fmt.Errorf("pause sandbox %s to disk: %w: the Incus backend pauses in memory only", id, runtime.ErrUnsupported)
-	}
-	return b.setFrozen(ctx, id, true)
-}
-
-// Resume thaws a paused sandbox; it never restarts one.
-func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
-	return false, b.setFrozen(ctx, id, false)
-}
-
-func (b *Backend) setFrozen(ctx context.Context, id string, frozen bool) error {
-	verb, action, done := "pause", "freeze", errAlreadyFrozen
-	if !frozen {
-		verb, action, done = "resume", "unfreeze", errNotFrozen
+	if kind != runtime.PauseDisk {
+		return b.freeze(ctx, id)
 	}
 	s, err := b.get(ctx, id)
 	if err != nil {
-		return fmt.Errorf("%s: %w", verb, err)
+		return fmt.Errorf("pause: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b.gone(s) {
-		return fmt.Errorf("%s sandbox %s: %w", verb, id, runtime.ErrNotFound)
+		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
 	}
-	if s.paused == frozen {
+	if s.paused {
 		return nil
 	}
-	if err := b.c.SetState(ctx, s.name, StatePut{Action: action}); err != nil && !errors.Is(err, done) {
-		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	// Marked first: a sandboxd that dies between the two calls finds a
+	// running instance (adopted as running) or a stopped, marked one
+	// (adopted as paused to disk); never a stopped ephemeral one, which
+	// Incus would have deleted with its files.
+	persistent := false
+	if err := b.c.PatchInstance(ctx, s.name, InstancePatch{
+		Ephemeral: &persistent, Config: map[string]string{keyPaused: pausedDisk},
+	}); err != nil {
+		return fmt.Errorf("pause sandbox %s to disk: %w", id, err)
 	}
-	s.paused = frozen
+	stopErr := b.c.SetState(ctx, s.name, StatePut{Action: "stop", Force: true, Timeout: -1})
+	if stopErr != nil && !errors.Is(stopErr, runtime.ErrNotRunning) {
+		// Still running? Then undo the mark and report; stopped after all
+		// (the answer was lost) is a pause that worked.
+		in, err := b.c.Instance(context.WithoutCancel(ctx), s.name)
+		if err != nil || in.Status != "Stopped" {
+			if err := b.unmarkDisk(context.WithoutCancel(ctx), s.name); err != nil {
+				b.log.Warn("incus: undo the mark of a failed pause to disk", "sandbox", id, "err", err)
+			}
+			return fmt.Errorf("pause sandbox %s to disk: %w", id, stopErr)
+		}
+	}
+	s.paused, s.onDisk = true, true
+	// The socket directory's tmpfs holds only envd's dead socket; the
+	// resume mounts a fresh one.
+	if err := removeSockDir(s.dir); err != nil {
+		b.log.Warn("incus: remove the socket dir of a sandbox paused to disk", "sandbox", id, "err", err)
+	}
+	return nil
+}
+
+// unmarkDisk makes instance name a running sandbox's again: ephemeral,
+// without keyPaused (an empty value unsets a key).
+func (b *Backend) unmarkDisk(ctx context.Context, name string) error {
+	ephemeral := true
+	return b.c.PatchInstance(ctx, name, InstancePatch{Ephemeral: &ephemeral, Config: map[string]string{keyPaused: ""}})
+}
+
+// Resume thaws a sandbox paused in memory, or starts one paused to disk
+// again (restarted: envd is a new process, to be initialised again).
+func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("resume: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.gone(s) {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if !s.paused {
+		return false, nil
+	}
+	if s.onDisk {
+		return b.resumeFromDisk(ctx, s)
+	}
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: "unfreeze"}); err != nil && !errors.Is(err, errNotFrozen) {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	s.paused = false
+	return false, nil
+}
+
+// resumeFromDisk starts the stopped instance of s again; the caller holds
+// s.mu.
+func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) {
+	wrap := func(err error) error { return fmt.Errorf("resume sandbox %s from disk: %w", s.id, err) }
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
+		defer cancel()
+	}
+	if err := makeSockDir(s.dir); err != nil {
+		return false, wrap(fmt.Errorf("socket dir: %w", err))
+	}
+	// Any failure from here leaves the instance stopped and marked: still
+	// paused to disk, and a later Resume tries again.
+	fail := func(err error) (bool, error) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if serr := b.c.SetState(sctx, s.name, StatePut{Action: "stop", Force: true, Timeout: -1}); serr != nil &&
+			!errors.Is(serr, runtime.ErrNotRunning) {
+			b.log.Warn("incus: stop a sandbox whose resume from disk failed", "sandbox", s.id, "err", serr)
+		}
+		_ = removeSockDir(s.dir)
+		return false, wrap(err)
+	}
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: "start"}); err != nil {
+		return fail(fmt.Errorf("start: %w", err))
+	}
+	if _, err := b.settle(ctx, s); err != nil {
+		return fail(err)
+	}
+	// Ephemeral again only once it runs (a stopped ephemeral instance is
+	// deleted): from here on it is an ordinary running sandbox.
+	if err := b.unmarkDisk(ctx, s.name); err != nil {
+		return fail(fmt.Errorf("unmark: %w", err))
+	}
+	s.paused, s.onDisk = false, false
+	return true, nil
+}
+
+// freeze pauses sandbox id in memory.
+func (b *Backend) freeze(ctx context.Context, id string) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.gone(s) {
+		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if s.paused {
+		return nil
+	}
+	if err := b.c.SetState(ctx, s.name, StatePut{Action: "freeze"}); err != nil && !errors.Is(err, errAlreadyFrozen) {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	s.paused = true
 	return nil
 }
 
