@@ -184,12 +184,6 @@ func cleanupBackend(t testing.TB, b *incus.Backend, ns string) {
 
 func TestConformance(t *testing.T) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Backend {
-		if strings.HasSuffix(t.Name(), "/Limits/Disk") && os.Getenv("SANDBOXD_INCUS_STRICT") == "" {
-			// The write is stopped at the limit and the sandbox recovers,
-			// but a btrfs quota fails it with EDQUOT ("Disk quota
-			// exceeded"), and the suite wants ENOSPC. See README.md.
-			t.Skip("known deviation: btrfs quota gives EDQUOT, not ENOSPC; SANDBOXD_INCUS_STRICT=1 runs it")
-		}
 		b, _ := newBackend(t)
 		return b
 	})
