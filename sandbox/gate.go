@@ -8,18 +8,21 @@ import (
 )
 
 // coldGate bounds the cold creates in flight (see the package doc, "Cold
-// create admission"). A slot is free or held by one create of a tenant.
-// Waiters queue per tenant; a freed slot goes to the waiting tenant that
-// holds the fewest slots, the one served longest ago among equals, and within
-// a tenant to its oldest waiter. A tenant alone may use every slot; once
-// another tenant waits, the next free slot is the other tenant's.
+// create admission"). A slot is free or held by one create of a tenant, and
+// one tenant holds at most perTenant slots (all but one, when there are
+// two or more): a create of another tenant then always finds a slot free
+// instead of waiting for one. Waiters queue per tenant; a freed slot goes
+// to the waiting tenant below its cap that holds the fewest slots, the one
+// served longest ago among equals, and within a tenant to its oldest
+// waiter.
 type coldGate struct {
-	mu     sync.Mutex
-	free   int
-	held   map[tenant.ID]int
-	queues map[tenant.ID][]*gateWaiter
-	served map[tenant.ID]uint64 // grant sequence of each tenant's last slot
-	seq    uint64
+	mu        sync.Mutex
+	free      int
+	perTenant int
+	held      map[tenant.ID]int
+	queues    map[tenant.ID][]*gateWaiter
+	served    map[tenant.ID]uint64 // grant sequence of each tenant's last slot
+	seq       uint64
 }
 
 type gateWaiter struct {
@@ -29,10 +32,11 @@ type gateWaiter struct {
 
 func newColdGate(slots int) *coldGate {
 	return &coldGate{
-		free:   slots,
-		held:   map[tenant.ID]int{},
-		queues: map[tenant.ID][]*gateWaiter{},
-		served: map[tenant.ID]uint64{},
+		free:      slots,
+		perTenant: max(slots-1, 1),
+		held:      map[tenant.ID]int{},
+		queues:    map[tenant.ID][]*gateWaiter{},
+		served:    map[tenant.ID]uint64{},
 	}
 }
 
@@ -43,7 +47,9 @@ func (g *coldGate) enter(t tenant.ID) *gateWaiter {
 	w := &gateWaiter{t: t, granted: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.free > 0 { // no one waits while a slot is free
+	// A tenant with waiters is at its cap, or no slot is free: it queues
+	// behind them.
+	if g.free > 0 && g.held[t] < g.perTenant && len(g.queues[t]) == 0 {
 		g.grantLocked(w)
 		return w
 	}
@@ -95,26 +101,31 @@ func (g *coldGate) grantLocked(w *gateWaiter) {
 	close(w.granted)
 }
 
-// handOnLocked gives the free slot to the next waiter, if any.
+// handOnLocked gives free slots to waiters of tenants below their cap.
 func (g *coldGate) handOnLocked() {
-	if g.free == 0 || len(g.queues) == 0 {
-		return
-	}
-	var next tenant.ID
-	first := true
-	for t := range g.queues {
-		if first || g.held[t] < g.held[next] || g.held[t] == g.held[next] && g.served[t] < g.served[next] {
-			next, first = t, false
+	for g.free > 0 {
+		var next tenant.ID
+		found := false
+		for t := range g.queues {
+			if g.held[t] >= g.perTenant {
+				continue
+			}
+			if !found || g.held[t] < g.held[next] || g.held[t] == g.held[next] && g.served[t] < g.served[next] {
+				next, found = t, true
+			}
 		}
+		if !found {
+			return
+		}
+		q := g.queues[next]
+		w := q[0]
+		if len(q) == 1 {
+			delete(g.queues, next)
+		} else {
+			g.queues[next] = q[1:]
+		}
+		g.grantLocked(w)
 	}
-	q := g.queues[next]
-	w := q[0]
-	if len(q) == 1 {
-		delete(g.queues, next)
-	} else {
-		g.queues[next] = q[1:]
-	}
-	g.grantLocked(w)
 }
 
 // waiting reports how many creates wait for a slot (metrics, tests).

@@ -28,58 +28,69 @@ func granted(w *gateWaiter) bool {
 
 func TestColdGate(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		run  func(t *testing.T, g *coldGate)
+		name  string
+		slots int
+		run   func(t *testing.T, g *coldGate)
 	}{
-		{"a tenant alone uses every slot, then queues", func(t *testing.T, g *coldGate) {
+		{"a tenant alone uses all slots but one, then queues", 3, func(t *testing.T, g *coldGate) {
 			a1, a2, a3 := g.enter("a"), g.enter("a"), g.enter("a")
 			if !granted(a1) || !granted(a2) || granted(a3) {
 				t.Fatalf("granted %v %v %v, want the first two", granted(a1), granted(a2), granted(a3))
+			}
+			b1 := g.enter("b")
+			if !granted(b1) {
+				t.Fatal("b found no free slot while a flooded")
 			}
 			g.leave(a1)
 			if !granted(a3) {
 				t.Fatal("a freed slot did not go to the waiter")
 			}
 		}},
-		{"a freed slot goes to the tenant holding fewer", func(t *testing.T, g *coldGate) {
-			a1, a2 := g.enter("a"), g.enter("a")
-			a3, a4 := g.enter("a"), g.enter("a") // queued before b
-			b1 := g.enter("b")
-			g.leave(a1)
-			if !granted(b1) || granted(a3) {
-				t.Fatalf("b granted %v, a's oldest waiter %v; want b first", granted(b1), granted(a3))
+		{"one slot: a tenant may take it", 1, func(t *testing.T, g *coldGate) {
+			if a1 := g.enter("a"); !granted(a1) {
+				t.Fatal("the only slot was not granted")
 			}
-			g.leave(a2)
-			if !granted(a3) || granted(a4) {
+		}},
+		{"a freed slot goes to the tenant holding fewer", 2, func(t *testing.T, g *coldGate) {
+			a1, b1 := g.enter("a"), g.enter("b")
+			a2, a3, b2 := g.enter("a"), g.enter("a"), g.enter("b")
+			g.leave(b1) // b holds 0, a 1: b2 goes first although a queued before
+			if !granted(b2) || granted(a2) {
+				t.Fatalf("b granted %v, a's oldest waiter %v; want b first", granted(b2), granted(a2))
+			}
+			g.leave(a1)
+			if !granted(a2) || granted(a3) {
 				t.Fatal("a's waiters are not served oldest first")
 			}
 		}},
-		{"equal holders take turns", func(t *testing.T, g *coldGate) {
-			a1, b1 := g.enter("a"), g.enter("b")
-			a2, a3, b2 := g.enter("a"), g.enter("a"), g.enter("b")
-			g.leave(a1) // a and b hold one each; b was served last
+		{"equal holders take turns", 3, func(t *testing.T, g *coldGate) {
+			a1, b1, c1 := g.enter("a"), g.enter("b"), g.enter("c")
+			a2, b2 := g.enter("a"), g.enter("b")
+			g.leave(c1) // a and b hold one each; a was served longest ago
 			if !granted(a2) || granted(b2) {
 				t.Fatal("the tenant served longest ago should go first")
 			}
-			g.leave(b1)
-			if !granted(b2) || granted(a3) {
+			g.leave(a1)
+			if !granted(b2) {
 				t.Fatal("b should have had its turn")
 			}
+			g.leave(b1)
 		}},
-		{"a waiter that leaves gives up its place", func(t *testing.T, g *coldGate) {
-			a1, _ := g.enter("a"), g.enter("a")
-			b1, c1 := g.enter("b"), g.enter("c")
-			g.leave(b1) // gave up (its context ended)
+		{"a waiter that leaves gives up its place", 3, func(t *testing.T, g *coldGate) {
+			a1, _, b1 := g.enter("a"), g.enter("a"), g.enter("b")
+			b2, c1 := g.enter("b"), g.enter("c")
+			g.leave(c1) // gave up (its context ended)
 			g.leave(a1)
-			if !granted(c1) || granted(b1) {
+			if !granted(b2) || granted(c1) {
 				t.Fatal("the slot went to a waiter that had left")
 			}
 			if n := g.waiting(); n != 0 {
 				t.Fatalf("%d still waiting", n)
 			}
+			g.leave(b1)
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.run(t, newColdGate(2)) })
+		t.Run(c.name, func(t *testing.T) { c.run(t, newColdGate(c.slots)) })
 	}
 }
 
@@ -138,24 +149,35 @@ func newCountingEnv(t *testing.T, coldParallel int) (*testEnv, *countingBackend)
 }
 
 func TestColdCreatesBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e, cb := newCountingEnv(t, 2)
-		var wg sync.WaitGroup
-		for range 7 {
-			wg.Go(func() {
-				if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
-					t.Error(err)
+	for _, c := range []struct {
+		name    string
+		tenants []string
+		want    int32
+	}{
+		{"one tenant: all slots but one", []string{"a"}, 2},
+		{"two tenants: every slot", []string{"a", "b"}, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, cb := newCountingEnv(t, 3)
+				var wg sync.WaitGroup
+				for i := range 8 {
+					wg.Go(func() {
+						if _, err := e.m.Create(as(c.tenants[i%len(c.tenants)]), CreateRequest{}); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+				if got := cb.most.Load(); got != c.want {
+					t.Fatalf("%d backend creates ran at once, want %d", got, c.want)
+				}
+				if n := e.be.Len(); n != 8 {
+					t.Fatalf("%d sandboxes, want 8", n)
 				}
 			})
-		}
-		wg.Wait()
-		if got := cb.most.Load(); got != 2 {
-			t.Fatalf("%d backend creates ran at once, want 2 (ColdParallel)", got)
-		}
-		if n := e.be.Len(); n != 7 {
-			t.Fatalf("%d sandboxes, want 7", n)
-		}
-	})
+		})
+	}
 }
 
 // TestColdCreateFairness: tenant a queues five creates behind one slot, then

@@ -14,16 +14,17 @@
 // A miss needs a backend create, which is mostly CPU (mounts, namespaces,
 // cgroups, envd's start). Started all at once, a burst of them shares the
 // CPUs and every one of them finishes late; so at most ColdParallel (one
-// per CPU) run at once. A miss waits for whichever comes first: a slot, or
-// a member that a pool refill (started by the claim itself) makes ready;
-// either way it is served as soon as capacity frees up, in arrival order
-// within its tenant. Free slots go to the waiting tenant holding the fewest
-// (the one served longest ago among equals), so a tenant flooding creates
-// cannot take every slot from another one: the other's create gets the
-// next free slot. A waiting create counts against its tenant's quota
-// although it has no row yet, holds no lock, and gives up when its request
-// ends. Its audit line says how long it waited (waited_ms) and where it
-// was served from (served_from: pool or cold).
+// per CPU, plus one) run at once. A miss waits for whichever comes first: a
+// slot, or a member that a pool refill (started by the claim itself) makes
+// ready; either way it is served as soon as capacity frees up, in arrival
+// order within its tenant. One tenant holds at most all slots but one, and
+// free slots go to the waiting tenant holding the fewest (the one served
+// longest ago among equals), so a tenant flooding creates never takes every
+// slot: another tenant's create finds one free, and shares the CPUs with
+// a bounded number of the flood's. A waiting create counts against its
+// tenant's quota although it has no row yet, holds no lock, and gives up
+// when its request ends. Its audit line says how long it waited
+// (waited_ms) and where it was served from (served_from: pool or cold).
 package sandbox
 
 import (
@@ -89,15 +90,17 @@ type Config struct {
 	// TTLs): at most one per sandbox per interval. 0: TouchInterval.
 	TouchInterval time.Duration
 	// ColdParallel bounds the cold creates in flight (backend creates of
-	// creates that missed the pool); the rest wait their turn, fairly
-	// between tenants. 0: DefaultColdParallel; negative: no bound.
+	// creates that missed the pool); one tenant may hold all but one of
+	// them. The rest wait their turn, fairly between tenants. 0:
+	// DefaultColdParallel; negative: no bound.
 	ColdParallel int
 }
 
 // DefaultColdParallel is the default bound on cold creates in flight: one
-// per CPU, and at least 2. A cold create is mostly CPU (mounts, namespaces,
-// cgroups, envd's start), so more at once only slows each down.
-func DefaultColdParallel() int { return max(goruntime.NumCPU(), 2) }
+// per CPU (at least 2) for any one tenant, plus one kept for the others. A
+// cold create is mostly CPU (mounts, namespaces, cgroups, envd's start),
+// so more at once only slows each down.
+func DefaultColdParallel() int { return max(goruntime.NumCPU(), 2) + 1 }
 
 // Manager is the lifecycle state machine. Its methods are safe for
 // concurrent use; actions on one sandbox are serialised.
