@@ -17,8 +17,11 @@
 //     sees them; sandboxd's start-up Reconcile destroys members a previous
 //     process left (backend sandboxes without a row), and Run drains the
 //     pool when it ends.
-//   - An empty pool is a miss, counted and reported; the caller cold
-//     creates (served_from=cold), never waits on the pool.
+//   - An empty pool is a miss, counted and reported at once: Claim never
+//     waits. A caller that cannot start a cold create right away (package
+//     sandbox bounds them) may wait on Ready and Take a member that becomes
+//     ready meanwhile; such a create is served_from=pool, and the member
+//     counts as Waited, not as a hit. Everything else is served_from=cold.
 //
 // Sizing: target = max(min_warm, round(claim rate × Lead)), where the claim
 // rate is an exponentially weighted moving average of claims (hits and
@@ -115,6 +118,9 @@ type Count struct {
 	Template string
 	Hits     uint64
 	Misses   uint64
+	// Waited counts members handed out by Take: a miss that waited, and
+	// got a refill before it could start a cold create.
+	Waited uint64
 }
 
 // Pools is every warm pool of a sandboxd. Its methods are safe for
@@ -125,6 +131,10 @@ type Pools struct {
 
 	kick chan struct{}
 	wg   sync.WaitGroup // member creates and destroys in flight
+
+	// readyCh is closed (and replaced) whenever a member becomes ready, so
+	// waiters of any key look again; nil once closed for good.
+	readyCh chan struct{}
 
 	mu       sync.Mutex
 	pools    map[Key]*pool
@@ -185,9 +195,10 @@ func New(cfg Config) *Pools {
 	}
 	return &Pools{
 		cfg: cfg, log: cfg.Log,
-		kick:   make(chan struct{}, 1),
-		pools:  map[Key]*pool{},
-		counts: map[countKey]*Count{},
+		kick:    make(chan struct{}, 1),
+		readyCh: make(chan struct{}),
+		pools:   map[Key]*pool{},
+		counts:  map[countKey]*Count{},
 	}
 }
 
@@ -239,6 +250,33 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 	pl.ready[0] = nil
 	pl.ready = pl.ready[1:]
 	c.Hits++
+	return m, true
+}
+
+// Ready returns a channel that is closed the next time any member becomes
+// ready. Get it before a Take that misses, so a member readied in between
+// is not missed. After the drain began it never fires.
+func (p *Pools) Ready() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.readyCh
+}
+
+// Take takes a ready member of key for a caller whose Claim missed and who
+// waited for a refill. It neither counts a claim nor feeds the claim rate
+// (Claim did both); it counts the member as Waited and wakes the refiller.
+func (p *Pools) Take(key Key) (*Member, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.pools[key]
+	if p.closed || pl == nil || len(pl.ready) == 0 {
+		return nil, false
+	}
+	m := pl.ready[0]
+	pl.ready[0] = nil
+	pl.ready = pl.ready[1:]
+	p.count(key).Waited++
+	p.wake()
 	return m, true
 }
 
@@ -438,6 +476,8 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 		return
 	}
 	pl.ready = append(pl.ready, m)
+	close(p.readyCh)
+	p.readyCh = make(chan struct{})
 	p.mu.Unlock()
 	p.log.Debug("pool member ready", "tenant", string(k.Tenant), "template", k.Template, "member", m.ID,
 		"took_ms", now.Sub(start).Milliseconds())
@@ -461,6 +501,12 @@ func (p *Pools) destroy(id string) {
 func (p *Pools) drain() {
 	p.mu.Lock()
 	p.closed = true
+	// Waiters look once more, find nothing, and from then on get a nil
+	// channel, which never fires.
+	if p.readyCh != nil {
+		close(p.readyCh)
+		p.readyCh = nil
+	}
 	var all []*Member
 	for _, pl := range p.pools {
 		all = append(all, pl.ready...)

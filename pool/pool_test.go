@@ -333,3 +333,47 @@ func TestUnknownTemplatePoolDropped(t *testing.T) {
 		}
 	})
 }
+
+// TestTakeAfterMiss: a caller whose claim missed waits on Ready and takes
+// the member the claim's refill makes; Take counts it as Waited, and after
+// the drain Ready fires once more and Take finds nothing.
+func TestTakeAfterMiss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Lead: -1}, 1)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, ok := e.p.Claim(keyA); !ok {
+			t.Fatal("claim missed a full pool")
+		}
+		if _, ok := e.p.Claim(keyA); ok {
+			t.Fatal("second claim hit: the refill cannot be ready yet")
+		}
+		ready := e.p.Ready()
+		if _, ok := e.p.Take(keyA); ok {
+			t.Fatal("take hit before the refill was ready")
+		}
+		select {
+		case <-ready:
+			t.Fatal("Ready fired before a member was ready")
+		default:
+		}
+		<-ready // the refill the claims started
+		m, ok := e.p.Take(keyA)
+		if !ok || e.be.Get(m.ID) == nil {
+			t.Fatalf("take after Ready: %+v %v", m, ok)
+		}
+		c := e.p.Counts()
+		if len(c) != 1 || c[0].Hits != 1 || c[0].Misses != 1 || c[0].Waited != 1 {
+			t.Fatalf("counts = %+v, want 1 hit, 1 miss, 1 waited", c)
+		}
+		ready = e.p.Ready()
+		e.stop()
+		<-ready // the drain wakes waiters
+		if _, ok := e.p.Take(keyA); ok {
+			t.Fatal("take after the drain")
+		}
+		if e.p.Ready() != nil {
+			t.Fatal("Ready after the drain should never fire")
+		}
+	})
+}

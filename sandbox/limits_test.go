@@ -216,7 +216,7 @@ func TestParseMemAvailable(t *testing.T) {
 func (e *testEnv) startPools(t *testing.T) *pool.Pools {
 	t.Helper()
 	p := pool.New(pool.Config{
-		Backend: e.be, Health: e.m.EnvdHealth, MinWarm: e.m.MinWarm, Seeds: e.m.PoolSeeds,
+		Backend: e.m.backend, Health: e.m.EnvdHealth, MinWarm: e.m.MinWarm, Seeds: e.m.PoolSeeds,
 		Admit: e.m.AdmitMember, NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
 		Tick: 20 * time.Millisecond,
 	})

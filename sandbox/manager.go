@@ -3,6 +3,28 @@
 // backend in step, serialises actions on one sandbox, writes an audit line
 // for every state change, enforces end times (the sweeper) and re-adopts or
 // removes what a crash of sandboxd left behind (Reconcile).
+//
+// # Cold create admission
+//
+// A create first claims a warm member of its pool (package pool). A hit
+// costs envd's /init and one store write, and never waits on anything a
+// cold create holds: the tenant's lock is taken only for tenants with a
+// quota, and only around the check and the insert.
+//
+// A miss needs a backend create, which is mostly CPU (mounts, namespaces,
+// cgroups, envd's start). Started all at once, a burst of them shares the
+// CPUs and every one of them finishes late; so at most ColdParallel (one
+// per CPU, plus one) run at once. A miss waits for whichever comes first: a
+// slot, or a member that a pool refill (started by the claim itself) makes
+// ready; either way it is served as soon as capacity frees up, in arrival
+// order within its tenant. One tenant holds at most all slots but one, and
+// free slots go to the waiting tenant holding the fewest (the one served
+// longest ago among equals), so a tenant flooding creates never takes every
+// slot: another tenant's create finds one free, and shares the CPUs with
+// a bounded number of the flood's. A waiting create counts against its
+// tenant's quota although it has no row yet, holds no lock, and gives up
+// when its request ends. Its audit line says how long it waited
+// (waited_ms) and where it was served from (served_from: pool or cold).
 package sandbox
 
 import (
@@ -14,6 +36,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +89,18 @@ type Config struct {
 	// TouchInterval throttles the store writes of sandbox activity (idle
 	// TTLs): at most one per sandbox per interval. 0: TouchInterval.
 	TouchInterval time.Duration
+	// ColdParallel bounds the cold creates in flight (backend creates of
+	// creates that missed the pool); one tenant may hold all but one of
+	// them. The rest wait their turn, fairly between tenants. 0:
+	// DefaultColdParallel; negative: no bound.
+	ColdParallel int
 }
+
+// DefaultColdParallel is the default bound on cold creates in flight: one
+// per CPU (at least 2) for any one tenant, plus one kept for the others. A
+// cold create is mostly CPU (mounts, namespaces, cgroups, envd's start),
+// so more at once only slows each down.
+func DefaultColdParallel() int { return max(goruntime.NumCPU(), 2) + 1 }
 
 // Manager is the lifecycle state machine. Its methods are safe for
 // concurrent use; actions on one sandbox are serialised.
@@ -85,9 +119,13 @@ type Manager struct {
 
 	live sync.Map // sandbox id -> *liveInfo: tenant and idle TTL of live sandboxes, activity
 
-	tenantLocks sync.Map   // tenant id -> *sync.Mutex: quota check + insert
-	hostMu      sync.Mutex // host budget check + insert, when HostMemoryMB > 0
-	pool        Pool       // nil: every create is cold
+	tenants sync.Map   // tenant id -> *tenantState: quota check + insert, waiting creates
+	hostMu  sync.Mutex // host budget check + insert, when HostMemoryMB > 0
+	pool    Pool       // nil: every create is cold
+	gate    *coldGate  // nil: cold creates are not bounded
+	// pendingMB is the memory of claimed members whose rows are not in
+	// yet, for the host budget.
+	pendingMB atomic.Int64
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -138,7 +176,14 @@ func New(cfg Config) *Manager {
 	if cfg.TouchInterval == 0 {
 		cfg.TouchInterval = TouchInterval
 	}
-	return &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
+	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
+	switch {
+	case cfg.ColdParallel == 0:
+		m.gate = newColdGate(DefaultColdParallel())
+	case cfg.ColdParallel > 0:
+		m.gate = newColdGate(cfg.ColdParallel)
+	}
+	return m
 }
 
 // lock serialises lifecycle actions on one sandbox id.
@@ -312,20 +357,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		m.audit(ctx, "create", sb, err)
 	}()
 
-	// Quota, warm claim and host guard, then the row, under the tenant's
-	// lock: two concurrent creates cannot both pass the last free slot.
-	// admit registers its undos (the claimed member, the row) and takes
-	// the sandbox's lock.
-	member, unlockSandbox, err := m.admit(ctx, sb, req, &undo)
+	// Quota, then a warm member or a cold-create slot, the host guard and
+	// the row (see admit). admit registers its undos (the claimed member,
+	// the row) and takes the sandbox's lock.
+	adm, unlockSandbox, err := m.admit(ctx, sb, req, &undo)
 	if err != nil {
 		return nil, err
 	}
 	unlock = unlockSandbox
+	defer adm.release()
+	member, waited := adm.member, adm.waited
 	servedFrom := "cold"
 	if member != nil {
 		servedFrom = "pool"
 	}
 
+	tAdmitted := m.now()
 	spec := runtime.Spec{
 		ID:            sb.ID,
 		Template:      sb.Template,
@@ -337,7 +384,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		AllowInternet: sb.AllowInternetAccess,
 	}
 	if member == nil {
-		if _, err := m.backend.Create(ctx, spec); err != nil {
+		_, err := m.backend.Create(ctx, spec)
+		adm.release() // the slot bounds the backend's work, not the rest
+		if err != nil {
 			return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
 		}
 		undo = append(undo, func(ctx context.Context) {
@@ -346,11 +395,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 			}
 		})
 	}
+	tBackend := m.now()
 	if err := m.initEnvd(ctx, sb); err != nil {
 		return nil, fmt.Errorf("create sandbox: init envd: %w", err)
 	}
+	tInit := m.now()
 	sb.State = store.StateRunning
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+	if adm.commit != nil {
+		if err := adm.commit(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	took := m.now().Sub(start)
@@ -360,7 +415,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		m.cfg.OnCreate(sb.Template, took)
 	}
 	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()),
-		"served_from", servedFrom)
+		"served_from", servedFrom, "waited_ms", waited.Milliseconds(),
+		// Where the time went: quota, claim, wait and row; the backend's
+		// create (0 from a pool); envd's /init; the rest (row update).
+		"admit_ms", tAdmitted.Sub(start).Milliseconds(), "backend_ms", tBackend.Sub(tAdmitted).Milliseconds(),
+		"init_ms", tInit.Sub(tBackend).Milliseconds())
 	return sb, nil
 }
 

@@ -33,6 +33,7 @@ type limitOpts struct {
 	poolLead, poolHalfLife time.Duration
 	poolIdle, poolForget   time.Duration
 	poolMax, poolParallel  int
+	coldParallel           int
 }
 
 func (o *limitOpts) register(fs *flag.FlagSet) {
@@ -60,6 +61,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.poolForget, "pool-forget", time.Hour, "a non-default pool without claims this long is removed")
 	fs.IntVar(&o.poolMax, "pool-max", 64, "largest target of any one pool")
 	fs.IntVar(&o.poolParallel, "pool-parallel", max(runtime.NumCPU(), 2), "warm member creates in flight at once")
+	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once, one tenant holding all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
 }
 
 func (o *limitOpts) defaults() sandbox.Defaults {

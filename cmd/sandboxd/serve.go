@@ -117,6 +117,7 @@ func serve(args []string) error {
 		EnvdVersion: envd.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
+		ColdParallel: lim.coldParallel,
 	})
 	pools := lim.newPools(mgr, be, log)
 	ipLimiter, ipLimit := lim.ipLimiter()

@@ -1,0 +1,298 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+func granted(w *gateWaiter) bool {
+	select {
+	case <-w.granted:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestColdGate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		slots int
+		run   func(t *testing.T, g *coldGate)
+	}{
+		{"a tenant alone uses all slots but one, then queues", 3, func(t *testing.T, g *coldGate) {
+			a1, a2, a3 := g.enter("a"), g.enter("a"), g.enter("a")
+			if !granted(a1) || !granted(a2) || granted(a3) {
+				t.Fatalf("granted %v %v %v, want the first two", granted(a1), granted(a2), granted(a3))
+			}
+			b1 := g.enter("b")
+			if !granted(b1) {
+				t.Fatal("b found no free slot while a flooded")
+			}
+			g.leave(a1)
+			if !granted(a3) {
+				t.Fatal("a freed slot did not go to the waiter")
+			}
+		}},
+		{"one slot: a tenant may take it", 1, func(t *testing.T, g *coldGate) {
+			if a1 := g.enter("a"); !granted(a1) {
+				t.Fatal("the only slot was not granted")
+			}
+		}},
+		{"a freed slot goes to the tenant holding fewer", 2, func(t *testing.T, g *coldGate) {
+			a1, b1 := g.enter("a"), g.enter("b")
+			a2, a3, b2 := g.enter("a"), g.enter("a"), g.enter("b")
+			g.leave(b1) // b holds 0, a 1: b2 goes first although a queued before
+			if !granted(b2) || granted(a2) {
+				t.Fatalf("b granted %v, a's oldest waiter %v; want b first", granted(b2), granted(a2))
+			}
+			g.leave(a1)
+			if !granted(a2) || granted(a3) {
+				t.Fatal("a's waiters are not served oldest first")
+			}
+		}},
+		{"equal holders take turns", 3, func(t *testing.T, g *coldGate) {
+			a1, b1, c1 := g.enter("a"), g.enter("b"), g.enter("c")
+			a2, b2 := g.enter("a"), g.enter("b")
+			g.leave(c1) // a and b hold one each; a was served longest ago
+			if !granted(a2) || granted(b2) {
+				t.Fatal("the tenant served longest ago should go first")
+			}
+			g.leave(a1)
+			if !granted(b2) {
+				t.Fatal("b should have had its turn")
+			}
+			g.leave(b1)
+		}},
+		{"a waiter that leaves gives up its place", 3, func(t *testing.T, g *coldGate) {
+			a1, _, b1 := g.enter("a"), g.enter("a"), g.enter("b")
+			b2, c1 := g.enter("b"), g.enter("c")
+			g.leave(c1) // gave up (its context ended)
+			g.leave(a1)
+			if !granted(b2) || granted(c1) {
+				t.Fatal("the slot went to a waiter that had left")
+			}
+			if n := g.waiting(); n != 0 {
+				t.Fatalf("%d still waiting", n)
+			}
+			g.leave(b1)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.run(t, newColdGate(c.slots)) })
+	}
+}
+
+type sandboxtestBackend = sandboxtest.Backend
+
+// countingBackend records the most Creates that ran at once. A create
+// takes fast, but a spec with env var STUCK blocks until its context ends,
+// and with hold set a create waits for a value from it instead (fake time
+// runs whenever the bubble blocks, so durations cannot order events).
+type countingBackend struct {
+	*sandboxtestBackend
+	fast time.Duration
+	hold chan struct{}
+
+	inFlight, most atomic.Int32
+}
+
+func (b *countingBackend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox, error) {
+	n := b.inFlight.Add(1)
+	defer b.inFlight.Add(-1)
+	for {
+		m := b.most.Load()
+		if n <= m || b.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	switch {
+	case s.Env["STUCK"] != "":
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case b.hold != nil:
+		select {
+		case <-b.hold:
+			return b.sandboxtestBackend.Create(ctx, s)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	select {
+	case <-time.After(b.fast):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return b.sandboxtestBackend.Create(ctx, s)
+}
+
+func newCountingEnv(t *testing.T, coldParallel int) (*testEnv, *countingBackend) {
+	t.Helper()
+	var cb *countingBackend
+	e := newTestEnv(t, func(c *Config) {
+		cb = &countingBackend{sandboxtestBackend: c.Backend.(*sandboxtestBackend), fast: time.Second}
+		c.Backend = cb
+		c.ColdParallel = coldParallel
+	})
+	return e, cb
+}
+
+func TestColdCreatesBounded(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		tenants []string
+		want    int32
+	}{
+		{"one tenant: all slots but one", []string{"a"}, 2},
+		{"two tenants: every slot", []string{"a", "b"}, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, cb := newCountingEnv(t, 3)
+				var wg sync.WaitGroup
+				for i := range 8 {
+					wg.Go(func() {
+						if _, err := e.m.Create(as(c.tenants[i%len(c.tenants)]), CreateRequest{}); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+				if got := cb.most.Load(); got != c.want {
+					t.Fatalf("%d backend creates ran at once, want %d", got, c.want)
+				}
+				if n := e.be.Len(); n != 8 {
+					t.Fatalf("%d sandboxes, want 8", n)
+				}
+			})
+		})
+	}
+}
+
+// TestColdCreateFairness: tenant a queues five creates behind one slot, then
+// b asks for one: b's goes next, not after a's backlog.
+func TestColdCreateFairness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _ := newCountingEnv(t, 1)
+		var (
+			mu    sync.Mutex
+			order []string
+			wg    sync.WaitGroup
+		)
+		create := func(who string, i int) {
+			if _, err := e.m.Create(as(who), CreateRequest{}); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			order = append(order, fmt.Sprintf("%s%d", who, i))
+			mu.Unlock()
+		}
+		for i := range 5 {
+			wg.Go(func() { create("a", i) })
+		}
+		synctest.Wait() // one of a's holds the slot, four wait
+		wg.Go(func() { create("b", 0) })
+		wg.Wait()
+		if i := slices.Index(order, "b0"); i != 1 {
+			t.Fatalf("completion order %v: b's create finished at place %d, want 1 (right after the create holding the slot)", order, i)
+		}
+	})
+}
+
+// TestMissTakesRefill: with the only cold-create slot busy, a miss gets the
+// member the pool's refill makes, rather than waiting for the slot.
+func TestMissTakesRefill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, cb := newCountingEnv(t, 1)
+		cb.hold = make(chan struct{})
+		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(1) })
+		p := e.startPools(t)
+		cb.hold <- struct{}{} // the first member
+		waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
+
+		stuck := CreateRequest{AllowInternet: true, EnvVars: map[string]string{"STUCK": "1"}}
+		hit, err := e.m.Create(as("a"), stuck) // the member: no backend create at all
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(as("a"))
+		defer cancel()
+		coldDone := make(chan error, 1)
+		go func() { _, err := e.m.Create(ctx, stuck); coldDone <- err }() // takes the slot for good
+		synctest.Wait()
+		type res struct {
+			sb  *store.Sandbox
+			err error
+		}
+		waiter := make(chan res, 1)
+		go func() { sb, err := e.m.Create(as("a"), stuck); waiter <- res{sb, err} }()
+		synctest.Wait()
+		select {
+		case r := <-waiter:
+			t.Fatalf("a miss with the slot busy and no refill ready returned: %+v", r)
+		default:
+		}
+		cb.hold <- struct{}{} // the refill started by the first claim
+		r := <-waiter
+		got, err := r.sb, r.err
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ID == hit.ID || e.be.Get(got.ID) == nil {
+			t.Fatalf("create got %s, want a new member", got.ID)
+		}
+		var waited uint64
+		for _, c := range p.Counts() {
+			waited += c.Waited
+		}
+		if waited != 1 {
+			t.Fatalf("counts %+v: want 1 waited", p.Counts())
+		}
+		cancel()
+		if err := <-coldDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the cancelled cold create: %v", err)
+		}
+	})
+}
+
+// TestQuotaCountsWaitingCreates: creates waiting for a cold-create slot have
+// no row yet, but count against the quota.
+func TestQuotaCountsWaitingCreates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _ := newCountingEnv(t, 1)
+		e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(2) })
+		var ok, refused atomic.Int32
+		var wg sync.WaitGroup
+		for range 5 {
+			wg.Go(func() {
+				_, err := e.m.Create(as("a"), CreateRequest{})
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, errdefs.ErrResourceExhausted):
+					refused.Add(1)
+				default:
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if ok.Load() != 2 || refused.Load() != 3 {
+			t.Fatalf("%d created, %d refused; want 2 and 3", ok.Load(), refused.Load())
+		}
+		if n := e.be.Len(); n != 2 {
+			t.Fatalf("%d backend sandboxes, want 2", n)
+		}
+	})
+}
