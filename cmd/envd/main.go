@@ -78,12 +78,12 @@ func run() int {
 
 	var listeners []net.Listener
 	if *socket != "" {
-		_ = os.Remove(*socket) // a stale socket from a previous run
-		l, err := net.Listen("unix", *socket)
+		l, err := listenUnix(*socket)
 		if err != nil {
 			log.Error("listen", "socket", *socket, "err", err)
 			return 1
 		}
+		defer os.Remove(*socket)
 		listeners = append(listeners, l)
 	}
 	if *listen != "" {
@@ -114,4 +114,27 @@ func run() int {
 	defer cancel()
 	_ = hs.Shutdown(shutdownCtx)
 	return 0
+}
+
+// listenUnix listens on a unix socket at path that appears there only once
+// it accepts: it is bound and listening under a temporary name first, then
+// renamed over path (replacing a stale socket of an earlier run). sandboxd
+// waits for the name to appear (inotify) and then asks /health once, so a
+// socket that existed but refused connections would cost it a poll.
+func listenUnix(path string) (net.Listener, error) {
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, err
+	}
+	// The listener would unlink tmp, the name it was bound to, on Close;
+	// the caller removes path instead.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Rename(tmp, path); err != nil {
+		l.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	return l, nil
 }

@@ -13,7 +13,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -90,18 +93,41 @@ type Health struct {
 	// MaxDelay caps the interval between polls, which starts at 0.5 ms and
 	// doubles; zero means 5 ms.
 	MaxDelay time.Duration
+	// Socket, if set, is the host path of the unix socket envd listens on.
+	// WaitHealthy then watches its directory (inotify) and asks /health as
+	// soon as the socket appears, instead of polling for it: envd makes the
+	// socket appear only once it accepts (see cmd/envd). Until then it polls
+	// every SlowPoll only, as a fallback for an event it cannot see (the
+	// socket made before the watch, a directory it cannot watch); once the
+	// socket exists and still does not answer, it polls as without Socket.
+	Socket string
+	// SlowPoll is the fallback interval while Socket does not exist; zero
+	// means 25 ms.
+	SlowPoll time.Duration
 }
 
-// WaitHealthy polls envd's /health through dial until it answers 200 or 204,
+// WaitHealthy asks envd's /health through dial until it answers 200 or 204,
 // h.Exited is closed or ctx ends; the last two are runtime.ErrUnavailable.
 func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	maxDelay := h.MaxDelay
 	if maxDelay <= 0 {
 		maxDelay = 5 * time.Millisecond
 	}
+	slow := h.SlowPoll
+	if slow <= 0 {
+		slow = 25 * time.Millisecond
+	}
 	exited := "envd exited before answering"
 	if h.LogHint != "" {
 		exited += " (" + h.LogHint + ")"
+	}
+	var appeared <-chan struct{}
+	if h.Socket != "" {
+		w, err := watchFor(h.Socket)
+		if err == nil {
+			defer w.close()
+			appeared = w.appeared
+		}
 	}
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
@@ -124,13 +150,81 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 			err = fmt.Errorf("/health answered %s", resp.Status)
 		}
 		last = err
+		wait := delay
+		if appeared != nil {
+			if _, err := os.Lstat(h.Socket); err == nil {
+				// There, but not answering (an envd that binds before
+				// it listens, or a stale socket): poll it.
+				appeared = nil
+			} else {
+				wait = slow
+			}
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-h.Exited:
+			timer.Stop()
 			return fmt.Errorf("%w: %s: %v", runtime.ErrUnavailable, exited, last)
 		case <-ctx.Done():
+			timer.Stop()
 			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
-		case <-time.After(delay):
+		case <-appeared:
+			timer.Stop()
+			appeared = nil
+		case <-timer.C:
+			if appeared == nil {
+				delay = min(delay*2, maxDelay)
+			}
 		}
-		delay = min(delay*2, maxDelay)
 	}
+}
+
+// socketWatch reports, by closing appeared, when a file named like its
+// socket is created in or moved into the socket's directory.
+type socketWatch struct {
+	f        *os.File
+	appeared chan struct{}
+}
+
+func watchFor(socket string) (*socketWatch, error) {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("inotify_init1", err)
+	}
+	dir, name := filepath.Split(filepath.Clean(socket))
+	if _, err := unix.InotifyAddWatch(fd, filepath.Clean(dir), unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError("inotify_add_watch", err)
+	}
+	// Non-blocking, so reads go through the runtime's poller and Close
+	// ends a blocked read.
+	w := &socketWatch{f: os.NewFile(uintptr(fd), "inotify"), appeared: make(chan struct{})}
+	go w.read(name)
+	return w, nil
+}
+
+func (w *socketWatch) read(name string) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := w.f.Read(buf)
+		if err != nil {
+			return // closed, or an overflow-free error we cannot act on
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 || strings.TrimRight(string(nameBytes), "\x00") == name {
+				close(w.appeared)
+				return
+			}
+		}
+	}
+}
+
+// close ends the watch in the background: closing an inotify instance
+// waits for an SRCU grace period in the kernel (fsnotify's group
+// teardown), which took 15-20 ms here, longer than the wait itself.
+func (w *socketWatch) close() {
+	go w.f.Close()
 }

@@ -290,6 +290,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
 		Exited: exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
+		Socket: filepath.Join(sockDir, "envd.sock"),
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}
