@@ -27,7 +27,7 @@ func run() int {
 	var (
 		listen      = flag.String("listen", "0.0.0.0:49983", "TCP address to serve on; empty to serve only on --socket")
 		socket      = flag.String("socket", "", "unix socket path to serve on (sandboxd's control channel)")
-		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap zombies and forward signals")
+		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap orphaned zombies")
 		defaultUser = flag.String("default-user", "user", "user for requests that name none (falls back to root if missing)")
 		workdir     = flag.String("workdir", "", "default working directory (default: the user's home)")
 		disk        = flag.String("disk", "/", "filesystem whose usage /metrics reports")
@@ -39,12 +39,12 @@ func run() int {
 		fmt.Println(envd.Version)
 		return 0
 	}
-	if *initMode && !pid1.IsChild() {
-		code, err := pid1.Supervise(os.Args)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "envd init:", err)
+	if *initMode {
+		// Before anything can fork: see package pid1.
+		pid1.Reap()
+		if err := pid1.LoopbackUp(); err != nil {
+			fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 		}
-		return code
 	}
 
 	var level slog.Level
@@ -99,7 +99,11 @@ func run() int {
 	defer stop()
 	errs := make(chan error, len(listeners))
 	for _, l := range listeners {
-		log.Info("envd serving", "addr", l.Addr().String(), "version", envd.Version, "default_user", user)
+		addr := l.Addr().String()
+		if l.Addr().Network() == "unix" {
+			addr = *socket // bound under a temporary name, then renamed
+		}
+		log.Info("envd serving", "addr", addr, "version", envd.Version, "default_user", user)
 		go func() { errs <- hs.Serve(l) }()
 	}
 	select {

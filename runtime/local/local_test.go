@@ -670,3 +670,42 @@ func TestPauseToDiskFails(t *testing.T) {
 		t.Errorf("failed pause left %v in SaveDir", ents)
 	}
 }
+
+// TestOrphansReaped: envd is the sandbox's PID 1, so what a command leaves
+// behind is reparented to it when the command exits, and must not stay a
+// zombie once it exits in turn.
+func TestOrphansReaped(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "for i in 1 2 3 4 5; do (sleep 0.05; true) & done; exit 0")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("orphan maker: %v %v", res, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "cat /proc/[0-9]*/stat")
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("list processes: %v %v", res, err)
+		}
+		var zombies []string
+		for _, l := range strings.Split(strings.TrimSpace(res.Stdout), "\n") {
+			if f := strings.Fields(l[strings.LastIndexByte(l, ')')+1:]); len(f) > 0 && f[0] == "Z" {
+				zombies = append(zombies, l)
+			}
+		}
+		if len(zombies) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombies left: %q", zombies)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
