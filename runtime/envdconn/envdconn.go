@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -179,52 +180,137 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	}
 }
 
+// One inotify instance serves every wait, for the life of the process:
+// closing an instance waits for an SRCU grace period in the kernel
+// (fsnotify's group teardown), 15-20 ms here, longer than the wait itself,
+// while removing a watch does not wait.
+var (
+	inotifyOnce sync.Once
+	inotify     *notifier
+	inotifyErr  error
+)
+
+// notifier dispatches the events of the shared inotify instance to the
+// waits on each watched directory.
+type notifier struct {
+	f  *os.File
+	fd int
+	mu sync.Mutex
+	// waits holds, per watch descriptor (one per directory: adding a
+	// watch on a watched directory returns the same one), the file names
+	// waited for and the channels to close when they appear.
+	waits map[int32]map[*socketWatch]struct{}
+}
+
 // socketWatch reports, by closing appeared, when a file named like its
 // socket is created in or moved into the socket's directory.
 type socketWatch struct {
-	f        *os.File
+	n        *notifier
+	wd       int32
+	name     string
 	appeared chan struct{}
+	closed   bool // appeared is closed; under n.mu
 }
 
 func watchFor(socket string) (*socketWatch, error) {
+	inotifyOnce.Do(func() { inotify, inotifyErr = newNotifier() })
+	if inotifyErr != nil {
+		return nil, inotifyErr
+	}
+	n := inotify
+	dir, name := filepath.Split(filepath.Clean(socket))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.waits == nil {
+		return nil, errors.New("inotify reader ended")
+	}
+	wd, err := unix.InotifyAddWatch(n.fd, filepath.Clean(dir), unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR)
+	if err != nil {
+		return nil, os.NewSyscallError("inotify_add_watch", err)
+	}
+	w := &socketWatch{n: n, wd: int32(wd), name: name, appeared: make(chan struct{})}
+	if n.waits[w.wd] == nil {
+		n.waits[w.wd] = map[*socketWatch]struct{}{}
+	}
+	n.waits[w.wd][w] = struct{}{}
+	return w, nil
+}
+
+func newNotifier() (*notifier, error) {
+	// Non-blocking, so the reader waits in the runtime's poller, not on a
+	// thread of its own.
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("inotify_init1", err)
 	}
-	dir, name := filepath.Split(filepath.Clean(socket))
-	if _, err := unix.InotifyAddWatch(fd, filepath.Clean(dir), unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR); err != nil {
-		unix.Close(fd)
-		return nil, os.NewSyscallError("inotify_add_watch", err)
-	}
-	// Non-blocking, so reads go through the runtime's poller and Close
-	// ends a blocked read.
-	w := &socketWatch{f: os.NewFile(uintptr(fd), "inotify"), appeared: make(chan struct{})}
-	go w.read(name)
-	return w, nil
+	n := &notifier{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, waits: map[int32]map[*socketWatch]struct{}{}}
+	go n.read()
+	return n, nil
 }
 
-func (w *socketWatch) read(name string) {
-	buf := make([]byte, 4096)
+// read runs for the life of the process.
+func (n *notifier) read() {
+	buf := make([]byte, 64<<10)
 	for {
-		n, err := w.f.Read(buf)
-		if err != nil {
-			return // closed, or an overflow-free error we cannot act on
+		c, err := n.f.Read(buf)
+		if err != nil || c <= 0 {
+			n.fail()
+			return
 		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		n.mu.Lock()
+		for off := 0; off+unix.SizeofInotifyEvent <= c; {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
 			off += unix.SizeofInotifyEvent + int(ev.Len)
-			if ev.Mask&unix.IN_Q_OVERFLOW != 0 || strings.TrimRight(string(nameBytes), "\x00") == name {
-				close(w.appeared)
-				return
+			for w := range n.waits[ev.Wd] {
+				// IN_IGNORED: the directory is gone; the wait ends one
+				// way or the other on its next try.
+				if name == w.name || ev.Mask&unix.IN_IGNORED != 0 {
+					w.wake()
+				}
+			}
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+				n.wakeAll()
 			}
 		}
+		n.mu.Unlock()
 	}
 }
 
-// close ends the watch in the background: closing an inotify instance
-// waits for an SRCU grace period in the kernel (fsnotify's group
-// teardown), which took 15-20 ms here, longer than the wait itself.
+// fail wakes every wait and lets later ones fall back to polling.
+func (n *notifier) fail() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.wakeAll()
+	n.waits = nil // watchFor fails from now on
+}
+
+func (n *notifier) wakeAll() {
+	for _, ws := range n.waits {
+		for w := range ws {
+			w.wake()
+		}
+	}
+}
+
+// wake closes appeared once; n.mu is held.
+func (w *socketWatch) wake() {
+	if !w.closed {
+		w.closed = true
+		close(w.appeared)
+	}
+}
+
+// close ends the wait, removing the directory's watch once nobody else
+// waits on it.
 func (w *socketWatch) close() {
-	go w.f.Close()
+	n := w.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ws := n.waits[w.wd]
+	delete(ws, w)
+	if len(ws) == 0 && n.waits != nil {
+		delete(n.waits, w.wd)
+		_, _ = unix.InotifyRmWatch(n.fd, uint32(w.wd))
+	}
 }

@@ -18,10 +18,14 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
-// serve answers /health with status on a unix socket at dir/envd.sock.
-func serve(t *testing.T, dir string, status int) string {
+// serve answers /health with status on a unix socket at dir/name, or
+// dir/envd.sock.
+func serve(t *testing.T, dir string, status int, name ...string) string {
 	t.Helper()
 	path := filepath.Join(dir, "envd.sock")
+	if len(name) > 0 {
+		path = filepath.Join(dir, name[0])
+	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -184,5 +188,39 @@ func TestWaitHealthySocket(t *testing.T) {
 				t.Fatalf("WaitHealthy: %v", err)
 			}
 		})
+	}
+}
+
+// TestWaitHealthySharedDir: waits on two sockets of one directory share its
+// watch; the first to end must not take the watch from the other.
+func TestWaitHealthySharedDir(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	wait := func(name string) (<-chan error, <-chan struct{}) {
+		sock := filepath.Join(dir, name)
+		polled := make(chan struct{})
+		var once sync.Once
+		dial := func(ctx context.Context) (net.Conn, error) {
+			c, err := envdconn.DialSocket(ctx, sock, "sb")
+			once.Do(func() { close(polled) })
+			return c, err
+		}
+		done := make(chan error, 1)
+		go func() { done <- envdconn.WaitHealthy(ctx, dial, envdconn.Health{Socket: sock, SlowPoll: time.Hour}) }()
+		return done, polled
+	}
+	doneA, polledA := wait("a.sock")
+	doneB, polledB := wait("b.sock")
+	<-polledA
+	<-polledB
+	for _, step := range []struct {
+		name string
+		done <-chan error
+	}{{"a.sock", doneA}, {"b.sock", doneB}} {
+		serve(t, dir, http.StatusNoContent, step.name)
+		if err := <-step.done; err != nil {
+			t.Fatalf("WaitHealthy(%s): %v", step.name, err)
+		}
 	}
 }
