@@ -52,7 +52,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		id:    spec.ID,
 		dir:   dir,
 		ready: make(chan struct{}),
-		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC()},
+		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.opts.UserNS},
 	}
 	if spec.AllowInternet {
 		if err := haveNft(); err != nil {
@@ -105,6 +105,14 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
 		}
 		return nil, wrap("state dir", err)
+	}
+	if b.opts.UserNS {
+		// The sandbox's root (a host id of its own) must reach rootfs/
+		// to set it up; nobody else on the host may.
+		if err := errors.Join(os.Chown(dir, 0, userNSBase), os.Chmod(dir, 0o710)); err != nil {
+			_ = os.Remove(dir)
+			return nil, wrap("state dir", err)
+		}
 	}
 	r.Add(func() {
 		if err := b.cleanup(spec.ID, dir); err != nil {
@@ -192,7 +200,17 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
 	t0 := time.Now()
-	if err := mountOverlay(rootfs, tpl.lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
+	if s.meta.UserNS != b.opts.UserNS {
+		// Its saved layer's owners are the host ids of the mode it was
+		// made in.
+		return fmt.Errorf("%w: made with user namespaces %v, backend runs with %v", runtime.ErrUnavailable, s.meta.UserNS, b.opts.UserNS)
+	}
+	if b.opts.UserNS {
+		if err := chownToMappedRoot(s.upperDir(), sockDir); err != nil {
+			return fmt.Errorf("user namespace: %w", err)
+		}
+	}
+	if err := mountOverlay(rootfs, b.lowerDir(tpl), s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
 		return fmt.Errorf("rootfs: %w", err)
 	}
 	if err := os.Chmod(rootfs, 0o755); err != nil {
@@ -228,6 +246,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logLevel:  b.opts.EnvdLogLevel,
 		netPeer:   netPeer,
 		resolv:    resolv,
+		userNS:    b.opts.UserNS,
 	})
 	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName: spec.ID,
