@@ -200,10 +200,8 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
 	t0 := time.Now()
-	if s.meta.UserNS != b.opts.UserNS {
-		// Its saved layer's owners are the host ids of the mode it was
-		// made in.
-		return fmt.Errorf("%w: made with user namespaces %v, backend runs with %v", runtime.ErrUnavailable, s.meta.UserNS, b.opts.UserNS)
+	if err := b.sameUserNS(s); err != nil {
+		return err
 	}
 	if b.opts.UserNS {
 		if err := chownToMappedRoot(s.upperDir(), sockDir); err != nil {

@@ -818,3 +818,32 @@ func TestUserNS(t *testing.T) {
 		t.Errorf("no process of the sandbox found in its cgroup: %q", procs)
 	}
 }
+
+// TestUserNSMismatch: a sandbox paused to disk resumes only on a backend
+// with the UserNS setting it was made with (its layer's owners are that
+// mode's host ids).
+func TestUserNSMismatch(t *testing.T) {
+	env := newEnv(t)
+	b := env.openUserNS(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	plain := env.open(t)
+	if _, err := plain.Resume(ctx, id); !errors.Is(err, runtime.ErrUnavailable) {
+		t.Fatalf("Resume without UserNS = %v; want ErrUnavailable", err)
+	}
+	again := env.openUserNS(t)
+	if _, err := again.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume with UserNS: %v", err)
+	}
+	res, err := runtimetest.Exec(ctx, again, id, "root", "/bin/cat", "/proc/self/uid_map")
+	if err != nil || !strings.Contains(res.Stdout, "1000000000") {
+		t.Fatalf("uid_map after resume: %v %v", res, err)
+	}
+}

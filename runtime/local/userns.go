@@ -12,6 +12,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // User namespaces (Options.UserNS): every sandbox maps its ids 0-65535 to
@@ -171,6 +173,16 @@ func userNSDirs(root string, created []string) error {
 		if fi.Mode().Perm()&0o001 == 0 {
 			return fmt.Errorf("%s is not traversable by others (mode %v): sandboxes could not reach their root filesystem", d, fi.Mode().Perm())
 		}
+	}
+	return nil
+}
+
+// sameUserNS refuses to start s on a backend whose UserNS setting differs
+// from the one s was made with: its layer's owners are the host ids of that
+// mode.
+func (b *Backend) sameUserNS(s *sandbox) error {
+	if s.meta.UserNS != b.opts.UserNS {
+		return fmt.Errorf("%w: sandbox made with user namespaces %v, backend runs with %v", runtime.ErrUnavailable, s.meta.UserNS, b.opts.UserNS)
 	}
 	return nil
 }
