@@ -9,10 +9,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/revert"
@@ -246,10 +249,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		resolv:    resolv,
 		userNS:    b.opts.UserNS,
 	})
-	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName: spec.ID,
-		Spec:       oci,
-	})
+	cfg, err := libcontainerConfig(spec.ID, oci, b.opts.UserNS)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -315,4 +315,32 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
 		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted))
 	return nil
+}
+
+// specconvMu serializes specconv.CreateLibcontainerConfig: with a user
+// namespace it sets the owner of its package-level default devices in
+// place (a data race between concurrent creates).
+var specconvMu sync.Mutex
+
+// libcontainerConfig turns oci into libcontainer's config for sandbox id,
+// with device nodes of its own, owned by the sandbox's root (the host's
+// userNSBase with a user namespace, else 0) whatever another create left in
+// specconv's shared defaults.
+func libcontainerConfig(id string, oci *specs.Spec, userNS bool) (*configs.Config, error) {
+	specconvMu.Lock()
+	defer specconvMu.Unlock()
+	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: id, Spec: oci})
+	if err != nil {
+		return nil, err
+	}
+	var owner uint32
+	if userNS {
+		owner = userNSBase
+	}
+	for i, d := range cfg.Devices {
+		c := *d
+		c.Uid, c.Gid = owner, owner
+		cfg.Devices[i] = &c
+	}
+	return cfg, nil
 }
