@@ -37,6 +37,10 @@
 // layer back from a child process in the sandbox's cgroup (so the pages are
 // charged to the sandbox, as before) and starts envd again as init.
 //
+// With Options.UserNS, <Root>/templates-idmapped is a read-only, idmapped
+// view of <Root>/templates, made by New and kept: the sandboxes' lower
+// layers (see DEPS.md).
+//
 // Sandboxes outlive sandboxd: New re-adopts live ones, and Reconcile removes
 // what dead ones left (mounts, cgroups, directories).
 //
