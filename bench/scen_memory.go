@@ -233,12 +233,12 @@ func (c hostCost) rows(scenario, label string, n int) []Row {
 		fmtNum(c.slope/mib), c.slabDelta/mib, c.shmemDelta/mib, c.sandboxdDelta/mib)
 	cg := value(scenario, "memory cgroup usage per idle sandbox, "+label, "MiB", c.cgUsage/mib, c.measured)
 	cg.Note = fmt.Sprintf("anon %.2f MiB, page cache/tmpfs %.2f MiB, kernel %.2f MiB (cgroup v1 kmem)", c.cgAnon/mib, c.cgFile/mib, c.cgKmem/mib)
-	envd := value(scenario, "envd per sandbox (supervisor + envd): PSS, "+label, "MiB", c.envdPSS/mib, c.measured)
+	envd := value(scenario, "envd per sandbox: PSS, "+label, "MiB", c.envdPSS/mib, c.measured)
 	envd.Note = fmt.Sprintf("RSS %.2f MiB (counts the shared envd text in full), %.1f host tasks (threads) per sandbox", c.envdRSS/mib, c.tasks)
 	if c.measured == 0 {
 		why := "the sandboxes' memory cgroups were not found under /sys/fs/cgroup"
 		return []Row{host, unavailable(scenario, "memory cgroup usage per idle sandbox, "+label, why),
-			unavailable(scenario, "envd per sandbox (supervisor + envd): PSS, "+label, why)}
+			unavailable(scenario, "envd per sandbox: PSS, "+label, why)}
 	}
 	return []Row{host, cg, envd}
 }

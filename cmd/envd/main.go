@@ -27,7 +27,7 @@ func run() int {
 	var (
 		listen      = flag.String("listen", "0.0.0.0:49983", "TCP address to serve on; empty to serve only on --socket")
 		socket      = flag.String("socket", "", "unix socket path to serve on (sandboxd's control channel)")
-		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap zombies and forward signals")
+		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap orphaned zombies")
 		defaultUser = flag.String("default-user", "user", "user for requests that name none (falls back to root if missing)")
 		workdir     = flag.String("workdir", "", "default working directory (default: the user's home)")
 		disk        = flag.String("disk", "/", "filesystem whose usage /metrics reports")
@@ -39,12 +39,12 @@ func run() int {
 		fmt.Println(envd.Version)
 		return 0
 	}
-	if *initMode && !pid1.IsChild() {
-		code, err := pid1.Supervise(os.Args)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "envd init:", err)
+	if *initMode {
+		// Before anything can fork: see package pid1.
+		pid1.Reap()
+		if err := pid1.LoopbackUp(); err != nil {
+			fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 		}
-		return code
 	}
 
 	var level slog.Level
@@ -78,12 +78,12 @@ func run() int {
 
 	var listeners []net.Listener
 	if *socket != "" {
-		_ = os.Remove(*socket) // a stale socket from a previous run
-		l, err := net.Listen("unix", *socket)
+		l, err := listenUnix(*socket)
 		if err != nil {
 			log.Error("listen", "socket", *socket, "err", err)
 			return 1
 		}
+		defer os.Remove(*socket)
 		listeners = append(listeners, l)
 	}
 	if *listen != "" {
@@ -99,7 +99,11 @@ func run() int {
 	defer stop()
 	errs := make(chan error, len(listeners))
 	for _, l := range listeners {
-		log.Info("envd serving", "addr", l.Addr().String(), "version", envd.Version, "default_user", user)
+		addr := l.Addr().String()
+		if l.Addr().Network() == "unix" {
+			addr = *socket // bound under a temporary name, then renamed
+		}
+		log.Info("envd serving", "addr", addr, "version", envd.Version, "default_user", user)
 		go func() { errs <- hs.Serve(l) }()
 	}
 	select {
@@ -114,4 +118,27 @@ func run() int {
 	defer cancel()
 	_ = hs.Shutdown(shutdownCtx)
 	return 0
+}
+
+// listenUnix listens on a unix socket at path that appears there only once
+// it accepts: it is bound and listening under a temporary name first, then
+// renamed over path (replacing a stale socket of an earlier run). sandboxd
+// waits for the name to appear (inotify) and then asks /health once, so a
+// socket that existed but refused connections would cost it a poll.
+func listenUnix(path string) (net.Listener, error) {
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, err
+	}
+	// The listener would unlink tmp, the name it was bound to, on Close;
+	// the caller removes path instead.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Rename(tmp, path); err != nil {
+		l.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	return l, nil
 }

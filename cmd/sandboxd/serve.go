@@ -220,6 +220,9 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
 	}
+	if bo.userNS && name != "local" {
+		return nil, fmt.Errorf("--local-userns: only for --backend local")
+	}
 	if len(bo.incusImages) > 0 && name != "incus" {
 		return nil, fmt.Errorf("--incus-image: only for --backend incus")
 	}
@@ -232,7 +235,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, SaveDir: pauseDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, Log: log.With("component", "local"),
+			EgressSubnet: egressSubnet, UserNS: bo.userNS, Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)

@@ -1,70 +1,155 @@
 // Package pid1 lets envd be a sandbox's init. The kernel makes PID 1 the
-// parent of every orphan and gives it no default signal handlers, so envd as
-// PID 1 splits itself in two, as tini does: this small supervisor reaps every
-// zombie and forwards signals, and the real envd runs as its child, whose own
-// children are never reaped from under it.
+// parent of every orphan, so PID 1 must reap them or the sandbox fills with
+// zombies. envd does that itself (Reap), in the same process: a supervisor
+// that re-executed envd as its child (as tini does) cost a second Go
+// start-up, about 3-4 ms of every sandbox start, and a second process's
+// memory in every sandbox.
+//
+// Reaping in the process that also runs commands must not take a command's
+// exit status from its os/exec Wait. So commands are started with Start,
+// which records their pids, and the reaper waits only for the children it
+// did not record: orphans. A reaper pass holds off new Starts while it runs,
+// so a command cannot exit (and be taken for an orphan) between its fork and
+// its record.
 package pid1
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
-	"syscall"
+	"path/filepath"
+	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// ChildEnv marks the re-executed child so it does not supervise again.
-const ChildEnv = "SANDBOXD_ENVD_CHILD"
+var (
+	// startMu is held for reading across each Start and for writing by a
+	// reaper pass.
+	startMu sync.RWMutex
+	ownMu   sync.Mutex
+	own     = map[int]struct{}{} // pids of commands started with Start and not yet waited for
+)
 
-// IsChild reports whether this process is the supervised envd.
-func IsChild() bool { return os.Getenv(ChildEnv) == "1" }
-
-// Supervise re-executes envd with args[1:] as a child, reaps zombies and
-// forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to it until
-// it exits, and returns its exit code.
-func Supervise(args []string) (int, error) {
-	if err := LoopbackUp(); err != nil {
-		fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
-	}
-	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-
-	// /proc/self/exe, not args[0]: PATH inside the sandbox may not hold envd.
-	cmd := exec.Command("/proc/self/exe", args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+// Start starts cmd as cmd.Start does, and keeps the reaper away from it
+// until Wait: its exit status is Wait's.
+func Start(cmd *exec.Cmd) error {
+	startMu.RLock()
+	defer startMu.RUnlock()
 	if err := cmd.Start(); err != nil {
-		return 1, fmt.Errorf("start envd: %w", err)
+		return err
 	}
-	child := cmd.Process.Pid
-	for sig := range sigs {
-		if sig != unix.SIGCHLD {
-			_ = unix.Kill(child, sig.(syscall.Signal))
+	ownMu.Lock()
+	own[cmd.Process.Pid] = struct{}{}
+	ownMu.Unlock()
+	return nil
+}
+
+// Wait waits for a command started with Start, as cmd.Wait does.
+func Wait(cmd *exec.Cmd) error {
+	err := cmd.Wait()
+	ownMu.Lock()
+	delete(own, cmd.Process.Pid)
+	ownMu.Unlock()
+	return err
+}
+
+// Reap makes this process reap its children that were not started with
+// Start, now and on every SIGCHLD, for the rest of its life. envd calls it
+// when it is PID 1 (--init).
+func Reap() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGCHLD)
+	reapOrphans() // those that exited before Notify
+	go func() {
+		for range sigs {
+			reapOrphans()
+		}
+	}()
+}
+
+func reapOrphans() {
+	startMu.Lock()
+	defer startMu.Unlock()
+	pids, err := children()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "envd init: list children: %v\n", err)
+		return
+	}
+	for _, pid := range pids {
+		ownMu.Lock()
+		_, mine := own[pid]
+		ownMu.Unlock()
+		if mine {
 			continue
 		}
+		var ws unix.WaitStatus
 		for {
-			var ws unix.WaitStatus
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil || pid <= 0 {
+			// WNOHANG: a live orphan is left for a later SIGCHLD.
+			if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); !errors.Is(err, unix.EINTR) {
 				break
-			}
-			if pid == child {
-				// The sandbox ends with envd: everything else in the PID
-				// namespace is killed by the kernel when PID 1 exits.
-				if ws.Signaled() {
-					return 128 + int(ws.Signal()), nil
-				}
-				return ws.ExitStatus(), nil
 			}
 		}
 	}
-	return 1, errors.New("signal channel closed")
+}
+
+// children lists this process's children: those of each of its threads
+// (an orphan is handed to one of them), from /proc/self/task/*/children,
+// or, on a kernel without those files, from every process's parent pid.
+func children() ([]int, error) {
+	files, err := filepath.Glob("/proc/self/task/*/children")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a thread that ended meanwhile
+		} else if err != nil {
+			return nil, err
+		}
+		for _, field := range bytes.Fields(b) {
+			if pid, err := strconv.Atoi(string(field)); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	if len(files) > 0 {
+		return pids, nil
+	}
+	return childrenByStat()
+}
+
+func childrenByStat() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// After the parenthesised command: state, then the parent pid.
+		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+		if len(f) > 1 {
+			if ppid, err := strconv.Atoi(string(f[1])); err == nil && ppid == self {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids, nil
 }
 
 // LoopbackUp sets lo up in the calling thread's network namespace, if it is

@@ -22,6 +22,7 @@ import (
 
 	rpc "github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/envd/permissions"
+	"github.com/sandboxd/sandboxd/envd/pid1"
 	"github.com/sandboxd/sandboxd/envd/rpcerr"
 )
 
@@ -206,7 +207,9 @@ func (p *process) spawn(spec *spawnSpec) (outs []output, err error) {
 		}
 	}
 
-	if err := cmd.Start(); err != nil {
+	// pid1.Start, not cmd.Start: envd as PID 1 reaps orphans, and must
+	// know this child is not one (its status is Wait's).
+	if err := pid1.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start %q: %w", spec.cfg.GetCmd(), err)
 	}
 	preferOOMVictim(cmd.Process.Pid)
@@ -353,7 +356,7 @@ func (p *process) run(outs []output) {
 		p.events.release()
 	})
 
-	waitErr := p.cmd.Wait()
+	waitErr := pid1.Wait(p.cmd)
 	p.closeStdin()
 	// The leader is gone, but children it left behind may still hold the
 	// output open. Keep forwarding until they close it (as a shell pipeline

@@ -13,7 +13,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -90,18 +94,41 @@ type Health struct {
 	// MaxDelay caps the interval between polls, which starts at 0.5 ms and
 	// doubles; zero means 5 ms.
 	MaxDelay time.Duration
+	// Socket, if set, is the host path of the unix socket envd listens on.
+	// WaitHealthy then watches its directory (inotify) and asks /health as
+	// soon as the socket appears, instead of polling for it: envd makes the
+	// socket appear only once it accepts (see cmd/envd). Until then it polls
+	// every SlowPoll only, as a fallback for an event it cannot see (the
+	// socket made before the watch, a directory it cannot watch); once the
+	// socket exists and still does not answer, it polls as without Socket.
+	Socket string
+	// SlowPoll is the fallback interval while Socket does not exist; zero
+	// means 25 ms.
+	SlowPoll time.Duration
 }
 
-// WaitHealthy polls envd's /health through dial until it answers 200 or 204,
+// WaitHealthy asks envd's /health through dial until it answers 200 or 204,
 // h.Exited is closed or ctx ends; the last two are runtime.ErrUnavailable.
 func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	maxDelay := h.MaxDelay
 	if maxDelay <= 0 {
 		maxDelay = 5 * time.Millisecond
 	}
+	slow := h.SlowPoll
+	if slow <= 0 {
+		slow = 25 * time.Millisecond
+	}
 	exited := "envd exited before answering"
 	if h.LogHint != "" {
 		exited += " (" + h.LogHint + ")"
+	}
+	var appeared <-chan struct{}
+	if h.Socket != "" {
+		w, err := watchFor(h.Socket)
+		if err == nil {
+			defer w.close()
+			appeared = w.appeared
+		}
 	}
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
@@ -124,13 +151,166 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 			err = fmt.Errorf("/health answered %s", resp.Status)
 		}
 		last = err
+		wait := delay
+		if appeared != nil {
+			if _, err := os.Lstat(h.Socket); err == nil {
+				// There, but not answering (an envd that binds before
+				// it listens, or a stale socket): poll it.
+				appeared = nil
+			} else {
+				wait = slow
+			}
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-h.Exited:
+			timer.Stop()
 			return fmt.Errorf("%w: %s: %v", runtime.ErrUnavailable, exited, last)
 		case <-ctx.Done():
+			timer.Stop()
 			return fmt.Errorf("%w: no answer from envd: %w (last: %v)", runtime.ErrUnavailable, ctx.Err(), last)
-		case <-time.After(delay):
+		case <-appeared:
+			timer.Stop()
+			appeared = nil
+		case <-timer.C:
+			if appeared == nil {
+				delay = min(delay*2, maxDelay)
+			}
 		}
-		delay = min(delay*2, maxDelay)
+	}
+}
+
+// One inotify instance serves every wait, for the life of the process:
+// closing an instance waits for an SRCU grace period in the kernel
+// (fsnotify's group teardown), 15-20 ms here, longer than the wait itself,
+// while removing a watch does not wait.
+var (
+	inotifyOnce sync.Once
+	inotify     *notifier
+	inotifyErr  error
+)
+
+// notifier dispatches the events of the shared inotify instance to the
+// waits on each watched directory.
+type notifier struct {
+	f  *os.File
+	fd int
+	mu sync.Mutex
+	// waits holds, per watch descriptor (one per directory: adding a
+	// watch on a watched directory returns the same one), the file names
+	// waited for and the channels to close when they appear.
+	waits map[int32]map[*socketWatch]struct{}
+}
+
+// socketWatch reports, by closing appeared, when a file named like its
+// socket is created in or moved into the socket's directory.
+type socketWatch struct {
+	n        *notifier
+	wd       int32
+	name     string
+	appeared chan struct{}
+	closed   bool // appeared is closed; under n.mu
+}
+
+func watchFor(socket string) (*socketWatch, error) {
+	inotifyOnce.Do(func() { inotify, inotifyErr = newNotifier() })
+	if inotifyErr != nil {
+		return nil, inotifyErr
+	}
+	n := inotify
+	dir, name := filepath.Split(filepath.Clean(socket))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.waits == nil {
+		return nil, errors.New("inotify reader ended")
+	}
+	wd, err := unix.InotifyAddWatch(n.fd, filepath.Clean(dir), unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR)
+	if err != nil {
+		return nil, os.NewSyscallError("inotify_add_watch", err)
+	}
+	w := &socketWatch{n: n, wd: int32(wd), name: name, appeared: make(chan struct{})}
+	if n.waits[w.wd] == nil {
+		n.waits[w.wd] = map[*socketWatch]struct{}{}
+	}
+	n.waits[w.wd][w] = struct{}{}
+	return w, nil
+}
+
+func newNotifier() (*notifier, error) {
+	// Non-blocking, so the reader waits in the runtime's poller, not on a
+	// thread of its own.
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("inotify_init1", err)
+	}
+	n := &notifier{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, waits: map[int32]map[*socketWatch]struct{}{}}
+	go n.read()
+	return n, nil
+}
+
+// read runs for the life of the process.
+func (n *notifier) read() {
+	buf := make([]byte, 64<<10)
+	for {
+		c, err := n.f.Read(buf)
+		if err != nil || c <= 0 {
+			n.fail()
+			return
+		}
+		n.mu.Lock()
+		for off := 0; off+unix.SizeofInotifyEvent <= c; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			for w := range n.waits[ev.Wd] {
+				// IN_IGNORED: the directory is gone; the wait ends one
+				// way or the other on its next try.
+				if name == w.name || ev.Mask&unix.IN_IGNORED != 0 {
+					w.wake()
+				}
+			}
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+				n.wakeAll()
+			}
+		}
+		n.mu.Unlock()
+	}
+}
+
+// fail wakes every wait and lets later ones fall back to polling.
+func (n *notifier) fail() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.wakeAll()
+	n.waits = nil // watchFor fails from now on
+}
+
+func (n *notifier) wakeAll() {
+	for _, ws := range n.waits {
+		for w := range ws {
+			w.wake()
+		}
+	}
+}
+
+// wake closes appeared once; n.mu is held.
+func (w *socketWatch) wake() {
+	if !w.closed {
+		w.closed = true
+		close(w.appeared)
+	}
+}
+
+// close ends the wait, removing the directory's watch once nobody else
+// waits on it.
+func (w *socketWatch) close() {
+	n := w.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ws := n.waits[w.wd]
+	delete(ws, w)
+	if len(ws) == 0 && n.waits != nil {
+		delete(n.waits, w.wd)
+		_, _ = unix.InotifyRmWatch(n.fd, uint32(w.wd))
 	}
 }

@@ -8,17 +8,24 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
-// serve answers /health with status on a unix socket at dir/envd.sock.
-func serve(t *testing.T, dir string, status int) string {
+// serve answers /health with status on a unix socket at dir/name, or
+// dir/envd.sock.
+func serve(t *testing.T, dir string, status int, name ...string) string {
 	t.Helper()
 	path := filepath.Join(dir, "envd.sock")
+	if len(name) > 0 {
+		path = filepath.Join(dir, name[0])
+	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -93,5 +100,127 @@ func TestWaitHealthy(t *testing.T) {
 	err := envdconn.WaitHealthy(t.Context(), dial, envdconn.Health{Exited: exited, LogHint: "its log is x.log"})
 	if !errors.Is(err, runtime.ErrUnavailable) || !strings.Contains(err.Error(), "envd exited before answering (its log is x.log)") {
 		t.Errorf("WaitHealthy(exited) = %v; want ErrUnavailable naming the log", err)
+	}
+}
+
+// TestWaitHealthySocket: with Socket set, the wait wakes up when the socket
+// appears (renamed into place, as envd does) or, when it exists but does not
+// accept yet, polls it. SlowPoll is an hour, so only those paths can end the
+// wait before ctx does.
+func TestWaitHealthySocket(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	tests := []struct {
+		name string
+		// before runs before the wait begins; what it returns makes sock
+		// answer once the wait has polled, and returns its stop.
+		before func(t *testing.T, sock string) func(t *testing.T, sock string) func()
+	}{
+		{
+			name: "renamed into place",
+			before: func(t *testing.T, _ string) func(*testing.T, string) func() {
+				return func(t *testing.T, sock string) func() {
+					tmp := sock + ".tmp"
+					ln, err := net.Listen("unix", tmp)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Rename(tmp, sock); err != nil {
+						t.Fatal(err)
+					}
+					srv := &http.Server{Handler: handler}
+					go srv.Serve(ln)
+					return func() { srv.Close() }
+				}
+			},
+		},
+		{
+			name: "bound before listening",
+			before: func(t *testing.T, sock string) func(*testing.T, string) func() {
+				fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
+					unix.Close(fd)
+					t.Fatal(err)
+				}
+				return func(t *testing.T, _ string) func() {
+					if err := unix.Listen(fd, 16); err != nil {
+						t.Fatal(err)
+					}
+					f := os.NewFile(uintptr(fd), "sock")
+					ln, err := net.FileListener(f)
+					f.Close()
+					if err != nil {
+						t.Fatal(err)
+					}
+					srv := &http.Server{Handler: handler}
+					go srv.Serve(ln)
+					return func() { srv.Close() }
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "envd.sock")
+			start := tt.before(t, sock)
+			dial := func(ctx context.Context) (net.Conn, error) { return envdconn.DialSocket(ctx, sock, "sb") }
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			// The first /health fails (nothing answers yet); the
+			// server starts once the wait has polled at least once.
+			polled := make(chan struct{})
+			var once sync.Once
+			counted := func(ctx context.Context) (net.Conn, error) {
+				c, err := dial(ctx)
+				once.Do(func() { close(polled) })
+				return c, err
+			}
+			done := make(chan error, 1)
+			go func() {
+				done <- envdconn.WaitHealthy(ctx, counted, envdconn.Health{Socket: sock, SlowPoll: time.Hour})
+			}()
+			<-polled
+			stop := start(t, sock)
+			t.Cleanup(stop)
+			if err := <-done; err != nil {
+				t.Fatalf("WaitHealthy: %v", err)
+			}
+		})
+	}
+}
+
+// TestWaitHealthySharedDir: waits on two sockets of one directory share its
+// watch; the first to end must not take the watch from the other.
+func TestWaitHealthySharedDir(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	wait := func(name string) (<-chan error, <-chan struct{}) {
+		sock := filepath.Join(dir, name)
+		polled := make(chan struct{})
+		var once sync.Once
+		dial := func(ctx context.Context) (net.Conn, error) {
+			c, err := envdconn.DialSocket(ctx, sock, "sb")
+			once.Do(func() { close(polled) })
+			return c, err
+		}
+		done := make(chan error, 1)
+		go func() { done <- envdconn.WaitHealthy(ctx, dial, envdconn.Health{Socket: sock, SlowPoll: time.Hour}) }()
+		return done, polled
+	}
+	doneA, polledA := wait("a.sock")
+	doneB, polledB := wait("b.sock")
+	<-polledA
+	<-polledB
+	for _, step := range []struct {
+		name string
+		done <-chan error
+	}{{"a.sock", doneA}, {"b.sock", doneB}} {
+		serve(t, dir, http.StatusNoContent, step.name)
+		if err := <-step.done; err != nil {
+			t.Fatalf("WaitHealthy(%s): %v", step.name, err)
+		}
 	}
 }

@@ -9,10 +9,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/revert"
@@ -52,7 +55,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		id:    spec.ID,
 		dir:   dir,
 		ready: make(chan struct{}),
-		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC()},
+		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.opts.UserNS},
 	}
 	if spec.AllowInternet {
 		if err := haveNft(); err != nil {
@@ -105,6 +108,14 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
 		}
 		return nil, wrap("state dir", err)
+	}
+	if b.opts.UserNS {
+		// The sandbox's root (a host id of its own) must reach rootfs/
+		// to set it up; nobody else on the host may.
+		if err := errors.Join(os.Chown(dir, 0, userNSBase), os.Chmod(dir, 0o710)); err != nil {
+			_ = os.Remove(dir)
+			return nil, wrap("state dir", err)
+		}
 	}
 	r.Add(func() {
 		if err := b.cleanup(spec.ID, dir); err != nil {
@@ -192,7 +203,15 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
 	t0 := time.Now()
-	if err := mountOverlay(rootfs, tpl.lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
+	if err := b.sameUserNS(s); err != nil {
+		return err
+	}
+	if b.opts.UserNS {
+		if err := chownToMappedRoot(s.upperDir(), sockDir); err != nil {
+			return fmt.Errorf("user namespace: %w", err)
+		}
+	}
+	if err := mountOverlay(rootfs, b.lowerDir(tpl), s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
 		return fmt.Errorf("rootfs: %w", err)
 	}
 	if err := os.Chmod(rootfs, 0o755); err != nil {
@@ -228,11 +247,9 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logLevel:  b.opts.EnvdLogLevel,
 		netPeer:   netPeer,
 		resolv:    resolv,
+		userNS:    b.opts.UserNS,
 	})
-	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName: spec.ID,
-		Spec:       oci,
-	})
+	cfg, err := libcontainerConfig(spec.ID, oci, b.opts.UserNS)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -290,6 +307,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
 		Exited: exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
+		Socket: filepath.Join(sockDir, "envd.sock"),
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}
@@ -297,4 +315,32 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
 		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted))
 	return nil
+}
+
+// specconvMu serializes specconv.CreateLibcontainerConfig: with a user
+// namespace it sets the owner of its package-level default devices in
+// place (a data race between concurrent creates).
+var specconvMu sync.Mutex
+
+// libcontainerConfig turns oci into libcontainer's config for sandbox id,
+// with device nodes of its own, owned by the sandbox's root (the host's
+// userNSBase with a user namespace, else 0) whatever another create left in
+// specconv's shared defaults.
+func libcontainerConfig(id string, oci *specs.Spec, userNS bool) (*configs.Config, error) {
+	specconvMu.Lock()
+	defer specconvMu.Unlock()
+	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: id, Spec: oci})
+	if err != nil {
+		return nil, err
+	}
+	var owner uint32
+	if userNS {
+		owner = userNSBase
+	}
+	for i, d := range cfg.Devices {
+		c := *d
+		c.Uid, c.Gid = owner, owner
+		cfg.Devices[i] = &c
+	}
+	return cfg, nil
 }

@@ -2,7 +2,8 @@
 // container made by runc's libcontainer inside the sandboxd process, with no
 // daemon and no per-sandbox helper process.
 //
-// A sandbox has its own mount, pid, uts, ipc, net and cgroup namespaces; its
+// A sandbox has its own mount, pid, uts, ipc, net and cgroup namespaces
+// (and a user namespace with Options.UserNS: see DEPS.md); its
 // root is an overlayfs whose lower layer is the template (read-only) and
 // whose upper and work directories live on a per-sandbox tmpfs sized by
 // DiskSizeMB; cgroup limits bound its memory, pids and CPU; it runs with a
@@ -35,6 +36,10 @@
 // directory xattrs, ownership). Resume mounts a fresh tmpfs, copies the
 // layer back from a child process in the sandbox's cgroup (so the pages are
 // charged to the sandbox, as before) and starts envd again as init.
+//
+// With Options.UserNS, <Root>/templates-idmapped is a read-only, idmapped
+// view of <Root>/templates, made by New and kept: the sandboxes' lower
+// layers (see DEPS.md).
 //
 // Sandboxes outlive sandboxd: New re-adopts live ones, and Reconcile removes
 // what dead ones left (mounts, cgroups, directories).
@@ -97,6 +102,9 @@ func Init() {
 	if len(os.Args) > 1 && os.Args[1] == copyTreeArg {
 		copyTreeMain(os.Args[2:]) // exits
 	}
+	if len(os.Args) > 1 && os.Args[1] == userNSHoldArg {
+		userNSHoldMain() // exits
+	}
 }
 
 // Options configure a Backend. Zero fields take the defaults below.
@@ -137,6 +145,12 @@ type Options struct {
 	// EgressSubnet is where sandboxes with AllowInternet get their address;
 	// its first address is every sandbox's gateway. Default 10.133.0.0/16.
 	EgressSubnet netip.Prefix
+	// UserNS runs every sandbox in a user namespace: its ids 0-65535 are
+	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
+	// the host. Templates must live under Root (image archives do; a
+	// directory template outside Root is refused), which is mounted
+	// idmapped once. Needs Linux ≥ 5.19 (overlayfs on idmapped layers).
+	UserNS bool
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
 	// Log receives warnings about cleanup. Default slog.Default().
@@ -189,6 +203,8 @@ type meta struct {
 	Net       *netInfo     `json:"net,omitempty"`
 	// Paused is pausedDisk while the sandbox is paused to disk.
 	Paused string `json:"paused,omitempty"`
+	// UserNS: made with Options.UserNS; it resumes only with the same.
+	UserNS bool `json:"userns,omitempty"`
 }
 
 // New prepares Root (building the base template), re-adopts sandboxes that
@@ -237,9 +253,15 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
 	}
+	created := missingDirs(opts.Root)
 	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates"), opts.SaveDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
+		}
+	}
+	if opts.UserNS {
+		if err := userNSDirs(opts.Root, created); err != nil {
+			return nil, fmt.Errorf("local backend: %w: user namespaces: %w", runtime.ErrUnavailable, err)
 		}
 	}
 
@@ -291,6 +313,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		b.templates[name] = &template{name: name, lower: lower}
 	}
 
+	if opts.UserNS {
+		if err := b.setupUserNS(); err != nil {
+			return nil, fmt.Errorf("local backend: %w: user namespaces: %w", runtime.ErrUnavailable, err)
+		}
+	}
 	if err := b.adopt(ctx); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}

@@ -132,6 +132,9 @@ func (e testEnv) remove(t testing.TB) {
 	if err := b.Reconcile(context.Background()); err != nil {
 		t.Errorf("cleanup: Reconcile: %v", err)
 	}
+	// A UserNS backend's idmapped view of the templates (read-only: the
+	// removal below would fail on it, not delete through it).
+	_ = syscall.Unmount(filepath.Join(e.root, "templates-idmapped"), syscall.MNT_DETACH)
 	if err := os.RemoveAll(filepath.Join(e.root, "templates")); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
@@ -393,7 +396,17 @@ func TestSeccomp(t *testing.T) {
 //	go test -run '^$' -bench CreateDestroy -benchtime 50x ./runtime/local/
 func BenchmarkCreateDestroy(b *testing.B) {
 	env := newEnv(b)
-	opts := env.options(b)
+	benchCreateDestroy(b, env.options(b))
+}
+
+// BenchmarkCreateDestroyUserNS is BenchmarkCreateDestroy with
+// Options.UserNS.
+func BenchmarkCreateDestroyUserNS(b *testing.B) {
+	env := newEnv(b)
+	benchCreateDestroy(b, env.userNSOptions(b))
+}
+
+func benchCreateDestroy(b *testing.B, opts local.Options) {
 	phases := &phaseRecorder{d: map[string][]time.Duration{}}
 	opts.Log = slog.New(phases)
 	be, err := local.New(context.Background(), opts)
@@ -668,5 +681,169 @@ func TestPauseToDiskFails(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
 		t.Errorf("failed pause left %v in SaveDir", ents)
+	}
+}
+
+// TestOrphansReaped: envd is the sandbox's PID 1, so what a command leaves
+// behind is reparented to it when the command exits, and must not stay a
+// zombie once it exits in turn.
+func TestOrphansReaped(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+
+	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "for i in 1 2 3 4 5; do (sleep 0.05; true) & done; exit 0")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("orphan maker: %v %v", res, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "cat /proc/[0-9]*/stat")
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("list processes: %v %v", res, err)
+		}
+		var zombies []string
+		for _, l := range strings.Split(strings.TrimSpace(res.Stdout), "\n") {
+			if f := strings.Fields(l[strings.LastIndexByte(l, ')')+1:]); len(f) > 0 && f[0] == "Z" {
+				zombies = append(zombies, l)
+			}
+		}
+		if len(zombies) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombies left: %q", zombies)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// userNSOptions are e's options with UserNS. The way to Root must be
+// traversable by the sandboxes' root, and local.New makes only what it
+// creates so: the tests' shared parent directory is made so here.
+func (e testEnv) userNSOptions(t testing.TB) local.Options {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(e.root), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(e.root), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	opts := e.options(t)
+	opts.UserNS = true
+	return opts
+}
+
+func (e testEnv) openUserNS(t testing.TB) *local.Backend {
+	t.Helper()
+	b, err := local.New(context.Background(), e.userNSOptions(t))
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	return b
+}
+
+// TestConformanceUserNS and TestRestartUserNS run the conformance suites
+// with Options.UserNS.
+func TestConformanceUserNS(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Backend { return newEnv(t).openUserNS(t) })
+}
+
+func TestRestartUserNS(t *testing.T) {
+	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
+		env := newEnv(t)
+		return env.openUserNS(t), func(t *testing.T) runtime.Backend { return env.openUserNS(t) }
+	})
+}
+
+// TestUserNS: with Options.UserNS, root inside is the mapped id on the
+// host, and sees the template's files as its own (it can change /etc).
+func TestUserNS(t *testing.T) {
+	env := newEnv(t)
+	b := env.openUserNS(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+
+	tests := []struct {
+		name, user, script, want string
+	}{
+		{"mapping", "root", "cat /proc/self/uid_map", "0 1000000000 65536"},
+		{"template files are root's", "root", "stat -c %u:%g /etc/passwd", "0:0"},
+		{"root writes /etc", "root", "echo 10.0.0.1 x >> /etc/hosts && tail -n 1 /etc/hosts", "10.0.0.1 x"},
+		{"user's home", "user", "stat -c %u /home/user && touch /home/user/f && stat -c %u /home/user/f", "1000\n1000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := runtimetest.Exec(ctx, b, id, tt.user, "/bin/sh", "-c", tt.script)
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("exec: %v %v", res, err)
+			}
+			if got := strings.Join(strings.Fields(res.Stdout), " "); got != strings.Join(strings.Fields(tt.want), " ") {
+				t.Errorf("got %q; want %q", res.Stdout, tt.want)
+			}
+		})
+	}
+
+	// On the host, envd runs as the mapped root, not as root.
+	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs"))
+	if err != nil {
+		procs, err = os.ReadFile(filepath.Join("/sys/fs/cgroup", env.cgroupParent, id, "cgroup.procs"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, pid := range strings.Fields(string(procs)) {
+		st, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			continue
+		}
+		checked++
+		for _, l := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" && f[1] != "1000000000" && f[1] != "1000001000" {
+				t.Errorf("process %s runs as host uid %s", pid, f[1])
+			}
+		}
+	}
+	if checked == 0 {
+		t.Errorf("no process of the sandbox found in its cgroup: %q", procs)
+	}
+}
+
+// TestUserNSMismatch: a sandbox paused to disk resumes only on a backend
+// with the UserNS setting it was made with (its layer's owners are that
+// mode's host ids).
+func TestUserNSMismatch(t *testing.T) {
+	env := newEnv(t)
+	b := env.openUserNS(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	plain := env.open(t)
+	if _, err := plain.Resume(ctx, id); !errors.Is(err, runtime.ErrUnavailable) {
+		t.Fatalf("Resume without UserNS = %v; want ErrUnavailable", err)
+	}
+	again := env.openUserNS(t)
+	if _, err := again.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume with UserNS: %v", err)
+	}
+	res, err := runtimetest.Exec(ctx, again, id, "root", "/bin/cat", "/proc/self/uid_map")
+	if err != nil || !strings.Contains(res.Stdout, "1000000000") {
+		t.Fatalf("uid_map after resume: %v %v", res, err)
 	}
 }

@@ -234,6 +234,9 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
 		}
 	}
+	if err := b.sameUserNS(s); err != nil {
+		return err
+	}
 	saved := filepath.Join(b.savedDir(s.id), "upper")
 	if _, err := os.Lstat(saved); err != nil {
 		return fmt.Errorf("saved upper layer: %w", err)

@@ -50,6 +50,7 @@ type specInput struct {
 	logLevel  string // envd's --log-level
 	netPeer   string // host veth end to move in as eth0; empty: loopback only
 	resolv    string // host file bind-mounted as /etc/resolv.conf; empty: the template's
+	userNS    bool
 }
 
 // ociSpec describes a sandbox as an OCI runtime spec, which specconv turns
@@ -139,6 +140,9 @@ func ociSpec(in specInput) *specs.Spec {
 	}
 	if in.seccomp {
 		sp.Linux.Seccomp = seccompProfile()
+	}
+	if in.userNS {
+		userNSSpec(sp)
 	}
 	if in.netPeer != "" {
 		sp.Linux.NetDevices = map[string]specs.LinuxNetDevice{in.netPeer: {Name: "eth0"}}

@@ -1,0 +1,120 @@
+package pid1
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const helperEnv = "PID1_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		os.Exit(helper())
+	}
+	os.Exit(m.Run())
+}
+
+// helper is a process that reaps as envd does as PID 1: a child subreaper
+// gets its descendants' orphans as PID 1 does. It runs commands whose shells
+// leave a background child behind, and fails unless every command's Wait
+// reports its own status and every orphan is reaped.
+func helper() int {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Println("subreaper:", err)
+		return 1
+	}
+	Reap()
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 40 {
+		wg.Go(func() {
+			// The subshell outlives sh: an orphan, reparented to us.
+			cmd := exec.Command("/bin/sh", "-c", fmt.Sprintf("(sleep 0.0%d; true) & exit %d", i%3, 3+i%5))
+			if err := Start(cmd); err != nil {
+				errs <- err
+				return
+			}
+			// Wait late, so the command is a zombie when the reaper
+			// runs for its orphan's or another command's SIGCHLD.
+			time.Sleep(50 * time.Millisecond)
+			err := Wait(cmd)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 3+i%5 {
+				errs <- fmt.Errorf("command %d: Wait = %v; want exit status %d", i, err, 3+i%5)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	failed := false
+	for err := range errs {
+		fmt.Println(err)
+		failed = true
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids, err := children()
+		if err != nil {
+			fmt.Println("children:", err)
+			return 1
+		}
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Println("children never reaped:", pids)
+			return 1
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func TestReap(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+}
+
+func TestChildren(t *testing.T) {
+	tests := []struct {
+		name string
+		list func() ([]int, error)
+	}{
+		{"task children files", children},
+		{"parent pids in stat", childrenByStat},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command("/bin/sleep", "100")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			pids, err := tt.list()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(pids, cmd.Process.Pid) {
+				t.Errorf("children = %v; want %d among them", pids, cmd.Process.Pid)
+			}
+			if slices.Contains(pids, os.Getpid()) {
+				t.Errorf("children = %v includes this process", pids)
+			}
+		})
+	}
+}
