@@ -97,6 +97,12 @@ func fakeInternet(t *testing.T) (server, inetHost string) {
 }
 
 func TestEgress(t *testing.T) {
+	for _, userNS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userNS), func(t *testing.T) { testEgress(t, userNS) })
+	}
+}
+
+func testEgress(t *testing.T, userNS bool) {
 	env := newEnv(t)
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
@@ -109,7 +115,11 @@ func TestEgress(t *testing.T) {
 	// sandboxd on this machine runs.
 	server, inetHost := fakeInternet(t)
 
-	b := env.open(t)
+	open := env.open
+	if userNS {
+		open = env.openUserNS
+	}
+	b := open(t)
 	ctx := t.Context()
 	mk := func(internet bool) string {
 		id := runtimetest.NewID()
