@@ -55,6 +55,9 @@ var (
 	poolClaimsDesc = prometheus.NewDesc("sandboxd_pool_claims_total",
 		"Warm pool claims by tenant, template and result (hit: served from the pool; miss: cold create).",
 		[]string{"tenant", "template", "result"}, nil)
+	poolWaitedDesc = prometheus.NewDesc("sandboxd_pool_waited_total",
+		"Misses (counted in sandboxd_pool_claims_total as result=miss) that waited for a cold-create slot and were served by the pool's refill instead.",
+		[]string{"tenant", "template"}, nil)
 )
 
 type poolCollector struct{ p PoolStats }
@@ -63,6 +66,7 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolMembersDesc
 	ch <- poolTargetDesc
 	ch <- poolClaimsDesc
+	ch <- poolWaitedDesc
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -88,5 +92,6 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, cnt := range c.p.Counts() {
 		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(cnt.Hits), string(cnt.Tenant), cnt.Template, "hit")
 		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(cnt.Misses), string(cnt.Tenant), cnt.Template, "miss")
+		ch <- prometheus.MustNewConstMetric(poolWaitedDesc, prometheus.CounterValue, float64(cnt.Waited), string(cnt.Tenant), cnt.Template)
 	}
 }

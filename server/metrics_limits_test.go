@@ -19,7 +19,7 @@ func (stubPools) Stats() []pool.Stat {
 }
 
 func (stubPools) Counts() []pool.Count {
-	return []pool.Count{{Tenant: "a", Template: "base", Hits: 7, Misses: 2}}
+	return []pool.Count{{Tenant: "a", Template: "base", Hits: 7, Misses: 2, Waited: 1}}
 }
 
 func TestPoolMetrics(t *testing.T) {
@@ -33,6 +33,7 @@ func TestPoolMetrics(t *testing.T) {
 		`sandboxd_pool_target{template="base",tenant="a"}`:                     4,
 		`sandboxd_pool_claims_total{result="hit",template="base",tenant="a"}`:  7,
 		`sandboxd_pool_claims_total{result="miss",template="base",tenant="a"}`: 2,
+		`sandboxd_pool_waited_total{template="base",tenant="a"}`:               1,
 		`sandboxd_ratelimit_rejections_total{class="create",tenant="a"}`:       1,
 	} {
 		if got[series] != want {
