@@ -37,6 +37,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -66,6 +67,10 @@ const ruleset = `table inet sandboxd {
 	}
 }
 `
+
+// ErrAddressInUse: the sandbox's address is routed to another interface
+// already, by another sandboxd sharing the egress subnet.
+var ErrAddressInUse = errors.New("egress address in use")
 
 // Info is what a backend records of a sandbox's egress.
 type Info struct {
@@ -192,8 +197,14 @@ func (e *Egress) ConfigureHost(hostIf string, ip netip.Addr) error {
 	if err := netlink.LinkSetUp(hl); err != nil {
 		return fmt.Errorf("up %s: %w", hostIf, err)
 	}
+	// Add, never replace: a route to ip that exists already belongs to a
+	// live sandbox of another sandboxd with the same egress subnet, and
+	// taking it over would hand that sandbox's replies to this one.
 	route := &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: ipNet(ip), Scope: netlink.SCOPE_LINK}
-	if err := netlink.RouteReplace(route); err != nil {
+	if err := netlink.RouteAdd(route); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("route %s via %s: %w: %s is routed elsewhere already (does another sandboxd on this host use the same egress subnet? give each its own --egress-subnet)", ip, hostIf, ErrAddressInUse, ip)
+		}
 		return fmt.Errorf("route %s via %s: %w", ip, hostIf, err)
 	}
 	return nil

@@ -1,7 +1,12 @@
 package egress
 
 import (
+	"errors"
+	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -64,5 +69,36 @@ func TestLinkNames(t *testing.T) {
 	}
 	if h1 == h2 {
 		t.Errorf("two keys got the same name %s", h1)
+	}
+}
+
+// TestAddressInUse: a second sandbox given an address that is routed to
+// another sandbox's veth already (two sandboxd sharing a subnet) fails,
+// and the first keeps its route.
+func TestAddressInUse(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make veth pairs")
+	}
+	e, err := New(netip.MustParsePrefix("10.139.250.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := netip.MustParseAddr("10.139.250.7")
+	keyA, keyB := "egress-test-a-"+strconv.Itoa(os.Getpid()), "egress-test-b-"+strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { DeleteLinks(keyA); DeleteLinks(keyB) })
+	a, err := e.CreateVeth(keyA, ip)
+	if err != nil {
+		t.Fatalf("CreateVeth(a) = %v", err)
+	}
+	if _, err := e.CreateVeth(keyB, ip); !errors.Is(err, ErrAddressInUse) {
+		t.Fatalf("CreateVeth(b, same address) = %v; want ErrAddressInUse", err)
+	}
+	hostB, _ := LinkNames(keyB)
+	if _, err := net.InterfaceByName(hostB); err == nil {
+		t.Errorf("veth %s left after the failed create", hostB)
+	}
+	out, err := exec.Command("ip", "-4", "route", "show", ip.String()+"/32").Output()
+	if err != nil || !strings.Contains(string(out), "dev "+a.HostIf) {
+		t.Errorf("route to %s = %q, %v; want it still via %s", ip, out, err, a.HostIf)
 	}
 }
