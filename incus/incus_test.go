@@ -701,3 +701,39 @@ func wantExec(t *testing.T, b runtime.Backend, id string) {
 		t.Fatalf("exec in %s: %+v, %v", id, res, err)
 	}
 }
+
+// TestReconcileUnmarksLiveInstance: a crash between marking an instance as
+// paused to disk and stopping it (or between starting it and unmarking it
+// on resume) leaves it running, persistent and marked. Reconcile makes it a
+// running sandbox's again: ephemeral, unmarked.
+func TestReconcileUnmarksLiveInstance(t *testing.T) {
+	b, ns := newBackend(t)
+	ctx := t.Context()
+	c := b.Client()
+	id := runtimetest.NewID()
+	name := incus.InstanceName("test-"+ns, id)
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	persistent := false
+	if err := c.PatchInstance(ctx, name, incus.InstancePatch{Ephemeral: &persistent, Config: map[string]string{"user.sandboxd.paused": "disk"}}); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := incus.New(ctx, options(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := c.Instance(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != "Running" || !in.Ephemeral || in.Config["user.sandboxd.paused"] != "" {
+		t.Errorf("after Reconcile: status %s, ephemeral %v, paused %q; want Running, ephemeral, unmarked", in.Status, in.Ephemeral, in.Config["user.sandboxd.paused"])
+	}
+	if _, err := runtimetest.Exec(ctx, b2, id, "root", "/bin/true"); err != nil {
+		t.Errorf("exec after Reconcile: %v", err)
+	}
+}

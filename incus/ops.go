@@ -420,6 +420,15 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	for _, in := range all {
 		id := in.Config[keyID]
 		if s := b.adopt(in); s != nil {
+			if in.Status != "Stopped" && in.Config[keyPaused] == pausedDisk {
+				// A crash between marking and stopping (pause) or between
+				// starting and unmarking (resume) left a live instance
+				// persistent and marked: were it to stop on its own, it would
+				// be adopted as paused and never deleted by Incus.
+				if err := b.unmarkDisk(ctx, in.Name); err != nil {
+					b.log.Warn("incus: unmark a running sandbox marked as paused to disk", "sandbox", id, "err", err)
+				}
+			}
 			continue
 		}
 		if !b.ours(in) {
