@@ -32,7 +32,10 @@ var (
 	// reaper pass.
 	startMu sync.RWMutex
 	ownMu   sync.Mutex
-	own     = map[int]struct{}{} // pids of commands started with Start and not yet waited for
+	// own maps the pids of commands started with Start and not yet waited
+	// for to their process, so that a Wait whose pid was reused meanwhile
+	// (after a wrap) cannot drop the new command's record.
+	own = map[int]*os.Process{}
 )
 
 // Start starts cmd as cmd.Start does, and keeps the reaper away from it
@@ -44,7 +47,7 @@ func Start(cmd *exec.Cmd) error {
 		return err
 	}
 	ownMu.Lock()
-	own[cmd.Process.Pid] = struct{}{}
+	own[cmd.Process.Pid] = cmd.Process
 	ownMu.Unlock()
 	return nil
 }
@@ -53,7 +56,9 @@ func Start(cmd *exec.Cmd) error {
 func Wait(cmd *exec.Cmd) error {
 	err := cmd.Wait()
 	ownMu.Lock()
-	delete(own, cmd.Process.Pid)
+	if own[cmd.Process.Pid] == cmd.Process {
+		delete(own, cmd.Process.Pid)
+	}
 	ownMu.Unlock()
 	return err
 }
