@@ -6,96 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os/exec"
-	goruntime "runtime"
 	"strings"
 	"testing"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/sandboxd/sandboxd/incus"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/egress"
+	"github.com/sandboxd/sandboxd/runtime/egress/egresstest"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 )
-
-// The egress test's stand-in for the internet (as runtime/local's): a
-// network namespace of our own, reached from the host through a veth, in a
-// random /24 of 198.18.0.0/15 (a range reserved for testing). No packet
-// leaves the machine: the test checks the route to it before anything is
-// sent.
-
-func ipCmd(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
-// fakeInternet sets up the namespace and serves HTTP in it; it returns the
-// server's address and the host's address towards it.
-func fakeInternet(t *testing.T) (server, inetHost string) {
-	t.Helper()
-	var rnd [1]byte
-	_, _ = rand.Read(rnd[:])
-	inetHost = fmt.Sprintf("198.19.%d.1", rnd[0])
-	inetServer := fmt.Sprintf("198.19.%d.2", rnd[0])
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs ip (iproute2) for the fake internet")
-	}
-	suffix := randHex()
-	name, hostIf, nsIf := "itinet-"+suffix, "iti"+suffix, "ito"+suffix
-	ipCmd(t, "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ipCmd(t, "link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	ipCmd(t, "link", "set", nsIf, "netns", name)
-	ipCmd(t, "-n", name, "addr", "add", inetServer+"/24", "dev", nsIf)
-	ipCmd(t, "-n", name, "link", "set", nsIf, "up")
-	ipCmd(t, "-n", name, "link", "set", "lo", "up")
-	ipCmd(t, "-n", name, "route", "add", "default", "via", inetHost)
-	ipCmd(t, "addr", "add", inetHost+"/24", "dev", hostIf)
-	ipCmd(t, "link", "set", hostIf, "up")
-	out, err := exec.Command("ip", "route", "get", inetServer).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "dev "+hostIf) {
-		t.Fatalf("route to %s is not via %s (%s, %v): refusing to send anything", inetServer, hostIf, out, err)
-	}
-	// Listen inside the namespace: the socket stays there after the thread
-	// switches back.
-	ln := func() net.Listener {
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			t.Fatal(err)
-		}
-		ln, lerr := net.Listen("tcp", inetServer+":0")
-		if err := netns.Set(orig); err != nil {
-			panic(err) // this thread must not run anything else
-		}
-		if lerr != nil {
-			t.Fatal(lerr)
-		}
-		return ln
-	}()
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "from-inet %s", r.RemoteAddr)
-	})}
-	go func() { _ = srv.Serve(ln) }() // ends on Close
-	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().String(), inetHost
-}
 
 // egressSubnet is a random /24 of the Incus default 10.134.0.0/16, never
 // 10.134.0.0/24 (which compat-tests/run.sh gives its sandboxd), so that
@@ -131,7 +52,7 @@ func TestEgress(t *testing.T) {
 	if err := egress.HaveNft(); err != nil {
 		t.Skip(err)
 	}
-	server, inetHost := fakeInternet(t)
+	server, inetHost := egresstest.FakeInternet(t, "it", 19)
 	subnet := egressSubnet()
 	ns := randHex()
 	opts := options(t, ns)
@@ -197,7 +118,7 @@ print(s.recv(4096).decode(errors="replace"))
 	}
 
 	// The fake internet, through the masquerade.
-	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, "from-inet "+inetHost+":") {
+	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, egresstest.Reply+inetHost+":") {
 		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
 	}
 	res := connect(off, server)
