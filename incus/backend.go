@@ -642,7 +642,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 // still down, and nothing reaches it over TCP before Create returns. It
 // returns when envd first answered.
 func (b *Backend) settle(ctx context.Context, s *sandbox) (healthy time.Time, err error) {
-	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 2 * time.Millisecond}); err != nil {
+	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 2 * time.Millisecond, Socket: filepath.Join(s.dir, "envd.sock")}); err != nil {
 		return time.Time{}, fmt.Errorf("envd: %w", err)
 	}
 	healthy = time.Now()
