@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -82,17 +81,6 @@ func TestEgress(t *testing.T) {
 		}
 		return res
 	}
-	// connect runs a TCP connect (and an HTTP GET) from sandbox id.
-	connect := func(id, addr string) runtimetest.Result {
-		host, port, _ := net.SplitHostPort(addr)
-		return run(id, "user", fmt.Sprintf(`
-import socket
-s = socket.create_connection((%q, %s), timeout=1.5)
-s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
-print(s.recv(4096).decode(errors="replace"))
-`, host, port))
-	}
-
 	// The sandbox's view: eth0 with its address, a default route on-link
 	// via the gateway; without internet, no eth0 and no route.
 	addrOf := map[string]string{}
@@ -117,63 +105,12 @@ print(s.recv(4096).decode(errors="replace"))
 		t.Errorf("interfaces without internet: %v; want lo only", res)
 	}
 
-	// The fake internet, through the masquerade.
-	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, egresstest.Reply+inetHost+":") {
-		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
-	}
-	res := connect(off, server)
-	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
-	if res.ExitCode == 0 {
-		t.Errorf("without internet: GET %s succeeded: %v", server, res)
-	}
-
-	// Never the host: not its loopback, not the gateway address (the host
-	// end of the sandbox's own veth), whatever the listener is bound to.
-	hostLn, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hostLn.Close()
-	go func() { // ends on Close
-		for {
-			c, err := hostLn.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost")
-			c.Close()
-		}
-	}()
-	_, hostPort, _ := net.SplitHostPort(hostLn.Addr().String())
-	for _, h := range []string{"127.0.0.1", gateway.String()} {
-		// Send nothing unless the address is this machine's right now.
-		if out, err := exec.Command("ip", "route", "get", h).Output(); err != nil || !strings.HasPrefix(string(out), "local ") {
-			t.Fatalf("%s is not a local address (%s, %v): refusing to send anything", h, out, err)
-		}
-		res := connect(on, net.JoinHostPort(h, hostPort))
-		t.Logf("sandbox → host %s:%s: %s", h, hostPort, lastLine(res.Stderr))
-		if res.ExitCode == 0 {
-			t.Errorf("sandbox with internet reached the host at %s:%s: %v", h, hostPort, res)
-		}
-	}
-
-	// Never another sandbox.
-	otherIP := addrOf[other]
-	if out, err := exec.Command("ip", "route", "get", otherIP).Output(); err != nil || !strings.Contains(string(out), "dev "+hostIf(other)) {
-		t.Fatalf("%s is not routed to the other sandbox (%s, %v): refusing to send anything", otherIP, out, err)
-	}
-	if res, err := runtimetest.Exec(ctx, b, other, "user", "/bin/sh", "-c",
-		"cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5"); err != nil || res.ExitCode != 0 {
-		t.Fatalf("start a server in the other sandbox: %v, %v", res, err)
-	}
-	res = connect(on, otherIP+":8000")
-	t.Logf("sandbox → sandbox %s:8000: %s", otherIP, lastLine(res.Stderr))
-	if res.ExitCode == 0 {
-		t.Errorf("sandbox reached another sandbox at %s: %v", otherIP, res)
-	}
-	if res := connect(other, "127.0.0.1:8000"); res.ExitCode != 0 {
-		t.Errorf("the other sandbox cannot reach its own server: %v", res) // the check above is meaningful
-	}
+	// The fake internet, through the masquerade; never the host, never
+	// another sandbox.
+	egresstest.CheckReaches(t, b, on, server, inetHost)
+	egresstest.CheckNoInternet(t, b, off, server)
+	egresstest.CheckNoHost(t, b, on, gateway)
+	egresstest.CheckNoNeighbour(t, b, on, other, addrOf[other], hostIf(other))
 
 	if res := run(on, "user", "print(open('/etc/resolv.conf').read())"); strings.Contains(res.Stdout, "127.0.0.1") || !strings.Contains(res.Stdout, "nameserver") {
 		t.Errorf("resolv.conf with internet = %v; want the host's non-loopback nameservers", res)
@@ -235,9 +172,4 @@ func newBackendWith(t *testing.T, ns string, opts incus.Options) *incus.Backend 
 	}
 	t.Cleanup(func() { cleanupBackend(t, b, ns) })
 	return b
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
 }

@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"strings"
@@ -51,25 +50,7 @@ func testEgress(t *testing.T, userNS bool) {
 	}
 	on, other, off := mk(true), mk(true), mk(false)
 
-	// connect runs a TCP connect (and an HTTP GET) from sandbox id.
-	connect := func(id, addr string) runtimetest.Result {
-		host, port, _ := net.SplitHostPort(addr)
-		script := fmt.Sprintf(`
-import socket, sys
-s = socket.create_connection((%q, %s), timeout=1.5)
-s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
-print(s.recv(4096).decode(errors="replace"))
-`, host, port)
-		res, err := runtimetest.Exec(ctx, b, id, "user", "/usr/bin/python3", "-c", script)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-
-	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, egresstest.Reply+inetHost+":") {
-		t.Errorf("with internet: GET %s = %v; want an answer, masqueraded to %s", server, res, inetHost)
-	}
+	egresstest.CheckReaches(t, b, on, server, inetHost)
 	// A pause to disk gives the veth up and keeps the address reserved;
 	// resume brings egress back on the same address.
 	ipOf := func(id string) string {
@@ -88,68 +69,15 @@ print(s.recv(4096).decode(errors="replace"))
 	if after := ipOf(on); after != before {
 		t.Errorf("address after a pause to disk = %q; want %q", after, before)
 	}
-	if res := connect(on, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, egresstest.Reply+inetHost+":") {
-		t.Errorf("with internet, after a pause to disk: GET %s = %v", server, res)
-	}
+	egresstest.CheckReaches(t, b, on, server, inetHost) // after a pause to disk
 
-	res := connect(off, server)
-	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
-	if res.ExitCode == 0 {
-		t.Errorf("without internet: GET %s succeeded: %v", server, res)
-	}
-
-	// Never the host: not its loopback, not the gateway address, not its
-	// own addresses, whatever the listener is bound to.
-	hostLn, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hostLn.Close()
-	go func() { // ends on Close
-		for {
-			c, err := hostLn.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost")
-			c.Close()
-		}
-	}()
-	_, hostPort, _ := net.SplitHostPort(hostLn.Addr().String())
-	// Targets: loopback and the host's end of the sandbox's veth (an address
-	// of a namespace this backend made). The machine's other interfaces are
-	// deliberately not probed: the project sends traffic only to loopback and
-	// to its own namespaces.
-	targets := []string{"127.0.0.1", env.egress.Addr().Next().String()}
-	for _, h := range targets {
-		// Send nothing unless the address is this machine's right now.
-		if out, err := exec.Command("ip", "route", "get", h).Output(); err != nil || !strings.HasPrefix(string(out), "local ") {
-			t.Fatalf("%s is not a local address (%s, %v): refusing to send anything", h, out, err)
-		}
-		res := connect(on, net.JoinHostPort(h, hostPort))
-		t.Logf("sandbox → host %s:%s: %s", h, hostPort, lastLine(res.Stderr))
-		if res.ExitCode == 0 {
-			t.Errorf("sandbox with internet reached the host at %s:%s: %v", h, hostPort, res)
-		}
-	}
-
-	// Never another sandbox.
+	egresstest.CheckNoInternet(t, b, off, server)
+	egresstest.CheckNoHost(t, b, on, env.egress.Addr().Next())
 	otherIP := strings.TrimSpace(mustExec(t, b, other, "ip -o -4 addr show dev eth0 | awk '{print $4}' | cut -d/ -f1"))
 	if otherIP == "" {
 		t.Fatal("no address on eth0 in the other sandbox")
 	}
-	if out, err := exec.Command("ip", "route", "get", otherIP).Output(); err != nil || !strings.Contains(string(out), "dev "+hostIfOf(other)) {
-		t.Fatalf("%s is not routed to the other sandbox (%s, %v): refusing to send anything", otherIP, out, err)
-	}
-	mustExec(t, b, other, "cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5")
-	res = connect(on, otherIP+":8000")
-	t.Logf("sandbox → sandbox %s:8000: %s", otherIP, lastLine(res.Stderr))
-	if res.ExitCode == 0 {
-		t.Errorf("sandbox reached another sandbox at %s: %v", otherIP, res)
-	}
-	if res := connect(other, "127.0.0.1:8000"); res.ExitCode != 0 {
-		t.Errorf("the other sandbox cannot reach its own server: %v", res) // the check above is meaningful
-	}
+	egresstest.CheckNoNeighbour(t, b, on, other, otherIP, hostIfOf(other))
 
 	if got := mustExec(t, b, on, "cat /etc/resolv.conf"); strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "nameserver") {
 		t.Errorf("resolv.conf with internet = %q; want the host's non-loopback nameservers", got)
@@ -176,8 +104,3 @@ func mustExec(t *testing.T, b runtime.Backend, id, script string) string {
 }
 
 func hostIfOf(id string) string { return local.HostInterface(id) }
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}

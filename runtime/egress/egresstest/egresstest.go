@@ -10,13 +10,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	goruntime "runtime"
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 	"github.com/vishvananda/netns"
 )
 
@@ -98,4 +102,108 @@ func ipCmd(t testing.TB, args ...string) {
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 	}
+}
+
+// Connect runs, in sandbox id as "user", a TCP connect to addr (timeout
+// 1.5 s) and an HTTP GET, with the template's python3; the answer is on
+// stdout, a failure on stderr and in the exit code.
+func Connect(t testing.TB, b runtime.Backend, id, addr string) runtimetest.Result {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`
+import socket
+s = socket.create_connection((%q, %s), timeout=1.5)
+s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+print(s.recv(4096).decode(errors="replace"))
+`, host, port)
+	res, err := runtimetest.Exec(t.Context(), b, id, "user", "/usr/bin/python3", "-c", script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// CheckReaches checks that sandbox id reaches the fake internet's server
+// through the masquerade (the server sees inetHost as the source).
+func CheckReaches(t testing.TB, b runtime.Backend, id, server, inetHost string) {
+	t.Helper()
+	if res := Connect(t, b, id, server); res.ExitCode != 0 || !strings.Contains(res.Stdout, Reply+inetHost+":") {
+		t.Errorf("sandbox %s: GET %s = %v; want an answer, masqueraded to %s", id, server, res, inetHost)
+	}
+}
+
+// CheckNoHost checks that sandbox id reaches none of the host's listeners
+// on loopback or on gateway (the host end of its own veth, an address of a
+// namespace the backend made), whatever the listener is bound to. Nothing
+// is sent to an address that is not this machine's right now; the
+// machine's other interfaces are deliberately not probed.
+func CheckNoHost(t testing.TB, b runtime.Backend, id string, gateway netip.Addr) {
+	t.Helper()
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // ends on Close
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost")
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	for _, h := range []string{"127.0.0.1", gateway.String()} {
+		if out, err := exec.Command("ip", "route", "get", h).Output(); err != nil || !strings.HasPrefix(string(out), "local ") {
+			t.Fatalf("%s is not a local address (%s, %v): refusing to send anything", h, out, err)
+		}
+		res := Connect(t, b, id, net.JoinHostPort(h, port))
+		t.Logf("sandbox → host %s:%s: %s", h, port, lastLine(res.Stderr))
+		if res.ExitCode == 0 {
+			t.Errorf("sandbox %s reached the host at %s:%s: %v", id, h, port, res)
+		}
+	}
+}
+
+// CheckNoNeighbour checks that sandbox from cannot reach a server in
+// sandbox to (address toIP, host end toHostIf), which to itself reaches.
+func CheckNoNeighbour(t testing.TB, b runtime.Backend, from, to, toIP, toHostIf string) {
+	t.Helper()
+	if out, err := exec.Command("ip", "route", "get", toIP).Output(); err != nil || !strings.Contains(string(out), "dev "+toHostIf) {
+		t.Fatalf("%s is not routed to sandbox %s (%s, %v): refusing to send anything", toIP, to, out, err)
+	}
+	res, err := runtimetest.Exec(t.Context(), b, to, "user", "/bin/sh", "-c",
+		"cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("start a server in sandbox %s: %v, %v", to, res, err)
+	}
+	res = Connect(t, b, from, toIP+":8000")
+	t.Logf("sandbox → sandbox %s:8000: %s", toIP, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("sandbox %s reached sandbox %s at %s: %v", from, to, toIP, res)
+	}
+	if res := Connect(t, b, to, "127.0.0.1:8000"); res.ExitCode != 0 {
+		t.Errorf("sandbox %s cannot reach its own server: %v", to, res) // the check above is meaningful
+	}
+}
+
+// CheckNoInternet checks that sandbox id (created without internet access)
+// does not reach the fake internet's server.
+func CheckNoInternet(t testing.TB, b runtime.Backend, id, server string) {
+	t.Helper()
+	res := Connect(t, b, id, server)
+	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
+	if res.ExitCode == 0 {
+		t.Errorf("without internet: GET %s succeeded: %v", server, res)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
