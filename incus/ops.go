@@ -192,9 +192,6 @@ const pausedDisk = "disk"
 // copy-on-write snapshot of the image), and a later sandboxd adopts it as
 // paused. Pausing a paused sandbox (either kind) returns nil.
 func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
-	if kind != runtime.PauseDisk {
-		return b.freeze(ctx, id)
-	}
 	s, err := b.get(ctx, id)
 	if err != nil {
 		return fmt.Errorf("pause: %w", err)
@@ -206,6 +203,9 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 	}
 	if s.paused {
 		return nil
+	}
+	if kind != runtime.PauseDisk {
+		return b.freeze(ctx, s)
 	}
 	// Marked first: a sandboxd that dies between the two calls finds a
 	// running instance (adopted as running) or a stopped, marked one
@@ -309,20 +309,9 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) 
 	return true, nil
 }
 
-// freeze pauses sandbox id in memory.
-func (b *Backend) freeze(ctx context.Context, id string) error {
-	s, err := b.get(ctx, id)
-	if err != nil {
-		return fmt.Errorf("pause: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if b.gone(s) {
-		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
-	}
-	if s.paused {
-		return nil
-	}
+// freeze pauses s in memory; the caller holds s.mu.
+func (b *Backend) freeze(ctx context.Context, s *sandbox) error {
+	id := s.id
 	if err := b.c.SetState(ctx, s.name, StatePut{Action: "freeze"}); err != nil && !errors.Is(err, errAlreadyFrozen) {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
