@@ -231,10 +231,12 @@ func nonNil(m map[string]string) map[string]string {
 }
 
 // apiState folds the in-progress states into the two E2B knows (anything
-// else crashes the Python SDK).
+// else crashes the Python SDK). A resuming sandbox is not reachable until
+// its envd has its /init, and a connect settles one a failure left so: it
+// reads as paused.
 func apiState(s store.State) e2bapi.SandboxState {
 	switch s {
-	case store.StatePaused, store.StatePausing:
+	case store.StatePaused, store.StatePausing, store.StateResuming:
 		return e2bapi.SandboxStatePaused
 	}
 	return e2bapi.SandboxStateRunning
