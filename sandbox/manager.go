@@ -25,6 +25,18 @@
 // tenant's quota although it has no row yet, holds no lock, and gives up
 // when its request ends. Its audit line says how long it waited
 // (waited_ms) and where it was served from (served_from: pool or cold).
+//
+// # Pause, resume and envd's /init
+//
+// envd takes any access token on its first /init, and the proxy leaves
+// the token check to envd; so a sandbox is routed to only while its row
+// says running, and a row says running only once its envd had its /init.
+// A pause to disk (which may start the sandbox afresh, ErrRestarted) and a
+// resume (which may start a new envd) write "pausing" or "resuming" first
+// and settle it after /init. After a crash, Reconcile re-inits a sandbox it
+// finds running under such a row; envd accepts the same token again. A
+// sandbox whose new envd refuses /init is destroyed (kill_uninitialised),
+// never left running open.
 package sandbox
 
 import (
@@ -76,8 +88,9 @@ type Config struct {
 	// min_warm; nil means no quotas and no min_warm.
 	Settings *Settings
 	// HostMemoryMB, when above zero, budgets the memory limits of all live
-	// sandboxes (paused included) plus warm pool members: a create that
-	// would exceed it is refused with ErrUnavailable (503 + Retry-After).
+	// sandboxes (paused in memory included, paused to disk not) plus warm
+	// pool members: a create, or a resume from disk, that would exceed it
+	// is refused with ErrUnavailable (503 + Retry-After).
 	HostMemoryMB int
 	// HostReserveMB, when above zero, refuses a cold create (and holds back
 	// pool refills) when the host's MemAvailable minus this reserve is
