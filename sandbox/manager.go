@@ -724,7 +724,9 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	// pause or resume did not finish, even if the backend found it running
 	// (Resume's false, nil): its envd may never have had its /init.
 	if restarted || onDisk || prior != store.StatePaused {
-		if err := m.initEnvd(ctx, sb); err != nil {
+		// Not the caller's ctx: the backend has resumed it; a client that
+		// goes away now must not cost it its /init.
+		if err := m.initEnvd(cctx, sb); err != nil {
 			err = fmt.Errorf("resume sandbox %s: init envd: %w", sb.ID, err)
 			// Back to disk, so that a retry starts over.
 			perr := m.backend.Pause(cctx, sb.ID, runtime.PauseDisk)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -292,5 +294,50 @@ func TestHostBudgetDiskPaused(t *testing.T) {
 	}
 	if _, err := create(); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("create with A running again = %v; want ErrUnavailable", err)
+	}
+}
+
+// flipOnDial is the fake backend whose Dial, once armed, lets flip run
+// between the dial and the Manager's next step: a pause to disk that starts
+// (and restarts the sandbox) just after the proxy read the row as running.
+type flipOnDial struct {
+	*sandboxtest.Backend
+	flip atomic.Pointer[func()]
+}
+
+func (f *flipOnDial) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	c, err := f.Backend.Dial(ctx, id, port)
+	if fn := f.flip.Swap(nil); fn != nil {
+		(*fn)()
+	}
+	return c, err
+}
+
+// TestDialRechecksRow: a connection dialled while the row turned
+// "pausing" (its envd may be a fresh one without /init) is not handed to
+// the proxy.
+func TestDialRechecksRow(t *testing.T) {
+	var fb *flipOnDial
+	e := newTestEnv(t, func(c *Config) {
+		fb = &flipOnDial{Backend: c.Backend.(*sandboxtest.Backend)}
+		c.Backend = fb
+	})
+	sb, err := e.m.Create(as("a"), CreateRequest{Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := func() {
+		row := e.state(t, sb.ID)
+		row.State = store.StatePausing
+		if err := e.st.UpdateSandbox(context.Background(), &row); err != nil {
+			t.Error(err)
+		}
+	}
+	fb.flip.Store(&flip)
+	if conn, err := e.m.DialSandbox(context.Background(), sb.ID, runtime.EnvdPort); !errors.Is(err, errdefs.ErrNotFound) {
+		if conn != nil {
+			conn.Close()
+		}
+		t.Fatalf("DialSandbox while the row turned pausing = %v; want ErrNotFound", err)
 	}
 }
