@@ -362,8 +362,10 @@ func (m *Manager) checkQuota(ctx context.Context, t tenant.ID, memoryMB int, ts 
 //     new sandbox's memory limit. It follows real use, so idle sandboxes
 //     with generous limits do not block creates; it refuses once the host
 //     is actually short.
-//   - With HostMemoryMB set, the memory limits of every live sandboxes plus
+//   - With HostMemoryMB set, the memory limits of every live sandbox plus
 //     warm members plus this one must fit that budget: no overcommit at all.
+//     Sandboxes paused in memory count; those paused to disk hold none and
+//     do not, until a resume admits them (admitResume).
 func (m *Manager) checkHost(ctx context.Context, memoryMB int) error {
 	if m.cfg.HostReserveMB > 0 {
 		avail, err := m.memAvailable()
@@ -382,6 +384,9 @@ func (m *Manager) checkHost(ctx context.Context, memoryMB int) error {
 		}
 		used := 0
 		for _, sb := range live {
+			if _, ok := m.diskPaused.Load(sb.ID); ok && sb.State == store.StatePaused {
+				continue // its memory was given back
+			}
 			used += sb.MemoryMB
 		}
 		if m.pool != nil {

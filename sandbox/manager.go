@@ -25,6 +25,18 @@
 // tenant's quota although it has no row yet, holds no lock, and gives up
 // when its request ends. Its audit line says how long it waited
 // (waited_ms) and where it was served from (served_from: pool or cold).
+//
+// # Pause, resume and envd's /init
+//
+// envd takes any access token on its first /init, and the proxy leaves
+// the token check to envd; so a sandbox is routed to only while its row
+// says running, and a row says running only once its envd had its /init.
+// A pause to disk (which may start the sandbox afresh, ErrRestarted) and a
+// resume (which may start a new envd) write "pausing" or "resuming" first
+// and settle it after /init. After a crash, Reconcile re-inits a sandbox it
+// finds running under such a row; envd accepts the same token again. A
+// sandbox whose new envd refuses /init is destroyed (kill_uninitialised),
+// never left running open.
 package sandbox
 
 import (
@@ -76,8 +88,9 @@ type Config struct {
 	// min_warm; nil means no quotas and no min_warm.
 	Settings *Settings
 	// HostMemoryMB, when above zero, budgets the memory limits of all live
-	// sandboxes (paused included) plus warm pool members: a create that
-	// would exceed it is refused with ErrUnavailable (503 + Retry-After).
+	// sandboxes (paused in memory included, paused to disk not) plus warm
+	// pool members: a create, or a resume from disk, that would exceed it
+	// is refused with ErrUnavailable (503 + Retry-After).
 	HostMemoryMB int
 	// HostReserveMB, when above zero, refuses a cold create (and holds back
 	// pool refills) when the host's MemAvailable minus this reserve is
@@ -126,6 +139,11 @@ type Manager struct {
 	// pendingMB is the memory of claimed members whose rows are not in
 	// yet, for the host budget.
 	pendingMB atomic.Int64
+	// diskPaused holds the ids of sandboxes this process paused to disk:
+	// they hold no memory, so the host budget leaves them out until a
+	// resume admits them again. It is not persisted: after a restart a
+	// paused sandbox counts, which errs on the side of not overcommitting.
+	diskPaused sync.Map // sandbox id -> struct{}
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -484,24 +502,47 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	return m.kill(ctx, sb, "kill")
 }
 
-// kill runs with the sandbox's lock held.
-func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string) error {
+// kill runs with the sandbox's lock held. attrs go to its audit line.
+func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string, attrs ...any) error {
+	prev := sb.State
 	sb.State = store.StateKilling
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		m.audit(ctx, reason, sb, err)
+		sb.State = prev
+		m.audit(ctx, reason, sb, err, attrs...)
 		return err
 	}
 	if err := m.backend.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		// The row stays "killing": the sweeper and Reconcile retry it.
-		m.audit(ctx, reason, sb, err)
+		m.audit(ctx, reason, sb, err, attrs...)
 		return fmt.Errorf("kill sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	m.stopped(sb.ID)
+	m.diskPaused.Delete(sb.ID)
 	sb.State = store.StateKilled
 	sb.EndAt = m.now().UTC()
 	err := m.store.UpdateSandbox(ctx, sb)
-	m.audit(ctx, reason, sb, err)
+	m.audit(ctx, reason, sb, err, attrs...)
 	return err
+}
+
+// destroyUninitialised kills a sandbox whose envd was started afresh and
+// could not be given its /init. Such an envd takes any token on its first
+// /init and runs anyone's commands meanwhile, so the sandbox must not run
+// on: it is destroyed, with cause on the audit line. Runs with the lock
+// held.
+func (m *Manager) destroyUninitialised(ctx context.Context, sb *store.Sandbox, cause error) {
+	ctx = context.WithoutCancel(ctx)
+	err := m.kill(ctx, sb, "kill_uninitialised", "cause", cause.Error())
+	if err == nil || sb.State == store.StateKilling {
+		return // killed, or "killing" (not routed; the sweeper retries)
+	}
+	// The row could not be written: destroy it all the same. Its row is
+	// not routed to (it is not running) and Reconcile marks it killed.
+	if derr := m.backend.Destroy(ctx, sb.ID); derr != nil {
+		m.log.Error("destroy uninitialised sandbox", "sandbox_id", sb.ID, "err", derr)
+		return
+	}
+	m.stopped(sb.ID)
 }
 
 // Pause stops a running sandbox. A paused one is ErrConflict (E2B's 409).
@@ -529,6 +570,16 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 	kind := runtime.PauseMemory
 	if !memory {
 		kind = runtime.PauseDisk
+		// A pause to disk that fails late starts the sandbox afresh
+		// (ErrRestarted), with an envd that has not had its /init. The row
+		// says "pausing" until that is settled: the proxy routes only to
+		// running sandboxes, and after a crash Reconcile re-inits it.
+		sb.State = store.StatePausing
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			sb.State = store.StateRunning
+			m.audit(ctx, reason, sb, err, "memory", memory)
+			return err
+		}
 	}
 	err := m.backend.Pause(ctx, sb.ID, kind)
 	if kind == runtime.PauseDisk && errors.Is(err, runtime.ErrUnsupported) {
@@ -536,21 +587,42 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 		err = m.backend.Pause(ctx, sb.ID, kind)
 	}
 	if err != nil {
+		cctx := context.WithoutCancel(ctx)
 		if errors.Is(err, runtime.ErrRestarted) {
 			// It runs on, afresh: its new envd needs its /init.
-			if ierr := m.initEnvd(context.WithoutCancel(ctx), sb); ierr != nil {
+			if ierr := m.initEnvd(cctx, sb); ierr != nil {
 				err = fmt.Errorf("%w (and init envd after the restart: %w)", err, ierr)
+				m.audit(ctx, reason, sb, err, "memory", memory)
+				m.destroyUninitialised(cctx, sb, err)
+				return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
+			}
+		}
+		if sb.State == store.StatePausing {
+			// It runs on, initialised (its old envd, or the new one).
+			sb.State = store.StateRunning
+			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+				sb.State = store.StatePausing
+				err = fmt.Errorf("%w (and marking it running again: %w)", err, uerr)
 			}
 		}
 		m.audit(ctx, reason, sb, err, "memory", memory)
 		return fmt.Errorf("pause sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	m.stopped(sb.ID)
+	if kind == runtime.PauseDisk {
+		m.diskPaused.Store(sb.ID, struct{}{})
+	}
 	sb.State = store.StatePaused
 	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err, "memory", memory, "kind", kind.String())
 	return err
 }
+
+// unsettled reports whether a row is left in the middle of a pause to disk
+// or a resume: found so under the sandbox's lock, the operation failed half
+// way (or sandboxd died), and its envd may never have had its /init. A
+// resume settles it.
+func unsettled(s store.State) bool { return s == store.StatePausing || s == store.StateResuming }
 
 // Connect makes sure a sandbox runs (resuming it if paused) and extends its
 // end time to at least now+timeout; it never shortens it. resumed says
@@ -566,7 +638,7 @@ func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration)
 	if err != nil {
 		return nil, false, err
 	}
-	if sb.State == store.StatePaused {
+	if sb.State == store.StatePaused || unsettled(sb.State) {
 		if err := m.resume(ctx, sb, "resume"); err != nil {
 			return nil, false, err
 		}
@@ -597,7 +669,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != store.StatePaused {
+	if sb.State != store.StatePaused && !unsettled(sb.State) {
 		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is already running", id))
 	}
 	sb.EndAt = m.now().Add(timeout).UTC()
@@ -607,22 +679,72 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 	return sb, nil
 }
 
+// resume runs a paused (or unsettled) sandbox again. Its row says
+// "resuming" from before the backend is asked until envd has its /init:
+// the proxy does not route to it meanwhile, and if sandboxd dies in
+// between, Reconcile re-inits or destroys it. A sandbox whose envd cannot
+// be initialised is put back to disk, or destroyed: never left running
+// with an envd that takes anyone's token.
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
+	prior := sb.State
+	cctx := context.WithoutCancel(ctx)
+	_, onDisk := m.diskPaused.Load(sb.ID)
+	if onDisk {
+		// On disk it held no memory: it must fit again, as a create must.
+		if err := m.admitResume(ctx, sb); err != nil {
+			m.audit(ctx, reason, sb, err)
+			return err
+		}
+	}
+	backToDisk := func() {
+		if onDisk {
+			m.diskPaused.Store(sb.ID, struct{}{})
+		}
+	}
+	sb.State = store.StateResuming
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		sb.State = prior
+		backToDisk()
+		m.audit(ctx, reason, sb, err)
+		return err
+	}
 	restarted, err := m.backend.Resume(ctx, sb.ID)
 	if err != nil {
+		backToDisk()
+		sb.State = store.StatePaused
+		if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+			sb.State = store.StateResuming // still not routed; a retry settles it
+			err = fmt.Errorf("%w (and marking it paused again: %w)", err, uerr)
+		}
 		m.audit(ctx, reason, sb, err)
 		return fmt.Errorf("resume sandbox %s: %w", sb.ID, backendErr(err))
 	}
-	if restarted {
-		// A sandbox paused to disk runs a new envd: it gets its env vars,
-		// token and default user again, exactly as at create.
-		if err := m.initEnvd(ctx, sb); err != nil {
+	// A sandbox paused to disk runs a new envd: it gets its env vars, token
+	// and default user again, exactly as at create. So does one whose last
+	// pause or resume did not finish, even if the backend found it running
+	// (Resume's false, nil): its envd may never have had its /init.
+	if restarted || onDisk || prior != store.StatePaused {
+		// Not the caller's ctx: the backend has resumed it; a client that
+		// goes away now must not cost it its /init.
+		if err := m.initEnvd(cctx, sb); err != nil {
 			err = fmt.Errorf("resume sandbox %s: init envd: %w", sb.ID, err)
-			// Back to where it was, so that a retry starts over.
-			if perr := m.backend.Pause(context.WithoutCancel(ctx), sb.ID, runtime.PauseDisk); perr != nil {
-				err = fmt.Errorf("%w (and pausing it again failed: %w)", err, perr)
+			// Back to disk, so that a retry starts over.
+			perr := m.backend.Pause(cctx, sb.ID, runtime.PauseDisk)
+			if perr == nil {
+				m.stopped(sb.ID)
+				m.diskPaused.Store(sb.ID, struct{}{})
+				sb.State = store.StatePaused
+				if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+					err = fmt.Errorf("%w (and marking it paused again: %w)", err, uerr)
+				}
+				m.audit(ctx, reason, sb, err)
+				return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 			}
+			// Still running (a pause to disk that restarted it, or one the
+			// backend cannot do), with an envd that never had its /init.
+			err = fmt.Errorf("%w (and pausing it again failed: %w)", err, perr)
 			m.audit(ctx, reason, sb, err)
+			m.destroyUninitialised(cctx, sb, err)
 			return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 		}
 	}
@@ -637,6 +759,22 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err, "restarted", restarted)
 	return err
+}
+
+// admitResume is the host guard for a sandbox coming back from disk: it
+// passes the same host checks as a create (ErrUnavailable: 503 +
+// Retry-After), and from then on counts in the host budget. Its tenant's
+// quota counted it all along (paused sandboxes count).
+func (m *Manager) admitResume(ctx context.Context, sb *store.Sandbox) error {
+	if m.cfg.HostMemoryMB > 0 {
+		m.hostMu.Lock()
+		defer m.hostMu.Unlock()
+	}
+	if err := m.checkHost(ctx, sb.MemoryMB); err != nil {
+		return fmt.Errorf("resume sandbox %s: %w", sb.ID, err)
+	}
+	m.diskPaused.Delete(sb.ID)
+	return nil
 }
 
 // SetTimeout sets the end time to now+timeout, shorter or longer.
@@ -721,18 +859,33 @@ func (m *Manager) DialSandbox(ctx context.Context, id string, port int) (net.Con
 	if err != nil || !sb.State.Live() {
 		return nil, errdefs.ErrNotFound
 	}
-	if sb.State == store.StatePaused {
-		if !sb.Lifecycle.AutoResume {
+	if unsettled(sb.State) {
+		// A pause or resume in progress holds the lock: wait for it.
+		m.lock(id)()
+		if sb, err = m.store.GetSandboxAny(ctx, id); err != nil {
 			return nil, errdefs.ErrNotFound
 		}
+	}
+	switch {
+	case sb.State == store.StatePaused && sb.Lifecycle.AutoResume:
 		if err := m.autoResume(ctx, id); err != nil {
 			return nil, err
 		}
+	case sb.State != store.StateRunning:
+		// Only a running sandbox's envd is known to have had its /init.
+		return nil, errdefs.ErrNotFound
 	}
 	m.touch(ctx, m.remember(&sb))
 	conn, err := m.backend.Dial(ctx, id, port)
 	if err != nil {
 		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, backendErr(err))
+	}
+	// A pause to disk may have restarted it since the read above; the row
+	// says "pausing" from before that until its new envd has its /init.
+	// Running now means every request on conn reaches an initialised envd.
+	if now, err := m.store.GetSandboxAny(ctx, id); err != nil || now.State != store.StateRunning {
+		conn.Close()
+		return nil, errdefs.ErrNotFound
 	}
 	return conn, nil
 }
@@ -744,10 +897,13 @@ func (m *Manager) autoResume(ctx context.Context, id string) error {
 	if err != nil {
 		return errdefs.ErrNotFound
 	}
-	if sb.State != store.StatePaused {
+	switch sb.State {
+	case store.StateRunning:
 		return nil // resumed by someone else meanwhile
+	case store.StatePaused:
+		return m.resume(ctx, &sb, "auto_resume")
 	}
-	return m.resume(ctx, &sb, "auto_resume")
+	return errdefs.ErrNotFound
 }
 
 // TrafficToken is the token the proxy requires on non-envd ports, or "".

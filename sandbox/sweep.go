@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -64,7 +65,17 @@ func (m *Manager) expire(ctx context.Context, seen store.Sandbox) {
 	}
 	switch sb.Lifecycle.OnTimeout {
 	case store.OnTimeoutPause, store.OnTimeoutPauseDisk:
-		err = m.pause(ctx, &sb, "timeout_pause", sb.Lifecycle.OnTimeout == store.OnTimeoutPause)
+		memory := sb.Lifecycle.OnTimeout == store.OnTimeoutPause
+		err = m.pause(ctx, &sb, "timeout_pause", memory)
+		// A failed pause leaves it running past its end time, and the next
+		// sweep would try (and fail) again, forever. Step down instead: to
+		// a pause in memory, then to a kill.
+		if err != nil && !memory && sb.State == store.StateRunning {
+			err = m.pause(ctx, &sb, "timeout_pause", true)
+		}
+		if err != nil && sb.State == store.StateRunning {
+			err = m.kill(ctx, &sb, "timeout_kill", "cause", "pause failed: "+err.Error())
+		}
 	default:
 		err = m.kill(ctx, &sb, "timeout_kill")
 	}
@@ -99,7 +110,9 @@ func (m *Manager) idleKill(ctx context.Context, seen store.Sandbox, now time.Tim
 // crash): the backend cleans up what dead sandboxes left; sandboxes the
 // backend holds without a live store row, or whose create or kill was
 // interrupted, are destroyed; rows whose sandbox vanished are marked killed;
-// interrupted pauses and resumes are settled to what the backend says.
+// interrupted pauses and resumes are settled to what the backend says: a
+// sandbox found running gets its envd's /init again (with the token it
+// already has, which envd accepts), or is destroyed if that fails.
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if r, ok := m.backend.(runtime.Reconciler); ok {
 		if err := r.Reconcile(ctx); err != nil {
@@ -147,12 +160,25 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			row.State = store.StatePaused
 			m.update(ctx, row, "reconcile_paused")
 		case state == runtime.StateRunning && row.State != store.StateRunning:
-			row.State = store.StateRunning
-			m.update(ctx, row, "reconcile_running")
+			// A pause to disk or a resume a crash interrupted: its envd may
+			// be a new process that never had its /init.
+			m.reinit(ctx, row)
 		}
 	}
 	m.log.Info("reconciled", "backend_sandboxes", len(inBackend), "store_rows", len(rows))
 	return nil
+}
+
+// reinit settles a row left "pausing" or "resuming" whose sandbox runs:
+// envd gets its /init (again, if it had it) and the row says running, or,
+// if envd refuses, the sandbox is destroyed rather than left open.
+func (m *Manager) reinit(ctx context.Context, row *store.Sandbox) {
+	if err := m.initEnvd(ctx, row); err != nil {
+		m.destroyUninitialised(ctx, row, fmt.Errorf("reconcile: init envd: %w", err))
+		return
+	}
+	row.State = store.StateRunning
+	m.update(ctx, row, "reconcile_running")
 }
 
 func (m *Manager) markKilled(ctx context.Context, row *store.Sandbox, reason string) {

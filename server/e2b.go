@@ -231,10 +231,12 @@ func nonNil(m map[string]string) map[string]string {
 }
 
 // apiState folds the in-progress states into the two E2B knows (anything
-// else crashes the Python SDK).
+// else crashes the Python SDK). A resuming sandbox is not reachable until
+// its envd has its /init, and a connect settles one a failure left so: it
+// reads as paused.
 func apiState(s store.State) e2bapi.SandboxState {
 	switch s {
-	case store.StatePaused, store.StatePausing:
+	case store.StatePaused, store.StatePausing, store.StateResuming:
 		return e2bapi.SandboxStatePaused
 	}
 	return e2bapi.SandboxStateRunning
@@ -317,14 +319,15 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 			case e2bapi.SandboxStateRunning:
 				f.States = append(f.States, store.StateRunning)
 			case e2bapi.SandboxStatePaused:
-				f.States = append(f.States, store.StatePaused)
+				// What apiState shows as paused.
+				f.States = append(f.States, store.StatePaused, store.StatePausing, store.StateResuming)
 			default:
 				return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("state %q: want running or paused", s))
 			}
 		}
 	}
 	if len(f.States) == 0 {
-		f.States = []store.State{store.StateRunning, store.StatePaused}
+		f.States = []store.State{store.StateRunning, store.StatePaused, store.StatePausing, store.StateResuming}
 	}
 	if p.StartedAfter != nil {
 		f.StartedAfter = *p.StartedAfter

@@ -52,6 +52,12 @@ type limitEnv struct {
 // 1/s with a burst of 2; the server default (tenant "b") is 1/s burst 2 too.
 func newLimitEnv(t *testing.T) *limitEnv {
 	t.Helper()
+	return newLimitEnvWith(t, nil)
+}
+
+// newLimitEnvWith is newLimitEnv with mod applied to the Manager's config.
+func newLimitEnvWith(t *testing.T, mod func(*sandbox.Config)) *limitEnv {
+	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, t.TempDir())
 	if err != nil {
@@ -80,7 +86,11 @@ func newLimitEnv(t *testing.T) *limitEnv {
 	}
 	e.be = sandboxtest.New()
 	t.Cleanup(e.be.Close)
-	e.mgr = sandbox.New(sandbox.Config{Store: st, Backend: e.be, BackendName: "fake", Log: log, Settings: e.settings})
+	cfg := sandbox.Config{Store: st, Backend: e.be, BackendName: "fake", Log: log, Settings: e.settings}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.mgr = sandbox.New(cfg)
 	e.metrics = NewMetrics()
 	limits := &ratelimit.Tenants{
 		Limiter: ratelimit.New(time.Minute, e.clock.now),
@@ -347,5 +357,64 @@ func TestRateLimitTenantReadRate(t *testing.T) {
 	e.clock.advance(time.Second)
 	if rec := e.do(t, "a", http.MethodGet, list, ""); rec.Code != 200 {
 		t.Fatalf("tenant a GET a second later: %d, want 200", rec.Code)
+	}
+}
+
+// TestResumeFromDiskHostGuard503: a sandbox paused to disk leaves the host
+// memory budget, so another create fits; its resume must fit the budget
+// again and answers 503 with Retry-After, like a create, when it does not.
+// A sandbox left resuming lists as paused.
+func TestResumeFromDiskHostGuard503(t *testing.T) {
+	e := newLimitEnvWith(t, func(c *sandbox.Config) { c.HostMemoryMB = 1024 }) // two of 512 MiB
+	create := func() *httptest.ResponseRecorder {
+		t.Helper()
+		e.clock.advance(time.Second)
+		return e.create(t, "b")
+	}
+	var ids []string
+	for range 2 {
+		rec := create()
+		if rec.Code != 201 {
+			t.Fatalf("create: %d %s", rec.Code, rec.Body)
+		}
+		var sb struct{ SandboxID string }
+		if err := json.Unmarshal(rec.Body.Bytes(), &sb); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.SandboxID)
+	}
+	if rec := create(); rec.Code != 503 {
+		t.Fatalf("third create over budget: %d %s; want 503", rec.Code, rec.Body)
+	}
+	if rec := e.do(t, "b", http.MethodPost, E2BPrefix+"/sandboxes/"+ids[0]+"/pause", `{"memory":false}`); rec.Code != 204 {
+		t.Fatalf("pause to disk: %d %s", rec.Code, rec.Body)
+	}
+	if rec := create(); rec.Code != 201 {
+		t.Fatalf("create with one sandbox on disk: %d %s; want 201", rec.Code, rec.Body)
+	}
+	rec := e.do(t, "b", http.MethodPost, E2BPrefix+"/sandboxes/"+ids[0]+"/connect", `{"timeout":60}`)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "budget") {
+		t.Fatalf("resume over budget: %d %q Retry-After %q; want 503 with Retry-After", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
+	}
+
+	sb, err := e.st.GetSandboxAny(context.Background(), ids[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.State = store.StateResuming
+	if err := e.st.UpdateSandbox(context.Background(), &sb); err != nil {
+		t.Fatal(err)
+	}
+	rec = e.do(t, "b", http.MethodGet, E2BPrefix+"/v2/sandboxes?state=paused", "")
+	var listed []struct{ SandboxID, State string }
+	if err := json.Unmarshal(rec.Body.Bytes(), &listed); rec.Code != 200 || err != nil {
+		t.Fatalf("list paused: %d %s %v", rec.Code, rec.Body, err)
+	}
+	got := map[string]string{}
+	for _, l := range listed {
+		got[l.SandboxID] = l.State
+	}
+	if got[ids[0]] != "paused" || got[ids[1]] != "paused" || len(got) != 2 {
+		t.Errorf("paused list: %v; want %s and the resuming %s, both paused", got, ids[0], ids[1])
 	}
 }

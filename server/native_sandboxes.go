@@ -35,6 +35,15 @@ func decodeJSON(r *http.Request, v any) error {
 	return nil
 }
 
+// nativeState is a sandbox's state in the native API, whose enum has no
+// "resuming": such a sandbox is not reachable yet (see apiState).
+func nativeState(s store.State) nativeapi.SandboxState {
+	if s == store.StateResuming {
+		return nativeapi.SandboxStatePaused
+	}
+	return nativeapi.SandboxState(s)
+}
+
 // nativeSandbox renders a sandbox. The envd access token opens the data
 // plane (exec and files through the E2B proxy), so only a caller with the
 // write scope sees it: a read-only token must not be a way to run commands.
@@ -42,7 +51,7 @@ func nativeSandbox(ctx context.Context, sb *store.Sandbox) nativeapi.Sandbox {
 	out := nativeapi.Sandbox{
 		Id:        sb.ID,
 		Template:  sb.Template,
-		State:     nativeapi.SandboxState(sb.State),
+		State:     nativeState(sb.State),
 		StartedAt: sb.StartedAt,
 		EndAt:     sb.EndAt,
 		CpuCount:  sb.CPUCount,

@@ -50,7 +50,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "default live sandboxes per tenant, paused included; 0: no limit")
 	fs.IntVar(&o.maxMemoryMB, "max-memory-mb", 0, "default total memory (MiB) of a tenant's live sandboxes; 0: no limit")
 	fs.IntVar(&o.minWarm, "min-warm", 0, "default warm sandboxes kept per tenant's default pool")
-	fs.IntVar(&o.hostMemoryMB, "host-memory-mb", 0, "budget (MiB) for the memory limits of all live sandboxes plus warm members; 0: no budget")
+	fs.IntVar(&o.hostMemoryMB, "host-memory-mb", 0, "budget (MiB) for the memory limits of all live sandboxes (not those paused to disk) plus warm members; 0: no budget")
 	fs.IntVar(&o.hostReserveMB, "host-memory-reserve-mb", 512, "refuse creates (503) when MemAvailable minus this is below the sandbox's memory; 0: off")
 	fs.DurationVar(&o.nativeIdleTTL, "native-idle-ttl", 5*time.Minute, "kill a native-API sandbox after this long without activity, unless its create names an idle_ttl; 0: off (E2B sandboxes never have one)")
 	fs.DurationVar(&o.settingsPoll, "settings-poll", 2*time.Second, "how often tenant settings are re-read from the store")

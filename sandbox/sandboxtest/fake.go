@@ -37,6 +37,9 @@ type Backend struct {
 	// RestartOnDiskPause, when set, makes Pause(PauseDisk) fail with
 	// runtime.ErrRestarted, leaving the sandbox running.
 	RestartOnDiskPause atomic.Bool
+	// FailMemoryPause, when set, makes Pause(PauseMemory) fail, changing
+	// nothing.
+	FailMemoryPause atomic.Bool
 
 	Creates, Destroys atomic.Int64
 
@@ -231,6 +234,9 @@ func (b *Backend) Pause(_ context.Context, id string, kind runtime.PauseKind) er
 	}
 	if kind == runtime.PauseDisk && b.RestartOnDiskPause.Load() {
 		return fmt.Errorf("%s: %w", id, runtime.ErrRestarted)
+	}
+	if kind == runtime.PauseMemory && b.FailMemoryPause.Load() {
+		return fmt.Errorf("fake backend: pause %s in memory refused", id)
 	}
 	if err := b.setState(id, runtime.StatePaused); err != nil {
 		return err
