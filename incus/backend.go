@@ -730,7 +730,7 @@ func (s *sandbox) info() *runtime.Sandbox {
 	if s.paused {
 		state = runtime.StatePaused
 	}
-	return &runtime.Sandbox{ID: s.id, Template: s.spec.Template, State: state, Spec: s.spec, CreatedAt: s.createdAt}
+	return &runtime.Sandbox{ID: s.id, Template: s.spec.Template, State: state, OnDisk: s.onDisk, Spec: s.spec, CreatedAt: s.createdAt}
 }
 
 // dialEnvd connects to envd's unix socket in the shared socket directory

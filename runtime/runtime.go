@@ -183,6 +183,8 @@ type Sandbox struct {
 	ID       string
 	Template string
 	State    State
+	// OnDisk: paused with PauseDisk, so it holds no memory, only files.
+	OnDisk bool
 	// Spec is the spec it was created with, resources defaulted.
 	Spec      Spec
 	CreatedAt time.Time

@@ -139,10 +139,10 @@ type Manager struct {
 	// pendingMB is the memory of claimed members whose rows are not in
 	// yet, for the host budget.
 	pendingMB atomic.Int64
-	// diskPaused holds the ids of sandboxes this process paused to disk:
-	// they hold no memory, so the host budget leaves them out until a
-	// resume admits them again. It is not persisted: after a restart a
-	// paused sandbox counts, which errs on the side of not overcommitting.
+	// diskPaused holds the ids of sandboxes paused to disk (by this
+	// process, or found so by Reconcile in the backend's List): they hold
+	// no memory, so the host budget leaves them out until a resume admits
+	// them again.
 	diskPaused sync.Map // sandbox id -> struct{}
 }
 

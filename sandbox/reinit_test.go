@@ -341,3 +341,30 @@ func TestDialRechecksRow(t *testing.T) {
 		t.Fatalf("DialSandbox while the row turned pausing = %v; want ErrNotFound", err)
 	}
 }
+
+// TestHostBudgetDiskPausedAfterRestart: a restarted sandboxd learns from
+// the backend which sandboxes are paused to disk and leaves them out of
+// the host budget, as the sandboxd that paused them did.
+func TestHostBudgetDiskPausedAfterRestart(t *testing.T) {
+	e := newTestEnv(t, func(c *Config) { c.HostMemoryMB = 1024 }) // two sandboxes of 512 MiB
+	a, err := e.m.Create(as("a"), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Pause(as("a"), a.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	m2 := New(Config{Store: e.st, Backend: e.be, BackendName: "fake", Log: slog.New(slog.DiscardHandler), Settings: e.settings, HostMemoryMB: 1024})
+	if err := m2.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.Create(as("a"), CreateRequest{}); err != nil {
+		t.Fatalf("create after a restart, with A on disk = %v; want it to fit", err)
+	}
+	if _, _, err := m2.Connect(as("a"), a.ID, 0); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("resume A with the budget full = %v; want ErrUnavailable", err)
+	}
+}

@@ -134,6 +134,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	inBackend := make(map[string]runtime.State, len(held))
 	for _, h := range held {
 		inBackend[h.ID] = h.State
+		if h.OnDisk {
+			// Holds no memory: out of the host budget until resumed.
+			m.diskPaused.Store(h.ID, struct{}{})
+		}
 		row := rows[h.ID]
 		if row == nil || row.State == store.StateCreating || row.State == store.StateKilling {
 			// Not ours any more, or a create/kill a crash interrupted.

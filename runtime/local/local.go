@@ -491,6 +491,7 @@ func (s *sandbox) info() (*runtime.Sandbox, error) {
 		ID:        s.id,
 		Template:  s.meta.Spec.Template,
 		State:     state,
+		OnDisk:    s.meta.Paused == pausedDisk,
 		Spec:      s.meta.Spec,
 		CreatedAt: s.meta.CreatedAt,
 	}, nil

@@ -99,6 +99,7 @@ func testPauseRestart(t *testing.T, b runtime.Backend, reopen func(t *testing.T)
 		t.Fatalf("second Pause(%s) = %v", kind, err)
 	}
 	assertState(t, b, id, runtime.StatePaused)
+	assertOnDisk(t, b, id, kind == runtime.PauseDisk)
 	if kind == runtime.PauseDisk {
 		assertStopped(t, id)
 	}
@@ -106,6 +107,7 @@ func testPauseRestart(t *testing.T, b runtime.Backend, reopen func(t *testing.T)
 	b2 := reopen(t)
 	cleanupWith = b2
 	assertState(t, b2, id, runtime.StatePaused)
+	assertOnDisk(t, b2, id, kind == runtime.PauseDisk)
 	if kind == runtime.PauseDisk {
 		assertStopped(t, id) // the new backend's adoption started nothing
 	}
@@ -120,6 +122,7 @@ func testPauseRestart(t *testing.T, b runtime.Backend, reopen func(t *testing.T)
 		t.Errorf("Resume() restarted = %v; want %v", restarted, want)
 	}
 	assertState(t, b2, id, runtime.StateRunning)
+	assertOnDisk(t, b2, id, false)
 	mustHealthy(t, b2, id)
 	if res := mustSh(t, b2, id, "root", layerCheck); res.Stdout != "ok\n" {
 		t.Errorf("layer after resume: %v", res)
@@ -162,6 +165,21 @@ func assertStopped(t *testing.T, id string) {
 				t.Errorf("process %s of sandbox %s paused to disk: %s", filepath.Dir(p), id, line)
 				break
 			}
+		}
+	}
+}
+
+// assertOnDisk checks List's OnDisk for id: the Manager's host budget
+// leaves sandboxes paused to disk out by it.
+func assertOnDisk(t *testing.T, b runtime.Backend, id string, want bool) {
+	t.Helper()
+	l, err := b.List(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l {
+		if s.ID == id && s.OnDisk != want {
+			t.Errorf("List() OnDisk of %s = %v; want %v", id, s.OnDisk, want)
 		}
 	}
 }

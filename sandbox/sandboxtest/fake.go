@@ -307,8 +307,9 @@ func (b *Backend) List(context.Context) ([]*runtime.Sandbox, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]*runtime.Sandbox, 0, len(b.sbx))
-	for _, sb := range b.sbx {
+	for id, sb := range b.sbx {
 		cp := *sb
+		cp.OnDisk = b.disk[id]
 		out = append(out, &cp)
 	}
 	return out, nil
