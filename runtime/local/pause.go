@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -355,114 +357,232 @@ func copyTreeMain(args []string) {
 // file capabilities), timestamps, symlinks and hard links. It follows no
 // symlink. Its source must be quiet: no process of the sandbox runs while a
 // layer is copied.
+//
+// It works on directory fds and names (openat, mkdirat, ...), never on
+// full paths: a sandbox can make paths longer than PATH_MAX (by relative
+// steps), which must not make its layer impossible to save or restore. It
+// holds two fds per level of depth.
 func copyTree(src, dst string) error {
-	type key struct{ dev, ino uint64 }
-	links := map[key]string{}
-	type dirTimes struct {
-		path string
-		ts   []unix.Timespec
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
 	}
-	var dirs []dirTimes
-	err := filepath.WalkDir(src, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		ts := []unix.Timespec{st.Atim, st.Mtim}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			if err := os.Mkdir(target, 0o700); err != nil {
-				return err
-			}
-			dirs = append(dirs, dirTimes{target, ts})
-		case unix.S_IFREG:
-			k := key{st.Dev, st.Ino}
-			if first, ok := links[k]; ok {
-				return os.Link(first, target)
-			}
-			if err := copyFile(p, target, st.Size); err != nil {
-				return err
-			}
-			if st.Nlink > 1 {
-				links[k] = target
-			}
-		case unix.S_IFLNK:
-			to, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(to, target); err != nil {
-				return err
-			}
-		case unix.S_IFCHR, unix.S_IFBLK:
-			// Only overlayfs's whiteouts (0/0) belong here: a sandbox
-			// cannot make device nodes, and none is ever copied to the
-			// host's disk.
-			if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
-				return nil
-			}
-			fallthrough
-		default: // fifos, sockets
-			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
-				return fmt.Errorf("mknod %s: %w", target, err)
-			}
-		}
-		// chown clears setuid bits and file capabilities: it goes first.
-		if err := os.Lchown(target, int(st.Uid), int(st.Gid)); err != nil {
-			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-			if err := unix.Chmod(target, st.Mode&0o7777); err != nil {
-				return fmt.Errorf("chmod %s: %w", target, err)
-			}
-		}
-		if err := copyXattrs(p, target); err != nil {
-			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			if err := unix.UtimesNanoAt(unix.AT_FDCWD, target, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return fmt.Errorf("utimes %s: %w", target, err)
-			}
-		}
-		return nil
-	})
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("copy %s: not a directory", src)
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	sf, err := openDir(unix.AT_FDCWD, src)
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
-	// Directory times last: creating their entries changed them.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, dirs[i].path, dirs[i].ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("utimes %s: %w", dirs[i].path, err)
+	defer sf.Close()
+	df, err := openDir(unix.AT_FDCWD, dst)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	defer df.Close()
+	c := &treeCopier{root: df, links: map[fileKey]linkLoc{}}
+	if err := c.dir(sf, df, nil); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	// The root's own metadata: what the entries' creation changed last.
+	if err := setMeta(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, &st); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	return nil
+}
+
+type fileKey struct{ dev, ino uint64 }
+
+// linkLoc is where the first copy of a hard-linked file went: its
+// directory (names from the root of the copy) and name.
+type linkLoc struct {
+	dir  []string
+	name string
+}
+
+type treeCopier struct {
+	root  *os.File // dst
+	links map[fileKey]linkLoc
+}
+
+// openDir opens the directory name under dirfd, following no symlink.
+func openDir(dirfd int, name string) (*os.File, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// dir copies the entries of the directory src into dst; rel is dst's path
+// from the root of the copy, as names.
+func (c *treeCopier) dir(src, dst *os.File, rel []string) error {
+	names, err := src.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", strings.Join(rel, "/"), err)
+	}
+	sfd, dfd := int(src.Fd()), int(dst.Fd())
+	for _, name := range names {
+		if err := c.entry(sfd, dfd, name, rel); err != nil {
+			return fmt.Errorf("%s: %w", path.Join(append(rel, name)...), err)
 		}
 	}
 	return nil
 }
 
-// copyFile copies the regular file src of size bytes to dst, keeping its
-// holes: a sandbox can make a sparse file far larger than its disk, which
-// must take no more room on the host's disk (or on its tmpfs when it comes
-// back) than it did.
-func copyFile(src, dst string, size int64) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
+// entry copies src's entry name to dst.
+func (c *treeCopier) entry(sfd, dfd int, name string, rel []string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
+			return fmt.Errorf("mkdir: %w", err)
+		}
+		sub, err := openDir(sfd, name)
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		dsub, err := openDir(dfd, name)
+		if err != nil {
+			return err
+		}
+		defer dsub.Close()
+		if err := c.dir(sub, dsub, append(slices.Clip(rel), name)); err != nil {
+			return err
+		}
+		// Last: creating its entries changed its times.
+		return setMeta(sfd, name, dfd, name, &st)
+	case unix.S_IFREG:
+		k := fileKey{st.Dev, st.Ino}
+		if first, ok := c.links[k]; ok {
+			return c.link(first, dfd, name)
+		}
+		if err := copyFileAt(sfd, dfd, name, st.Size); err != nil {
+			return err
+		}
+		if st.Nlink > 1 {
+			c.links[k] = linkLoc{dir: slices.Clone(rel), name: name}
+		}
+	case unix.S_IFLNK:
+		to, err := readlinkat(sfd, name)
+		if err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(to, dfd, name); err != nil {
+			return fmt.Errorf("symlink: %w", err)
+		}
+	case unix.S_IFCHR, unix.S_IFBLK:
+		// Only overlayfs's whiteouts (0/0) belong here: a sandbox
+		// cannot make device nodes, and none is ever copied to the
+		// host's disk.
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			return nil
+		}
+		fallthrough
+	default: // fifos, sockets
+		if err := unix.Mknodat(dfd, name, st.Mode, int(st.Rdev)); err != nil {
+			return fmt.Errorf("mknod: %w", err)
+		}
+	}
+	return setMeta(sfd, name, dfd, name, &st)
+}
+
+// link makes name in dfd a hard link to the first copy at loc, reaching
+// its directory one name at a time.
+func (c *treeCopier) link(loc linkLoc, dfd int, name string) error {
+	dir := c.root
+	for _, n := range loc.dir {
+		d, err := openDir(int(dir.Fd()), n)
+		if dir != c.root {
+			dir.Close()
+		}
+		if err != nil {
+			return err
+		}
+		dir = d
+	}
+	if dir != c.root {
+		defer dir.Close()
+	}
+	if err := unix.Linkat(int(dir.Fd()), loc.name, dfd, name, 0); err != nil {
+		return fmt.Errorf("link: %w", err)
+	}
+	return nil
+}
+
+// readlinkat returns the target of the symlink name in dirfd.
+func readlinkat(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", fmt.Errorf("readlink: %w", err)
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
+
+// fdPath names the entry name of the directory dirfd for the calls that
+// have no *at form (the xattr calls): /proc/self/fd/N is followed to the
+// directory, name is not followed, and the path stays short however deep
+// the directory is.
+func fdPath(dirfd int, name string) string {
+	if dirfd == unix.AT_FDCWD {
+		return name
+	}
+	return "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + name
+}
+
+// setMeta gives the copy dname in dfd the ownership, mode, extended
+// attributes and times of the original (st, sname in sfd).
+func setMeta(sfd int, sname string, dfd int, dname string, st *unix.Stat_t) error {
+	// chown clears setuid bits and file capabilities: it goes first.
+	if err := unix.Fchownat(dfd, dname, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		if err := unix.Fchmodat(dfd, dname, st.Mode&0o7777, 0); err != nil {
+			return fmt.Errorf("chmod: %w", err)
+		}
+	}
+	if err := copyXattrs(fdPath(sfd, sname), fdPath(dfd, dname)); err != nil {
 		return err
 	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(dfd, dname, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("utimes: %w", err)
+	}
+	return nil
+}
+
+// copyFileAt copies the regular file name of sfd to a new file name in
+// dfd, keeping its holes: a sandbox can make a sparse file far larger than
+// its disk, which must take no more room on the host's disk (or on its
+// tmpfs when it comes back) than it did.
+func copyFileAt(sfd, dfd int, name string, size int64) error {
+	ifd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	in := os.NewFile(uintptr(ifd), name)
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	ofd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("create: %w", err)
 	}
+	out := os.NewFile(uintptr(ofd), name)
 	if err := copyData(in, out, size); err != nil {
 		out.Close()
-		return fmt.Errorf("copy %s: %w", src, err)
+		return fmt.Errorf("copy: %w", err)
 	}
 	return out.Close()
 }
