@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -916,68 +917,113 @@ func TestUserNSMismatch(t *testing.T) {
 // TestPauseDiskSurvivesReboot: a sandbox paused to disk is known again
 // after a reboot took all of Root (a tmpfs) and left only SaveDir (a disk):
 // listed paused, kept by Reconcile, resumed with its files, and destroyed
-// whole.
+// whole; also when its template came back under another directory (the
+// base template's digest covers host files that may change meanwhile).
 func TestPauseDiskSurvivesReboot(t *testing.T) {
-	env := newEnv(t)
-	opts := env.options(t)
-	opts.SaveDir = filepath.Join(t.TempDir(), "saved")
-	b1, err := local.New(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if b, err := local.New(context.Background(), opts); err == nil {
-			_ = b.Destroy(context.Background(), id)
-		}
-	})
-	res, err := runtimetest.Exec(ctx, b1, id, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("write: %v %v", res, err)
-	}
-	if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
-		t.Fatal(err)
-	}
-	// The "reboot": b1 is forgotten and nothing of Root survives.
-	if ms := mountsUnder(t, env.root); len(ms) > 0 {
-		t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
-	}
-	if err := os.RemoveAll(env.root); err != nil {
-		t.Fatal(err)
-	}
+	for _, tc := range []struct {
+		name      string
+		moveLower bool
+		userNS    bool
+	}{
+		{"same template", false, false},
+		{"template rebuilt", true, false},
+		{"user namespace", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t)
+			opts := env.options(t)
+			if tc.userNS {
+				opts = env.userNSOptions(t)
+			}
+			opts.SaveDir = filepath.Join(t.TempDir(), "saved")
+			b1, err := local.New(t.Context(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			id := runtimetest.NewID()
+			if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if b, err := local.New(context.Background(), opts); err == nil {
+					_ = b.Destroy(context.Background(), id)
+				}
+			})
+			res, err := runtimetest.Exec(ctx, b1, id, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("write: %v %v", res, err)
+			}
+			if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+			// The "reboot": b1 is forgotten and nothing of Root survives.
+			if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
+				t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
+			}
+			_ = syscall.Unmount(filepath.Join(env.root, "templates-idmapped"), syscall.MNT_DETACH)
+			if err := os.RemoveAll(env.root); err != nil {
+				t.Fatal(err)
+			}
+			if tc.moveLower {
+				setSavedTemplateDir(t, filepath.Join(opts.SaveDir, id, "meta.json"),
+					filepath.Join(env.root, "templates", "base-0000000000000000"))
+			}
 
-	b2, err := local.New(ctx, opts)
+			b2, err := local.New(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.Reconcile(ctx); err != nil {
+				t.Fatalf("Reconcile() = %v", err)
+			}
+			l, err := b2.List(ctx)
+			if err != nil || len(l) != 1 || l[0].ID != id || l[0].State != runtime.StatePaused {
+				t.Fatalf("List() after the reboot = %v, %v; want %s paused", l, err, id)
+			}
+			if restarted, err := b2.Resume(ctx, id); err != nil || !restarted {
+				t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+			}
+			res, err = runtimetest.Exec(ctx, b2, id, "user", "/bin/cat", "/home/user/f")
+			if err != nil || res.Stdout != "kept\n" {
+				t.Fatalf("file after the resume: %v %v", res, err)
+			}
+			if err := b2.Destroy(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range b2.HostPaths(id) {
+				if exists(p) {
+					t.Errorf("Destroy left %s", p)
+				}
+			}
+			if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
+				t.Errorf("Destroy left %v in SaveDir", ents)
+			}
+		})
+	}
+}
+
+// setSavedTemplateDir points the saved meta at path to another template
+// directory.
+func setSavedTemplateDir(t *testing.T, path, dir string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b2.Reconcile(ctx); err != nil {
-		t.Fatalf("Reconcile() = %v", err)
-	}
-	l, err := b2.List(ctx)
-	if err != nil || len(l) != 1 || l[0].ID != id || l[0].State != runtime.StatePaused {
-		t.Fatalf("List() after the reboot = %v, %v; want %s paused", l, err, id)
-	}
-	if restarted, err := b2.Resume(ctx, id); err != nil || !restarted {
-		t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
-	}
-	res, err = runtimetest.Exec(ctx, b2, id, "user", "/bin/cat", "/home/user/f")
-	if err != nil || res.Stdout != "kept\n" {
-		t.Fatalf("file after the resume: %v %v", res, err)
-	}
-	if err := b2.Destroy(ctx, id); err != nil {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range b2.HostPaths(id) {
-		if exists(p) {
-			t.Errorf("Destroy left %s", p)
-		}
+	if _, ok := m["templateDir"]; !ok {
+		t.Fatalf("no templateDir in %s", raw)
 	}
-	if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
-		t.Errorf("Destroy left %v in SaveDir", ents)
+	m["templateDir"] = dir
+	if raw, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -451,11 +451,24 @@ func restoreTimeout(base time.Duration, diskMB int) time.Duration {
 
 // templateOf returns the template a sandbox was created from, with the
 // lower directory it was created on (Reconcile keeps that directory while
-// the sandbox lives, even if the template has been rebuilt since).
+// the sandbox lives, even if the template has been rebuilt since). Only
+// when that directory is gone (Root was a tmpfs, and the template came
+// back under another digest after a reboot: the base template's holds the
+// host's /etc files) is it the template's current one, as an image update
+// would give a container: without it the sandbox could never run again.
+// The caller holds s.mu.
 func (b *Backend) templateOf(s *sandbox) *template {
 	t := template{name: s.meta.Spec.Template, lower: s.meta.Template}
-	if cur := b.templates[s.meta.Spec.Template]; cur != nil {
-		t.mounts = cur.mounts
+	cur := b.templates[s.meta.Spec.Template]
+	if cur == nil {
+		return &t
+	}
+	t.mounts = cur.mounts
+	if _, err := os.Lstat(t.lower); errors.Is(err, fs.ErrNotExist) && t.lower != cur.lower {
+		b.log.Warn("template directory of the sandbox is gone: using the template's current one",
+			"sandbox", s.id, "template", t.name, "was", t.lower, "now", cur.lower)
+		t.lower = cur.lower
+		s.meta.Template = cur.lower
 	}
 	return &t
 }
