@@ -103,19 +103,11 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 
 	// A directory left by an earlier process is a live sandbox (adopt would
 	// have found it) or debris for Reconcile: either way the id is taken.
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err := b.makeStateDir(dir); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
 		}
 		return nil, wrap("state dir", err)
-	}
-	if b.opts.UserNS {
-		// The sandbox's root (a host id of its own) must reach rootfs/
-		// to set it up; nobody else on the host may.
-		if err := errors.Join(os.Chown(dir, 0, userNSBase), os.Chmod(dir, 0o710)); err != nil {
-			_ = os.Remove(dir)
-			return nil, wrap("state dir", err)
-		}
 	}
 	r.Add(func() {
 		if err := b.cleanup(spec.ID, dir); err != nil {
@@ -137,6 +129,22 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	s.created = true
 	r.Success()
 	return s.info()
+}
+
+// makeStateDir makes a sandbox's state directory dir, which must not exist.
+func (b *Backend) makeStateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if b.opts.UserNS {
+		// The sandbox's root (a host id of its own) must reach rootfs/
+		// to set it up; nobody else on the host may.
+		if err := errors.Join(os.Chown(dir, 0, userNSBase), os.Chmod(dir, 0o710)); err != nil {
+			_ = os.Remove(dir)
+			return err
+		}
+	}
+	return nil
 }
 
 // writeJSON writes v to path atomically: a reader sees all of it or nothing.

@@ -33,16 +33,24 @@
 // A sandbox paused to disk (runtime.PauseDisk) has no process, mount,
 // cgroup or veth: only meta.json (saying so) and its upper layer, copied to
 // <SaveDir>/<id>/upper with everything overlayfs needs (whiteouts, opaque
-// directory xattrs, ownership). Resume mounts a fresh tmpfs, copies the
-// layer back from a child process in the sandbox's cgroup (so the pages are
-// charged to the sandbox, as before) and starts envd again as init.
+// directory xattrs, ownership), next to a copy of meta.json: Root is
+// usually a tmpfs, and SaveDir alone makes the sandbox known again after a
+// reboot. A pause to disk needs room on SaveDir's filesystem for the layer
+// plus a reserve (Options.SaveReserveMB), else it fails with
+// runtime.ErrUnsupported before it touches the sandbox. Resume mounts a
+// fresh tmpfs, copies the layer back from a child process in the sandbox's
+// cgroup (so the pages are charged to the sandbox, as before) and starts
+// envd again as init.
 //
 // With Options.UserNS, <Root>/templates-idmapped is a read-only, idmapped
 // view of <Root>/templates, made by New and kept: the sandboxes' lower
 // layers (see DEPS.md).
 //
-// Sandboxes outlive sandboxd: New re-adopts live ones, and Reconcile removes
-// what dead ones left (mounts, cgroups, directories).
+// Sandboxes outlive sandboxd: New re-adopts live ones and those paused to
+// disk (from SaveDir, even when Root has none of them), and Reconcile
+// removes what dead ones left (mounts, cgroups, directories). It never
+// deletes a saved layer with its meta: one no sandbox claims is moved to
+// <SaveDir>/.quarantine and logged.
 //
 // The binary that uses this package must call Init first thing in main
 // (and in TestMain): libcontainer starts every sandbox by re-executing
@@ -112,9 +120,18 @@ type Options struct {
 	// Root holds all host state of the backend. Default /run/sandboxd/local.
 	Root string
 	// SaveDir keeps the writable layers of sandboxes paused to disk, one
-	// directory per sandbox. It should be on a disk: under /run it takes
-	// the host's memory. Default <Root>/saved.
+	// directory per sandbox with a copy of its meta. It should be on a
+	// disk: under /run it takes the host's memory, and sandboxes paused
+	// to disk do not survive a reboot. Default <Root>/saved.
 	SaveDir string
+	// SaveReserveMB is what a pause to disk must leave free on SaveDir's
+	// filesystem (which may hold more than layers: sandboxd's database),
+	// beyond the room of the layer it saves; a pause that would not leave
+	// it fails with runtime.ErrUnsupported before it touches the sandbox.
+	// Default (0): the larger of 5% of the filesystem and 256 MiB.
+	// Negative: none. 5% of the filesystem's inodes are kept free too,
+	// unless it is negative.
+	SaveReserveMB int
 	// EnvdPath is the host path of the static envd binary. Required.
 	EnvdPath string
 	// CgroupParent is the cgroup (in every hierarchy) under which each
@@ -168,6 +185,9 @@ type Backend struct {
 	mu  sync.Mutex
 	sbx map[string]*sandbox // live and in-creation sandboxes
 	ips map[netip.Addr]bool // egress addresses of the sandboxes in sbx
+	// saving is what pauses to disk in progress claimed of SaveDir's
+	// filesystem (claimSaveRoom).
+	saving struct{ bytes, inodes uint64 }
 	// templates is built once in New.
 	templates map[string]*template
 }
@@ -369,20 +389,28 @@ func (b *Backend) HostPaths(id string) []string {
 	return paths
 }
 
-// adopt loads every live sandbox under Root into the map. Dead ones are left
-// for Reconcile.
+// adopt loads every live sandbox under Root, and every sandbox paused to
+// disk in SaveDir, into the map. Dead ones are left for Reconcile.
 func (b *Backend) adopt(ctx context.Context) error {
 	ents, err := os.ReadDir(b.sandboxesDir())
 	if err != nil {
 		return err
 	}
-	for _, e := range ents {
+	// SaveDir knows the sandboxes paused to disk when Root does not (a
+	// reboot empties a Root on tmpfs).
+	saved, err := os.ReadDir(b.opts.SaveDir)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for _, e := range append(ents, saved...) {
+		if e.IsDir() && runtime.ValidID(e.Name()) && !slices.Contains(ids, e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return err
-		}
-		id := e.Name()
-		if !e.IsDir() || !runtime.ValidID(id) {
-			continue
 		}
 		b.mu.Lock()
 		_, known := b.sbx[id]
@@ -407,44 +435,84 @@ func (b *Backend) adopt(ctx context.Context) error {
 }
 
 // load reads a sandbox of an earlier process from disk. It fails unless the
-// sandbox is complete and its init is alive (running or paused).
+// sandbox is complete and its init is alive (running or paused), or it is
+// paused to disk.
+//
+// A saved layer with its meta (see savedDir) makes a sandbox paused to
+// disk whatever its state directory says, unless that has a live init: a
+// reboot took the state directory (or its init), or a crash came between
+// the layer's rename and meta.json. With a live init the layer is stale: a
+// crash came before a resume removed it.
 func (b *Backend) load(id string) (*sandbox, error) {
 	dir := filepath.Join(b.sandboxesDir(), id)
-	raw, err := os.ReadFile(filepath.Join(dir, "meta.json"))
-	if err != nil {
-		return nil, err
-	}
+	saved, savedErr := b.readSaved(id)
 	var m meta
-	if err := json.Unmarshal(raw, &m); err != nil {
+	raw, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &m)
+	}
+	if err != nil {
+		if savedErr == nil {
+			return b.loadSaved(id, dir, saved), nil
+		}
 		return nil, err
 	}
 	ready := make(chan struct{})
 	close(ready)
 	if m.Paused == pausedDisk {
+		if savedErr == nil {
+			return b.loadSaved(id, dir, saved), nil
+		}
+		// Paused by a sandboxd that kept no meta in SaveDir: the layer
+		// must be there, and gets its meta now.
 		if _, err := os.Lstat(filepath.Join(b.savedDir(id), "upper")); err != nil {
 			return nil, err
 		}
-		s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true}
-		// A crash may have interrupted the pause after the layer was
-		// saved, or a resume before it finished: either way, the sandbox
-		// is paused to disk, and what it held while running goes.
-		if err := b.releaseStopped(s); err != nil {
-			return nil, err
+		if err := writeJSON(b.savedMetaPath(id), m); err != nil {
+			b.log.Warn("adopt: meta in SaveDir", "sandbox", id, "err", err)
 		}
-		return s, nil
+		return b.loadSaved(id, dir, m), nil
 	}
 	ctr, err := libcontainer.Load(filepath.Join(dir, "ctr"), id)
+	var st libcontainer.Status
+	if err == nil {
+		st, err = ctr.Status()
+	}
+	if err == nil && st != libcontainer.Running && st != libcontainer.Paused {
+		err = fmt.Errorf("sandbox %s is %s", id, st)
+	}
 	if err != nil {
+		if savedErr == nil {
+			return b.loadSaved(id, dir, saved), nil
+		}
 		return nil, err
 	}
-	st, err := ctr.Status()
-	if err != nil {
-		return nil, err
-	}
-	if st != libcontainer.Running && st != libcontainer.Paused {
-		return nil, fmt.Errorf("sandbox %s is %s", id, st)
+	if savedErr == nil {
+		if err := b.retireSaved(id); err != nil {
+			b.log.Warn("adopt: remove the layer of a resumed sandbox", "sandbox", id, "err", err)
+		}
 	}
 	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, ready: ready, created: true}, nil
+}
+
+// loadSaved returns the sandbox paused to disk with meta m. What it held
+// while running goes: a crash may have interrupted the pause after the
+// layer was saved, or a resume before it finished. Failing that, it is
+// still returned: the next resume or destroy releases it again, and a
+// sandbox left out of the map would lose its layer to Reconcile.
+func (b *Backend) loadSaved(id, dir string, m meta) *sandbox {
+	ready := make(chan struct{})
+	close(ready)
+	s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true}
+	if err := b.releaseStopped(s); err != nil {
+		b.log.Warn("adopt sandbox paused to disk: release", "sandbox", id, "err", err)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		if err := writeJSON(filepath.Join(dir, "meta.json"), m); err != nil {
+			b.log.Warn("adopt sandbox paused to disk: meta", "sandbox", id, "err", err)
+		}
+	}
+	return s
 }
 
 // get returns the live sandbox id, waiting for a Create in progress to end.
@@ -578,19 +646,7 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	}
 	saved, _ := os.ReadDir(b.opts.SaveDir)
 	for _, e := range saved {
-		// Layers of sandboxes not paused to disk: an interrupted pause
-		// (".<id>.tmp"), or one whose resume did not get to remove it.
-		id := strings.TrimSuffix(strings.TrimPrefix(e.Name(), "."), ".tmp")
-		b.mu.Lock()
-		s := b.sbx[id]
-		b.mu.Unlock()
-		if s != nil && e.Name() == id && s.diskPaused() {
-			continue
-		}
-		if s != nil && e.Name() != id {
-			continue // a pause in progress
-		}
-		if err := os.RemoveAll(filepath.Join(b.opts.SaveDir, e.Name())); err != nil {
+		if err := b.reconcileSaved(e.Name()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -613,6 +669,44 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// reconcileSaved removes the entry name of SaveDir unless a sandbox needs
+// it. A layer with its meta is never deleted here, only put aside (adopt
+// took every one it could: what is left is unreadable or not this
+// backend's to delete).
+func (b *Backend) reconcileSaved(name string) error {
+	p := filepath.Join(b.opts.SaveDir, name)
+	var id string
+	switch {
+	case name == quarantineDir:
+		return nil
+	case strings.HasPrefix(name, ".") && strings.HasSuffix(name, retiredSuffix):
+		return os.RemoveAll(p) // on its way out: no sandbox needs it
+	case strings.HasPrefix(name, ".") && strings.HasSuffix(name, savingSuffix):
+		// A pause in progress, or one a crash interrupted.
+		id = strings.TrimSuffix(strings.TrimPrefix(name, "."), savingSuffix)
+		b.mu.Lock()
+		s := b.sbx[id]
+		b.mu.Unlock()
+		if s != nil {
+			return nil
+		}
+		return os.RemoveAll(p)
+	default:
+		id = name
+	}
+	b.mu.Lock()
+	s := b.sbx[id]
+	b.mu.Unlock()
+	if s != nil && s.diskPaused() {
+		return nil
+	}
+	if _, err := os.Lstat(filepath.Join(p, "meta.json")); err == nil {
+		return b.quarantineSaved(id)
+	}
+	// No meta: a layer whose resume did not get to remove it, or debris.
+	return os.RemoveAll(p)
 }
 
 // diskPaused reports whether the sandbox is paused to disk.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -641,17 +642,19 @@ func mountsUnder(t *testing.T, dir string) []string {
 	return out
 }
 
-// TestPauseToDiskFails: when the layer cannot be saved (SaveDir is full),
-// the pause fails with ErrRestarted and the sandbox runs again, afresh, on
-// the files it had.
+// TestPauseToDiskFails: when the layer cannot be saved once the sandbox's
+// processes are gone (SaveDir has room but is read-only), the pause fails
+// with ErrRestarted and the sandbox runs again, afresh, on the files it
+// had.
 func TestPauseToDiskFails(t *testing.T) {
 	env := newEnv(t)
 	opts := env.options(t)
 	opts.SaveDir = filepath.Join(t.TempDir(), "save")
+	opts.SaveReserveMB = 1
 	if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", 0, "size=1m"); err != nil {
+	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", syscall.MS_RDONLY, "size=64m"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
@@ -670,7 +673,7 @@ func TestPauseToDiskFails(t *testing.T) {
 		t.Fatalf("write: %v %v", res, err)
 	}
 	if err := b.Pause(ctx, id, runtime.PauseDisk); !errors.Is(err, runtime.ErrRestarted) {
-		t.Fatalf("Pause(disk) into a full SaveDir = %v; want ErrRestarted", err)
+		t.Fatalf("Pause(disk) into a read-only SaveDir = %v; want ErrRestarted", err)
 	}
 	if err := runtimetestHealth(b, id); err != nil {
 		t.Fatalf("after the failed pause: %v", err)
@@ -681,6 +684,69 @@ func TestPauseToDiskFails(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
 		t.Errorf("failed pause left %v in SaveDir", ents)
+	}
+}
+
+// TestPauseToDiskNoRoom: a pause to disk that would fill SaveDir's
+// filesystem (bytes or inodes, with the reserve) fails with ErrUnsupported
+// and leaves the sandbox as it was, its processes included; with room made,
+// it works.
+func TestPauseToDiskNoRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name, mountOpts, fill string
+	}{
+		{"bytes", "size=16m", "head -c 20971520 /dev/zero > /root/big"},
+		{"inodes", "size=64m,nr_inodes=200", "mkdir /root/big && cd /root/big && for i in $(seq 300); do : > f$i; done"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t)
+			opts := env.options(t)
+			opts.SaveDir = filepath.Join(t.TempDir(), "save")
+			opts.SaveReserveMB = 1
+			if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", 0, tc.mountOpts); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
+			b, err := local.New(t.Context(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			id := runtimetest.NewID()
+			if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+			res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", tc.fill+" && cut -d' ' -f22 /proc/1/stat")
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("fill: %v %v", res, err)
+			}
+			init := res.Stdout // init's start time: a restarted envd has another
+			err = b.Pause(ctx, id, runtime.PauseDisk)
+			if !errors.Is(err, runtime.ErrUnsupported) || errors.Is(err, runtime.ErrRestarted) {
+				t.Fatalf("Pause(disk) without room = %v; want ErrUnsupported", err)
+			}
+			res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "cut -d' ' -f22 /proc/1/stat")
+			if err != nil || res.Stdout != init {
+				t.Errorf("init after the refused pause: %q, %v; want %q (untouched)", res.Stdout, err, init)
+			}
+			if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
+				t.Errorf("refused pause left %v in SaveDir", ents)
+			}
+			res, err = runtimetest.Exec(ctx, b, id, "root", "/bin/rm", "-rf", "/root/big")
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("rm: %v %v", res, err)
+			}
+			if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatalf("Pause(disk) with room: %v", err)
+			}
+			if _, err := b.Resume(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -845,5 +911,201 @@ func TestUserNSMismatch(t *testing.T) {
 	res, err := runtimetest.Exec(ctx, again, id, "root", "/bin/cat", "/proc/self/uid_map")
 	if err != nil || !strings.Contains(res.Stdout, "1000000000") {
 		t.Fatalf("uid_map after resume: %v %v", res, err)
+	}
+}
+
+// TestPauseDiskSurvivesReboot: a sandbox paused to disk is known again
+// after a reboot took all of Root (a tmpfs) and left only SaveDir (a disk):
+// listed paused, kept by Reconcile, resumed with its files, and destroyed
+// whole; also when its template came back under another directory (the
+// base template's digest covers host files that may change meanwhile).
+func TestPauseDiskSurvivesReboot(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		moveLower bool
+		userNS    bool
+	}{
+		{"same template", false, false},
+		{"template rebuilt", true, false},
+		{"user namespace", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t)
+			opts := env.options(t)
+			if tc.userNS {
+				opts = env.userNSOptions(t)
+			}
+			opts.SaveDir = filepath.Join(t.TempDir(), "saved")
+			b1, err := local.New(t.Context(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			id := runtimetest.NewID()
+			if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if b, err := local.New(context.Background(), opts); err == nil {
+					_ = b.Destroy(context.Background(), id)
+				}
+			})
+			res, err := runtimetest.Exec(ctx, b1, id, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("write: %v %v", res, err)
+			}
+			if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+			// The "reboot": b1 is forgotten and nothing of Root survives.
+			if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
+				t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
+			}
+			_ = syscall.Unmount(filepath.Join(env.root, "templates-idmapped"), syscall.MNT_DETACH)
+			if err := os.RemoveAll(env.root); err != nil {
+				t.Fatal(err)
+			}
+			if tc.moveLower {
+				setSavedTemplateDir(t, filepath.Join(opts.SaveDir, id, "meta.json"),
+					filepath.Join(env.root, "templates", "base-0000000000000000"))
+			}
+
+			b2, err := local.New(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.Reconcile(ctx); err != nil {
+				t.Fatalf("Reconcile() = %v", err)
+			}
+			l, err := b2.List(ctx)
+			if err != nil || len(l) != 1 || l[0].ID != id || l[0].State != runtime.StatePaused {
+				t.Fatalf("List() after the reboot = %v, %v; want %s paused", l, err, id)
+			}
+			if restarted, err := b2.Resume(ctx, id); err != nil || !restarted {
+				t.Fatalf("Resume = %v, %v; want restarted", restarted, err)
+			}
+			res, err = runtimetest.Exec(ctx, b2, id, "user", "/bin/cat", "/home/user/f")
+			if err != nil || res.Stdout != "kept\n" {
+				t.Fatalf("file after the resume: %v %v", res, err)
+			}
+			if err := b2.Destroy(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range b2.HostPaths(id) {
+				if exists(p) {
+					t.Errorf("Destroy left %s", p)
+				}
+			}
+			if ents, _ := os.ReadDir(opts.SaveDir); len(ents) != 0 {
+				t.Errorf("Destroy left %v in SaveDir", ents)
+			}
+		})
+	}
+}
+
+// setSavedTemplateDir points the saved meta at path to another template
+// directory.
+func setSavedTemplateDir(t *testing.T, path, dir string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["templateDir"]; !ok {
+		t.Fatalf("no templateDir in %s", raw)
+	}
+	m["templateDir"] = dir
+	if raw, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPauseDiskAdoptRetries: a sandbox paused to disk whose leftovers
+// cannot be released when a new backend adopts it (here a mount under its
+// state directory) is adopted all the same, and Reconcile keeps its layer.
+func TestPauseDiskAdoptRetries(t *testing.T) {
+	env := newEnv(t)
+	b1 := env.open(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.open(t).Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b1, id, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("write: %v %v", res, err)
+	}
+	if err := b1.Pause(ctx, id, runtime.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	stuck := filepath.Join(env.root, "sandboxes", id, "stuck")
+	if err := os.Mkdir(stuck, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", stuck, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(stuck, syscall.MNT_DETACH) })
+
+	b2 := env.open(t)
+	if got := list(t, b2); !slices.Equal(got, []string{id}) {
+		t.Fatalf("List() = %v; want [%s]", got, id)
+	}
+	if err := b2.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile() = %v", err)
+	}
+	if !exists(filepath.Join(env.root, "saved", id, "upper")) {
+		t.Fatal("Reconcile removed the layer of a sandbox paused to disk")
+	}
+	if err := syscall.Unmount(stuck, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b2.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	res, err = runtimetest.Exec(ctx, b2, id, "user", "/bin/cat", "/home/user/f")
+	if err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("file after the resume: %v %v", res, err)
+	}
+}
+
+// TestReconcileQuarantinesSaved: Reconcile never deletes a saved layer
+// with its meta that no sandbox claims (here: the meta is unreadable); it
+// moves it aside, into SaveDir/.quarantine.
+func TestReconcileQuarantinesSaved(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	id := runtimetest.NewID()
+	layer := filepath.Join(env.root, "saved", id)
+	if err := os.MkdirAll(filepath.Join(layer, "upper"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(layer, "upper", "f"), []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(layer, "meta.json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	debris := filepath.Join(env.root, "saved", runtimetest.NewID())
+	if err := os.MkdirAll(filepath.Join(debris, "upper"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reconcile(t.Context()); err != nil {
+		t.Fatalf("Reconcile() = %v", err)
+	}
+	if exists(layer) || exists(debris) {
+		t.Errorf("Reconcile left %s: %v, %s: %v", layer, exists(layer), debris, exists(debris))
+	}
+	kept, _ := filepath.Glob(filepath.Join(env.root, "saved", ".quarantine", id+"-*", "upper", "f"))
+	if len(kept) != 1 {
+		t.Errorf("quarantined layer: %v; want one", kept)
 	}
 }

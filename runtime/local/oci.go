@@ -635,16 +635,25 @@ func flatten(img v1.Image, w io.Writer) error {
 		return fmt.Errorf("image layers: %w", err)
 	}
 	// seen: paths an upper layer had; true if nothing below them may
-	// appear (deleted, or not a directory). opaque: directories made
-	// opaque, with the index of the layer that did it.
+	// appear (not a directory). opaque: directories made opaque, and
+	// deleted: paths whited out (".wh.NAME"), each with the index of the
+	// layer that did it: both act on lower layers only, never on what
+	// their own layer has (a ".wh.foo" sorts before the layer's own "foo").
 	seen := map[string]bool{}
 	opaque := map[string]int{}
+	deleted := map[string]int{}
 	hidden := func(name string, layer int) bool {
+		if i, ok := deleted[name]; ok && i > layer {
+			return true
+		}
 		for d := path.Dir(name); ; d = path.Dir(d) {
 			if seen[d] {
 				return true
 			}
 			if i, ok := opaque[d]; ok && i > layer {
+				return true
+			}
+			if i, ok := deleted[d]; ok && i > layer {
 				return true
 			}
 			if d == "." || d == "/" {
@@ -653,14 +662,14 @@ func flatten(img v1.Image, w io.Writer) error {
 		}
 	}
 	for i := len(layers) - 1; i >= 0; i-- {
-		if err := flattenLayer(layers[i], i, tw, seen, opaque, hidden); err != nil {
+		if err := flattenLayer(layers[i], i, tw, seen, opaque, deleted, hidden); err != nil {
 			return err
 		}
 	}
 	return tw.Close()
 }
 
-func flattenLayer(l v1.Layer, i int, tw *tar.Writer, seen map[string]bool, opaque map[string]int, hidden func(string, int) bool) error {
+func flattenLayer(l v1.Layer, i int, tw *tar.Writer, seen map[string]bool, opaque, deleted map[string]int, hidden func(string, int) bool) error {
 	rc, err := l.Uncompressed()
 	if err != nil {
 		return fmt.Errorf("layer %d: %w", i, err)
@@ -702,10 +711,13 @@ func flattenLayer(l v1.Layer, i int, tw *tar.Writer, seen map[string]bool, opaqu
 			}
 			continue
 		}
-		seen[name] = tombstone || hdr.Typeflag != tar.TypeDir
 		if tombstone {
+			if _, ok := deleted[name]; !ok {
+				deleted[name] = i
+			}
 			continue
 		}
+		seen[name] = hdr.Typeflag != tar.TypeDir
 		hdr.Name = name
 		hdr.Format = tar.FormatPAX // no USTAR length limits on names
 		if err := tw.WriteHeader(hdr); err != nil {

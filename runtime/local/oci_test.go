@@ -232,6 +232,44 @@ func TestImportOCIWhiteouts(t *testing.T) {
 	}
 }
 
+// TestImportOCIWhiteoutSameLayer: a ".wh.NAME" deletes NAME of the lower
+// layers only: the same layer may add NAME again (it sorts after its
+// whiteout), as a file or as a new, empty directory.
+func TestImportOCIWhiteoutSameLayer(t *testing.T) {
+	needRoot(t)
+	base := testLayer(t,
+		reg("f", "old"),
+		tdir("d"), reg("d/old", "old"),
+	)
+	top := testLayer(t,
+		reg(".wh.d", ""), tdir("d"), reg("d/new", "new"),
+		reg(".wh.f", ""), reg("f", "new"),
+	)
+	dest := filepath.Join(t.TempDir(), "rootfs")
+	if err := local.ImportOCI(t.Context(), saveTarball(t, testImage(t, base, top)), dest); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	err := filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dest, p); rel != "." {
+			got = append(got, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"d", "d/new", "f"}; !slices.Equal(got, want) {
+		t.Errorf("imported tree = %v; want %v", got, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(dest, "f")); err != nil || string(b) != "new" {
+		t.Errorf("f = %q, %v; want %q", b, err, "new")
+	}
+}
+
 // TestImportOCIMalicious: entries that would land outside the destination
 // are refused, and nothing is written outside it.
 func TestImportOCIMalicious(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"time"
@@ -36,7 +35,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		hold := &sandbox{id: id, dir: dir, ready: make(chan struct{})}
 		b.sbx[id] = hold
 		b.mu.Unlock()
-		err := b.cleanup(id, dir)
+		err := errors.Join(b.cleanup(id, dir), b.removeSaved(id))
 		b.mu.Lock()
 		delete(b.sbx, id)
 		b.mu.Unlock()
@@ -73,7 +72,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
-	if err := b.cleanup(id, dir); err != nil {
+	if err := errors.Join(b.cleanup(id, dir), b.removeSaved(id)); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	s.gone = true
@@ -114,18 +113,16 @@ func (s *sandbox) waitExit() error {
 }
 
 // cleanup removes what sandbox id holds on the host, whatever state it is
-// in: it kills any process left in its cgroups, unmounts everything under
-// dir, removes dir and its saved layer and removes the cgroups. Mounts go before cgroups so that
-// the tmpfs's pages are freed while they are still charged to the sandbox.
+// in, but its saved layer (see removeSaved): it kills any process left in
+// its cgroups, unmounts everything under dir, removes dir and removes the
+// cgroups. Mounts go before cgroups so that the tmpfs's pages are freed
+// while they are still charged to the sandbox.
 func (b *Backend) cleanup(id, dir string) error {
 	cg := b.cgroupPath(id)
 	killCgroup(cg)
 	deleteLinks(id)
 	var errs []error
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(b.savedDir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeCgroup(cg); err != nil {
