@@ -1227,3 +1227,50 @@ func e2eSorted(s ...string) []string {
 func e2eSortedIDs(ds []e2eDetail) []string {
 	return e2eSorted(e2eIDs(ds)...)
 }
+
+// TestPauseToDiskReboot: a sandbox paused to disk outlives a reboot of the
+// host. The reboot is played by SIGKILLing sandboxd, unmounting what is
+// under its run dir and removing it (the run dir is on /run, a tmpfs);
+// the data dir, with the store and --pause-dir, is kept.
+func TestPauseToDiskReboot(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	s1 := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
+		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
+	})
+	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	content := []byte("survives a reboot " + e2eRandHex(8))
+	s1.writeFile(t, id, tok, "/home/user/reboot.txt", content)
+	wantEnv := s1.mustRun(t, id, tok, `echo "$SBX_KEPT"`).stdout
+	wantStatus(t, "pause memory=false", s1.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusNoContent)
+	if err := s1.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+
+	mounts := e2eMountsUnder(e.runDir)
+	for i := len(mounts) - 1; i >= 0; i-- { // innermost first
+		if err := syscall.Unmount(mounts[i], syscall.MNT_DETACH); err != nil {
+			t.Fatalf("unmount %s: %v", mounts[i], err)
+		}
+	}
+	if err := os.RemoveAll(e.runDir); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := e.start()
+	if got := s2.get(t, key, id).State; got != "paused" {
+		t.Fatalf("after the reboot: %s, want paused", got)
+	}
+	wantStatus(t, "connect after the reboot", s2.api(t, http.MethodPost, "/sandboxes/"+id+"/connect", key, map[string]any{"timeout": 600}), http.StatusCreated)
+	if got := s2.readFile(t, id, tok, "/home/user/reboot.txt"); string(got) != string(content) {
+		t.Errorf("file after the reboot: %q, want %q", got, content)
+	}
+	if res := s2.mustRun(t, id, tok, `echo "$SBX_KEPT"`); res.stdout != wantEnv {
+		t.Errorf("env var after the reboot: %q, want %q", res.stdout, wantEnv)
+	}
+	wantStatus(t, "kill", s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+	if saved := filepath.Join(e.dataDir, "paused", id); e2eExists(saved) {
+		t.Errorf("kill left the saved layer %s", saved)
+	}
+}
