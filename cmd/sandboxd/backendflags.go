@@ -15,11 +15,13 @@ type backendOpts struct {
 	egressSubnet string
 	incusImages  imageFlag
 	userNS       bool
+	pauseReserve int
 }
 
 func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
 	fs.BoolVar(&o.userNS, "local-userns", false, "--backend local: run sandboxes in a user namespace (root inside is uid 1000000000 on the host; needs Linux 5.19+ and templates under --run-dir)")
+	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")
 }

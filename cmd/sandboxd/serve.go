@@ -233,7 +233,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	switch name {
 	case "local":
 		be, err := local.New(ctx, local.Options{
-			Root: runDir, SaveDir: pauseDir, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			Root: runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
 			EgressSubnet: egressSubnet, UserNS: bo.userNS, Log: log.With("component", "local"),
 		})
