@@ -15,9 +15,11 @@
 //   - new connections into a sandbox are dropped; replies pass.
 //
 // The host end is named HostPrefix+12 hex digits of a hash of the
-// sandbox's key, the sandbox end PeerPrefix+the same until it is moved into
-// the sandbox as eth0. Every backend must name its host ends so: the rules
-// match nothing else. When the sandbox's network namespace goes, the pair
+// sandbox's key; the sandbox end is eth0, made right in the sandbox's
+// network namespace (CreateVethIn, local) or by Incus (a p2p NIC). Every
+// backend must name its host ends so: the rules match nothing else.
+// (PeerPrefix+the same digits named the sandbox end while it was made in
+// the host's namespace and moved; DeleteLinks still removes such leftovers.) When the sandbox's network namespace goes, the pair
 // goes with it, and the host end's address and route with the link.
 package egress
 
@@ -151,28 +153,30 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
-// CreateVeth makes the pair for the sandbox with this key: the host end
-// configured by ConfigureHost, the peer with ip, left for the runtime to
-// move into the sandbox as eth0 (libcontainer keeps permanent addresses and
-// brings the link up).
-func (e *Egress) CreateVeth(key string, ip netip.Addr) (Info, error) {
-	host, peer := LinkNames(key)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: peer}
+// CreateVethIn makes the pair for the sandbox with this key once its
+// network namespace exists (that of process pid): the peer is created in
+// it directly, as eth0, and configured there (ConfigureSandbox); the host
+// end by ConfigureHost. Creating the peer in place spares moving a device
+// between namespaces, which waits for an RCU grace period (about 35 ms of a
+// create on this kernel, and as much again when the sandbox goes).
+func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) {
+	host, _ := LinkNames(key)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: host},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsPid(pid),
+	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return Info{}, fmt.Errorf("add veth %s: %w", host, err)
 	}
 	fail := func(err error) (Info, error) {
-		DeleteLinks(key)
+		DeleteLinks(key) // the peer goes with the host end
 		return Info{}, err
 	}
-	pl, err := netlink.LinkByName(peer)
-	if err != nil {
+	if err := e.ConfigureHost(host, ip); err != nil {
 		return fail(err)
 	}
-	if err := netlink.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(ip)}); err != nil {
-		return fail(fmt.Errorf("address %s on %s: %w", ip, peer, err))
-	}
-	if err := e.ConfigureHost(host, ip); err != nil {
+	if err := ConfigureSandbox(pid, ip, e.gateway); err != nil {
 		return fail(err)
 	}
 	return Info{IP: ip, HostIf: host, Gateway: e.gateway}, nil

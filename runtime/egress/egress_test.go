@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestNew(t *testing.T) {
@@ -86,12 +88,12 @@ func TestAddressInUse(t *testing.T) {
 	ip := netip.MustParseAddr("10.139.250.7")
 	keyA, keyB := "egress-test-a-"+strconv.Itoa(os.Getpid()), "egress-test-b-"+strconv.Itoa(os.Getpid())
 	t.Cleanup(func() { DeleteLinks(keyA); DeleteLinks(keyB) })
-	a, err := e.CreateVeth(keyA, ip)
+	a, err := e.CreateVethIn(keyA, ip, netnsProcess(t))
 	if err != nil {
-		t.Fatalf("CreateVeth(a) = %v", err)
+		t.Fatalf("CreateVethIn(a) = %v", err)
 	}
-	if _, err := e.CreateVeth(keyB, ip); !errors.Is(err, ErrAddressInUse) {
-		t.Fatalf("CreateVeth(b, same address) = %v; want ErrAddressInUse", err)
+	if _, err := e.CreateVethIn(keyB, ip, netnsProcess(t)); !errors.Is(err, ErrAddressInUse) {
+		t.Fatalf("CreateVethIn(b, same address) = %v; want ErrAddressInUse", err)
 	}
 	hostB, _ := LinkNames(keyB)
 	if _, err := net.InterfaceByName(hostB); err == nil {
@@ -101,4 +103,27 @@ func TestAddressInUse(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "dev "+a.HostIf) {
 		t.Errorf("route to %s = %q, %v; want it still via %s", ip, out, err, a.HostIf)
 	}
+}
+
+// netnsProcess starts a process in a network namespace of its own (a
+// stand-in for a sandbox's init) and returns its pid.
+func netnsProcess(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("unshare", "--net", "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("unshare: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ { // until unshare has made the namespace and exec'd sleep
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && ns != self {
+			return cmd.Process.Pid
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("unshare --net did not make a namespace")
+	return 0
 }

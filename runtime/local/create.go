@@ -226,15 +226,9 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		return fmt.Errorf("rootfs: %w", err)
 	}
 
-	var netPeer, resolv string
+	tNet := time.Now()
+	var resolv string
 	if ip.IsValid() {
-		r.Add(func() { deleteLinks(spec.ID) })
-		ni, err := b.egress.createVeth(spec.ID, ip)
-		if err != nil {
-			return fmt.Errorf("network: %w", err)
-		}
-		s.meta.Net = &ni
-		_, netPeer = linkNames(spec.ID)
 		resolv = filepath.Join(dir, "resolv.conf")
 		if err := os.WriteFile(resolv, resolvConf(), 0o644); err != nil {
 			return fmt.Errorf("network: %w", err)
@@ -253,7 +247,6 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		cgroup:    b.cgroupPath(spec.ID),
 		seccomp:   b.seccomp,
 		logLevel:  b.opts.EnvdLogLevel,
-		netPeer:   netPeer,
 		resolv:    resolv,
 		userNS:    b.opts.UserNS,
 	})
@@ -300,16 +293,23 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		_ = ctr.Signal(unix.SIGKILL)
 		<-exited
 	})
-	if s.meta.Net != nil {
+	tRoute := time.Now()
+	if ip.IsValid() {
+		// The veth is made once init's network namespace exists, its
+		// peer right in it (no device move between namespaces).
 		pid, err := proc.Pid()
 		if err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
-		if err := addDefaultRoute(pid, s.meta.Net.Gateway); err != nil {
+		r.Add(func() { deleteLinks(spec.ID) })
+		ni, err := b.egress.createVethIn(spec.ID, ip, pid)
+		if err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
+		s.meta.Net = &ni
 	}
 
+	tRouted := time.Now()
 	if err := writeJSON(filepath.Join(dir, "meta.json"), s.meta); err != nil {
 		return fmt.Errorf("meta: %w", err)
 	}
@@ -320,8 +320,8 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		return fmt.Errorf("envd: %w", err)
 	}
 	b.log.Debug("sandbox started", "sandbox", spec.ID,
-		"mounts", tMounted.Sub(t0), "config", tCreated.Sub(tMounted),
-		"run", tStarted.Sub(tCreated), "health", time.Since(tStarted))
+		"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
+		"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted))
 	return nil
 }
 

@@ -397,17 +397,24 @@ func TestSeccomp(t *testing.T) {
 //	go test -run '^$' -bench CreateDestroy -benchtime 50x ./runtime/local/
 func BenchmarkCreateDestroy(b *testing.B) {
 	env := newEnv(b)
-	benchCreateDestroy(b, env.options(b))
+	benchCreateDestroy(b, env.options(b), false)
+}
+
+// BenchmarkCreateDestroyInternet is BenchmarkCreateDestroy with internet
+// access (the E2B SDKs' default): a veth pair and its routes.
+func BenchmarkCreateDestroyInternet(b *testing.B) {
+	env := newEnv(b)
+	benchCreateDestroy(b, env.options(b), true)
 }
 
 // BenchmarkCreateDestroyUserNS is BenchmarkCreateDestroy with
 // Options.UserNS.
 func BenchmarkCreateDestroyUserNS(b *testing.B) {
 	env := newEnv(b)
-	benchCreateDestroy(b, env.userNSOptions(b))
+	benchCreateDestroy(b, env.userNSOptions(b), false)
 }
 
-func benchCreateDestroy(b *testing.B, opts local.Options) {
+func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
 	phases := &phaseRecorder{d: map[string][]time.Duration{}}
 	opts.Log = slog.New(phases)
 	be, err := local.New(context.Background(), opts)
@@ -419,7 +426,7 @@ func benchCreateDestroy(b *testing.B, opts local.Options) {
 	for b.Loop() {
 		id := runtimetest.NewID()
 		t0 := time.Now()
-		if _, err := be.Create(ctx, runtime.Spec{ID: id}); err != nil {
+		if _, err := be.Create(ctx, runtime.Spec{ID: id, AllowInternet: internet}); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -433,7 +440,7 @@ func benchCreateDestroy(b *testing.B, opts local.Options) {
 	b.ReportMetric(ms(pct(creates, 99)), "create-p99-ms")
 	b.ReportMetric(ms(pct(destroys, 50)), "destroy-p50-ms")
 	b.ReportMetric(ms(pct(destroys, 99)), "destroy-p99-ms")
-	for _, k := range []string{"mounts", "config", "run", "health"} {
+	for _, k := range []string{"mounts", "net", "config", "run", "route", "health"} {
 		b.ReportMetric(ms(pct(phases.get(k), 50)), k+"-p50-ms")
 	}
 }

@@ -7,9 +7,9 @@ import (
 )
 
 // Egress (see runtime/egress, shared with the Incus backend): a sandbox
-// created with AllowInternet gets a veth pair made here; libcontainer moves
-// the peer in as eth0 with its address, and the default route is added once
-// init runs. The veth names derive from the sandbox id.
+// created with AllowInternet gets a veth pair once its init runs, the peer
+// made right in its network namespace as eth0. The veth names derive from
+// the sandbox id.
 
 // netInfo is what meta.json records of a sandbox's egress.
 type netInfo = egresspkg.Info
@@ -33,12 +33,8 @@ func (e *egress) allocate(used map[netip.Addr]bool) (netip.Addr, error) {
 	return e.Allocate(func(a netip.Addr) bool { return used[a] })
 }
 
-func (e *egress) createVeth(id string, ip netip.Addr) (netInfo, error) { return e.CreateVeth(id, ip) }
-
-// addDefaultRoute adds the default route in the network namespace of pid,
-// once libcontainer has moved the peer in as eth0 (with its address, up).
-func addDefaultRoute(pid int, gw netip.Addr) error {
-	return egresspkg.ConfigureSandbox(pid, netip.Addr{}, gw)
+func (e *egress) createVethIn(id string, ip netip.Addr, pid int) (netInfo, error) {
+	return e.CreateVethIn(id, ip, pid)
 }
 
 func deleteLinks(id string) { egresspkg.DeleteLinks(id) }

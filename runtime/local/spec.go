@@ -48,7 +48,6 @@ type specInput struct {
 	cgroup    string // cgroup path, e.g. /sandboxd/<id>
 	seccomp   bool
 	logLevel  string // envd's --log-level
-	netPeer   string // host veth end to move in as eth0; empty: loopback only
 	resolv    string // host file bind-mounted as /etc/resolv.conf; empty: the template's
 	userNS    bool
 }
@@ -143,9 +142,6 @@ func ociSpec(in specInput) *specs.Spec {
 	}
 	if in.userNS {
 		userNSSpec(sp)
-	}
-	if in.netPeer != "" {
-		sp.Linux.NetDevices = map[string]specs.LinuxNetDevice{in.netPeer: {Name: "eth0"}}
 	}
 	return sp
 }
