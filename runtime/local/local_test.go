@@ -359,10 +359,7 @@ func TestSeccomp(t *testing.T) {
 		t.Skip("built without -tags seccomp: sandboxes have no seccomp profile")
 	}
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "grep Seccomp: /proc/self/status")
 	if err != nil || !strings.Contains(res.Stdout, "2") {
@@ -527,11 +524,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func TestSocketDir(t *testing.T) {
 	env := newEnv(t)
 	b := env.open(t)
-	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 32}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{MemoryMB: 256, DiskSizeMB: 32})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 
 	// 64 MiB on a 32 MiB disk.
@@ -596,10 +589,7 @@ func TestResumeFromDiskFails(t *testing.T) {
 	env := newEnv(t)
 	b := env.open(t)
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 16})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
 		t.Fatal(err)
@@ -670,10 +660,7 @@ func TestPauseToDiskFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 16}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 16})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "head -c 4194304 /dev/zero > /root/big")
 	if err != nil || res.ExitCode != 0 {
@@ -722,10 +709,7 @@ func TestPauseToDiskNoRoom(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := t.Context()
-			id := runtimetest.NewID()
-			if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64}); err != nil {
-				t.Fatal(err)
-			}
+			id := mustCreate(t, b, runtime.Spec{MemoryMB: 256, DiskSizeMB: 64})
 			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 			res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", tc.fill+" && cut -d' ' -f22 /proc/1/stat")
 			if err != nil || res.ExitCode != 0 {
@@ -764,10 +748,7 @@ func TestOrphansReaped(t *testing.T) {
 	env := newEnv(t)
 	b := env.open(t)
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 
 	res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "for i in 1 2 3 4 5; do (sleep 0.05; true) & done; exit 0")
@@ -840,10 +821,7 @@ func TestUserNS(t *testing.T) {
 	env := newEnv(t)
 	b := env.openUserNS(t)
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 
 	tests := []struct {
@@ -899,10 +877,7 @@ func TestUserNSMismatch(t *testing.T) {
 	env := newEnv(t)
 	b := env.openUserNS(t)
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
 		t.Fatal(err)
@@ -948,10 +923,7 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := t.Context()
-			id := runtimetest.NewID()
-			if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
-				t.Fatal(err)
-			}
+			id := mustCreate(t, b1, runtime.Spec{MemoryMB: 128, DiskSizeMB: 64})
 			t.Cleanup(func() {
 				if b, err := local.New(context.Background(), opts); err == nil {
 					_ = b.Destroy(context.Background(), id)
@@ -1041,10 +1013,7 @@ func TestPauseDiskAdoptRetries(t *testing.T) {
 	env := newEnv(t)
 	b1 := env.open(t)
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
-		t.Fatal(err)
-	}
+	id := mustCreate(t, b1, runtime.Spec{MemoryMB: 128, DiskSizeMB: 64})
 	t.Cleanup(func() { _ = env.open(t).Destroy(context.Background(), id) })
 	res, err := runtimetest.Exec(ctx, b1, id, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
 	if err != nil || res.ExitCode != 0 {
@@ -1115,4 +1084,15 @@ func TestReconcileQuarantinesSaved(t *testing.T) {
 	if len(kept) != 1 {
 		t.Errorf("quarantined layer: %v; want one", kept)
 	}
+}
+
+// mustCreate creates a sandbox of spec with a fresh id on b and returns
+// the id; the test fails if it cannot.
+func mustCreate(t testing.TB, b runtime.Backend, spec runtime.Spec) string {
+	t.Helper()
+	spec.ID = runtimetest.NewID()
+	if _, err := b.Create(t.Context(), spec); err != nil {
+		t.Fatalf("Create(%+v) = %v", spec, err)
+	}
+	return spec.ID
 }
