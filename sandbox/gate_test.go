@@ -11,7 +11,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/store"
@@ -272,24 +271,8 @@ func TestQuotaCountsWaitingCreates(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, _ := newCountingEnv(t, 1)
 		e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(2) })
-		var ok, refused atomic.Int32
-		var wg sync.WaitGroup
-		for range 5 {
-			wg.Go(func() {
-				_, err := e.m.Create(as("a"), CreateRequest{})
-				switch {
-				case err == nil:
-					ok.Add(1)
-				case errors.Is(err, errdefs.ErrResourceExhausted):
-					refused.Add(1)
-				default:
-					t.Error(err)
-				}
-			})
-		}
-		wg.Wait()
-		if ok.Load() != 2 || refused.Load() != 3 {
-			t.Fatalf("%d created, %d refused; want 2 and 3", ok.Load(), refused.Load())
+		if ok, refused := createConcurrently(t, e, "a", 5); ok != 2 || refused != 3 {
+			t.Fatalf("%d created, %d refused; want 2 and 3", ok, refused)
 		}
 		if n := e.be.Len(); n != 2 {
 			t.Fatalf("%d backend sandboxes, want 2", n)

@@ -111,25 +111,32 @@ func TestQuotaMaxSandboxes(t *testing.T) {
 func TestQuotaIsAtomic(t *testing.T) {
 	e := newTestEnv(t, nil)
 	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(3) })
-	var ok, exhausted atomic.Int32
+	if ok, refused := createConcurrently(t, e, "a", 12); ok != 3 || refused != 9 {
+		t.Fatalf("%d created, %d refused; want 3 and 9", ok, refused)
+	}
+}
+
+// createConcurrently makes n creates for tenant at once and counts those
+// that succeeded and those refused by the quota; any other error fails t.
+func createConcurrently(t *testing.T, e *testEnv, tenant string, n int) (ok, refused int32) {
+	t.Helper()
+	var okN, refusedN atomic.Int32
 	var wg sync.WaitGroup
-	for range 12 {
+	for range n {
 		wg.Go(func() {
-			_, err := e.m.Create(as("a"), CreateRequest{})
+			_, err := e.m.Create(as(tenant), CreateRequest{})
 			switch {
 			case err == nil:
-				ok.Add(1)
+				okN.Add(1)
 			case errors.Is(err, errdefs.ErrResourceExhausted):
-				exhausted.Add(1)
+				refusedN.Add(1)
 			default:
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
-	if ok.Load() != 3 || exhausted.Load() != 9 {
-		t.Fatalf("%d created, %d refused; want 3 and 9", ok.Load(), exhausted.Load())
-	}
+	return okN.Load(), refusedN.Load()
 }
 
 func TestQuotaMaxMemory(t *testing.T) {
