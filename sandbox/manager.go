@@ -471,7 +471,9 @@ func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, notFound(id, err)
 	}
-	if !sb.State.Live() {
+	// A sandbox being killed is gone already to the API, as lists leave
+	// it out: a kill is never undone (the sweeper finishes a failed one).
+	if !sb.State.Live() || sb.State == store.StateKilling {
 		return nil, notFound(id, errdefs.ErrNotFound)
 	}
 	return &sb, nil

@@ -368,3 +368,29 @@ func TestHostBudgetDiskPausedAfterRestart(t *testing.T) {
 		t.Fatalf("resume A with the budget full = %v; want ErrUnavailable", err)
 	}
 }
+
+// TestKillingIsGone: while a kill is in progress (the row says killing),
+// the API sees the sandbox as gone, as lists do: Get and Kill answer
+// NotFound, so that "gone from the list" and "getInfo: not found" agree.
+func TestKillingIsGone(t *testing.T) {
+	e := newTestEnv(t, nil)
+	sb, err := e.m.Create(as("a"), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := e.state(t, sb.ID)
+	row.State = store.StateKilling
+	if err := e.st.UpdateSandbox(context.Background(), &row); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Get(as("a"), sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get(killing) = %v; want ErrNotFound", err)
+	}
+	if err := e.m.Kill(as("a"), sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Kill(killing) = %v; want ErrNotFound", err)
+	}
+	live, _, err := e.m.List(as("a"), store.ListFilter{States: []store.State{store.StateRunning, store.StatePaused}})
+	if err != nil || len(live) != 0 {
+		t.Errorf("List = %v, %v; want nothing", live, err)
+	}
+}
