@@ -162,6 +162,12 @@ func TestTenantFlood(t *testing.T) {
 	if cgs := e2eChildCgroups(cgroupParent(e.runDir)); len(cgs) > 0 {
 		t.Errorf("cgroups left under the run dir's cgroup parent: %v", cgs)
 	}
+	// With nothing left under it, sandboxd removed the parent itself.
+	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", cgroupParent(e.runDir)))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cgroupParent(e.runDir)))
+	if left := append(v1, v2...); len(left) > 0 {
+		t.Errorf("the run dir's empty cgroup parent left after a clean stop: %v", left)
+	}
 }
 
 // wantFloodHeaders checks a 429's Retry-After (whole seconds, at least 1)

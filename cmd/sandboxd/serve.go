@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -191,7 +192,14 @@ func serve(args []string) error {
 		err = nil
 	}
 	// Sandboxes outlive a sandboxd restart: they are re-adopted at the next
-	// start, and the sweeper then enforces their end times.
+	// start, and the sweeper then enforces their end times. What the
+	// backend holds besides them goes (the local backend's empty cgroup
+	// parent).
+	if c, ok := be.(io.Closer); ok {
+		if cerr := c.Close(); cerr != nil {
+			log.Warn("close the backend", "err", cerr)
+		}
+	}
 	log.Info("sandboxd stopped")
 	return err
 }

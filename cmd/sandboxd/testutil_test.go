@@ -418,8 +418,10 @@ func e2eSandboxCgroups(id string) []string {
 }
 
 // removeCgroupParent removes the (empty) cgroup parent sandboxd made for the
-// env's run dir, in every hierarchy; sandboxd leaves it behind. A parent
-// that still has child cgroups is a leak and fails the test.
+// env's run dir, in every hierarchy, when a test's sandboxd did not remove
+// it itself (it does on a clean stop with no sandbox left; not after a
+// SIGKILL). A parent that still has child cgroups is a leak and fails the
+// test.
 func (e *e2eEnv) removeCgroupParent() {
 	parent := cgroupParent(e.runDir)
 	if parent == "/sandboxd" { // shared with other instances: never ours to remove

@@ -74,3 +74,16 @@ func strayCgroups(parent string) []string {
 	}
 	return out
 }
+
+// removeEmptyCgroup removes the cgroup at path from every hierarchy where
+// it has no child cgroup and no process left (the kernel refuses the
+// others, which is the point: it never takes a live sandbox's parent).
+func removeEmptyCgroup(path string) {
+	m, err := cgroupManager(path)
+	if err != nil {
+		return
+	}
+	for _, p := range m.GetPaths() {
+		_ = os.Remove(p) // rmdir: EBUSY while it has children or tasks
+	}
+}

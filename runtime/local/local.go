@@ -371,6 +371,18 @@ func (b *Backend) Templates(context.Context) ([]string, error) {
 
 func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
 
+// Close releases what the backend holds outside its sandboxes: its cgroup
+// parent, if no sandbox is left under it (a sandboxd whose sandboxes were
+// all destroyed would otherwise leave an empty parent per run dir in every
+// hierarchy). Sandboxes still alive keep it, for the next sandboxd to adopt.
+// The backend is not used after Close.
+func (b *Backend) Close() error {
+	if b.opts.CgroupParent != "/" {
+		removeEmptyCgroup(b.opts.CgroupParent)
+	}
+	return nil
+}
+
 func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.CgroupParent, id) }
 
 // HostPaths lists the host paths sandbox id holds while it lives: its state
