@@ -213,19 +213,7 @@ func TestImportOCIWhiteouts(t *testing.T) {
 	if err := local.ImportOCI(t.Context(), saveTarball(t, testImage(t, base, mid, top)), dest); err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	err := filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if rel, _ := filepath.Rel(dest, p); rel != "." {
-			got = append(got, rel)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := treeOf(t, dest)
 	want := []string{"again", "again/fresh", "keep", "keep/b", "keep2", "keep2/mine", "opq", "opq/new", "opq/top", "swap", "swap/n"}
 	if !slices.Equal(got, want) {
 		t.Errorf("imported tree = %v; want %v", got, want)
@@ -249,19 +237,7 @@ func TestImportOCIWhiteoutSameLayer(t *testing.T) {
 	if err := local.ImportOCI(t.Context(), saveTarball(t, testImage(t, base, top)), dest); err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	err := filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if rel, _ := filepath.Rel(dest, p); rel != "." {
-			got = append(got, rel)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := treeOf(t, dest)
 	if want := []string{"d", "d/new", "f"}; !slices.Equal(got, want) {
 		t.Errorf("imported tree = %v; want %v", got, want)
 	}
@@ -433,4 +409,23 @@ func TestOCITemplate(t *testing.T) {
 	if _, err := local.New(t.Context(), opts); err == nil {
 		t.Errorf("New with an ambiguous layout succeeded")
 	}
+}
+
+// treeOf lists the paths below dir, relative to it, in walk order.
+func treeOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var got []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dir, p); rel != "." {
+			got = append(got, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
