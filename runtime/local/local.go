@@ -538,13 +538,8 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 	if s == nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
 	}
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	if !s.created {
-		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	if err := runtime.AwaitCreate(ctx, id, s.ready, &s.created); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
