@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,6 +81,26 @@ func Reap() {
 func reapOrphans() {
 	startMu.Lock()
 	defer startMu.Unlock()
+	// Most passes find nothing to reap: envd has just started, or the
+	// SIGCHLD was a command's whose Wait has already taken it. A peek at the
+	// exited children settles those with one waitid, where listing the
+	// children reads /proc/self/task (about 0.5 ms of a sandbox's start).
+	for {
+		pid, err := exitedChild()
+		if err != nil || pid == 0 {
+			return // no child exited (or none at all: ECHILD)
+		}
+		ownMu.Lock()
+		_, mine := own[pid]
+		ownMu.Unlock()
+		if mine {
+			break // its Wait takes it; an orphan may be behind it
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil && !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
 	pids, err := children()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "envd init: list children: %v\n", err)
@@ -98,6 +119,31 @@ func reapOrphans() {
 			if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); !errors.Is(err, unix.EINTR) {
 				break
 			}
+		}
+	}
+}
+
+// exitedChild returns the pid of a child of this process (of any of its
+// threads) that has exited and is waiting to be reaped, without reaping it,
+// or 0 if there is none.
+func exitedChild() (int, error) {
+	// unix.Siginfo hides si_pid; the kernel's layout on 64-bit Linux puts it
+	// right after signo, errno, code and a pad.
+	var si struct {
+		signo, errno, code, _ int32
+		pid                   int32
+		_                     [108]byte
+	}
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_WAITID, unix.P_ALL, 0, uintptr(unsafe.Pointer(&si)),
+			unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, 0, 0)
+		switch e {
+		case 0:
+			return int(si.pid), nil
+		case unix.EINTR:
+			continue
+		default:
+			return 0, e
 		}
 	}
 }

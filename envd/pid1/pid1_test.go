@@ -118,3 +118,37 @@ func TestChildren(t *testing.T) {
 		})
 	}
 }
+
+// TestExitedChild: the peek sees a child only once it has exited, and
+// leaves it for its own Wait, whose status stays intact.
+func TestExitedChild(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "read x; exit 7")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if pid, err := exitedChild(); err != nil || pid != 0 {
+		t.Fatalf("exitedChild with a live child = %d, %v; want 0, nil", pid, err)
+	}
+	_ = in.Close()
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if pid, err = exitedChild(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pid != cmd.Process.Pid {
+		t.Fatalf("exitedChild = %d; want %d", pid, cmd.Process.Pid)
+	}
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("Wait after the peek = %v; want exit status 7", err)
+	}
+	if pid, err := exitedChild(); !errors.Is(err, unix.ECHILD) || pid != 0 {
+		t.Fatalf("exitedChild with no child = %d, %v; want 0, ECHILD", pid, err)
+	}
+}

@@ -191,7 +191,9 @@ func TestStalledStartingClientCannotHoldAStoppedProcess(t *testing.T) {
 		h    http.Header
 		stop func(e *testEnv, p *process)
 	}{
-		{"timeout", http.Header{timeoutHeader: {"300"}}, func(*testEnv, *process) {}},
+		// Long enough for yes to fill the buffer first on a loaded box
+		// (300 ms was not, under the race detector at load 10).
+		{"timeout", http.Header{timeoutHeader: {"3000"}}, func(*testEnv, *process) {}},
 		{"kill", http.Header{}, func(e *testEnv, p *process) { e.kill(t, byPid(p.pid)) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -71,6 +71,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -112,6 +113,20 @@ func Init() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == userNSHoldArg {
 		userNSHoldMain() // exits
+	}
+	pinGOMAXPROCS()
+}
+
+// pinGOMAXPROCS puts this process's GOMAXPROCS into its environment, where
+// libcontainer takes the init re-exec's from (and the copy and userns
+// children inherit it). Without it every init's Go runtime works out its
+// own from the cgroup files, which means reading /proc/self/mountinfo: two
+// lines per sandbox on the host, copied into each new mount namespace, so
+// creates got slower as the host filled up (0.3 ms of CPU per create with
+// 100 sandboxes, in a profile).
+func pinGOMAXPROCS() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		_ = os.Setenv("GOMAXPROCS", strconv.Itoa(goruntime.GOMAXPROCS(0)))
 	}
 }
 
