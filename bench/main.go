@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -468,9 +469,12 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		return "", nil, err
 	}
 	info := map[string]string{}
-	for _, name := range []string{"sandboxd", "envd"} {
+	for _, name := range []string{"sandboxd", "envd", "runc"} {
 		src := filepath.Join(from, name)
 		raw, err := os.ReadFile(src)
+		if name == "runc" && errors.Is(err, fs.ErrNotExist) {
+			continue // optional: the libcontainer floor says it is missing
+		}
 		if err != nil {
 			os.RemoveAll(dir)
 			return "", nil, fmt.Errorf("%s: %w (run `make build` first)", src, err)

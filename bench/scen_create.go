@@ -62,9 +62,21 @@ func floorScenario(ctx context.Context, b *Bench) error {
 	n := b.iters(2, 1, 20)
 	samples := make([][]time.Duration, len(floorCmds))
 	errs := make([]int, len(floorCmds))
+	runc, err := newRuncFloor(b.cfg.BinDir)
+	if err != nil {
+		b.logf("libcontainer floor: %v", err)
+		b.add(unavailable("floor", runcFloorMeasure, err.Error()))
+	} else {
+		defer runc.Close()
+	}
+	var runcSamples []time.Duration
+	var runcErrs int
 	for range 3 { // warm the page cache
 		for _, c := range floorCmds {
 			_, _ = runCmdAs(c.argv, c.argv[0] == "/bin/bash")
+		}
+		if runc != nil {
+			_, _ = runc.run()
 		}
 	}
 	ran := b.loop(ctx, n, func(i int) {
@@ -80,6 +92,14 @@ func floorScenario(ctx context.Context, b *Bench) error {
 			}
 			samples[j] = append(samples[j], d)
 		}
+		if runc != nil {
+			if d, err := runc.run(); err != nil {
+				b.logf("%v", err)
+				runcErrs++
+			} else {
+				runcSamples = append(runcSamples, d)
+			}
+		}
 	})
 	b.logf("%d rounds", ran)
 	rows := make([]Row, len(floorCmds))
@@ -94,6 +114,13 @@ func floorScenario(ctx context.Context, b *Bench) error {
 	}
 	rows[3].Note = "floor of the exec scenario: envd's own cost is what commands.run adds to it"
 	rows[3].Compare = rows[3].Note
+	if runc != nil {
+		r := durDist("floor", runcFloorMeasure, runcSamples, runcErrs)
+		if r.P50 != nil && rows[0].P50 != nil {
+			r.Compare = fmt.Sprintf("%.1f× bwrap --ro-bind / / true", *r.P50 / *rows[0].P50)
+		}
+		rows = append(rows, r)
+	}
 	b.add(rows...)
 	return nil
 }
@@ -115,8 +142,14 @@ func createScenario(ctx context.Context, b *Bench) error {
 		internet bool
 	}{{"internet on (SDK default)", true}, {"internet off", false}}
 	res := make([]series, len(variants))
-	var floor []time.Duration
+	var floor, runcFl []time.Duration
 	floorOK := haveBwrap()
+	runc, err := newRuncFloor(b.cfg.BinDir)
+	if err != nil {
+		b.logf("libcontainer floor: %v", err)
+	} else {
+		defer runc.Close()
+	}
 
 	one := func(internet bool, s *series, record bool) {
 		t0 := time.Now()
@@ -159,6 +192,11 @@ func createScenario(ctx context.Context, b *Bench) error {
 				floor = append(floor, d)
 			}
 		}
+		if runc != nil {
+			if d, err := runc.run(); err == nil {
+				runcFl = append(runcFl, d)
+			}
+		}
 		for k := range variants {
 			v := (i + k) % len(variants)
 			one(variants[v].internet, &res[v], true)
@@ -168,11 +206,22 @@ func createScenario(ctx context.Context, b *Bench) error {
 
 	fl := durDist("create", "bwrap --ro-bind / / true (floor, between creates)", floor, 0)
 	b.add(fl)
+	var rf Row
+	if runc != nil {
+		rf = durDist("create", "runc run /bin/true (libcontainer floor, between creates)", runcFl, 0)
+		if rf.P50 != nil && fl.P50 != nil {
+			rf.Compare = fmt.Sprintf("p50 %.1f× bwrap floor", *rf.P50 / *fl.P50)
+		}
+		b.add(rf)
+	}
 	for v, vr := range variants {
 		c := durDist("create", "cold create → 201, "+vr.name, res[v].create, res[v].errs)
 		c.Goal = "≤ 60 ms and ≤ 4× floor (p50)"
 		if c.P50 != nil && fl.P50 != nil {
 			c.Compare = fmt.Sprintf("p50 %.1f× floor", *c.P50 / *fl.P50)
+			if rf.P50 != nil {
+				c.Compare += fmt.Sprintf(", %.2f× runc run", *c.P50 / *rf.P50)
+			}
 		}
 		h := durDist("create", "cold create → first /health via proxy, "+vr.name, res[v].healthy, 0)
 		d := durDist("create", "destroy (DELETE → 204), "+vr.name, res[v].destroy, 0)
