@@ -86,9 +86,16 @@ func testEgress(t *testing.T, userNS bool) {
 	if err := b.Destroy(ctx, on); err != nil {
 		t.Fatal(err)
 	}
+	// The veth goes with the sandbox's network namespace, which the kernel
+	// tears down right after Destroy (releaseNet).
 	host := hostIfOf(on)
-	if _, err := net.InterfaceByName(host); err == nil {
-		t.Errorf("veth %s left after Destroy", host)
+	deadline := time.Now().Add(5 * time.Second)
+	for _, err := net.InterfaceByName(host); err == nil; _, err = net.InterfaceByName(host) {
+		if time.Now().After(deadline) {
+			t.Errorf("veth %s left 5 s after Destroy", host)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

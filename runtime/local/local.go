@@ -200,6 +200,9 @@ type Backend struct {
 	mu  sync.Mutex
 	sbx map[string]*sandbox // live and in-creation sandboxes
 	ips map[netip.Addr]bool // egress addresses of the sandboxes in sbx
+	// releasing counts the addresses of destroyed sandboxes waiting for
+	// their veth to go (releaseNet).
+	releasing sync.WaitGroup
 	// saving is what pauses to disk in progress claimed of SaveDir's
 	// filesystem (claimSaveRoom).
 	saving struct{ bytes, inodes uint64 }
@@ -386,12 +389,14 @@ func (b *Backend) Templates(context.Context) ([]string, error) {
 
 func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
 
-// Close releases what the backend holds outside its sandboxes: its cgroup
+// Close waits for the veths of destroyed sandboxes to go (releaseNet), then
+// releases what the backend holds outside its sandboxes: its cgroup
 // parent, if no sandbox is left under it (a sandboxd whose sandboxes were
 // all destroyed would otherwise leave an empty parent per run dir in every
 // hierarchy). Sandboxes still alive keep it, for the next sandboxd to adopt.
 // The backend is not used after Close.
 func (b *Backend) Close() error {
+	b.releasing.Wait()
 	if b.opts.CgroupParent != "/" {
 		removeEmptyCgroup(b.opts.CgroupParent)
 	}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"net/netip"
+	"os"
 
 	egresspkg "github.com/sandboxd/sandboxd/runtime/egress"
 )
@@ -38,6 +39,11 @@ func (e *egress) createVethIn(id string, ip netip.Addr, pid int) (netInfo, error
 }
 
 func deleteLinks(id string) { egresspkg.DeleteLinks(id) }
+
+func linkExists(name string) bool {
+	_, err := os.Lstat("/sys/class/net/" + name)
+	return err == nil
+}
 
 func resolvConf() []byte { return egresspkg.ResolvConf() }
 

@@ -34,8 +34,10 @@ import (
 )
 
 // HostPaths is implemented by backends that keep per-sandbox state in host
-// paths (state directories, cgroups). After Destroy, the suite checks that
-// none of them exists.
+// paths (state directories, cgroups, veths). After Destroy, the suite checks
+// that none of them exists. A path that the kernel removes on its own right
+// after (a veth goes with its sandbox's network namespace) has
+// hostPathGrace to go.
 type HostPaths interface {
 	HostPaths(id string) []string
 }
@@ -186,13 +188,23 @@ func assertNoTrace(t *testing.T, b runtime.Backend, id string) {
 		t.Errorf("cgroup of destroyed sandbox %s left: %s", id, p)
 	}
 	if hp, ok := b.(HostPaths); ok {
-		for _, p := range hp.HostPaths(id) {
-			if _, err := os.Lstat(p); err == nil {
-				t.Errorf("host path of destroyed sandbox %s left: %s", id, p)
+		left := hp.HostPaths(id)
+		for deadline := time.Now().Add(hostPathGrace); ; time.Sleep(10 * time.Millisecond) {
+			left = slices.DeleteFunc(left, func(p string) bool {
+				_, err := os.Lstat(p)
+				return err != nil
+			})
+			if len(left) == 0 || time.Now().After(deadline) {
+				break
 			}
+		}
+		for _, p := range left {
+			t.Errorf("host path of destroyed sandbox %s left: %s", id, p)
 		}
 	}
 }
+
+const hostPathGrace = 5 * time.Second
 
 // cgroupDirsNamed finds directories named id up to four levels below each
 // cgroup hierarchy.
