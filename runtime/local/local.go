@@ -344,7 +344,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := b.setupUserNS(created); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	b.log.Info("local backend: user namespaces", "mode", opts.UserNS, "in_effect", b.userNS)
+	b.log.Info("local backend: user namespaces", "mode", opts.UserNS.String(), "in_effect", b.userNS)
 	if err := b.adopt(ctx); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
