@@ -221,7 +221,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		}
 		var err error
 		if lower, err = b.idmappedLower(tpl.lower); err != nil {
-			return fmt.Errorf("user namespace: idmapped template: %w", err)
+			return fmt.Errorf("%w: user namespace: idmapped template: %w", runtime.ErrUnavailable, err)
 		}
 	}
 	if err := mountOverlay(rootfs, lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
