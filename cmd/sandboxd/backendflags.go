@@ -8,19 +8,20 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/runtime/local"
 )
 
 // backendOpts are serve's flags that configure a backend beyond its name.
 type backendOpts struct {
 	egressSubnet string
 	incusImages  imageFlag
-	userNS       bool
+	userNS       userNSFlag
 	pauseReserve int
 }
 
 func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
-	fs.BoolVar(&o.userNS, "local-userns", false, "--backend local: run sandboxes in a user namespace (root inside is uid 1000000000 on the host; needs Linux 5.19+ and templates under --run-dir)")
+	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")
@@ -62,3 +63,26 @@ func (f imageFlag) Set(v string) error {
 	f[name] = alias
 	return nil
 }
+
+// userNSFlag is --local-userns: auto, on or off. It is a boolean flag to
+// the flag package, so that a bare --local-userns (what it was before it
+// had modes) still means on; a mode then needs the =.
+type userNSFlag struct{ mode local.UserNSMode }
+
+func (f *userNSFlag) String() string {
+	if f == nil {
+		return local.UserNSAuto.String()
+	}
+	return f.mode.String()
+}
+
+func (f *userNSFlag) Set(v string) error {
+	m, err := local.ParseUserNSMode(v)
+	if err != nil {
+		return err
+	}
+	f.mode = m
+	return nil
+}
+
+func (f *userNSFlag) IsBoolFlag() bool { return true }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"maps"
+	"strings"
 	"testing"
 )
 
@@ -13,9 +14,15 @@ func TestBackendOpts(t *testing.T) {
 		args    []string
 		images  map[string]string
 		subnet  string
+		userNS  string
 		wantErr bool
 	}{
-		{name: "defaults", images: map[string]string{"base": "sandboxd-base"}},
+		{name: "defaults", images: map[string]string{"base": "sandboxd-base"}, userNS: "auto"},
+		{name: "bare userns", args: []string{"--local-userns"}, userNS: "on"},
+		{name: "userns off", args: []string{"--local-userns=off"}, userNS: "off"},
+		{name: "userns auto", args: []string{"--local-userns=auto"}, userNS: "auto"},
+		{name: "userns from a boolean", args: []string{"--local-userns=false"}, userNS: "off"},
+		{name: "userns bad", args: []string{"--local-userns=maybe"}, wantErr: true},
 		{
 			name:   "extra image and subnet",
 			args:   []string{"--incus-image", "py=my-python", "--egress-subnet", "10.140.0.0/24"},
@@ -47,6 +54,12 @@ func TestBackendOpts(t *testing.T) {
 			if err != nil {
 				return
 			}
+			if tc.userNS != "" && bo.userNS.String() != tc.userNS {
+				t.Errorf("userns = %s; want %s", &bo.userNS, tc.userNS)
+			}
+			if tc.images == nil {
+				tc.images = map[string]string{"base": "sandboxd-base"}
+			}
 			if got := bo.images(); !maps.Equal(got, tc.images) {
 				t.Errorf("images = %v; want %v", got, tc.images)
 			}
@@ -54,5 +67,15 @@ func TestBackendOpts(t *testing.T) {
 				t.Errorf("subnet = %q; want %q", sub, tc.subnet)
 			}
 		})
+	}
+}
+
+// TestServeStrayArgument: --local-userns is a boolean flag to the flag
+// package, so "--local-userns off" would mean on plus an argument; serve
+// refuses that instead of ignoring the "off".
+func TestServeStrayArgument(t *testing.T) {
+	err := serve([]string{"--local-userns", "off"})
+	if err == nil || !strings.Contains(err.Error(), `"off"`) {
+		t.Fatalf("serve(--local-userns off) = %v; want an error naming the argument", err)
 	}
 }

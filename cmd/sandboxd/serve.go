@@ -56,6 +56,11 @@ func serve(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		// A bare boolean-style flag stops at its name: "--local-userns off"
+		// would mean on, and an ignored "off".
+		return fmt.Errorf("serve: unexpected argument %q (give flag values with =, e.g. --local-userns=off)", fs.Arg(0))
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -175,8 +180,12 @@ func serve(args []string) error {
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); mgr.Run(sweepCtx, time.Second) }()
-	log.Info("sandboxd serving", "addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", scheme+"://"+ln.Addr().String()+server.E2BPrefix, "version", version)
+	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
+		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version}
+	if lb, ok := be.(*local.Backend); ok {
+		attrs = append(attrs, "userns", lb.UserNS())
+	}
+	log.Info("sandboxd serving", attrs...)
 
 	select {
 	case <-ctx.Done():
@@ -216,6 +225,21 @@ func cgroupParent(runDir string) string {
 	return "/sandboxd-" + hex.EncodeToString(sum[:6])
 }
 
+// openRunParent lets the sandboxes' root traverse /run/sandboxd, sandboxd's
+// own directory, when the run dir is in it: user namespaces need every
+// ancestor of the run dir traversable by others, the local backend changes
+// none it did not create, and sandboxd before user namespaces by default
+// made this one 0700. Only the search bit is added, never the read bit.
+func openRunParent(runDir string) {
+	parent := filepath.Dir(defaultRunDir)
+	if abs, err := filepath.Abs(runDir); err != nil || filepath.Dir(abs) != parent {
+		return
+	}
+	if fi, err := os.Stat(parent); err == nil && fi.IsDir() && fi.Mode().Perm()&0o001 == 0 {
+		_ = os.Chmod(parent, fi.Mode()&(os.ModePerm|os.ModeSetgid|os.ModeSticky)|0o011)
+	}
+}
+
 // backend is what serve needs of a backend: the lifecycle contract plus the
 // template list the API answers from.
 type backend interface {
@@ -228,7 +252,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	if len(templates) > 0 && name != "local" {
 		return nil, fmt.Errorf("--template: only for --backend local")
 	}
-	if bo.userNS && name != "local" {
+	if bo.userNS.mode != local.UserNSAuto && name != "local" {
 		return nil, fmt.Errorf("--local-userns: only for --backend local")
 	}
 	if len(bo.incusImages) > 0 && name != "incus" {
@@ -240,10 +264,13 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	}
 	switch name {
 	case "local":
+		if bo.userNS.mode != local.UserNSOff {
+			openRunParent(runDir)
+		}
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, UserNS: bo.userNS, Log: log.With("component", "local"),
+			EgressSubnet: egressSubnet, UserNS: bo.userNS.mode, Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)

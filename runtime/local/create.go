@@ -55,7 +55,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		id:    spec.ID,
 		dir:   dir,
 		ready: make(chan struct{}),
-		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.opts.UserNS},
+		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS},
 	}
 	if spec.AllowInternet {
 		if err := haveNft(); err != nil {
@@ -103,7 +103,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 
 	// A directory left by an earlier process is a live sandbox (adopt would
 	// have found it) or debris for Reconcile: either way the id is taken.
-	if err := b.makeStateDir(dir); err != nil {
+	if err := makeStateDir(dir, s.meta.UserNS); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
 		}
@@ -132,11 +132,11 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 }
 
 // makeStateDir makes a sandbox's state directory dir, which must not exist.
-func (b *Backend) makeStateDir(dir string) error {
+func makeStateDir(dir string, userNS bool) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	if b.opts.UserNS {
+	if userNS {
 		// The sandbox's root (a host id of its own) must reach rootfs/
 		// to set it up; nobody else on the host may.
 		if err := errors.Join(os.Chown(dir, 0, userNSBase), os.Chmod(dir, 0o710)); err != nil {
@@ -211,15 +211,20 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
 	t0 := time.Now()
-	if err := b.sameUserNS(s); err != nil {
+	if err := b.startableUserNS(s); err != nil {
 		return err
 	}
-	if b.opts.UserNS {
+	lower := tpl.lower
+	if s.meta.UserNS {
 		if err := chownToMappedRoot(s.upperDir(), sockDir); err != nil {
 			return fmt.Errorf("user namespace: %w", err)
 		}
+		var err error
+		if lower, err = b.idmappedLower(tpl.lower); err != nil {
+			return fmt.Errorf("%w: user namespace: idmapped template: %w", runtime.ErrUnavailable, err)
+		}
 	}
-	if err := mountOverlay(rootfs, b.lowerDir(tpl), s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
+	if err := mountOverlay(rootfs, lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
 		return fmt.Errorf("rootfs: %w", err)
 	}
 	if err := os.Chmod(rootfs, 0o755); err != nil {
@@ -248,9 +253,9 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		seccomp:   b.seccomp,
 		logLevel:  b.opts.EnvdLogLevel,
 		resolv:    resolv,
-		userNS:    b.opts.UserNS,
+		userNS:    s.meta.UserNS,
 	})
-	cfg, err := libcontainerConfig(spec.ID, oci, b.opts.UserNS)
+	cfg, err := libcontainerConfig(spec.ID, oci, s.meta.UserNS)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

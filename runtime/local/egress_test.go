@@ -2,7 +2,6 @@ package local_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os/exec"
 	"strings"
@@ -16,12 +15,12 @@ import (
 )
 
 func TestEgress(t *testing.T) {
-	for _, userNS := range []bool{false, true} {
-		t.Run(fmt.Sprintf("userns=%v", userNS), func(t *testing.T) { testEgress(t, userNS) })
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) { testEgress(t, m) })
 	}
 }
 
-func testEgress(t *testing.T, userNS bool) {
+func testEgress(t *testing.T, mode local.UserNSMode) {
 	env := newEnv(t)
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
@@ -34,11 +33,7 @@ func testEgress(t *testing.T, userNS bool) {
 	// sandboxd on this machine runs.
 	server, inetHost := egresstest.FakeInternet(t, "rt", 18)
 
-	open := env.open
-	if userNS {
-		open = env.openUserNS
-	}
-	b := open(t)
+	b := env.openMode(t, mode)
 	ctx := t.Context()
 	mk := func(internet bool) string {
 		id := runtimetest.NewID()

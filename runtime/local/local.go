@@ -3,7 +3,7 @@
 // daemon and no per-sandbox helper process.
 //
 // A sandbox has its own mount, pid, uts, ipc, net and cgroup namespaces
-// (and a user namespace with Options.UserNS: see DEPS.md); its
+// (and a user namespace where the host supports it: Options.UserNS, DEPS.md); its
 // root is an overlayfs whose lower layer is the template (read-only) and
 // whose upper and work directories live on a per-sandbox tmpfs sized by
 // DiskSizeMB; cgroup limits bound its memory, pids and CPU; it runs with a
@@ -42,9 +42,10 @@
 // cgroup (so the pages are charged to the sandbox, as before) and starts
 // envd again as init.
 //
-// With Options.UserNS, <Root>/templates-idmapped is a read-only, idmapped
-// view of <Root>/templates, made by New and kept: the sandboxes' lower
-// layers (see DEPS.md).
+// With user namespaces, <Root>/templates-idmapped is a read-only, idmapped
+// view of <Root>/templates, made by New, and <Root>/templates-idmapped-<hash>
+// one of each directory template outside Root: the sandboxes' lower layers
+// (see DEPS.md). Close detaches them once no sandbox is left under Root.
 //
 // Sandboxes outlive sandboxd: New re-adopts live ones and those paused to
 // disk (from SaveDir, even when Root has none of them), and Reconcile
@@ -177,12 +178,13 @@ type Options struct {
 	// EgressSubnet is where sandboxes with AllowInternet get their address;
 	// its first address is every sandbox's gateway. Default 10.133.0.0/16.
 	EgressSubnet netip.Prefix
-	// UserNS runs every sandbox in a user namespace: its ids 0-65535 are
+	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
-	// the host. Templates must live under Root (image archives do; a
-	// directory template outside Root is refused), which is mounted
-	// idmapped once. Needs Linux ≥ 5.19 (overlayfs on idmapped layers).
-	UserNS bool
+	// the host. Templates are read through idmapped mounts; that needs
+	// Linux ≥ 5.19 (overlayfs on idmapped layers) and a filesystem that
+	// can be idmapped. The default, UserNSAuto, probes the host at New and
+	// uses them where it can (see UserNSMode and DEPS.md).
+	UserNS UserNSMode
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
 	// Log receives warnings about cleanup. Default slog.Default().
@@ -196,6 +198,12 @@ type Backend struct {
 	egress  *egress
 	swap    bool // memory.memsw.* exists: limit memory+swap too
 	seccomp bool
+	// userNS: new sandboxes get a user namespace (of templates with
+	// template.userNS); set by setupUserNS.
+	userNS bool
+
+	viewMu sync.Mutex
+	views  map[string]bool // idmapped views of outside templates mounted
 
 	mu  sync.Mutex
 	sbx map[string]*sandbox // live and in-creation sandboxes
@@ -241,7 +249,8 @@ type meta struct {
 	Net       *netInfo     `json:"net,omitempty"`
 	// Paused is pausedDisk while the sandbox is paused to disk.
 	Paused string `json:"paused,omitempty"`
-	// UserNS: made with Options.UserNS; it resumes only with the same.
+	// UserNS: made with a user namespace; it starts again only with one
+	// (and one made without, only without: see startableUserNS).
 	UserNS bool `json:"userns,omitempty"`
 }
 
@@ -297,10 +306,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
 	}
-	if opts.UserNS {
-		if err := userNSDirs(opts.Root, created); err != nil {
-			return nil, fmt.Errorf("local backend: %w: user namespaces: %w", runtime.ErrUnavailable, err)
-		}
+	if opts.UserNS < UserNSAuto || opts.UserNS > UserNSOff {
+		return nil, fmt.Errorf("local backend: unknown user namespace mode %v", opts.UserNS)
 	}
 
 	b := &Backend{
@@ -310,6 +317,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sbx:       map[string]*sandbox{},
 		ips:       map[netip.Addr]bool{},
 		templates: map[string]*template{},
+		views:     map[string]bool{},
 	}
 	if b.egress, err = newEgress(opts.EgressSubnet); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
@@ -351,11 +359,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		b.templates[name] = &template{name: name, lower: lower}
 	}
 
-	if opts.UserNS {
-		if err := b.setupUserNS(); err != nil {
-			return nil, fmt.Errorf("local backend: %w: user namespaces: %w", runtime.ErrUnavailable, err)
-		}
+	if err := b.setupUserNS(created); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	b.log.Info("local backend: user namespaces", "mode", opts.UserNS.String(), "in_effect", b.userNS)
 	if err := b.adopt(ctx); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
@@ -397,6 +404,7 @@ func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "san
 // The backend is not used after Close.
 func (b *Backend) Close() error {
 	b.releasing.Wait()
+	b.releaseViews()
 	if b.opts.CgroupParent != "/" {
 		removeEmptyCgroup(b.opts.CgroupParent)
 	}

@@ -99,7 +99,18 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// options are e's options with the default user namespace mode (auto).
+// The way to Root must be traversable by the sandboxes' root for user
+// namespaces, and local.New makes only what it creates so: the tests'
+// shared parent directory is made so here.
 func (e testEnv) options(t testing.TB) local.Options {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(e.root), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(e.root), 0o711); err != nil {
+		t.Fatal(err)
+	}
 	return local.Options{
 		Root:         e.root,
 		EnvdPath:     envdBin,
@@ -109,14 +120,30 @@ func (e testEnv) options(t testing.TB) local.Options {
 	}
 }
 
+// modeOptions are e's options with user namespace mode m.
+func (e testEnv) modeOptions(t testing.TB, m local.UserNSMode) local.Options {
+	opts := e.options(t)
+	opts.UserNS = m
+	return opts
+}
+
 func (e testEnv) open(t testing.TB) *local.Backend {
 	t.Helper()
-	b, err := local.New(context.Background(), e.options(t))
+	return e.openMode(t, local.UserNSAuto)
+}
+
+func (e testEnv) openMode(t testing.TB, m local.UserNSMode) *local.Backend {
+	t.Helper()
+	b, err := local.New(context.Background(), e.modeOptions(t, m))
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
 	return b
 }
+
+// userNSModes are the modes the suites run in: without and with user
+// namespaces, whatever the host's default.
+var userNSModes = []local.UserNSMode{local.UserNSOff, local.UserNSOn}
 
 // remove destroys whatever the tests left and removes the root and the
 // cgroup parent. It runs after every backend's own cleanups.
@@ -133,9 +160,17 @@ func (e testEnv) remove(t testing.TB) {
 	if err := b.Reconcile(context.Background()); err != nil {
 		t.Errorf("cleanup: Reconcile: %v", err)
 	}
-	// A UserNS backend's idmapped view of the templates (read-only: the
-	// removal below would fail on it, not delete through it).
-	_ = syscall.Unmount(filepath.Join(e.root, "templates-idmapped"), syscall.MNT_DETACH)
+	if err := b.Close(); err != nil {
+		t.Errorf("cleanup: Close: %v", err)
+	}
+	// Close detaches the idmapped views of the templates when no sandbox is
+	// left; should one be left, the removal below must not go through a
+	// view (read-only: it would fail, not delete).
+	views, _ := filepath.Glob(filepath.Join(e.root, "templates-idmapped*"))
+	for _, v := range views {
+		t.Errorf("cleanup: Close left %s", v)
+		_ = syscall.Unmount(v, syscall.MNT_DETACH)
+	}
 	if err := os.RemoveAll(filepath.Join(e.root, "templates")); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
@@ -151,17 +186,25 @@ func (e testEnv) remove(t testing.TB) {
 	}
 }
 
+// TestConformance and TestRestart run the conformance suites without and
+// with user namespaces.
 func TestConformance(t *testing.T) {
-	runtimetest.Run(t, func(t *testing.T) runtime.Backend {
-		return newEnv(t).open(t)
-	})
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) {
+			runtimetest.Run(t, func(t *testing.T) runtime.Backend { return newEnv(t).openMode(t, m) })
+		})
+	}
 }
 
 func TestRestart(t *testing.T) {
-	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
-		env := newEnv(t)
-		return env.open(t), func(t *testing.T) runtime.Backend { return env.open(t) }
-	})
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) {
+			runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
+				env := newEnv(t)
+				return env.openMode(t, m), func(t *testing.T) runtime.Backend { return env.openMode(t, m) }
+			})
+		})
+	}
 }
 
 // TestRecovery: sandboxes outlive the Backend that made them; a new one
@@ -293,61 +336,275 @@ func killSandbox(t *testing.T, env testEnv, id string) {
 
 // TestDirTemplate: a template from a directory is used as the lower layer
 // as it is; envd, bind-mounted, needs nothing from it but /etc/passwd.
+// With user namespaces it is read through an idmapped view of its own;
+// a directory that cannot be idmapped (on ramfs) runs its sandboxes
+// without under auto, and fails New under on.
 func TestDirTemplate(t *testing.T) {
-	env := newEnv(t)
-	tpl := t.TempDir()
-	if err := os.WriteFile(filepath.Join(tpl, "marker"), []byte("from the template"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name    string
+		ramfs   bool
+		mode    local.UserNSMode
+		userNS  bool // want a user namespace (when the backend has them)
+		wantErr bool
+	}{
+		{"dir/off", false, local.UserNSOff, false, false},
+		{"dir/on", false, local.UserNSOn, true, false},
+		{"dir/auto", false, local.UserNSAuto, true, false},
+		{"ramfs/off", true, local.UserNSOff, false, false},
+		{"ramfs/auto", true, local.UserNSAuto, false, false},
+		{"ramfs/on", true, local.UserNSOn, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t)
+			tpl := t.TempDir()
+			if tc.ramfs {
+				if err := syscall.Mount("none", tpl, "ramfs", 0, ""); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = syscall.Unmount(tpl, syscall.MNT_DETACH) })
+			}
+			if err := os.WriteFile(filepath.Join(tpl, "marker"), []byte("from the template"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			opts := env.modeOptions(t, tc.mode)
+			opts.Templates = map[string]string{"empty": tpl}
+			b, err := local.New(t.Context(), opts)
+			if tc.wantErr {
+				if !errors.Is(err, runtime.ErrUnavailable) {
+					t.Fatalf("New = %v; want ErrUnavailable", err)
+				}
+				if ms := mountsUnder(t, env.root); len(ms) > 0 {
+					t.Errorf("failed New left mounts %v", ms)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			names, err := b.Templates(t.Context())
+			if err != nil || !slices.Equal(names, []string{"base", "empty"}) {
+				t.Errorf("Templates() = %v, %v; want [base empty]", names, err)
+			}
+			id := runtimetest.NewID()
+			sb, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "empty"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+			if sb.Template != "empty" {
+				t.Errorf("Create().Template = %q; want empty", sb.Template)
+			}
+			// No shell in this template: read through envd's /files.
+			hc := runtimetest.EnvdClient(b, id)
+			get := func(path string) string {
+				t.Helper()
+				resp, err := hc.Get("http://envd/files?username=root&path=" + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("GET /files?path=%s = %s %q", path, resp.Status, body)
+				}
+				return string(body)
+			}
+			if got := get("/marker"); got != "from the template" {
+				t.Errorf("/marker = %q; want the template's file", got)
+			}
+			want := identityMap
+			if tc.userNS && b.UserNS() {
+				want = userNSMap
+			}
+			if got := strings.Join(strings.Fields(get("/proc/self/uid_map")), " "); got != want {
+				t.Errorf("envd's uid_map = %q; want %q", got, want)
+			}
+			if err := b.Destroy(t.Context(), id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(tpl, "marker")); err != nil {
+				t.Errorf("Destroy touched the template directory: %v", err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if ms := mountsUnder(t, env.root); len(ms) > 0 {
+				t.Errorf("Close with no sandbox left kept mounts %v", ms)
+			}
+		})
 	}
-	if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
-		t.Fatal(err)
+}
+
+// The uid_map of a process without and with the sandboxes' user namespace.
+const (
+	identityMap = "0 0 4294967295"
+	userNSMap   = "0 1000000000 65536"
+)
+
+// TestUserNSAutoFallback: where the host cannot give sandboxes a user
+// namespace (here: an ancestor of Root that others cannot traverse), auto
+// runs them without, and on fails New, leaving no mount.
+func TestUserNSAutoFallback(t *testing.T) {
+	for _, tc := range []struct {
+		mode    local.UserNSMode
+		wantErr bool
+	}{
+		{local.UserNSAuto, false},
+		{local.UserNSOn, true},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			env := newEnv(t)
+			opts := env.modeOptions(t, tc.mode)
+			if err := os.MkdirAll(env.root, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			opts.Root = filepath.Join(env.root, "inner")
+			b, err := local.New(t.Context(), opts)
+			if tc.wantErr {
+				if !errors.Is(err, runtime.ErrUnavailable) || !strings.Contains(err.Error(), "not traversable") {
+					t.Fatalf("New = %v; want ErrUnavailable naming the directory", err)
+				}
+				if ms := mountsUnder(t, env.root); len(ms) > 0 {
+					t.Errorf("failed New left mounts %v", ms)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() })
+			if b.UserNS() {
+				t.Fatal("UserNS() = true with an untraversable ancestor")
+			}
+			id := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 64})
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+			if got := uidMap(t, b, id); got != identityMap {
+				t.Errorf("uid_map = %q; want %q", got, identityMap)
+			}
+		})
 	}
-	if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
-		t.Fatal(err)
+}
+
+// uidMap is the uid_map of a shell in sandbox id, fields single-spaced.
+func uidMap(t *testing.T, b runtime.Backend, id string) string {
+	t.Helper()
+	res, err := runtimetest.Exec(t.Context(), b, id, "root", "/bin/cat", "/proc/self/uid_map")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("cat uid_map: %v %v", res, err)
 	}
-	opts := env.options(t)
-	opts.Templates = map[string]string{"empty": tpl}
-	b, err := local.New(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := b.Templates(t.Context())
-	if err != nil || !slices.Equal(names, []string{"base", "empty"}) {
-		t.Errorf("Templates() = %v, %v; want [base empty]", names, err)
-	}
-	id := runtimetest.NewID()
-	sb, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "empty"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
-	if sb.Template != "empty" {
-		t.Errorf("Create().Template = %q; want empty", sb.Template)
-	}
-	hc := runtimetest.EnvdClient(b, id)
-	resp, err := hc.Get("http://envd/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 204 {
-		t.Errorf("GET /health = %s; want 204", resp.Status)
-	}
-	// No shell in this template: read the marker through envd's /files.
-	resp, err = hc.Get("http://envd/files?path=/marker&username=root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || string(body) != "from the template" {
-		t.Errorf("GET /files?path=/marker = %s %q; want the template's file", resp.Status, body)
-	}
-	if err := b.Destroy(t.Context(), id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(tpl, "marker")); err != nil {
-		t.Errorf("Destroy touched the template directory: %v", err)
+	return strings.Join(strings.Fields(res.Stdout), " ")
+}
+
+// TestUserNSModeChange: sandboxd restarted with another user namespace
+// mode adopts the sandboxes of the old one: live and paused-in-memory ones
+// run on in their mode, dead ones are reconciled, and one paused to disk
+// resumes in the mode it was made with where the new backend can start
+// it (ErrUnavailable otherwise, still paused); all are destroyed whole.
+func TestUserNSModeChange(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		from, to   local.UserNSMode
+		resumeDisk bool
+	}{
+		{"on to off", local.UserNSOn, local.UserNSOff, false},
+		{"off to auto", local.UserNSOff, local.UserNSAuto, true},
+		{"off to on", local.UserNSOff, local.UserNSOn, false},
+		{"on to auto", local.UserNSOn, local.UserNSAuto, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t)
+			ctx := t.Context()
+			b1 := env.openMode(t, tc.from)
+			spec := runtime.Spec{MemoryMB: 128, DiskSizeMB: 64}
+			live, frozen, disk, dead := mustCreate(t, b1, spec), mustCreate(t, b1, spec), mustCreate(t, b1, spec), mustCreate(t, b1, spec)
+			oldMap := uidMap(t, b1, live)
+			res, err := runtimetest.Exec(ctx, b1, disk, "user", "/bin/sh", "-c", "echo kept > /home/user/f")
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("write: %v %v", res, err)
+			}
+			if err := b1.Pause(ctx, frozen, runtime.PauseMemory); err != nil {
+				t.Fatal(err)
+			}
+			if err := b1.Pause(ctx, disk, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+
+			b2 := env.openMode(t, tc.to) // the restart; b1 is forgotten
+			killSandbox(t, env, dead)
+			if err := b2.Reconcile(ctx); err != nil {
+				t.Fatalf("Reconcile() = %v", err)
+			}
+			if got := list(t, b2); !slices.Equal(got, sorted(live, frozen, disk)) {
+				t.Fatalf("List() = %v; want %v", got, sorted(live, frozen, disk))
+			}
+			for _, p := range b2.HostPaths(dead) {
+				if exists(p) {
+					t.Errorf("Reconcile left %s", p)
+				}
+			}
+			if _, err := b2.Resume(ctx, frozen); err != nil {
+				t.Fatalf("Resume(paused in memory) = %v", err)
+			}
+			for _, id := range []string{live, frozen} {
+				if got := uidMap(t, b2, id); got != oldMap {
+					t.Errorf("%s: uid_map = %q; want the old mode's %q", id, got, oldMap)
+				}
+			}
+			_, err = b2.Resume(ctx, disk)
+			if tc.resumeDisk {
+				if err != nil {
+					t.Fatalf("Resume(paused to disk) = %v", err)
+				}
+				if got := uidMap(t, b2, disk); got != oldMap {
+					t.Errorf("resumed: uid_map = %q; want the old mode's %q", got, oldMap)
+				}
+				res, err := runtimetest.Exec(ctx, b2, disk, "user", "/bin/sh", "-c", "cat /home/user/f && stat -c %u /home/user/f")
+				if err != nil || res.Stdout != "kept\n1000\n" {
+					t.Errorf("file after the resume: %v %v", res, err)
+				}
+			} else {
+				if !errors.Is(err, runtime.ErrUnavailable) {
+					t.Fatalf("Resume(paused to disk, other mode) = %v; want ErrUnavailable", err)
+				}
+				l, err := b2.List(ctx)
+				if err != nil || !slices.ContainsFunc(l, func(s *runtime.Sandbox) bool { return s.ID == disk && s.State == runtime.StatePaused && s.OnDisk }) {
+					t.Errorf("after the refused resume: List() = %v, %v; want %s paused to disk", l, err, disk)
+				}
+			}
+			fresh := mustCreate(t, b2, spec)
+			want := identityMap
+			if b2.UserNS() {
+				want = userNSMap
+			}
+			if got := uidMap(t, b2, fresh); got != want {
+				t.Errorf("new sandbox: uid_map = %q; want %q", got, want)
+			}
+			for _, id := range []string{live, frozen, disk, fresh} {
+				if err := b2.Destroy(ctx, id); err != nil {
+					t.Errorf("Destroy(%s) = %v", id, err)
+				}
+				for _, p := range b2.HostPaths(id) {
+					if exists(p) {
+						t.Errorf("Destroy(%s) left %s", id, p)
+					}
+				}
+			}
+			if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
+				t.Errorf("mounts left: %v", ms)
+			}
+			if err := b2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if ms := mountsUnder(t, env.root); len(ms) > 0 {
+				t.Errorf("Close with no sandbox left kept mounts %v", ms)
+			}
+		})
 	}
 }
 
@@ -388,27 +645,28 @@ func TestSeccomp(t *testing.T) {
 }
 
 // BenchmarkCreateDestroy measures create → envd healthy, and destroy, one
-// sandbox at a time, with the base template, and where a create's time goes
-// (the phases of the backend's "sandbox started" debug line). Run:
+// sandbox at a time, with the base template, without and with user
+// namespaces, and where a create's time goes (the phases of the backend's
+// "sandbox started" debug line). Run:
 //
 //	go test -run '^$' -bench CreateDestroy -benchtime 50x ./runtime/local/
+//
+// or one mode: -bench 'CreateDestroy$/userns=on'.
 func BenchmarkCreateDestroy(b *testing.B) {
-	env := newEnv(b)
-	benchCreateDestroy(b, env.options(b), false)
+	for _, m := range userNSModes {
+		b.Run("userns="+m.String(), func(b *testing.B) {
+			env := newEnv(b)
+			benchCreateDestroy(b, env.modeOptions(b, m), false)
+		})
+	}
 }
 
 // BenchmarkCreateDestroyInternet is BenchmarkCreateDestroy with internet
-// access (the E2B SDKs' default): a veth pair and its routes.
+// access (the E2B SDKs' default): a veth pair and its routes, in the
+// default user namespace mode.
 func BenchmarkCreateDestroyInternet(b *testing.B) {
 	env := newEnv(b)
 	benchCreateDestroy(b, env.options(b), true)
-}
-
-// BenchmarkCreateDestroyUserNS is BenchmarkCreateDestroy with
-// Options.UserNS.
-func BenchmarkCreateDestroyUserNS(b *testing.B) {
-	env := newEnv(b)
-	benchCreateDestroy(b, env.userNSOptions(b), false)
 }
 
 func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
@@ -777,49 +1035,11 @@ func TestOrphansReaped(t *testing.T) {
 	}
 }
 
-// userNSOptions are e's options with UserNS. The way to Root must be
-// traversable by the sandboxes' root, and local.New makes only what it
-// creates so: the tests' shared parent directory is made so here.
-func (e testEnv) userNSOptions(t testing.TB) local.Options {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(e.root), 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(filepath.Dir(e.root), 0o711); err != nil {
-		t.Fatal(err)
-	}
-	opts := e.options(t)
-	opts.UserNS = true
-	return opts
-}
-
-func (e testEnv) openUserNS(t testing.TB) *local.Backend {
-	t.Helper()
-	b, err := local.New(context.Background(), e.userNSOptions(t))
-	if err != nil {
-		t.Fatalf("local.New: %v", err)
-	}
-	return b
-}
-
-// TestConformanceUserNS and TestRestartUserNS run the conformance suites
-// with Options.UserNS.
-func TestConformanceUserNS(t *testing.T) {
-	runtimetest.Run(t, func(t *testing.T) runtime.Backend { return newEnv(t).openUserNS(t) })
-}
-
-func TestRestartUserNS(t *testing.T) {
-	runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
-		env := newEnv(t)
-		return env.openUserNS(t), func(t *testing.T) runtime.Backend { return env.openUserNS(t) }
-	})
-}
-
-// TestUserNS: with Options.UserNS, root inside is the mapped id on the
+// TestUserNS: with user namespaces, root inside is the mapped id on the
 // host, and sees the template's files as its own (it can change /etc).
 func TestUserNS(t *testing.T) {
 	env := newEnv(t)
-	b := env.openUserNS(t)
+	b := env.openMode(t, local.UserNSOn)
 	ctx := t.Context()
 	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
@@ -870,32 +1090,6 @@ func TestUserNS(t *testing.T) {
 	}
 }
 
-// TestUserNSMismatch: a sandbox paused to disk resumes only on a backend
-// with the UserNS setting it was made with (its layer's owners are that
-// mode's host ids).
-func TestUserNSMismatch(t *testing.T) {
-	env := newEnv(t)
-	b := env.openUserNS(t)
-	ctx := t.Context()
-	id := mustCreate(t, b, runtime.Spec{})
-	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
-	if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
-		t.Fatal(err)
-	}
-	plain := env.open(t)
-	if _, err := plain.Resume(ctx, id); !errors.Is(err, runtime.ErrUnavailable) {
-		t.Fatalf("Resume without UserNS = %v; want ErrUnavailable", err)
-	}
-	again := env.openUserNS(t)
-	if _, err := again.Resume(ctx, id); err != nil {
-		t.Fatalf("Resume with UserNS: %v", err)
-	}
-	res, err := runtimetest.Exec(ctx, again, id, "root", "/bin/cat", "/proc/self/uid_map")
-	if err != nil || !strings.Contains(res.Stdout, "1000000000") {
-		t.Fatalf("uid_map after resume: %v %v", res, err)
-	}
-}
-
 // TestPauseDiskSurvivesReboot: a sandbox paused to disk is known again
 // after a reboot took all of Root (a tmpfs) and left only SaveDir (a disk):
 // listed paused, kept by Reconcile, resumed with its files, and destroyed
@@ -905,18 +1099,15 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		moveLower bool
-		userNS    bool
+		userNS    local.UserNSMode
 	}{
-		{"same template", false, false},
-		{"template rebuilt", true, false},
-		{"user namespace", false, true},
+		{"same template", false, local.UserNSOff},
+		{"template rebuilt", true, local.UserNSOff},
+		{"user namespace", false, local.UserNSOn},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := newEnv(t)
-			opts := env.options(t)
-			if tc.userNS {
-				opts = env.userNSOptions(t)
-			}
+			opts := env.modeOptions(t, tc.userNS)
 			opts.SaveDir = filepath.Join(t.TempDir(), "saved")
 			b1, err := local.New(t.Context(), opts)
 			if err != nil {
@@ -940,7 +1131,10 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 			if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
 				t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
 			}
-			_ = syscall.Unmount(filepath.Join(env.root, "templates-idmapped"), syscall.MNT_DETACH)
+			views, _ := filepath.Glob(filepath.Join(env.root, "templates-idmapped*"))
+			for _, v := range views {
+				_ = syscall.Unmount(v, syscall.MNT_DETACH)
+			}
 			if err := os.RemoveAll(env.root); err != nil {
 				t.Fatal(err)
 			}

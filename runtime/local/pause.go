@@ -379,7 +379,7 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
 		}
 	}
-	if err := b.sameUserNS(s); err != nil {
+	if err := b.startableUserNS(s); err != nil {
 		return err
 	}
 	saved := filepath.Join(b.savedDir(s.id), "upper")
@@ -387,7 +387,7 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 		return fmt.Errorf("saved upper layer: %w", err)
 	}
 	// After a reboot (Root on a tmpfs) only SaveDir knows the sandbox.
-	if err := b.makeStateDir(s.dir); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := makeStateDir(s.dir, s.meta.UserNS); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	// From a clean slate, should the pause have left something behind.

@@ -33,6 +33,9 @@ type template struct {
 	name   string
 	lower  string
 	mounts []specs.Mount
+	// userNS: its lower directory can be read idmapped (setupUserNS), so
+	// its sandboxes get a user namespace when the backend has them.
+	userNS bool
 }
 
 // entry is one file, directory or symlink of a synthesized template.
