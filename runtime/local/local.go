@@ -397,8 +397,9 @@ func (b *Backend) Templates(context.Context) ([]string, error) {
 func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
 
 // Close waits for the veths of destroyed sandboxes to go (releaseNet), then
-// releases what the backend holds outside its sandboxes: its cgroup
-// parent, if no sandbox is left under it (a sandboxd whose sandboxes were
+// releases what the backend holds outside its sandboxes when no sandbox is
+// left to need it: the idmapped template views (releaseViews) and its cgroup
+// parent (a sandboxd whose sandboxes were
 // all destroyed would otherwise leave an empty parent per run dir in every
 // hierarchy). Sandboxes still alive keep it, for the next sandboxd to adopt.
 // The backend is not used after Close.

@@ -215,6 +215,13 @@ func (b *Backend) probeUserNS(created []string) error {
 // shifted into the sandboxes' range: overlayfs on idmapped layers needs
 // Linux 5.19, and not every filesystem can be idmapped.
 func (b *Backend) probeOverlay(view, src string) error {
+	// A probe that a crash interrupted left its directory, maybe mounted.
+	stale, _ := filepath.Glob(filepath.Join(b.opts.Root, ".userns-probe-*"))
+	for _, d := range stale {
+		if err := removeDir(d); err != nil {
+			b.log.Warn("local backend: remove a stale userns probe", "dir", d, "err", err)
+		}
+	}
 	dir, err := os.MkdirTemp(b.opts.Root, ".userns-probe-")
 	if err != nil {
 		return err
