@@ -284,14 +284,16 @@ func (b *Backend) Templates(context.Context) ([]string, error) {
 	return slices.Sorted(maps.Keys(b.opts.Images)), nil
 }
 
-var simpleName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,57}[a-z0-9])?$`)
+// Compiled on first use: sandboxd re-executes itself as every local
+// sandbox's init, which runs all package inits.
+var simpleName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,57}[a-z0-9])?$`) })
 
 // InstanceName is the Incus instance name of sandbox id in namespace ns:
 // "sbx-<id>" when ns is empty and id is a lower-case host name label that
 // fits, else "sbh-" and a hash of both (instance names are host names: no
 // '_', no upper case, at most 63 bytes).
 func InstanceName(ns, id string) string {
-	if ns == "" && simpleName.MatchString(id) && !strings.Contains(id, "--") {
+	if ns == "" && simpleName().MatchString(id) && !strings.Contains(id, "--") {
 		return "sbx-" + id
 	}
 	h := sha256.Sum256([]byte(ns + "\x00" + id))

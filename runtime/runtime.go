@@ -19,6 +19,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -145,12 +146,15 @@ type Spec struct {
 	AllowInternet bool
 }
 
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
+// Compiled on first use, not at package init: every sandbox start
+// re-executes sandboxd as libcontainer's init, which runs all package inits,
+// and a bounded repeat like {0,62} compiles to a large program.
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`) })
 
 // ValidID reports whether id can name a sandbox: 1 to 63 ASCII letters,
 // digits, '-' and '_', starting with a letter or digit. Backends use ids in
 // paths, cgroup names and hostnames, so they accept nothing else.
-func ValidID(id string) bool { return idPattern.MatchString(id) }
+func ValidID(id string) bool { return idPattern().MatchString(id) }
 
 // Validate checks what a backend cannot default: the id, that no resource is
 // negative and that the environment can be passed to a process.

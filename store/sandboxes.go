@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/tenant"
@@ -102,17 +103,20 @@ type Sandbox struct {
 	LastActiveAt time.Time
 }
 
-var sandboxIDRE = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+// Compiled on first use, not at package init: every sandbox start
+// re-executes sandboxd as libcontainer's init, which runs all package inits,
+// and a bounded repeat like {0,62} compiles to a large program.
+var sandboxIDRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]{1,64}$`) })
 
 // ValidSandboxID reports whether id can identify a sandbox: 1 to 64 lowercase
 // letters and digits.
-func ValidSandboxID(id string) bool { return sandboxIDRE.MatchString(id) }
+func ValidSandboxID(id string) bool { return sandboxIDRE().MatchString(id) }
 
 // validate checks sb before it is written and normalizes its lifecycle.
 func (sb *Sandbox) validate() error {
 	switch {
 	case !ValidSandboxID(sb.ID):
-		return fmt.Errorf("%w: sandbox id %q must match %s", ErrInvalid, sb.ID, sandboxIDRE)
+		return fmt.Errorf("%w: sandbox id %q must match %s", ErrInvalid, sb.ID, sandboxIDRE())
 	case sb.Tenant == "":
 		return fmt.Errorf("%w: no tenant", ErrInvalid)
 	case !sb.State.Valid():

@@ -7,16 +7,18 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-var tenantNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+// Compiled on first use: see sandboxIDRE.
+var tenantNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 // ValidTenantName reports whether name can name a tenant: 1 to 63 lowercase
 // letters, digits and dashes, not starting with a dash.
-func ValidTenantName(name string) bool { return tenantNameRE.MatchString(name) }
+func ValidTenantName(name string) bool { return tenantNameRE().MatchString(name) }
 
 // Tenant is a tenant and its settings. Its ID is its name.
 type Tenant struct {
@@ -140,7 +142,7 @@ func nullable[T any](p *T) any {
 // ErrConflict, a malformed one ErrInvalid.
 func (s *Store) CreateTenant(ctx context.Context, name string) (Tenant, error) {
 	if !ValidTenantName(name) {
-		return Tenant{}, fmt.Errorf("create tenant %q: %w: name must match %s", name, ErrInvalid, tenantNameRE)
+		return Tenant{}, fmt.Errorf("create tenant %q: %w: name must match %s", name, ErrInvalid, tenantNameRE())
 	}
 	now := time.Now().UTC()
 	t := Tenant{ID: tenant.ID(name), CreatedAt: now, UpdatedAt: now}
