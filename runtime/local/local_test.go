@@ -677,8 +677,26 @@ func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
+	// The floors run between creates, so that the ratios compare like with
+	// like: the (a mount namespace and a bind) and bubblewrap
+	// making the namespaces a sandbox gets.
+	floors := [][]string{
+		{"bwrap", "--ro-bind", "/", "/", "true"},
+		{"bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"},
+	}
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		floors = nil
+	}
+	floorTimes := make([][]time.Duration, len(floors))
 	var creates, destroys []time.Duration
 	for b.Loop() {
+		for i, argv := range floors {
+			t0 := time.Now()
+			if err := exec.Command(argv[0], argv[1:]...).Run(); err != nil {
+				b.Fatalf("%v: %v", argv, err)
+			}
+			floorTimes[i] = append(floorTimes[i], time.Since(t0))
+		}
 		id := runtimetest.NewID()
 		t0 := time.Now()
 		if _, err := be.Create(ctx, runtime.Spec{ID: id, AllowInternet: internet}); err != nil {
@@ -693,6 +711,11 @@ func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
 	}
 	b.ReportMetric(ms(pct(creates, 50)), "create-p50-ms")
 	b.ReportMetric(ms(pct(creates, 99)), "create-p99-ms")
+	for i, name := range []string{"bwrap", "bwrap-unshare-all"}[:len(floors)] {
+		f := pct(floorTimes[i], 50)
+		b.ReportMetric(ms(f), name+"-p50-ms")
+		b.ReportMetric(float64(pct(creates, 50))/float64(f), "create-p50-x-"+name)
+	}
 	b.ReportMetric(ms(pct(destroys, 50)), "destroy-p50-ms")
 	b.ReportMetric(ms(pct(destroys, 99)), "destroy-p99-ms")
 	for _, k := range []string{"mounts", "net", "config", "run", "route", "health"} {
