@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Where the CPU of a cold create goes: runs the burst scenario (N concurrent
+# cold creates through the E2B API, then their destroys) under a system-wide
+# `perf record` and prints the CPU time per create of each process kind:
+# sandboxd itself, libcontainer's init re-exec (runc:[2:INIT]), its nsexec
+# stages, envd, the kernel's workers, and idle. BENCHMARKS.md, "Where the
+# CPU of a cold create goes", was made with it. Needs root and perf (Debian:
+# linux-perf); whatever else runs on the box shows up in its own rows.
+#
+#   ./bench/profile-burst.sh [N]    # default 100
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-100}
+command -v perf >/dev/null || { echo "profile-burst: needs perf (apt-get install linux-perf)" >&2; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
+  make --no-print-directory build >&2
+fi
+go build -o bin/bench ./bench
+freq=1999
+perf record -q -a -F "$freq" -o "$out/perf.data" -- \
+  ./bin/bench -scenario burst -burst "$n" -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
+perf script -i "$out/perf.data" -F comm 2>/dev/null |
+  awk -v n="$n" -v f="$freq" '
+    { c=$0; sub(/^ +/, "", c); sub(/ +$/, "", c)
+      if (c ~ /^kworker|^ksoftirqd|^rcu|^migration|^kcompactd|^khugepaged|^kswapd/) c="kernel threads"
+      # libcontainer execs its sealed copy of sandboxd as /proc/self/fd/N:
+      # the new process is named N until nsexec renames it.
+      if (c ~ /^[0-9]+$/) c="init exec (ld.so, before nsexec)"
+      cnt[c]++; tot++ }
+    END {
+      printf "| process | CPU per create (ms) | share |\n|---|--:|--:|\n"
+      for (k in cnt) if (cnt[k]*1000/f/n >= 0.05) printf "| %s | %.2f | %.0f%% |\n", (k=="swapper" ? "idle (swapper)" : k), cnt[k]*1000/f/n, 100*cnt[k]/tot | "sort -t\"|\" -k3 -rn"
+    }'
+echo "($n creates and destroys; perf at $freq Hz on all CPUs; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
