@@ -603,18 +603,30 @@ func testExec(t *testing.T, b runtime.Backend) {
 		t.Errorf("exit 3 = %v, %v; want exit code 3", res, err)
 	}
 	mustSh(t, b, sb.ID, "user", "echo data > /tmp/t && cat /tmp/t && echo home > ~/h && cat ~/h")
-	for _, tool := range []struct{ name, script string }{
-		{"python3", "python3 -c 'import json,ssl; print(6*7)'"},
-		{"node", "node -e 'console.log(6*7)'"},
-		{"git", "cd /tmp && git init -q r && cd r && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x && git log --oneline | wc -l"},
+	// What an agent's dev box runs, each doing real work under the
+	// sandbox's seccomp profile and capabilities, offline. A tool the
+	// template lacks (its need fails) is skipped.
+	for _, tool := range []struct{ name, need, script string }{
+		{"python3", "command -v python3", "python3 -c 'import json,ssl; print(6*7)'"},
+		{"node", "command -v node", "node -e 'console.log(6*7)'"},
+		{"git", "command -v git", "cd /tmp && git init -q r && cd r && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x && test \"$(git log --oneline | wc -l)\" = 1 && echo 42"},
+		{"cc", "command -v cc", "cd /tmp && printf 'int main(void){return 42;}' > t.c && cc -O2 -o t t.c && { ./t; echo $?; }"},
+		// npm installs a local package (no registry): its whole install
+		// machinery, node's worker threads and libuv's I/O included.
+		{"npm", "command -v npm", "mkdir -p /tmp/n/lib /tmp/n/app && cd /tmp/n/lib && npm init -y >/dev/null && echo 'module.exports = 42' > index.js && " +
+			"cd ../app && npm init -y >/dev/null && npm install ../lib --offline --no-audit --no-fund >/dev/null && node -e 'console.log(require(\"lib\"))'"},
+		// pip installs into a fresh venv from the wheels ensurepip carries.
+		{"pip", "python3 -c 'import ensurepip, venv'", "python3 -m venv /tmp/v && /tmp/v/bin/python -m pip --version >/dev/null && /tmp/v/bin/python -c 'import pip; print(42)'"},
 	} {
-		if !hasCommand(t, b, sb.ID, tool.name) {
+		if res, err := sh(ctxFor(t), b, sb.ID, "user", tool.need); err != nil || res.ExitCode != 0 {
 			t.Logf("%s not in the template; skipped", tool.name)
 			continue
 		}
-		res := mustSh(t, b, sb.ID, "user", tool.script)
-		if got := strings.TrimSpace(res.Stdout); got != "42" && got != "1" {
-			t.Errorf("%s: printed %q", tool.name, got)
+		res, err := sh(ctxFor(t), b, sb.ID, "user", tool.script)
+		if err != nil {
+			t.Errorf("%s: %v", tool.name, err)
+		} else if got := strings.TrimSpace(res.Stdout); got != "42" || res.ExitCode != 0 {
+			t.Errorf("%s: exit %d, printed %q, stderr %q; want 42", tool.name, res.ExitCode, got, res.Stderr)
 		}
 	}
 }
