@@ -391,12 +391,8 @@ func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.Cgr
 func (b *Backend) HostPaths(id string) []string {
 	host, _ := linkNames(id)
 	paths := []string{filepath.Join(b.sandboxesDir(), id), b.savedDir(id), "/sys/class/net/" + host}
-	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-	for _, h := range hier {
+	for _, h := range cgroupRoots() {
 		paths = append(paths, filepath.Join(h, b.cgroupPath(id)))
-	}
-	if len(hier) == 0 {
-		paths = append(paths, filepath.Join("/sys/fs/cgroup", b.cgroupPath(id)))
 	}
 	return paths
 }
