@@ -166,7 +166,8 @@ type Options struct {
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates must live under Root (image archives do; a
 	// directory template outside Root is refused), which is mounted
-	// idmapped once. Needs Linux ≥ 5.19 (overlayfs on idmapped layers).
+	// idmapped once. Needs Linux ≥ 5.19 (overlayfs on idmapped layers), and
+	// ≥ 6.3 with Root on tmpfs (idmapped tmpfs), as the default /run is.
 	UserNS bool
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
