@@ -3,6 +3,7 @@ package local
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -86,4 +87,27 @@ func removeEmptyCgroup(path string) {
 	for _, p := range m.GetPaths() {
 		_ = os.Remove(p) // rmdir: EBUSY while it has children or tasks
 	}
+}
+
+// cgroupRoots lists the cgroup hierarchies' mount points: /sys/fs/cgroup
+// itself on a unified (v2 only) host; on a v1 or hybrid host the
+// directories in it (one per v1 hierarchy, plus unified/ on hybrid hosts),
+// not the symlinks (cpu -> cpu,cpuacct) that name one twice. A glob of
+// /sys/fs/cgroup/* would list the root cgroup's files on a v2 host.
+func cgroupRoots() []string {
+	const mnt = "/sys/fs/cgroup"
+	if cgroups.IsCgroup2UnifiedMode() {
+		return []string{mnt}
+	}
+	ents, err := os.ReadDir(mnt)
+	if err != nil {
+		return []string{mnt}
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, filepath.Join(mnt, e.Name()))
+		}
+	}
+	return out
 }

@@ -5,3 +5,7 @@ func HostInterface(id string) string {
 	host, _ := linkNames(id)
 	return host
 }
+
+// CgroupRoots is cgroupRoots, for tests: where a cgroup path lives on this
+// host's layout.
+func CgroupRoots() []string { return cgroupRoots() }

@@ -181,8 +181,8 @@ type Options struct {
 	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates are read through idmapped mounts; that needs
-	// Linux ≥ 5.19 (overlayfs on idmapped layers) and a filesystem that
-	// can be idmapped. The default, UserNSAuto, probes the host at New and
+	// Linux ≥ 5.19 (overlayfs on idmapped layers; ≥ 6.3 with Root on
+	// tmpfs, as the default /run is) and a filesystem that can be idmapped. The default, UserNSAuto, probes the host at New and
 	// uses them where it can (see UserNSMode and DEPS.md).
 	UserNS UserNSMode
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
@@ -420,12 +420,8 @@ func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.Cgr
 func (b *Backend) HostPaths(id string) []string {
 	host, _ := linkNames(id)
 	paths := []string{filepath.Join(b.sandboxesDir(), id), b.savedDir(id), "/sys/class/net/" + host}
-	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-	for _, h := range hier {
+	for _, h := range cgroupRoots() {
 		paths = append(paths, filepath.Join(h, b.cgroupPath(id)))
-	}
-	if len(hier) == 0 {
-		paths = append(paths, filepath.Join("/sys/fs/cgroup", b.cgroupPath(id)))
 	}
 	return paths
 }

@@ -178,8 +178,7 @@ func (e testEnv) remove(t testing.TB) {
 		t.Errorf("cleanup: %v", err)
 	}
 	_ = os.Remove(filepath.Dir(e.root)) // the last test's cleanup removes it
-	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-	for _, h := range hier {
+	for _, h := range local.CgroupRoots() {
 		if err := os.Remove(filepath.Join(h, e.cgroupParent)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("cleanup: %v", err)
 		}
@@ -301,11 +300,22 @@ func runtimetestHealth(b runtime.Backend, id string) error {
 	return nil
 }
 
+// cgroupProcs is the cgroup.procs file of sandbox id: in its pids
+// hierarchy on v1 and hybrid hosts (libcontainer puts every process of the
+// sandbox in each controller's cgroup), in the one hierarchy on v2.
+func cgroupProcs(env testEnv, id string) string {
+	for _, h := range local.CgroupRoots() {
+		if filepath.Base(h) == "pids" || h == "/sys/fs/cgroup" {
+			return filepath.Join(h, env.cgroupParent, id, "cgroup.procs")
+		}
+	}
+	return filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs")
+}
+
 // killSandbox SIGKILLs every process in the sandbox's cgroup from the host.
 func killSandbox(t *testing.T, env testEnv, id string) {
 	t.Helper()
-	procs := filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs")
-	raw, err := os.ReadFile(procs)
+	raw, err := os.ReadFile(cgroupProcs(env, id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1088,10 +1098,7 @@ func TestUserNS(t *testing.T) {
 	}
 
 	// On the host, envd runs as the mapped root, not as root.
-	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs"))
-	if err != nil {
-		procs, err = os.ReadFile(filepath.Join("/sys/fs/cgroup", env.cgroupParent, id, "cgroup.procs"))
-	}
+	procs, err := os.ReadFile(cgroupProcs(env, id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1312,4 +1319,41 @@ func mustCreate(t testing.TB, b runtime.Backend, spec runtime.Spec) string {
 		t.Fatalf("Create(%+v) = %v", spec, err)
 	}
 	return spec.ID
+}
+
+// TestCloseCgroupParent: Close leaves the cgroup parent while a sandbox
+// lives under it (the next sandboxd adopts that sandbox) and removes it, in
+// every hierarchy of this host's layout, once none is left.
+func TestCloseCgroupParent(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	parents := func() []string {
+		var out []string
+		for _, h := range local.CgroupRoots() {
+			if p := filepath.Join(h, env.cgroupParent); exists(p) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	id := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 16})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if len(parents()) == 0 {
+		t.Fatalf("Close removed the cgroup parent %s of live sandbox %s", env.cgroupParent, id)
+	}
+	if err := runtimetestHealth(b, id); err != nil {
+		t.Fatalf("sandbox after Close: %v", err)
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if left := parents(); len(left) != 0 {
+		t.Errorf("Close with no sandbox left the cgroup parent: %v", left)
+	}
 }

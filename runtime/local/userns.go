@@ -319,6 +319,12 @@ func mountIdmapped(src, dst string) error {
 	defer unix.Close(tree)
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(nsfd)}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			// What a kernel says when the filesystem under Root cannot be
+			// idmapped: tmpfs (the default /run) only can from Linux 6.3
+			// (Debian 12's 6.1 cannot).
+			return fmt.Errorf("idmap %s: %w (the filesystem under Root cannot be idmapped by this kernel: tmpfs needs Linux ≥ 6.3)", src, err)
+		}
 		return fmt.Errorf("idmap %s: %w", src, err)
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {

@@ -229,12 +229,16 @@ func cgroupDirsNamed(id string) []string {
 			}
 		}
 	}
+	// A v2-only host has the root cgroup's files in /sys/fs/cgroup itself
+	// (hybrid hosts have them in unified/): one hierarchy, walked from its
+	// root so that a sandbox's cgroup right under it counts too.
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		walk("/sys/fs/cgroup", 0)
+		return found
+	}
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hier {
 		walk(h, 1)
-	}
-	if len(hier) == 0 {
-		walk("/sys/fs/cgroup", 1)
 	}
 	return found
 }

@@ -177,8 +177,11 @@ func CheckNoNeighbour(t testing.TB, b runtime.Backend, from, to, toIP, toHostIf 
 	if out, err := exec.Command("ip", "route", "get", toIP).Output(); err != nil || !strings.Contains(string(out), "dev "+toHostIf) {
 		t.Fatalf("%s is not routed to sandbox %s (%s, %v): refusing to send anything", toIP, to, out, err)
 	}
+	// Started, then waited for: a fixed pause is too short where python
+	// starts slowly (an emulated CPU takes seconds), and the check below
+	// would then pass for want of a listener.
 	res, err := runtimetest.Exec(t.Context(), b, to, "user", "/bin/sh", "-c",
-		"cd /tmp && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && sleep 0.5")
+		"cd /tmp && (nohup python3 -m http.server 8000 >/tmp/http-server.log 2>&1 &) && python3 -c '"+awaitListener+"' || { cat /tmp/http-server.log; exit 1; }")
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("start a server in sandbox %s: %v, %v", to, res, err)
 	}
@@ -191,6 +194,19 @@ func CheckNoNeighbour(t testing.TB, b runtime.Backend, from, to, toIP, toHostIf 
 		t.Errorf("sandbox %s cannot reach its own server: %v", to, res) // the check above is meaningful
 	}
 }
+
+// awaitListener is a python script that exits once 127.0.0.1:8000 accepts
+// a connection, or fails after 30 s.
+const awaitListener = `
+import socket, sys, time
+for _ in range(300):
+    try:
+        socket.create_connection(("127.0.0.1", 8000), timeout=1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit("nothing listens on 127.0.0.1:8000")
+`
 
 // CheckNoInternet checks that sandbox id (created without internet access)
 // does not reach the fake internet's server.

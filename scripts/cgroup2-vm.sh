@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# `make test-cgroup2`: run runtime/local's tests on a pure cgroup v2 host.
+#
+# This machine mounts cgroups hybrid (v1 controllers, empty cgroup2), so the
+# tests run here never see a unified-only layout. This script boots a KVM
+# guest on a Debian kernel (fetched with apt-get download, cached), with
+# cgroup_no_v1=all and only cgroup2 at /sys/fs/cgroup. The guest's root is
+# this host's root, shared read-only over virtio-9p with a tmpfs overlay on
+# top, so the guest runs the test binary built here against the host's /usr
+# (the base template) without copying anything. The guest has no network
+# device (-nic none): nothing it does leaves it.
+#
+# Output: the test binary's -test.v output on the serial console, then its
+# top-level PASS/FAIL lines. Exit status: the tests', or 1 when the guest
+# never reported one (boot failure, timeout). Without a KVM that boots a
+# stock kernel, qemu emulates the CPU (TCG): about 5 minutes on 2 cores.
+#
+# Environment:
+#   SANDBOXD_VM_RUN      -test.run pattern (default: all tests)
+#   SANDBOXD_VM_ARGS     more test binary flags, e.g. -test.count=3
+#   SANDBOXD_VM_TIMEOUT  seconds before the guest is killed (default 900)
+#   SANDBOXD_VM_MEM      guest memory (default 3G); SANDBOXD_VM_CPUS (default 2)
+#   SANDBOXD_VM_CACHE    kernel cache (default /var/cache/sandboxd-vm)
+#   SANDBOXD_VM_KERNEL   newest (default) or candidate: which linux-image-amd64
+#   SANDBOXD_VM_ACCEL    kvm or tcg (default: kvm where the CPU has VMX/SVM)
+#   SANDBOXD_VM_DEBUG=1  kernel messages on the console
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cache=${SANDBOXD_VM_CACHE:-/var/cache/sandboxd-vm}
+timeout_s=${SANDBOXD_VM_TIMEOUT:-900}
+mem=${SANDBOXD_VM_MEM:-3G}
+cpus=${SANDBOXD_VM_CPUS:-2}
+run_pattern=${SANDBOXD_VM_RUN:-}
+extra_args=${SANDBOXD_VM_ARGS:-}
+
+say() { echo "cgroup2-vm: $*" >&2; }
+
+if [[ $(id -u) != 0 ]]; then
+  say "needs root (apt-get, and the tests themselves)"; exit 1
+fi
+
+# Host tools: qemu, a static busybox for the initramfs, kmod for depmod and
+# module dependencies (and, through the shared root, the guest's modprobe),
+# cpio for the initramfs.
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[[ -x /bin/busybox && " $(/bin/busybox --list 2>/dev/null | tr '\n' ' ') " == *" switch_root "* ]] || need+=(busybox-static)
+command -v depmod >/dev/null || need+=(kmod)
+command -v cpio >/dev/null || need+=(cpio)
+if ((${#need[@]})); then
+  say "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
+fi
+if [[ $(ldd /bin/busybox 2>&1) != *"not a dynamic"* ]]; then
+  say "/bin/busybox is not static (install busybox-static)"; exit 1
+fi
+
+# The kernel: the linux-image-*-amd64 package that linux-image-amd64 depends
+# on, in its newest version in this machine's apt sources (with
+# SANDBOXD_VM_KERNEL=candidate: the version apt would install), unpacked
+# once into the cache (a later run reads only the cache). The newest by
+# default because user namespaces (Options.UserNS) need Linux >= 6.3 on a
+# tmpfs Root: Debian 12's own 6.1 fails TestConformanceUserNS and friends.
+case ${SANDBOXD_VM_KERNEL:-newest} in
+newest) meta=$(apt-cache madison linux-image-amd64 2>/dev/null | awk '{print $3}' | sort -V | tail -1) ;;
+candidate) meta=$(apt-cache policy linux-image-amd64 2>/dev/null | awk '$1 == "Candidate:" {print $2}') ;;
+*) say "SANDBOXD_VM_KERNEL must be newest or candidate"; exit 1 ;;
+esac
+kpkg=
+if [[ -n "$meta" && "$meta" != "(none)" ]]; then
+  kpkg=$(apt-cache depends "linux-image-amd64=$meta" 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+fi
+if [[ -z "$kpkg" ]]; then
+  # No package index (offline): use the newest kernel already cached.
+  kpkg=$(ls -1d "$cache"/linux-image-*/.done 2>/dev/null | sort -V | tail -1 | xargs -r dirname | xargs -r basename)
+fi
+[[ -n "$kpkg" ]] || { say "no linux-image-amd64 in the apt sources and no cached kernel"; exit 1; }
+kver=${kpkg#linux-image-}
+kdir=$cache/$kpkg
+if [[ ! -e $kdir/.done ]]; then
+  say "fetching $kpkg"
+  mkdir -p "$cache"
+  dl=$(mktemp -d "$cache/dl.XXXXXX")
+  trap 'rm -rf "$dl"' EXIT
+  chown _apt "$dl" 2>/dev/null || true # apt-get download drops to _apt
+  # The image package's newest version: the one the chosen linux-image-amd64
+  # names (a package name carries its ABI, so versions of one name differ
+  # only by Debian revision).
+  kpkgver=$(apt-cache madison "$kpkg" | awk '{print $3}' | sort -V | tail -1)
+  (cd "$dl" && apt-get download "$kpkg=$kpkgver" >/dev/null)
+  rm -rf "$kdir"
+  dpkg-deb -x "$dl"/*.deb "$kdir"
+  depmod -b "$kdir" "$kver"
+  rm -rf "$dl"
+  trap - EXIT
+  touch "$kdir/.done"
+fi
+kmods=$kdir/lib/modules/$kver
+
+work=$(mktemp -d "$cache/run.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# What the guest runs, built here: the guest sees $work through the shared
+# root.
+say "building the runtime/local test binary and envd"
+(cd "$repo" &&
+  CGO_ENABLED=1 go test -c -tags seccomp -o "$work/local.test" ./runtime/local/ &&
+  CGO_ENABLED=0 go build -trimpath -o "$work/envd" ./cmd/envd)
+
+# The initramfs: busybox, the modules that reach the shared root (virtio-pci,
+# 9p, overlay) and an init that mounts it. Everything else (veth, nftables)
+# the guest's kernel loads on demand from $kmods, bound at /lib/modules.
+ir=$work/initramfs
+mkdir -p "$ir"/{bin,dev,proc,sys,mnt/lower,mnt/rw,newroot,modules}
+cp /bin/busybox "$ir/bin/busybox"
+ln -s busybox "$ir/bin/sh"
+: >"$ir/modules.list"
+for m in virtio_pci 9pnet_virtio 9p overlay; do
+  modprobe -d "$kdir" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" {print $2}'
+done | awk '!seen[$0]++' | while read -r ko; do
+  cp "$ko" "$ir/modules/"
+  echo "/modules/$(basename "$ko")" >>"$ir/modules.list"
+done
+
+cat >"$ir/vm.env" <<EOF
+KVER='$kver'
+KMODS='$kmods'
+WORK='$work'
+PKGDIR='$repo/runtime/local'
+RUN_PATTERN='$run_pattern'
+EXTRA_ARGS='$extra_args'
+TIMEOUT='$((timeout_s - 30))s'
+EOF
+
+cat >"$ir/init" <<'EOF'
+#!/bin/sh
+# Stage 1 (busybox, in the initramfs): the host's root read-only over 9p,
+# a tmpfs overlay on it, cgroup2 alone at /sys/fs/cgroup.
+export PATH=/bin
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+fail() { echo "SANDBOXD-VM: stage 1: $*"; echo "SANDBOXD-VM-RESULT 99"; poweroff -f; }
+. /vm.env
+for ko in $(cat /modules.list); do insmod "$ko" || fail "insmod $ko"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,access=any hostroot /mnt/lower || fail "mount 9p"
+mount -t tmpfs -o mode=0755 rw /mnt/rw
+mkdir -p /mnt/rw/upper /mnt/rw/work
+mount -t overlay -o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work overlay /newroot || fail "mount overlay"
+r=/newroot
+mount -t proc proc $r/proc
+mount -t sysfs sysfs $r/sys
+mount -t devtmpfs devtmpfs $r/dev
+mkdir -p $r/dev/pts $r/dev/shm $r/dev/mqueue
+mount -t devpts -o newinstance,ptmxmode=0666 devpts $r/dev/pts
+mount -t tmpfs -o mode=1777 shm $r/dev/shm
+mount -t mqueue mqueue $r/dev/mqueue
+mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
+for d in run tmp var/tmp; do mount -t tmpfs -o mode=0755 tmpfs $r/$d; done
+chmod 1777 $r/tmp $r/var/tmp
+mkdir -p $r/lib/modules/$KVER $r/run/sandboxd-vm
+mount --bind $r$KMODS $r/lib/modules/$KVER
+cp /vm.env /stage2 $r/run/sandboxd-vm/
+cp /bin/busybox $r/run/sandboxd-vm/busybox
+exec switch_root $r /run/sandboxd-vm/busybox sh /run/sandboxd-vm/stage2
+EOF
+
+cat >"$ir/stage2" <<'EOF'
+# Stage 2, in the shared root: the host's tools, this guest's kernel.
+export PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+bb=/run/sandboxd-vm/busybox
+. /run/sandboxd-vm/vm.env
+echo "SANDBOXD-VM: kernel $(uname -r); cgroup mounts: $(awk '$3 ~ /^cgroup/ {printf "%s %s; ", $2, $3}' /proc/mounts)"
+# The root cgroup's controllers, delegated to children (libcontainer
+# enables them further down as it creates the sandboxes' cgroups).
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+  echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "SANDBOXD-VM: cannot enable $c"
+done
+echo "SANDBOXD-VM: subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+ip link set lo up
+cd "$PKGDIR"
+set -- -test.v -test.timeout "$TIMEOUT"
+[ -n "$RUN_PATTERN" ] && set -- "$@" -test.run "$RUN_PATTERN"
+set -- "$@" $EXTRA_ARGS
+SANDBOXD_ENVD=$WORK/envd "$WORK/local.test" "$@" 2>&1
+rc=$?
+echo "SANDBOXD-VM-RESULT $rc"
+sync
+$bb poweroff -f
+EOF
+
+chmod +x "$ir/init"
+(cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$work/initramfs.gz"
+
+cmdline="console=ttyS0 panic=-1 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 rdinit=/init"
+if [[ "${SANDBOXD_VM_DEBUG:-}" != 1 ]]; then cmdline+=" quiet loglevel=1"; fi
+
+# KVM where /dev/kvm exists and the CPU has VMX/SVM. This machine's
+# /dev/kvm is PVM (kvm_pvm, nested_pvm=1: a Firecracker guest without VMX):
+# it runs only guest kernels built for PVM, and a stock kernel hangs right
+# after its boot stub ("Probing EDD ... ok", then nothing). Elsewhere qemu
+# emulates the CPU (TCG): slower, the same kernel and cgroup code.
+accel=${SANDBOXD_VM_ACCEL:-}
+if [[ -z "$accel" ]]; then
+  if [[ -c /dev/kvm ]] && grep -qwE 'vmx|svm' /proc/cpuinfo; then accel=kvm; else accel=tcg; fi
+fi
+case $accel in
+kvm) accel_args=(-enable-kvm -cpu host) ;;
+tcg)
+  why="the CPU has no VMX/SVM"
+  [[ -c /dev/kvm ]] || why="no /dev/kvm"
+  [[ -d /sys/module/kvm_pvm ]] && why="/dev/kvm is PVM (kvm_pvm), which boots only PVM-built guest kernels"
+  say "$why: emulating the guest's CPU (TCG, much slower than KVM)"
+  accel_args=(-accel tcg,thread=multi -cpu max)
+  ;;
+*) say "SANDBOXD_VM_ACCEL must be kvm or tcg"; exit 1 ;;
+esac
+
+log=$work/console.log
+say "booting $kpkg ($accel, $cpus vCPUs, $mem, timeout ${timeout_s}s)"
+start=$(date +%s)
+# -nic none: no network device at all. -no-reboot: a panic ends qemu too.
+timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
+  "${accel_args[@]}" -machine q35 -smp "$cpus" -m "$mem" \
+  -kernel "$kdir/boot/vmlinuz-$kver" -initrd "$work/initramfs.gz" -append "$cmdline" \
+  -virtfs "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap" \
+  -nic none -display none -monitor none -serial stdio -no-reboot \
+  </dev/null 2>"$work/qemu.err" | sed -u 's/\r$//' | tee "$log" || true
+took=$(($(date +%s) - start))
+
+if [[ -s "$work/qemu.err" ]]; then say "qemu said:"; sed 's/^/  /' "$work/qemu.err" >&2; fi
+echo
+echo "=== cgroup2-vm summary ($kpkg, ${took}s) ==="
+grep -E '^(--- (PASS|FAIL|SKIP): [^ ]+ |PASS$|FAIL$|panic: )' "$log" | grep -v '^    ' || true
+rc=$(sed -n 's/^SANDBOXD-VM-RESULT \([0-9]*\)$/\1/p' "$log" | tail -1)
+if [[ -z "$rc" ]]; then
+  say "FAIL: the guest reported no result (boot failure or timeout after ${took}s; SANDBOXD_VM_DEBUG=1 shows the kernel's messages)"
+  exit 1
+fi
+if [[ "$rc" != 0 ]]; then say "FAIL: tests exited $rc"; exit "$rc"; fi
+say "ok: runtime/local's tests passed on a pure cgroup v2 kernel in ${took}s"
