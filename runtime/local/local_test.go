@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+	"golang.org/x/sys/unix"
 )
 
 // envdBin is the envd binary the tests' sandboxes run: $SANDBOXD_ENVD, or
@@ -135,10 +136,27 @@ func (e testEnv) open(t testing.TB) *local.Backend {
 func (e testEnv) openMode(t testing.TB, m local.UserNSMode) *local.Backend {
 	t.Helper()
 	b, err := local.New(context.Background(), e.modeOptions(t, m))
+	if err != nil && m == local.UserNSOn && errors.Is(err, runtime.ErrUnavailable) && !kernelAtLeast(6, 3) {
+		// Documented floor (DEPS.md): the idmapped tmpfs Root needs 6.3.
+		t.Skipf("user namespaces need Linux 6.3+ with Root on tmpfs: %v", err)
+	}
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
 	return b
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or newer.
+func kernelAtLeast(major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 // userNSModes are the modes the suites run in: without and with user
