@@ -42,6 +42,7 @@ func run() int {
 	if *initMode {
 		// Before anything can fork: see package pid1.
 		pid1.Reap()
+		go pid1.SpareThreads(4) // off the start-up path: envd listens meanwhile
 		if err := pid1.LoopbackUp(); err != nil {
 			fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 		}

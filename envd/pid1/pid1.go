@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -76,6 +77,35 @@ func Reap() {
 			reapOrphans()
 		}
 	}()
+}
+
+// SpareThreads leaves n more OS threads idle in the Go runtime's pool, for
+// good: the runtime never ends an idle thread.
+//
+// As a sandbox's PID 1, envd shares the sandbox's pids.max with its
+// commands, and every thread is a pid. Once a fork bomb holds them all, a
+// Go program that needs one more thread (a syscall that blocks long enough
+// for its P to be handed to another thread) dies with "fatal error:
+// newosproc", and PID 1 takes the sandbox with it. Seen in a slow VM with 8
+// threads. Idle threads are taken before new ones are made, so with some
+// to spare envd keeps serving until the bomb ends. Each costs a kernel task
+// and a 16 KiB stack.
+func SpareThreads(n int) {
+	var locked, release sync.WaitGroup
+	release.Add(1)
+	for range n {
+		locked.Add(1)
+		go func() {
+			// A locked goroutine that parks keeps its thread, so the
+			// others each need one of their own.
+			goruntime.LockOSThread()
+			locked.Done()
+			release.Wait()
+			goruntime.UnlockOSThread() // the thread goes back to the pool
+		}()
+	}
+	locked.Wait()
+	release.Done()
 }
 
 func reapOrphans() {

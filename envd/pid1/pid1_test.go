@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +20,9 @@ const helperEnv = "PID1_TEST_HELPER"
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		os.Exit(helper())
+	}
+	if n, err := strconv.Atoi(os.Getenv(spareEnv)); err == nil {
+		os.Exit(spareHelper(n))
 	}
 	os.Exit(m.Run())
 }
@@ -151,4 +156,45 @@ func TestExitedChild(t *testing.T) {
 	if pid, err := exitedChild(); !errors.Is(err, unix.ECHILD) || pid != 0 {
 		t.Fatalf("exitedChild with no child = %d, %v; want 0, ECHILD", pid, err)
 	}
+}
+
+// TestSpareThreads: in a fresh process (a test binary's threads, once
+// made, stay idle for every later test), the threads stay after the call.
+func TestSpareThreads(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), spareEnv+"=24")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	var before, after int
+	if _, err := fmt.Sscanf(string(out), "%d %d", &before, &after); err != nil {
+		t.Fatalf("helper printed %q: %v", out, err)
+	}
+	// 24 goroutines held 24 threads at once, beside the one that waited
+	// for them; an idle thread the process had may have been one of them.
+	if after < 24+1 || after <= before {
+		t.Fatalf("threads: %d before, %d after SpareThreads(24)", before, after)
+	}
+}
+
+const spareEnv = "PID1_TEST_SPARE"
+
+func spareHelper(n int) int {
+	before := threadCount()
+	SpareThreads(n)
+	time.Sleep(50 * time.Millisecond) // the goroutines unlock and end
+	fmt.Println(before, threadCount())
+	return 0
+}
+
+func threadCount() int {
+	raw, _ := os.ReadFile("/proc/self/status")
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return -1
 }
