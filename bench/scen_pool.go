@@ -301,6 +301,8 @@ func warmBurstOnce(ctx context.Context, b *Bench, variant, flag string) error {
 			mu.Lock()
 			took[sb.ID] = time.Since(t0)
 			mu.Unlock()
+		} else {
+			b.logf("burst create: %v", err)
 		}
 		return err
 	})

@@ -259,6 +259,14 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	// No session keyring per sandbox where seccomp denies the keyring
+	// syscalls anyway (keyctl, add_key, request_key): nothing inside could
+	// use it, and each one counts against its owner's key quota. With user
+	// namespaces that owner is the one mapped root of every sandbox, a
+	// plain user with kernel.keys.maxkeys = 200 keys: creates failed from
+	// about the 200th live sandbox on ("unable to create session key: disk
+	// quota exceeded"). The inherited keyring is out of reach the same way.
+	cfg.NoNewKeyring = b.seccomp
 	ctr, err := libcontainer.Create(filepath.Join(dir, "ctr"), spec.ID, cfg)
 	if err != nil {
 		return fmt.Errorf("container: %w", err)

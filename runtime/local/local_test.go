@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -1374,4 +1375,47 @@ func TestCloseCgroupParent(t *testing.T) {
 	if left := parents(); len(left) != 0 {
 		t.Errorf("Close with no sandbox left the cgroup parent: %v", left)
 	}
+}
+
+// TestNoKeyringPerSandbox: a sandbox gets no session keyring of its own
+// (seccomp denies the keyring calls inside, so it could not use one).
+// Each would count against its owner's key quota: with user namespaces the
+// one mapped root of every sandbox, a plain user allowed 200 keys, so
+// creates failed from about the 200th live sandbox on.
+func TestNoKeyringPerSandbox(t *testing.T) {
+	env := newEnv(t)
+	b := env.openMode(t, local.UserNSOn)
+	if !b.SeccompEnabled() {
+		t.Skip("built without -tags seccomp: each sandbox gets a session keyring")
+	}
+	const owner = 1_000_000_000 // the sandboxes' root on the host
+	before := keysOwnedBy(t, owner)
+	for range 3 {
+		id := mustCreate(t, b, runtime.Spec{})
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	}
+	if after := keysOwnedBy(t, owner); after > before {
+		t.Errorf("keys owned by uid %d: %d before 3 creates, %d after; want no new ones", owner, before, after)
+	}
+}
+
+// keysOwnedBy reads uid's quota-counted keys from /proc/key-users
+// ("uid: usage nkeys/nikeys qnkeys/maxkeys qnbytes/maxbytes").
+func keysOwnedBy(t *testing.T, uid int) int {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/key-users")
+	if err != nil {
+		t.Skipf("no /proc/key-users: %v", err)
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == strconv.Itoa(uid)+":" {
+			n, err := strconv.Atoi(strings.Split(f[3], "/")[0])
+			if err != nil {
+				t.Fatalf("/proc/key-users: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
