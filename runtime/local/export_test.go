@@ -9,3 +9,6 @@ func HostInterface(id string) string {
 // CgroupRoots is cgroupRoots, for tests: where a cgroup path lives on this
 // host's layout.
 func CgroupRoots() []string { return cgroupRoots() }
+
+// StateFSSource is the source name of the tmpfs for state directories.
+const StateFSSource = stateFSSource

@@ -366,6 +366,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := b.adopt(ctx); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	// Last, so that no error above leaves the mount behind.
+	if err := mountStateFS(b.sandboxesDir()); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
 	return b, nil
 }
 
@@ -398,14 +402,17 @@ func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "san
 
 // Close waits for the veths of destroyed sandboxes to go (releaseNet), then
 // releases what the backend holds outside its sandboxes when no sandbox is
-// left to need it: the idmapped template views (releaseViews) and its cgroup
-// parent (a sandboxd whose sandboxes were
+// left to need it: the idmapped template views (releaseViews), the state
+// tmpfs (mountStateFS) and its cgroup parent (a sandboxd whose sandboxes were
 // all destroyed would otherwise leave an empty parent per run dir in every
 // hierarchy). Sandboxes still alive keep it, for the next sandboxd to adopt.
 // The backend is not used after Close.
 func (b *Backend) Close() error {
 	b.releasing.Wait()
 	b.releaseViews()
+	if err := unmountStateFS(b.sandboxesDir()); err != nil {
+		b.log.Warn("local backend: close", "err", err)
+	}
 	if b.opts.CgroupParent != "/" {
 		removeEmptyCgroup(b.opts.CgroupParent)
 	}

@@ -942,9 +942,15 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for line := range strings.SplitSeq(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
-			out = append(out, f[4])
+		f := strings.Fields(line)
+		if len(f) <= 4 || !strings.HasPrefix(f[4], dir) {
+			continue
 		}
+		// The backend's own tmpfs for state directories is no sandbox's.
+		if _, after, ok := strings.Cut(line, " - "); ok && len(strings.Fields(after)) > 1 && strings.Fields(after)[1] == local.StateFSSource {
+			continue
+		}
+		out = append(out, f[4])
 	}
 	return out
 }
@@ -1181,6 +1187,7 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 				t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
 			}
 			views, _ := filepath.Glob(filepath.Join(env.root, "templates-idmapped*"))
+			views = append(views, filepath.Join(env.root, "sandboxes")) // the state tmpfs
 			for _, v := range views {
 				_ = syscall.Unmount(v, syscall.MNT_DETACH)
 			}

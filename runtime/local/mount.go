@@ -177,3 +177,61 @@ func dirUsage(dir string) (used, total uint64, err error) {
 	bs := uint64(st.Bsize)
 	return (st.Blocks - st.Bfree) * bs, st.Blocks * bs, nil
 }
+
+// stateFSSource names the tmpfs that mountStateFS puts at <Root>/sandboxes.
+const stateFSSource = "sandboxd-state"
+
+// mountStateFS puts the sandboxes' state directories (meta, libcontainer
+// state, socket directory, mount points) on a tmpfs of their own when dir,
+// <Root>/sandboxes, is on a disk filesystem, as /run is on some hosts (these
+// machines among them). Every create makes and every destroy removes a
+// dozen inodes there, and on ext4 that cost 4-5 ms of CPU per create in a
+// burst (inode allocation scanning for recently deleted inodes), 15% of the
+// whole. The state is worth nothing after a reboot anyway: the sandboxes
+// are gone; those paused to disk keep theirs in SaveDir. A dir that holds
+// sandboxes already (an earlier process's, on the disk) is left alone:
+// mounting over it would hide them.
+func mountStateFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type == unix.TMPFS_MAGIC {
+		return nil // in memory already: ours from an earlier process, or /run's
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	if len(ents) > 0 {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	// Small files only: each sandbox's writable layer and envd's log are on
+	// the sandbox's own tmpfs, mounted below. The mode is the directory's
+	// (0711 with user namespaces: their root must get through it).
+	opts := fmt.Sprintf("mode=%o,size=256m", fi.Mode().Perm())
+	if err := unix.Mount(stateFSSource, dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount state tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmountStateFS unmounts mountStateFS's tmpfs at dir if no sandbox is left
+// in it, so that a clean stop leaves no mount behind.
+func unmountStateFS(dir string) error {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir))
+	if err != nil || len(ms) == 0 || ms[len(ms)-1].Source != stateFSSource {
+		return err
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
+		return err
+	}
+	if err := unix.Unmount(dir, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("unmount state tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}

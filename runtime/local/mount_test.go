@@ -97,3 +97,64 @@ func mustMount(t *testing.T, src, dst, fstype string, flags uintptr, data string
 		}
 	})
 }
+
+// TestStateFS: an empty state directory on a disk gets the tmpfs, one that
+// holds sandboxes does not (mounting over them would hide them), and the
+// tmpfs goes at Close only once it is empty.
+func TestStateFS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts: needs root")
+	}
+	isTmpfs := func(dir string) bool {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Type == unix.TMPFS_MAGIC
+	}
+	base := t.TempDir()
+	if isTmpfs(base) {
+		t.Skip("the test directory is on tmpfs already")
+	}
+	busy := filepath.Join(base, "busy")
+	mkdirs(t, busy, "sandbox1")
+	if err := mountStateFS(busy); err != nil {
+		t.Fatal(err)
+	}
+	if isTmpfs(busy) {
+		_ = unix.Unmount(busy, unix.MNT_DETACH)
+		t.Fatal("mounted over a directory that holds a sandbox")
+	}
+
+	dir := filepath.Join(base, "sandboxes")
+	mkdirs(t, dir)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountStateFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if !isTmpfs(dir) {
+		t.Fatal("no tmpfs at an empty state directory on a disk")
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Fatalf("tmpfs root mode = %v, %v; want the directory's 0711", fi.Mode(), err)
+	}
+	if err := mountStateFS(dir); err != nil { // an earlier process's: kept
+		t.Fatal(err)
+	}
+	mkdirs(t, dir, "sandbox2")
+	if err := unmountStateFS(dir); err != nil || !isTmpfs(dir) {
+		t.Fatalf("unmountStateFS with a sandbox in it: %v, tmpfs %v; want it kept", err, isTmpfs(dir))
+	}
+	if err := os.Remove(filepath.Join(dir, "sandbox2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unmountStateFS(dir); err != nil || isTmpfs(dir) {
+		t.Fatalf("unmountStateFS when empty: %v, tmpfs %v; want it gone", err, isTmpfs(dir))
+	}
+	if left, _ := mountsFromMountinfo(dir); len(left) > 0 {
+		t.Fatalf("mounts left: %q", left)
+	}
+}
