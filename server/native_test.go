@@ -115,6 +115,9 @@ func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 			for _, s := range l {
 				_ = be.Destroy(context.Background(), s.ID)
 			}
+			if err := be.Close(); err != nil { // its mounts go
+				t.Errorf("local backend Close: %v", err)
+			}
 			_ = os.RemoveAll(root)
 			hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 			for _, h := range hier {

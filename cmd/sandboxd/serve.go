@@ -104,6 +104,17 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Sandboxes outlive a sandboxd restart: they are re-adopted at the next
+	// start, and the sweeper then enforces their end times. What the
+	// backend holds besides them goes, on any return from here (the local
+	// backend's empty cgroup parent and state tmpfs).
+	if c, ok := be.(io.Closer); ok {
+		defer func() {
+			if cerr := c.Close(); cerr != nil {
+				log.Warn("close the backend", "err", cerr)
+			}
+		}()
+	}
 	if w, ok := be.(interface{ WaitDeletes(context.Context) error }); ok {
 		// Incus deletes in the background; let them finish on shutdown.
 		defer func() {
@@ -199,15 +210,6 @@ func serve(args []string) error {
 	stopPools()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
-	}
-	// Sandboxes outlive a sandboxd restart: they are re-adopted at the next
-	// start, and the sweeper then enforces their end times. What the
-	// backend holds besides them goes (the local backend's empty cgroup
-	// parent).
-	if c, ok := be.(io.Closer); ok {
-		if cerr := c.Close(); cerr != nil {
-			log.Warn("close the backend", "err", cerr)
-		}
 	}
 	log.Info("sandboxd stopped")
 	return err
