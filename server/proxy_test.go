@@ -670,13 +670,28 @@ func TestProxyMetrics(t *testing.T) {
 	proxyDo(t, nil, proxyReq(t, "GET", env.srv.URL+"/health", nil, proxyEnvdHeaders("sbx1")))
 	proxyDo(t, nil, proxyReq(t, "GET", env.srv.URL+"/health", nil, proxyEnvdHeaders("nope")))
 	proxyDo(t, nil, proxyReq(t, "GET", env.srv.URL+"/health", nil, map[string]string{headerSandboxID: "sbx1"}))
-	got := scrapeMetrics(t, env.m)
-	for series, want := range map[string]float64{
+	wants := map[string]float64{
 		`sandboxd_proxy_requests_total{code="204",port_class="envd"}`: 1,
 		`sandboxd_proxy_requests_total{code="502",port_class="envd"}`: 1,
 		`sandboxd_proxy_requests_total{code="400",port_class="none"}`: 1,
 		`sandboxd_proxy_open_streams`:                                 0,
-	} {
+	}
+	// The proxy counts a request when its handler returns, which can be
+	// just after the client has read the whole response.
+	var got map[string]float64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		got = scrapeMetrics(t, env.m)
+		missing := false
+		for series, want := range wants {
+			if v, ok := got[series]; !ok || v != want {
+				missing = true
+			}
+		}
+		if !missing || time.Now().After(deadline) {
+			break
+		}
+	}
+	for series, want := range wants {
 		if v, ok := got[series]; !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
 		}
