@@ -478,9 +478,6 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
 	if spec.AllowInternet {
-		if err := egress.HaveNft(); err != nil {
-			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
-		}
 		if err := b.egress.Setup(); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}

@@ -36,6 +36,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -97,6 +98,7 @@ type Egress struct {
 
 	once    sync.Once
 	initErr error
+	ready   atomic.Bool // Setup succeeded
 }
 
 // New checks subnet: IPv4, /28 or larger. Its first address is every
@@ -117,8 +119,15 @@ func (e *Egress) Gateway() netip.Addr { return e.gateway }
 
 // Setup enables forwarding and installs the nftables table, once per
 // process. The table is replaced whole, so a changed ruleset takes effect
-// and repeated runs do not stack rules.
+// and repeated runs do not stack rules. Until it has run, a missing nft is
+// ErrNoNft, not remembered: installing nftables later is enough.
 func (e *Egress) Setup() error {
+	if e.ready.Load() {
+		return nil
+	}
+	if err := HaveNft(); err != nil {
+		return err
+	}
 	e.once.Do(func() {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			e.initErr = fmt.Errorf("enable ip_forward: %w", err)
@@ -129,7 +138,9 @@ func (e *Egress) Setup() error {
 		cmd.Stdin = strings.NewReader(script)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			e.initErr = fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+			return
 		}
+		e.ready.Store(true)
 	})
 	return e.initErr
 }

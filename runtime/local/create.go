@@ -58,9 +58,6 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS},
 	}
 	if spec.AllowInternet {
-		if err := haveNft(); err != nil {
-			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
-		}
 		if err := b.egress.setup(); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}

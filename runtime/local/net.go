@@ -46,5 +46,3 @@ func linkExists(name string) bool {
 }
 
 func resolvConf() []byte { return egresspkg.ResolvConf() }
-
-func haveNft() error { return egresspkg.HaveNft() }

@@ -372,9 +372,6 @@ func (b *Backend) releaseStopped(s *sandbox) error {
 // meant for a start.
 func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 	if s.meta.Net != nil {
-		if err := haveNft(); err != nil {
-			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
-		}
 		if err := b.egress.setup(); err != nil {
 			return fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
 		}
