@@ -858,10 +858,7 @@ func TestPauseToDisk(t *testing.T) {
 	e := newE2EEnv(t, "alice")
 	s1 := e.start()
 	key := e.keys["alice"]
-	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
-		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
-	})
-	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	id, tok := e.createKept(t, key)
 	content := []byte("survives a pause to disk " + e2eRandHex(8))
 	s1.writeFile(t, id, tok, "/home/user/disk.txt", content)
 	s1.mustRun(t, id, tok, "sleep 3600 >/dev/null 2>&1 </dev/null & echo $! >/tmp/sleep.pid")
@@ -1236,10 +1233,7 @@ func TestPauseToDiskReboot(t *testing.T) {
 	e := newE2EEnv(t, "alice")
 	s1 := e.start()
 	key := e.keys["alice"]
-	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
-		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
-	})
-	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	id, tok := e.createKept(t, key)
 	content := []byte("survives a reboot " + e2eRandHex(8))
 	s1.writeFile(t, id, tok, "/home/user/reboot.txt", content)
 	wantEnv := s1.mustRun(t, id, tok, `echo "$SBX_KEPT"`).stdout

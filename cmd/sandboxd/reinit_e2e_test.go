@@ -18,10 +18,7 @@ func TestReconcileReinitsUnsettled(t *testing.T) {
 	e := newE2EEnv(t, "alice")
 	s1 := e.start()
 	key := e.keys["alice"]
-	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
-		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
-	})
-	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	id, tok := e.createKept(t, key)
 	want := s1.mustRun(t, id, tok, `echo "$SBX_KEPT $(id -un)"`).stdout
 	if err := s1.stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -920,6 +920,17 @@ func wantDetailBody(t *testing.T, what string, raw []byte) e2eDetail {
 // tracks it for the env's cleanup. Sandboxes get no internet access unless
 // the body says otherwise: the tests need only loopback, and this keeps the
 // host's network (veths, nftables) untouched.
+// createKept creates a sandbox with a 10-minute timeout and the env var
+// SBX_KEPT set, for the tests of what a restart of its envd must keep; it
+// returns the sandbox's id and envd access token.
+func (e *e2eEnv) createKept(t *testing.T, key string) (id, tok string) {
+	t.Helper()
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
+		"timeout": 600, "envVars": map[string]string{"SBX_KEPT": "kept " + e2eRandHex(4)},
+	})
+	return sb.SandboxID, *sb.EnvdAccessToken
+}
+
 func (e *e2eEnv) create(t *testing.T, path, key string, body map[string]any) (e2eSandbox, e2eResponse) {
 	t.Helper()
 	if body == nil {

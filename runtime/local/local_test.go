@@ -962,15 +962,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 func TestPauseToDiskFails(t *testing.T) {
 	env := newEnv(t)
 	opts := env.options(t)
-	opts.SaveDir = filepath.Join(t.TempDir(), "save")
-	opts.SaveReserveMB = 1
-	if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", syscall.MS_RDONLY, "size=64m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
+	saveOnTmpfs(t, &opts, syscall.MS_RDONLY, "size=64m")
 	b, err := local.New(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -1011,15 +1003,7 @@ func TestPauseToDiskNoRoom(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			env := newEnv(t)
 			opts := env.options(t)
-			opts.SaveDir = filepath.Join(t.TempDir(), "save")
-			opts.SaveReserveMB = 1
-			if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", 0, tc.mountOpts); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
+			saveOnTmpfs(t, &opts, 0, tc.mountOpts)
 			b, err := local.New(t.Context(), opts)
 			if err != nil {
 				t.Fatal(err)
@@ -1425,4 +1409,19 @@ func keysOwnedBy(t *testing.T, uid int) int {
 		}
 	}
 	return 0
+}
+
+// saveOnTmpfs points opts' SaveDir at a fresh tmpfs mounted with flags and
+// data, with a reserve of 1 MiB: a SaveDir whose room a test controls.
+func saveOnTmpfs(t *testing.T, opts *local.Options, flags uintptr, data string) {
+	t.Helper()
+	opts.SaveDir = filepath.Join(t.TempDir(), "save")
+	opts.SaveReserveMB = 1
+	if err := os.Mkdir(opts.SaveDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", opts.SaveDir, "tmpfs", flags, data); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
 }
