@@ -364,10 +364,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	b.log.Info("local backend: user namespaces", "mode", opts.UserNS.String(), "in_effect", b.userNS)
 	if err := b.adopt(ctx); err != nil {
+		b.releaseViews() // the probe's views, unless a sandbox is there to use them
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	// Last, so that no error above leaves the mount behind.
 	if err := mountStateFS(b.sandboxesDir()); err != nil {
+		b.releaseViews()
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	return b, nil

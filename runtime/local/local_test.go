@@ -1425,3 +1425,28 @@ func saveOnTmpfs(t *testing.T, opts *local.Options, flags uintptr, data string) 
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(opts.SaveDir, syscall.MNT_DETACH) })
 }
+
+// TestNewFailureReleasesViews: a New that fails after its user-namespace
+// probe has mounted the idmapped template views detaches them, when no
+// sandbox is there to use them. The failure here is a cancelled adopt,
+// reached through a sandbox dir in SaveDir (as after a reboot, when only
+// SaveDir knows a sandbox paused to disk).
+func TestNewFailureReleasesViews(t *testing.T) {
+	env := newEnv(t)
+	env.openMode(t, local.UserNSOn).Close() // skips where user namespaces cannot work
+	opts := env.modeOptions(t, local.UserNSOn)
+	if err := os.Mkdir(filepath.Join(env.root, "saved", runtimetest.NewID()), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := local.New(ctx, opts); !errors.Is(err, context.Canceled) {
+		t.Fatalf("New with a cancelled adopt = %v, want context.Canceled", err)
+	}
+	if views, _ := filepath.Glob(filepath.Join(env.root, "templates-idmapped*")); len(views) > 0 {
+		t.Errorf("the failed New left the idmapped views %v", views)
+	}
+	if ms := mountsUnder(t, env.root); len(ms) > 0 {
+		t.Errorf("the failed New left mounts %v", ms)
+	}
+}
