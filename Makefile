@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build envd sandboxd generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 vet fmt bench clean
+.PHONY: all build envd sandboxd generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
 
 all: build
 
@@ -30,7 +30,7 @@ run: build
 run-envd: envd
 	./scripts/run-envd.sh
 
-test: build test-go test-cgroup2 test-compat test-compat-latest test-compat-incus
+test: build test-go test-cgroup2 test-cgroup1 test-compat test-compat-latest test-compat-incus
 
 test-go:
 	$(GO) test -race -tags seccomp -count=1 ./...
@@ -54,12 +54,16 @@ test-compat-incus: build
 		if [[ "$${CI:-}" == true ]]; then echo "!!! CI=true: failing" >&2; exit 1; fi; \
 	fi
 
-# runtime/local's tests in a VM that mounts only cgroup v2 (this machine is
-# hybrid): a Debian kernel from apt, the host's root read-only over 9p, no
-# network device. Emulated (TCG) where /dev/kvm cannot boot a stock kernel,
-# as on our 2-core machines: 4-8 minutes there. See scripts/cgroup2-vm.sh.
+# runtime/local's tests in a VM that mounts only cgroup v2, or only v1 (this
+# machine is hybrid): a Debian kernel from apt, the host's root read-only
+# over 9p, no network device. Emulated (TCG) where /dev/kvm cannot boot a
+# stock kernel, as on our 2-core machines: 4-8 minutes each there. See
+# scripts/cgroup-vm.sh.
 test-cgroup2:
-	./scripts/cgroup2-vm.sh
+	./scripts/cgroup-vm.sh v2
+
+test-cgroup1:
+	./scripts/cgroup-vm.sh v1
 
 vet:
 	$(GO) vet ./...

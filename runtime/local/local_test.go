@@ -137,14 +137,20 @@ func (e testEnv) open(t testing.TB) *local.Backend {
 func (e testEnv) openMode(t testing.TB, m local.UserNSMode) *local.Backend {
 	t.Helper()
 	b, err := local.New(context.Background(), e.modeOptions(t, m))
-	if err != nil && m == local.UserNSOn && errors.Is(err, runtime.ErrUnavailable) && !kernelAtLeast(6, 3) {
-		// Documented floor (DEPS.md): the idmapped tmpfs Root needs 6.3.
-		t.Skipf("user namespaces need Linux 6.3+ with Root on tmpfs: %v", err)
-	}
+	skipWithoutUserNS(t, m, err)
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
 	return b
+}
+
+// skipWithoutUserNS skips t when err, from a New in mode m, is the
+// documented floor (DEPS.md): an idmapped Root on tmpfs needs Linux 6.3.
+func skipWithoutUserNS(t testing.TB, m local.UserNSMode, err error) {
+	t.Helper()
+	if err != nil && m == local.UserNSOn && errors.Is(err, runtime.ErrUnavailable) && !kernelAtLeast(6, 3) {
+		t.Skipf("user namespaces need Linux 6.3+ with Root on tmpfs: %v", err)
+	}
 }
 
 // kernelAtLeast reports whether the running kernel is major.minor or newer.
@@ -413,6 +419,7 @@ func TestDirTemplate(t *testing.T) {
 				}
 				return
 			}
+			skipWithoutUserNS(t, tc.mode, err)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1149,6 +1156,7 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 			opts := env.modeOptions(t, tc.userNS)
 			opts.SaveDir = filepath.Join(t.TempDir(), "saved")
 			b1, err := local.New(t.Context(), opts)
+			skipWithoutUserNS(t, tc.userNS, err)
 			if err != nil {
 				t.Fatal(err)
 			}

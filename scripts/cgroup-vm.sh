@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# `make test-cgroup2`: run runtime/local's tests on a pure cgroup v2 host.
+# `make test-cgroup2` / `make test-cgroup1`: run runtime/local's tests on a
+# host whose cgroups are v2 only, or v1 only.
+#
+#   scripts/cgroup-vm.sh v2|v1
 #
 # This machine mounts cgroups hybrid (v1 controllers, empty cgroup2), so the
-# tests run here never see a unified-only layout. This script boots a KVM
-# guest on a Debian kernel (fetched with apt-get download, cached), with
-# cgroup_no_v1=all and only cgroup2 at /sys/fs/cgroup. The guest's root is
-# this host's root, shared read-only over virtio-9p with a tmpfs overlay on
-# top, so the guest runs the test binary built here against the host's /usr
-# (the base template) without copying anything. The guest has no network
-# device (-nic none): nothing it does leaves it.
+# tests run here never see either pure layout. This script boots a guest on a
+# Debian kernel (fetched with apt-get download, cached) and mounts only the
+# layout asked for:
+#   v2  cgroup_no_v1=all and cgroup2 alone at /sys/fs/cgroup, on the newest
+#       kernel in the apt sources;
+#   v1  each v1 hierarchy on its own directory of a tmpfs at /sys/fs/cgroup
+#       (cpu,cpuacct and net_cls,net_prio joined, and name=systemd, as
+#       systemd's legacy mode mounts them) and no cgroup2 anywhere, on apt's
+#       candidate kernel (Debian 12's 6.1): from 6.12 on, Debian's kernels
+#       have no v1 memory controller (CONFIG_MEMCG_V1 unset).
+# The guest's root is this host's root, shared read-only over virtio-9p with
+# a tmpfs overlay on top, so the guest runs the test binary built here
+# against the host's /usr (the base template) without copying anything. The
+# guest has no network device (-nic none): nothing it does leaves it.
 #
 # Output: the test binary's -test.v output on the serial console, then its
 # top-level PASS/FAIL lines. Exit status: the tests', or 1 when the guest
@@ -21,7 +31,8 @@
 #   SANDBOXD_VM_TIMEOUT  seconds before the guest is killed (default 900)
 #   SANDBOXD_VM_MEM      guest memory (default 3G); SANDBOXD_VM_CPUS (default 2)
 #   SANDBOXD_VM_CACHE    kernel cache (default /var/cache/sandboxd-vm)
-#   SANDBOXD_VM_KERNEL   newest (default) or candidate: which linux-image-amd64
+#   SANDBOXD_VM_KERNEL   newest or candidate: which linux-image-amd64 (default:
+#                        newest for v2, candidate for v1)
 #   SANDBOXD_VM_ACCEL    kvm or tcg (default: kvm where the CPU has VMX/SVM)
 #   SANDBOXD_VM_DEBUG=1  kernel messages on the console
 set -euo pipefail
@@ -32,8 +43,15 @@ mem=${SANDBOXD_VM_MEM:-3G}
 cpus=${SANDBOXD_VM_CPUS:-2}
 run_pattern=${SANDBOXD_VM_RUN:-}
 extra_args=${SANDBOXD_VM_ARGS:-}
+layout=${1:-}
 
-say() { echo "cgroup2-vm: $*" >&2; }
+say() { echo "cgroup-vm${layout:+ $layout}: $*" >&2; }
+
+case $layout in
+v2) default_kernel=newest ;;
+v1) default_kernel=candidate ;;
+*) say "usage: $0 v2|v1"; exit 2 ;;
+esac
 
 if [[ $(id -u) != 0 ]]; then
   say "needs root (apt-get, and the tests themselves)"; exit 1
@@ -58,10 +76,11 @@ fi
 # The kernel: the linux-image-*-amd64 package that linux-image-amd64 depends
 # on, in its newest version in this machine's apt sources (with
 # SANDBOXD_VM_KERNEL=candidate: the version apt would install), unpacked
-# once into the cache (a later run reads only the cache). The newest by
-# default because user namespaces (Options.UserNS) need Linux >= 6.3 on a
-# tmpfs Root: Debian 12's own 6.1 fails TestConformanceUserNS and friends.
-case ${SANDBOXD_VM_KERNEL:-newest} in
+# once into the cache (a later run reads only the cache). The newest for v2
+# because user namespaces need Linux >= 6.3 on a tmpfs Root (on Debian 12's
+# own 6.1 the user-namespace tests skip); the candidate for v1, since the
+# newest has no v1 memory controller.
+case ${SANDBOXD_VM_KERNEL:-$default_kernel} in
 newest) meta=$(apt-cache madison linux-image-amd64 2>/dev/null | awk '{print $3}' | sort -V | tail -1) ;;
 candidate) meta=$(apt-cache policy linux-image-amd64 2>/dev/null | awk '$1 == "Candidate:" {print $2}') ;;
 *) say "SANDBOXD_VM_KERNEL must be newest or candidate"; exit 1 ;;
@@ -127,6 +146,7 @@ KVER='$kver'
 KMODS='$kmods'
 WORK='$work'
 PKGDIR='$repo/runtime/local'
+LAYOUT='$layout'
 RUN_PATTERN='$run_pattern'
 EXTRA_ARGS='$extra_args'
 TIMEOUT='$((timeout_s - 30))s'
@@ -135,7 +155,7 @@ EOF
 cat >"$ir/init" <<'EOF'
 #!/bin/sh
 # Stage 1 (busybox, in the initramfs): the host's root read-only over 9p,
-# a tmpfs overlay on it, cgroup2 alone at /sys/fs/cgroup.
+# a tmpfs overlay on it, and the cgroup layout asked for.
 export PATH=/bin
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -156,7 +176,28 @@ mkdir -p $r/dev/pts $r/dev/shm $r/dev/mqueue
 mount -t devpts -o newinstance,ptmxmode=0666 devpts $r/dev/pts
 mount -t tmpfs -o mode=1777 shm $r/dev/shm
 mount -t mqueue mqueue $r/dev/mqueue
-mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
+if [ "$LAYOUT" = v2 ]; then
+  mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
+else
+  # systemd's legacy layout: one hierarchy per controller (cpu with cpuacct,
+  # net_cls with net_prio), name=systemd, and no cgroup2.
+  mount -t tmpfs -o mode=0755 cgroup $r/sys/fs/cgroup
+  for h in $(awk 'NR > 1 && $4 == 1 {print $1}' /proc/cgroups | sed 's/^cpu$/cpu,cpuacct/; /^cpuacct$/d; s/^net_cls$/net_cls,net_prio/; /^net_prio$/d'); do
+    mkdir $r/sys/fs/cgroup/$h
+    # A controller this kernel cannot mount alone is left out (the tests
+    # say what they miss); the ones sandboxes use are checked below.
+    mount -t cgroup -o $h cgroup $r/sys/fs/cgroup/$h || { echo "SANDBOXD-VM: cannot mount cgroup $h"; rmdir $r/sys/fs/cgroup/$h; }
+  done
+  ln -s cpu,cpuacct $r/sys/fs/cgroup/cpu
+  ln -s cpu,cpuacct $r/sys/fs/cgroup/cpuacct
+  ln -s net_cls,net_prio $r/sys/fs/cgroup/net_cls
+  ln -s net_cls,net_prio $r/sys/fs/cgroup/net_prio
+  mkdir $r/sys/fs/cgroup/systemd
+  mount -t cgroup -o none,name=systemd cgroup $r/sys/fs/cgroup/systemd || fail "mount cgroup name=systemd"
+  for h in cpu,cpuacct cpuset memory pids devices freezer; do
+    grep -q " /newroot/sys/fs/cgroup/$h cgroup " /proc/mounts || fail "no v1 $h hierarchy"
+  done
+fi
 for d in run tmp var/tmp; do mount -t tmpfs -o mode=0755 tmpfs $r/$d; done
 chmod 1777 $r/tmp $r/var/tmp
 mkdir -p $r/lib/modules/$KVER $r/run/sandboxd-vm
@@ -172,12 +213,18 @@ export PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 bb=/run/sandboxd-vm/busybox
 . /run/sandboxd-vm/vm.env
 echo "SANDBOXD-VM: kernel $(uname -r); cgroup mounts: $(awk '$3 ~ /^cgroup/ {printf "%s %s; ", $2, $3}' /proc/mounts)"
-# The root cgroup's controllers, delegated to children (libcontainer
-# enables them further down as it creates the sandboxes' cgroups).
-for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
-  echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "SANDBOXD-VM: cannot enable $c"
-done
-echo "SANDBOXD-VM: subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+if [ "$LAYOUT" = v2 ]; then
+  # The root cgroup's controllers, delegated to children (libcontainer
+  # enables them further down as it creates the sandboxes' cgroups).
+  for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+    echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "SANDBOXD-VM: cannot enable $c"
+  done
+  echo "SANDBOXD-VM: subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+elif grep -q cgroup2 /proc/mounts; then
+  echo "SANDBOXD-VM: a cgroup2 mount in a v1-only guest"
+  echo "SANDBOXD-VM-RESULT 98"
+  $bb poweroff -f
+fi
 ip link set lo up
 cd "$PKGDIR"
 set -- -test.v -test.timeout "$TIMEOUT"
@@ -193,7 +240,8 @@ EOF
 chmod +x "$ir/init"
 (cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$work/initramfs.gz"
 
-cmdline="console=ttyS0 panic=-1 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 rdinit=/init"
+cmdline="console=ttyS0 panic=-1 rdinit=/init"
+if [[ $layout == v2 ]]; then cmdline+=" cgroup_no_v1=all"; fi
 if [[ "${SANDBOXD_VM_DEBUG:-}" != 1 ]]; then cmdline+=" quiet loglevel=1"; fi
 
 # KVM where /dev/kvm exists and the CPU has VMX/SVM. This machine's
@@ -231,7 +279,7 @@ took=$(($(date +%s) - start))
 
 if [[ -s "$work/qemu.err" ]]; then say "qemu said:"; sed 's/^/  /' "$work/qemu.err" >&2; fi
 echo
-echo "=== cgroup2-vm summary ($kpkg, ${took}s) ==="
+echo "=== cgroup-vm $layout summary ($kpkg, ${took}s) ==="
 grep -E '^(--- (PASS|FAIL|SKIP): [^ ]+ |PASS$|FAIL$|panic: )' "$log" | grep -v '^    ' || true
 rc=$(sed -n 's/^SANDBOXD-VM-RESULT \([0-9]*\)$/\1/p' "$log" | tail -1)
 if [[ -z "$rc" ]]; then
@@ -239,4 +287,4 @@ if [[ -z "$rc" ]]; then
   exit 1
 fi
 if [[ "$rc" != 0 ]]; then say "FAIL: tests exited $rc"; exit "$rc"; fi
-say "ok: runtime/local's tests passed on a pure cgroup v2 kernel in ${took}s"
+say "ok: runtime/local's tests passed with cgroup $layout only ($kpkg) in ${took}s"
