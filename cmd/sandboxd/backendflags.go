@@ -17,11 +17,13 @@ type backendOpts struct {
 	incusImages  imageFlag
 	userNS       userNSFlag
 	pauseReserve int
+	favorDynMods bool
 }
 
 func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
 	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
+	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")

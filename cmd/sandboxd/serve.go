@@ -272,7 +272,8 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		be, err := local.New(ctx, local.Options{
 			Root: runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, UserNS: bo.userNS.mode, Log: log.With("component", "local"),
+			EgressSubnet: egressSubnet, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
+			Log: log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)

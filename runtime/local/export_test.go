@@ -12,3 +12,22 @@ func CgroupRoots() []string { return cgroupRoots() }
 
 // StateFSSource is the source name of the tmpfs for state directories.
 const StateFSSource = stateFSSource
+
+// Cgroup2Mount is the host's cgroup2 mount point, its superblock's cgroup2
+// flags and its mount options, for tests; ok is false on pure v1.
+func Cgroup2Mount() (mountpoint string, flags []string, options string, ok bool) {
+	m, err := cgroup2Mount()
+	if err != nil || m == nil {
+		return "", nil, "", false
+	}
+	return m.Mountpoint, cgroup2Flags(m), m.Options, true
+}
+
+// SetCgroup2Flags sets the cgroup2 superblock's flags, for tests.
+func SetCgroup2Flags(flags []string) error {
+	mp, _, _, ok := Cgroup2Mount()
+	if !ok {
+		return nil
+	}
+	return reconfigureCgroup2(mp, flags)
+}

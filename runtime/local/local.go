@@ -185,6 +185,11 @@ type Options struct {
 	// tmpfs, as the default /run is) and a filesystem that can be idmapped. The default, UserNSAuto, probes the host at New and
 	// uses them where it can (see UserNSMode and DEPS.md).
 	UserNS UserNSMode
+	// LeaveCgroupMount keeps New from turning on the cgroup2 mount option
+	// favordynmods, without which a sandbox start that follows no other
+	// by more than about 10 ms waits for an RCU grace period (see
+	// favorDynMods). By default New turns it on where the kernel has it.
+	LeaveCgroupMount bool
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
 	// Log receives warnings about cleanup. Default slog.Default().
@@ -318,6 +323,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		ips:       map[netip.Addr]bool{},
 		templates: map[string]*template{},
 		views:     map[string]bool{},
+	}
+	if !opts.LeaveCgroupMount {
+		if what, err := favorDynMods(); err != nil {
+			b.log.Warn("local backend: cgroup favordynmods not turned on: sandbox starts far apart wait for an RCU grace period", "err", err)
+		} else {
+			b.log.Info("local backend: cgroup favordynmods", "state", what)
+		}
 	}
 	if b.egress, err = newEgress(opts.EgressSubnet); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)

@@ -1458,3 +1458,57 @@ func TestNewFailureReleasesViews(t *testing.T) {
 		t.Errorf("the failed New left mounts %v", ms)
 	}
 }
+
+// TestFavorDynMods: New turns on the cgroup2 option favordynmods (so that a
+// create that comes alone does not wait for an RCU grace period, see
+// DEPS.md), keeping the superblock's other cgroup2 flags and the mount's own
+// options; LeaveCgroupMount leaves it off. The option is turned off first
+// where it is on, and the host's flags are put back at the end.
+func TestFavorDynMods(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	mp, orig, mountOpts, ok := local.Cgroup2Mount()
+	if !ok {
+		t.Skip("no cgroup2 mount (pure cgroup v1): there is no favordynmods to turn on")
+	}
+	without := slices.DeleteFunc(slices.Clone(orig), func(f string) bool { return f == "favordynmods" })
+	if err := local.SetCgroup2Flags(append(slices.Clone(without), "favordynmods")); errors.Is(err, unix.EINVAL) {
+		t.Skipf("this kernel has no favordynmods (Linux 6.0+): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := local.SetCgroup2Flags(orig); err != nil {
+			t.Errorf("restore %s's flags %v: %v", mp, orig, err)
+		}
+	})
+	env := newEnv(t) // after: its cleanup opens a backend, which turns the option on
+	for _, tc := range []struct {
+		leave bool
+		want  []string
+	}{
+		{leave: true, want: without},
+		{leave: false, want: append(slices.Clone(without), "favordynmods")},
+	} {
+		if err := local.SetCgroup2Flags(without); err != nil {
+			t.Fatal(err)
+		}
+		opts := env.options(t)
+		opts.LeaveCgroupMount = tc.leave
+		b, err := local.New(t.Context(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, flags, after, _ := local.Cgroup2Mount()
+		slices.Sort(flags)
+		slices.Sort(tc.want)
+		if !slices.Equal(flags, tc.want) {
+			t.Errorf("LeaveCgroupMount=%v: %s has cgroup2 flags %v, want %v", tc.leave, mp, flags, tc.want)
+		}
+		if after != mountOpts {
+			t.Errorf("LeaveCgroupMount=%v: %s's mount options went from %q to %q", tc.leave, mp, mountOpts, after)
+		}
+	}
+}
