@@ -692,7 +692,7 @@ func BenchmarkCreateDestroy(b *testing.B) {
 	for _, m := range userNSModes {
 		b.Run("userns="+m.String(), func(b *testing.B) {
 			env := newEnv(b)
-			benchCreateDestroy(b, env.modeOptions(b, m), false)
+			benchCreateDestroy(b, env, env.modeOptions(b, m), false)
 		})
 	}
 }
@@ -702,10 +702,10 @@ func BenchmarkCreateDestroy(b *testing.B) {
 // default user namespace mode.
 func BenchmarkCreateDestroyInternet(b *testing.B) {
 	env := newEnv(b)
-	benchCreateDestroy(b, env.options(b), true)
+	benchCreateDestroy(b, env, env.options(b), true)
 }
 
-func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
+func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet bool) {
 	phases := &phaseRecorder{d: map[string][]time.Duration{}}
 	opts.Log = slog.New(phases)
 	be, err := local.New(context.Background(), opts)
@@ -725,7 +725,7 @@ func benchCreateDestroy(b *testing.B, opts local.Options, internet bool) {
 	}{
 		{name: "bwrap", run: timeCommand("bwrap", "--ro-bind", "/", "/", "true")},
 		{name: "bwrap-unshare-all", run: timeCommand("bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true")},
-		{name: "libcontainer-true", run: newLibcontainerFloor(b, opts.CgroupParent+"-floor").run},
+		{name: "libcontainer-true", run: newLibcontainerFloor(b, env).run},
 		{name: "envd-alone", run: func() (time.Duration, error) { return envdAlone(b.TempDir()) }},
 	}
 	if _, err := exec.LookPath("bwrap"); err != nil {
