@@ -24,14 +24,6 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
-func init() {
-	// The main goroutine stays on the main thread, which is never ended:
-	// libcontainer joins a container's mount namespace on locked threads
-	// that the runtime ends afterwards, and the main thread must not be one
-	// of them (it would keep that namespace alive). See runtime/local.
-	runtime.LockOSThread()
-}
-
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init() // exits

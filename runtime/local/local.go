@@ -93,18 +93,6 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
-func init() {
-	// Keep the main goroutine on the main thread for the life of the
-	// process, so that no other goroutine ever runs there. libcontainer
-	// joins a sandbox's mount namespace on a locked thread while it starts
-	// the sandbox and lets the Go runtime end that thread afterwards; but
-	// the main thread is never ended, only parked, and one that joined a
-	// sandbox's mount namespace would keep it (and its tmpfs) alive after
-	// Destroy, and make /proc/self/mountinfo show the sandbox's mounts. A
-	// LockOSThread in an init function binds main to the main thread.
-	goruntime.LockOSThread()
-}
-
 // Init runs libcontainer's container init and never returns when this
 // process was started as one (os.Args[1] == "init"); otherwise it returns at
 // once. Call it first in main, and in TestMain of tests that create

@@ -23,9 +23,24 @@ package starter
 
 import (
 	"encoding/json"
+	"runtime"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 )
+
+func init() {
+	// Keep the main goroutine on the main thread for the life of the
+	// process, so that no other goroutine ever runs there, in every binary
+	// that starts containers (sandboxd and sandboxd-init both import this
+	// package). libcontainer joins a sandbox's mount namespace on a locked
+	// thread while it starts the sandbox and lets the Go runtime end that
+	// thread afterwards; but the main thread is never ended, only parked,
+	// and one that joined a sandbox's mount namespace would keep it (and its
+	// tmpfs) alive after Destroy, and make /proc/self/mountinfo show the
+	// sandbox's mounts. A LockOSThread in an init function binds main to the
+	// main thread.
+	runtime.LockOSThread()
+}
 
 // Arg is the helper's first argument: sandboxd-init serves the socket on fd 3
 // when it is given, and is libcontainer's init when it is "init".
