@@ -1583,8 +1583,10 @@ func TestStarterDies(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for b.StarterPid() == pid {
-		time.Sleep(time.Millisecond) // until the backend has seen it go
+	for deadline := time.Now().Add(10 * time.Second); b.StarterPid() == pid; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend did not notice that sandboxd-init died")
+		}
 	}
 	if res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/true"); err != nil || res.ExitCode != 0 {
 		t.Fatalf("the sandbox after its starter died: %+v %v", res, err)
