@@ -3,11 +3,11 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build envd sandboxd generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
+.PHONY: all build envd sandboxd sandboxd-init generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
 
 all: build
 
-build: envd sandboxd
+build: envd sandboxd sandboxd-init
 
 # envd is static (no cgo) so the same binary runs inside any template.
 envd:
@@ -17,6 +17,12 @@ envd:
 # profile of local sandboxes); see runtime/local/DEPS.md.
 sandboxd:
 	CGO_ENABLED=1 $(GO) build -tags seccomp -trimpath -o $(BIN)/sandboxd ./cmd/sandboxd
+
+# The local backend's helper, beside sandboxd: it starts the sandboxes and is
+# their init's re-exec, a small binary instead of sandboxd (package
+# runtime/local/starter). Same build needs as sandboxd.
+sandboxd-init:
+	CGO_ENABLED=1 $(GO) build -tags seccomp -trimpath -o $(BIN)/sandboxd-init ./cmd/sandboxd-init
 
 generate:
 	./scripts/generate.sh

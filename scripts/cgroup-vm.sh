@@ -121,9 +121,10 @@ trap 'rm -rf "$work"' EXIT
 
 # What the guest runs, built here: the guest sees $work through the shared
 # root.
-say "building the runtime/local test binary and envd"
+say "building the runtime/local test binary, envd and sandboxd-init"
 (cd "$repo" &&
   CGO_ENABLED=1 go test -c -tags seccomp -o "$work/local.test" ./runtime/local/ &&
+  CGO_ENABLED=1 go build -tags seccomp -trimpath -o "$work/sandboxd-init" ./cmd/sandboxd-init &&
   CGO_ENABLED=0 go build -trimpath -o "$work/envd" ./cmd/envd)
 
 # The initramfs: busybox, the modules that reach the shared root (virtio-pci,
@@ -230,7 +231,7 @@ cd "$PKGDIR"
 set -- -test.v -test.timeout "$TIMEOUT"
 [ -n "$RUN_PATTERN" ] && set -- "$@" -test.run "$RUN_PATTERN"
 set -- "$@" $EXTRA_ARGS
-SANDBOXD_ENVD=$WORK/envd "$WORK/local.test" "$@" 2>&1
+SANDBOXD_ENVD=$WORK/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
 rc=$?
 echo "SANDBOXD-VM-RESULT $rc"
 sync

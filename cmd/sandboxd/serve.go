@@ -269,8 +269,17 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		if bo.userNS.mode != local.UserNSOff {
 			openRunParent(runDir)
 		}
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		initPath := bo.localInit(exe)
+		if initPath == "" {
+			log.Info("local backend: no sandboxd-init; sandboxes start from this process (about 3 ms more per create)", "local_init", bo.initPath)
+		}
 		be, err := local.New(ctx, local.Options{
-			Root: runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			InitPath: initPath,
+			Root:     runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
 			EgressSubnet: egressSubnet, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			Log: log.With("component", "local"),

@@ -111,7 +111,7 @@ func runE2ETests(m *testing.M) int {
 }
 
 // buildE2EBinaries builds what `make build` builds: a static envd, and sandboxd
-// with cgo and the seccomp profile.
+// and sandboxd-init with cgo and the seccomp profile.
 func buildE2EBinaries(dir string) error {
 	sandboxdArgs := []string{"build", "-tags", "seccomp", "-trimpath"}
 	if os.Getenv("SANDBOXD_E2E_RACE") == "1" {
@@ -123,6 +123,7 @@ func buildE2EBinaries(dir string) error {
 	}{
 		{[]string{"build", "-trimpath", "-o", filepath.Join(dir, "envd"), "github.com/sandboxd/sandboxd/cmd/envd"}, "CGO_ENABLED=0"},
 		{append(sandboxdArgs, "-o", filepath.Join(dir, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd"), "CGO_ENABLED=1"},
+		{[]string{"build", "-tags", "seccomp", "-trimpath", "-o", filepath.Join(dir, "sandboxd-init"), "github.com/sandboxd/sandboxd/cmd/sandboxd-init"}, "CGO_ENABLED=1"},
 	}
 	for _, b := range builds {
 		cmd := exec.Command("go", b.args...)

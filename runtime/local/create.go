@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
+	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
 // Create starts a sandbox and returns once envd answers /health. Every step
@@ -264,53 +265,17 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	// about the 200th live sandbox on ("unable to create session key: disk
 	// quota exceeded"). The inherited keyring is out of reach the same way.
 	cfg.NoNewKeyring = b.seccomp
-	ctr, err := libcontainer.Create(filepath.Join(dir, "ctr"), spec.ID, cfg)
-	if err != nil {
-		return fmt.Errorf("container: %w", err)
-	}
-	s.ctr = ctr
-	// cleanup removes the cgroups and the state by path as well; Destroy
-	// here keeps libcontainer's view consistent while it can.
-	r.Add(func() { _ = ctr.Destroy() })
 	tCreated := time.Now()
-
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	pid, exited, err := b.run(ctx, s, cfg, oci.Process, logPath, r)
 	if err != nil {
-		return fmt.Errorf("log: %w", err)
-	}
-	defer logf.Close()
-	proc := &libcontainer.Process{
-		Args:   oci.Process.Args,
-		Env:    oci.Process.Env,
-		Cwd:    oci.Process.Cwd,
-		Stdout: logf,
-		Stderr: logf,
-		Init:   true,
-	}
-	if err := ctr.Run(proc); err != nil {
-		return fmt.Errorf("start: %w", err)
+		return err
 	}
 	tStarted := time.Now()
-	exited := make(chan struct{})
 	s.exited = exited
-	// The waiter reaps init. It exits when init does: on Destroy, on a
-	// pause to disk, or when envd dies on its own.
-	go func() {
-		_, _ = proc.Wait()
-		close(exited)
-	}()
-	r.Add(func() {
-		_ = ctr.Signal(unix.SIGKILL)
-		<-exited
-	})
 	tRoute := time.Now()
 	if ip.IsValid() {
 		// The veth is made once init's network namespace exists, its
 		// peer right in it (no device move between namespaces).
-		pid, err := proc.Pid()
-		if err != nil {
-			return fmt.Errorf("network: %w", err)
-		}
 		r.Add(func() { deleteLinks(spec.ID) })
 		ni, err := b.egress.createVethIn(spec.ID, ip, pid)
 		if err != nil {
@@ -333,6 +298,64 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
 		"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted))
 	return nil
+}
+
+// run creates and starts sandbox s's container from cfg, with envd (proc)
+// as its init writing to logPath, and sets s.ctr. It returns init's pid and
+// a channel closed when init exits, and registers on r the undos that kill
+// init and destroy the container. With Options.InitPath the helper
+// sandboxd-init does the libcontainer calls (package starter), so that the
+// init libcontainer re-executes is that small binary; without it this
+// process does, and re-executes itself.
+func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc *specs.Process, logPath string, r *revert.Reverter) (int, <-chan struct{}, error) {
+	spec := starter.Spec{
+		Root: filepath.Join(s.dir, "ctr"), ID: s.id, Config: cfg,
+		Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd, Log: logPath,
+	}
+	if b.starter != nil {
+		pid, exited, err := b.starter.Start(ctx, spec)
+		if err != nil {
+			return 0, nil, err // the helper left nothing
+		}
+		ctr, err := libcontainer.Load(spec.Root, s.id)
+		if err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL) // init of a pid namespace: all of it goes
+			<-exited
+			return 0, nil, fmt.Errorf("container: %w", err)
+		}
+		s.ctr = ctr
+		r.Add(func() { _ = ctr.Destroy() })
+		r.Add(func() {
+			_ = ctr.Signal(unix.SIGKILL)
+			<-exited
+		})
+		return pid, exited, nil
+	}
+
+	ctr, p, err := starter.Run(spec)
+	if err != nil {
+		return 0, nil, err
+	}
+	s.ctr = ctr
+	// cleanup removes the cgroups and the state by path as well; Destroy
+	// here keeps libcontainer's view consistent while it can.
+	r.Add(func() { _ = ctr.Destroy() })
+	exited := make(chan struct{})
+	// The waiter reaps init. It exits when init does: on Destroy, on a
+	// pause to disk, or when envd dies on its own.
+	go func() {
+		_, _ = p.Wait()
+		close(exited)
+	}()
+	r.Add(func() {
+		_ = ctr.Signal(unix.SIGKILL)
+		<-exited
+	})
+	pid, err := p.Pid()
+	if err != nil {
+		return 0, nil, fmt.Errorf("start: %w", err)
+	}
+	return pid, exited, nil
 }
 
 // specconvMu serializes specconv.CreateLibcontainerConfig: with a user

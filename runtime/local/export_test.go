@@ -31,3 +31,11 @@ func SetCgroup2Flags(flags []string) error {
 	}
 	return reconfigureCgroup2(mp, flags)
 }
+
+// StarterPid is the pid of the backend's sandboxd-init, or 0.
+func (b *Backend) StarterPid() int {
+	if b.starter == nil {
+		return 0
+	}
+	return b.starter.Pid()
+}

@@ -20,20 +20,22 @@ import (
 
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
 // The floors below put numbers on the two parts of a create that the
-// backend's design fixes, measured in the same process as the creates
-// (BenchmarkCreateDestroy), so that the ratio to bwrap says what is left
-// to the backend itself.
+// backend's design fixes, started the way the creates start their parts and
+// measured in the same loop (BenchmarkCreateDestroy), so that the ratio to
+// bwrap says what is left to the backend itself.
 
 // libcontainerFloor runs /bin/true the way `bwrap --ro-bind / / true` does
 // (a mount namespace, the host's / bound read-only as the root), through
-// libcontainer from this binary: the library the issue prescribes, with
-// the least it can be asked to do. libcontainer always makes a cgroup; it
-// gets one with no limits.
+// libcontainer started by sandboxd-init, as the backend starts sandboxes:
+// the library the issue prescribes, with the least it can be asked to do.
+// libcontainer always makes a cgroup; it gets one with no limits.
 type libcontainerFloor struct {
 	dir, rootfs, cgroupParent string
+	starter                   *starter.Client
 	n                         int
 }
 
@@ -45,7 +47,7 @@ type libcontainerFloor struct {
 func newLibcontainerFloor(tb testing.TB, env testEnv) *libcontainerFloor {
 	tb.Helper()
 	dir := filepath.Join(env.root, "floor-"+randHex())
-	f := &libcontainerFloor{dir: dir, rootfs: filepath.Join(dir, "rootfs"), cgroupParent: env.cgroupParent + "-floor"}
+	f := &libcontainerFloor{dir: dir, rootfs: filepath.Join(dir, "rootfs"), cgroupParent: env.cgroupParent + "-floor", starter: starter.New(initBin)}
 	if err := os.MkdirAll(f.rootfs, 0o755); err != nil {
 		tb.Fatal(err)
 	}
@@ -59,6 +61,7 @@ func newLibcontainerFloor(tb testing.TB, env testEnv) *libcontainerFloor {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
+		_ = f.starter.Close()
 		if err := unix.Unmount(f.rootfs, unix.MNT_DETACH); err != nil {
 			tb.Errorf("floor: %v", err)
 		}
@@ -74,8 +77,8 @@ func newLibcontainerFloor(tb testing.TB, env testEnv) *libcontainerFloor {
 	return f
 }
 
-// run times one container from Create to the exit of /bin/true; the
-// destroy after it is not timed (as bwrap's exit is its whole cleanup).
+// run times one container from the start request to the exit of /bin/true;
+// the destroy after it is not timed (as bwrap's exit is its whole cleanup).
 func (f *libcontainerFloor) run() (time.Duration, error) {
 	f.n++
 	id := fmt.Sprintf("floor-%d", f.n)
@@ -90,21 +93,22 @@ func (f *libcontainerFloor) run() (time.Duration, error) {
 			},
 		},
 	}
+	root := filepath.Join(f.dir, "state")
 	t0 := time.Now()
-	ctr, err := libcontainer.Create(filepath.Join(f.dir, "state"), id, cfg)
+	_, exited, err := f.starter.Start(context.Background(), starter.Spec{
+		Root: root, ID: id, Config: cfg, Args: []string{"/bin/true"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/",
+		Log: filepath.Join(f.dir, id+".log"),
+	})
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = ctr.Destroy() }()
-	p := &libcontainer.Process{Args: []string{"/bin/true"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/", Init: true}
-	if err := ctr.Run(p); err != nil {
+	<-exited
+	d := time.Since(t0)
+	ctr, err := libcontainer.Load(root, id)
+	if err != nil {
 		return 0, err
 	}
-	st, err := p.Wait()
-	if err != nil {
-		return 0, fmt.Errorf("/bin/true: %w (%v)", err, st)
-	}
-	return time.Since(t0), nil
+	return d, ctr.Destroy()
 }
 
 // envdAlone times envd's own start, outside any sandbox: from exec to its

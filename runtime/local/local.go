@@ -1,6 +1,9 @@
 // Package local is the embedded runtime.Backend: each sandbox is a Linux
-// container made by runc's libcontainer inside the sandboxd process, with no
-// daemon and no per-sandbox helper process.
+// container made by runc's libcontainer, with no daemon and no per-sandbox
+// helper process. One small helper, sandboxd-init (Options.InitPath,
+// package starter), makes the libcontainer calls that start a sandbox, so
+// that the init libcontainer re-executes is that binary and not sandboxd;
+// everything else happens in the sandboxd process.
 //
 // A sandbox has its own mount, pid, uts, ipc, net and cgroup namespaces
 // (and a user namespace where the host supports it: Options.UserNS, DEPS.md); its
@@ -87,19 +90,8 @@ import (
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
-
-func init() {
-	// Keep the main goroutine on the main thread for the life of the
-	// process, so that no other goroutine ever runs there. libcontainer
-	// joins a sandbox's mount namespace on a locked thread while it starts
-	// the sandbox and lets the Go runtime end that thread afterwards; but
-	// the main thread is never ended, only parked, and one that joined a
-	// sandbox's mount namespace would keep it (and its tmpfs) alive after
-	// Destroy, and make /proc/self/mountinfo show the sandbox's mounts. A
-	// LockOSThread in an init function binds main to the main thread.
-	goruntime.LockOSThread()
-}
 
 // Init runs libcontainer's container init and never returns when this
 // process was started as one (os.Args[1] == "init"); otherwise it returns at
@@ -150,6 +142,12 @@ type Options struct {
 	SaveReserveMB int
 	// EnvdPath is the host path of the static envd binary. Required.
 	EnvdPath string
+	// InitPath is the host path of sandboxd-init (cmd/sandboxd-init), the
+	// helper that makes the libcontainer calls of a start so that the init
+	// libcontainer re-executes for every sandbox is that small binary
+	// (package starter). Empty: this process makes them and re-executes
+	// itself, which costs each start the package inits of this binary.
+	InitPath string
 	// CgroupParent is the cgroup (in every hierarchy) under which each
 	// sandbox gets <id>. Default /sandboxd.
 	CgroupParent string
@@ -200,6 +198,7 @@ type Options struct {
 type Backend struct {
 	opts    Options
 	log     *slog.Logger
+	starter *starter.Client // nil: libcontainer's calls are made in this process
 	egress  *egress
 	swap    bool // memory.memsw.* exists: limit memory+swap too
 	seccomp bool
@@ -240,10 +239,10 @@ type sandbox struct {
 	mu      sync.Mutex
 	meta    meta
 	ctr     *libcontainer.Container
-	exited  chan struct{} // closed when init exits; nil for adopted sandboxes
-	gone    bool          // destroyed
-	ready   chan struct{} // closed when Create finished (either way)
-	created bool          // Create succeeded
+	exited  <-chan struct{} // closed when init exits; nil for adopted sandboxes
+	gone    bool            // destroyed
+	ready   chan struct{}   // closed when Create finished (either way)
+	created bool            // Create succeeded
 }
 
 // meta is what <dir>/meta.json records.
@@ -302,6 +301,16 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
 	}
 	opts.EnvdPath = envd
+	if opts.InitPath != "" {
+		p, err := filepath.Abs(opts.InitPath)
+		if err != nil {
+			return nil, err
+		}
+		if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("local backend: %w: sandboxd-init binary %s: not an executable file (%v)", runtime.ErrUnavailable, p, err)
+		}
+		opts.InitPath = p
+	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
 	}
@@ -323,6 +332,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		ips:       map[netip.Addr]bool{},
 		templates: map[string]*template{},
 		views:     map[string]bool{},
+	}
+	if opts.InitPath != "" {
+		b.starter = starter.New(opts.InitPath)
 	}
 	if exe, err := os.Readlink("/proc/self/exe"); err == nil {
 		if sbx, err := filepath.Abs(b.sandboxesDir()); err == nil && nested(filepath.Dir(exe), sbx) {
@@ -442,6 +454,9 @@ func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "san
 // hierarchy). Sandboxes still alive keep it, for the next sandboxd to adopt.
 // The backend is not used after Close.
 func (b *Backend) Close() error {
+	if b.starter != nil {
+		_ = b.starter.Close() // the helper exits; the sandboxes it started live on
+	}
 	b.releasing.Wait()
 	b.releaseViews()
 	if err := unmountStateFS(b.sandboxesDir()); err != nil {

@@ -30,8 +30,9 @@ import (
 )
 
 // envdBin is the envd binary the tests' sandboxes run: $SANDBOXD_ENVD, or
-// one built for this test run.
-var envdBin string
+// one built for this test run; initBin likewise sandboxd-init
+// ($SANDBOXD_INIT), which the tests' backends start their sandboxes with.
+var envdBin, initBin string
 
 // skipReason is set when the host cannot run the tests.
 var skipReason string
@@ -56,6 +57,13 @@ func run(m *testing.M) int {
 		}
 		defer cleanup()
 		envdBin = bin
+		bin, cleanupInit, err := runtimetest.InitBinary("runtime-local-init-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer cleanupInit()
+		initBin = bin
 	}
 	return m.Run()
 }
@@ -116,6 +124,7 @@ func (e testEnv) options(t testing.TB) local.Options {
 	return local.Options{
 		Root:         e.root,
 		EnvdPath:     envdBin,
+		InitPath:     initBin,
 		CgroupParent: e.cgroupParent,
 		EgressSubnet: e.egress,
 		Log:          slog.New(slog.NewTextHandler(testWriter{t}, nil)),
@@ -1562,4 +1571,60 @@ func (m *messageRecorder) has(msg string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Contains(m.msgs, msg)
+}
+
+// TestStartInProcess: without InitPath, this process makes libcontainer's
+// calls and is re-executed as the sandbox's init (the tests' backends use
+// sandboxd-init otherwise).
+func TestStartInProcess(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.InitPath = ""
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	id := mustCreate(t, b, runtime.Spec{})
+	res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '")
+	if err != nil || res.ExitCode != 0 || !strings.Contains(res.Stdout, "envd --init") {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStarterDies: when sandboxd-init dies, the sandboxes it started keep
+// running and are destroyed as before (their exit is watched through a
+// pidfd, not through the helper), and the next create starts a new helper.
+func TestStarterDies(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	t.Cleanup(func() { _ = b.Close() })
+	id := mustCreate(t, b, runtime.Spec{})
+	pid := b.StarterPid()
+	if pid == 0 {
+		t.Fatal("no sandboxd-init after a create")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); b.StarterPid() == pid; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend did not notice that sandboxd-init died")
+		}
+	}
+	if res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/true"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("the sandbox after its starter died: %+v %v", res, err)
+	}
+	id2 := mustCreate(t, b, runtime.Spec{})
+	if p := b.StarterPid(); p == 0 || p == pid {
+		t.Fatalf("starter pid after a new create = %d (was %d)", p, pid)
+	}
+	for _, id := range []string{id, id2} {
+		if err := b.Destroy(t.Context(), id); err != nil {
+			t.Fatalf("Destroy(%s) = %v", id, err)
+		}
+	}
 }

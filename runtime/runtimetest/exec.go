@@ -111,7 +111,17 @@ func sh(ctx context.Context, b runtime.Backend, id, user, script string) (Result
 // tmpPattern (as os.MkdirTemp takes it). cleanup removes that directory; it
 // is never nil.
 func EnvdBinary(tmpPattern string) (path string, cleanup func(), err error) {
-	if p := os.Getenv("SANDBOXD_ENVD"); p != "" {
+	return buildBinary("SANDBOXD_ENVD", tmpPattern, "envd", "CGO_ENABLED=0", "build", "-trimpath")
+}
+
+// InitBinary is EnvdBinary for the local backend's helper, sandboxd-init
+// (cgo, with libseccomp), or $SANDBOXD_INIT when set.
+func InitBinary(tmpPattern string) (path string, cleanup func(), err error) {
+	return buildBinary("SANDBOXD_INIT", tmpPattern, "sandboxd-init", "CGO_ENABLED=1", "build", "-tags", "seccomp", "-trimpath")
+}
+
+func buildBinary(envVar, tmpPattern, name, cgo string, args ...string) (path string, cleanup func(), err error) {
+	if p := os.Getenv(envVar); p != "" {
 		return p, func() {}, nil
 	}
 	dir, err := os.MkdirTemp("", tmpPattern)
@@ -119,12 +129,12 @@ func EnvdBinary(tmpPattern string) (path string, cleanup func(), err error) {
 		return "", func() {}, err
 	}
 	cleanup = func() { os.RemoveAll(dir) }
-	path = filepath.Join(dir, "envd")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", path, "github.com/sandboxd/sandboxd/cmd/envd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	path = filepath.Join(dir, name)
+	cmd := exec.Command("go", append(args, "-o", path, "github.com/sandboxd/sandboxd/cmd/"+name)...)
+	cmd.Env = append(os.Environ(), cgo)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cleanup()
-		return "", func() {}, fmt.Errorf("build envd: %v\n%s", err, out)
+		return "", func() {}, fmt.Errorf("build %s: %v\n%s", name, err, out)
 	}
 	return path, cleanup, nil
 }

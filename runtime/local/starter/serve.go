@@ -1,0 +1,108 @@
+package starter
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+)
+
+// Serve answers start requests on conn, the helper's end of the socket pair,
+// until sandboxd closes the other end. Each request is served on its own
+// goroutine, so that concurrent creates start concurrently.
+func Serve(conn *net.UnixConn) error {
+	var (
+		wmu sync.Mutex
+		wg  sync.WaitGroup
+	)
+	defer wg.Wait()
+	buf := make([]byte, maxMessage)
+	for {
+		n, _, _, _, err := conn.ReadMsgUnix(buf, nil)
+		if n == 0 && (err == nil || errors.Is(err, io.EOF)) {
+			return nil // sandboxd closed its end
+		}
+		if err != nil {
+			return fmt.Errorf("read request: %w", err)
+		}
+		var req request
+		if err := json.Unmarshal(buf[:n], &req); err != nil {
+			return fmt.Errorf("bad request: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, pidfd := start(req)
+			b, err := marshal(resp)
+			if err != nil {
+				b, _ = marshal(response{Seq: req.Seq, Error: err.Error()})
+			}
+			var oob []byte
+			if pidfd >= 0 {
+				oob = unix.UnixRights(pidfd)
+				defer unix.Close(pidfd)
+			}
+			wmu.Lock()
+			defer wmu.Unlock()
+			_, _, _ = conn.WriteMsgUnix(b, oob, nil) // a sandboxd gone needs no answer
+		}()
+	}
+}
+
+// start creates and runs the container req asks for, returning its init's
+// pid and a pidfd for it; on failure, nothing of the container is left.
+func start(req request) (response, int) {
+	fail := func(err error) (response, int) { return response{Seq: req.Seq, Error: err.Error()}, -1 }
+	ctr, proc, err := Run(Spec{Root: req.Root, ID: req.ID, Config: req.Config, Args: req.Args, Env: req.Env, Cwd: req.Cwd, Log: req.Log})
+	if err != nil {
+		return fail(err)
+	}
+	// The init is this process's child and is reaped only below, after the
+	// pidfd is open: the pid cannot name another process meanwhile.
+	pid, err := proc.Pid()
+	if err == nil {
+		var fd int
+		if fd, err = unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK); err == nil {
+			go func() { _, _ = proc.Wait() }() // reap it when it exits
+			return response{Seq: req.Seq, Pid: pid}, fd
+		}
+	}
+	_ = ctr.Signal(unix.SIGKILL)
+	_, _ = proc.Wait()
+	_ = ctr.Destroy()
+	return fail(fmt.Errorf("pidfd: %w", err))
+}
+
+// Run creates the container s describes and runs its init, from this
+// process: what sandboxd-init does for a start request, and what the local
+// backend does itself without one. On error nothing of the container is
+// left. The caller reaps the init (proc.Wait).
+func Run(s Spec) (*libcontainer.Container, *libcontainer.Process, error) {
+	if s.Config == nil || s.Root == "" || s.ID == "" || len(s.Args) == 0 {
+		return nil, nil, errors.New("incomplete start request")
+	}
+	logf, err := os.OpenFile(s.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("log: %w", err)
+	}
+	defer logf.Close()
+	ctr, err := libcontainer.Create(s.Root, s.ID, s.Config)
+	if err != nil {
+		return nil, nil, fmt.Errorf("container: %w", err)
+	}
+	proc := &libcontainer.Process{
+		Args: s.Args, Env: s.Env, Cwd: s.Cwd,
+		Stdout: logf, Stderr: logf, Init: true,
+	}
+	if err := ctr.Run(proc); err != nil {
+		_ = ctr.Destroy()
+		return nil, nil, fmt.Errorf("start: %w", err)
+	}
+	return ctr, proc, nil
+}
