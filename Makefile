@@ -20,9 +20,12 @@ sandboxd:
 
 # The local backend's helper, beside sandboxd: it starts the sandboxes and is
 # their init's re-exec, a small binary instead of sandboxd (package
-# runtime/local/starter). Same build needs as sandboxd.
+# runtime/local/starter). Static (libseccomp.a from libseccomp-dev, libc.a
+# from libc6-dev), since every start pays the dynamic loader's work on it:
+# 1-2 ms of a create through the API, with the helper, against 0.7-1 ms
+# dynamic (BENCHMARKS.md).
 sandboxd-init:
-	CGO_ENABLED=1 $(GO) build -tags seccomp -trimpath -o $(BIN)/sandboxd-init ./cmd/sandboxd-init
+	CGO_ENABLED=1 $(GO) build -tags seccomp,netgo,osusergo -trimpath -ldflags '-linkmode external -extldflags "-static"' -o $(BIN)/sandboxd-init ./cmd/sandboxd-init
 
 generate:
 	./scripts/generate.sh

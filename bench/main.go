@@ -469,11 +469,13 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		return "", nil, err
 	}
 	info := map[string]string{}
-	for _, name := range []string{"sandboxd", "envd", "runc"} {
+	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc"} {
 		src := filepath.Join(from, name)
 		raw, err := os.ReadFile(src)
-		if name == "runc" && errors.Is(err, fs.ErrNotExist) {
-			continue // optional: the libcontainer floor says it is missing
+		if (name == "runc" || name == "sandboxd-init") && errors.Is(err, fs.ErrNotExist) {
+			// Optional: the libcontainer floor says it is missing; sandboxd
+			// starts sandboxes itself (and logs so).
+			continue
 		}
 		if err != nil {
 			os.RemoveAll(dir)

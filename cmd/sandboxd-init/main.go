@@ -17,9 +17,12 @@ import (
 	// implementation, which is registered by import.
 	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/exeseal"
 	// nsenter's C constructor runs the namespace setup of "init" before
 	// the Go runtime starts.
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
@@ -31,6 +34,14 @@ func main() {
 	if len(os.Args) != 2 || os.Args[1] != starter.Arg {
 		fmt.Fprintln(os.Stderr, "usage: sandboxd-init serve (run by sandboxd, with its socket on fd 3)")
 		os.Exit(2)
+	}
+	// Serve from a sealed in-memory copy of this binary: libcontainer then
+	// re-executes that copy for every start (no container can write to it,
+	// CVE-2019-5736) instead of sealing the binary afresh each time with an
+	// overlay mount that it tears down again.
+	if !exeseal.IsSelfExeCloned() && os.Getenv(sealedEnv) == "" {
+		err := reexecSealed()
+		fmt.Fprintln(os.Stderr, "sandboxd-init: serving from the binary itself (libcontainer seals it at every start):", err)
 	}
 	// Each init re-exec would otherwise size its Go runtime from the cgroup
 	// files, reading /proc/self/mountinfo (see runtime/local).
@@ -53,4 +64,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sandboxd-init:", err)
 		os.Exit(1)
 	}
+}
+
+// sealedEnv marks the re-executed copy, so that a copy libcontainer does not
+// count as sealed (a file where memfd_create fails) is not copied again.
+const sealedEnv = "SANDBOXD_INIT_SEALED"
+
+// reexecSealed copies this binary into a sealed memfd and executes the copy
+// with the same arguments and fd 3; it returns only on failure.
+func reexecSealed() error {
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	defer self.Close()
+	st, err := self.Stat()
+	if err != nil {
+		return err
+	}
+	clone, err := exeseal.CloneBinary(self, st.Size(), "sandboxd-init", os.TempDir())
+	if err != nil {
+		return err
+	}
+	defer clone.Close()
+	return unix.Exec("/proc/self/fd/"+strconv.Itoa(int(clone.Fd())), os.Args, append(os.Environ(), sealedEnv+"=1"))
 }
