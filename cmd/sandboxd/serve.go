@@ -275,7 +275,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		}
 		initPath := bo.localInit(exe)
 		if initPath == "" {
-			log.Info("local backend: no sandboxd-init; sandboxes start from this process (about 3 ms more per create)", "local_init", bo.initPath)
+			log.Info("local backend: no sandboxd-init; sandboxes start from this process (1-2 ms more per create)", "local_init", bo.initPath)
 		}
 		be, err := local.New(ctx, local.Options{
 			InitPath: initPath,
