@@ -13,24 +13,14 @@ import (
 	"runtime"
 	"strconv"
 
-	// Device cgroup rules fail without the devices controller's
-	// implementation, which is registered by import.
-	_ "github.com/opencontainers/cgroups/devices"
-	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/exeseal"
-	// nsenter's C constructor runs the namespace setup of "init" before
-	// the Go runtime starts.
-	_ "github.com/opencontainers/runc/libcontainer/nsenter"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "init" {
-		libcontainer.Init() // exits
-	}
+	starter.InitIfAsked()
 	if len(os.Args) != 2 || os.Args[1] != starter.Arg {
 		fmt.Fprintln(os.Stderr, "usage: sandboxd-init serve (run by sandboxd, with its socket on fd 3)")
 		os.Exit(2)

@@ -81,13 +81,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/cgroups"
-	// Device cgroup rules fail without the devices controller's
-	// implementation, which is registered by import.
-	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/runc/libcontainer"
-	// nsenter's C constructor runs the namespace setup of "init" before the
-	// Go runtime starts; libcontainer cannot start a container without it.
-	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
@@ -98,9 +92,7 @@ import (
 // once. Call it first in main, and in TestMain of tests that create
 // sandboxes, before any other work.
 func Init() {
-	if len(os.Args) > 1 && os.Args[1] == "init" {
-		libcontainer.Init() // exits
-	}
+	starter.InitIfAsked()
 	if len(os.Args) > 1 && os.Args[1] == copyTreeArg {
 		copyTreeMain(os.Args[2:]) // exits
 	}

@@ -9,9 +9,25 @@ import (
 	"os"
 	"sync"
 
+	// Device cgroup rules fail without the devices controller's
+	// implementation, which is registered by import.
+	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/runc/libcontainer"
+	// nsenter's C constructor runs the namespace setup of "init" before the
+	// Go runtime starts; libcontainer cannot start a container without it.
+	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 	"golang.org/x/sys/unix"
 )
+
+// InitIfAsked runs libcontainer's container init, and never returns, when
+// this process was started as one (os.Args[1] == "init"); otherwise it
+// returns at once. Every binary that starts containers calls it first in
+// main: libcontainer re-executes the binary that calls it as the init.
+func InitIfAsked() {
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		libcontainer.Init() // exits
+	}
+}
 
 // Serve answers start requests on conn, the helper's end of the socket pair,
 // until sandboxd closes the other end. Each request is served on its own
