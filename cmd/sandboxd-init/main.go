@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strconv"
 
 	"github.com/opencontainers/runc/libcontainer/exeseal"
@@ -33,11 +32,7 @@ func main() {
 		err := reexecSealed()
 		fmt.Fprintln(os.Stderr, "sandboxd-init: serving from the binary itself (libcontainer seals it at every start):", err)
 	}
-	// Each init re-exec would otherwise size its Go runtime from the cgroup
-	// files, reading /proc/self/mountinfo (see runtime/local).
-	if os.Getenv("GOMAXPROCS") == "" {
-		_ = os.Setenv("GOMAXPROCS", strconv.Itoa(runtime.GOMAXPROCS(0)))
-	}
+	starter.PinGOMAXPROCS()
 	f := os.NewFile(3, "sandboxd")
 	c, err := net.FileConn(f)
 	f.Close()

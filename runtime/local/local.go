@@ -73,9 +73,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -99,20 +97,7 @@ func Init() {
 	if len(os.Args) > 1 && os.Args[1] == userNSHoldArg {
 		userNSHoldMain() // exits
 	}
-	pinGOMAXPROCS()
-}
-
-// pinGOMAXPROCS puts this process's GOMAXPROCS into its environment, where
-// libcontainer takes the init re-exec's from (and the copy and userns
-// children inherit it). Without it every init's Go runtime works out its
-// own from the cgroup files, which means reading /proc/self/mountinfo: two
-// lines per sandbox on the host, copied into each new mount namespace, so
-// creates got slower as the host filled up (0.3 ms of CPU per create with
-// 100 sandboxes, in a profile).
-func pinGOMAXPROCS() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		_ = os.Setenv("GOMAXPROCS", strconv.Itoa(goruntime.GOMAXPROCS(0)))
-	}
+	starter.PinGOMAXPROCS()
 }
 
 // Options configure a Backend. Zero fields take the defaults below.
@@ -285,23 +270,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.EnvdPath == "" {
 		return nil, fmt.Errorf("local backend: %w: no envd binary given", runtime.ErrUnavailable)
 	}
-	envd, err := filepath.Abs(opts.EnvdPath)
-	if err != nil {
+	var err error
+	if opts.EnvdPath, err = hostBinary("envd", opts.EnvdPath); err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(envd); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("local backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
-	}
-	opts.EnvdPath = envd
 	if opts.InitPath != "" {
-		p, err := filepath.Abs(opts.InitPath)
-		if err != nil {
+		if opts.InitPath, err = hostBinary("sandboxd-init", opts.InitPath); err != nil {
 			return nil, err
 		}
-		if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
-			return nil, fmt.Errorf("local backend: %w: sandboxd-init binary %s: not an executable file (%v)", runtime.ErrUnavailable, p, err)
-		}
-		opts.InitPath = p
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
@@ -409,6 +385,19 @@ func nested(a, b string) bool {
 		return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 	}
 	return within(a, b) || within(b, a)
+}
+
+// hostBinary returns the absolute path of the binary of kind at path, or
+// ErrUnavailable when it is not an executable file.
+func hostBinary(kind, path string) (string, error) {
+	p, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("local backend: %w: %s binary %s: not an executable file (%v)", runtime.ErrUnavailable, kind, p, err)
+	}
+	return p, nil
 }
 
 func orDefault(v, def int) int {

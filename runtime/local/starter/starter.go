@@ -22,7 +22,9 @@ package starter
 
 import (
 	"encoding/json"
+	"os"
 	"runtime"
+	"strconv"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 )
@@ -39,6 +41,19 @@ func init() {
 	// sandbox's mounts. A LockOSThread in an init function binds main to the
 	// main thread.
 	runtime.LockOSThread()
+}
+
+// PinGOMAXPROCS puts this process's GOMAXPROCS into its environment, where
+// libcontainer takes the init re-exec's from (and the helper and the local
+// backend's other children inherit it). Without it every init's Go runtime works out its
+// own from the cgroup files, which means reading /proc/self/mountinfo: two
+// lines per sandbox on the host, copied into each new mount namespace, so
+// creates got slower as the host filled up (0.3 ms of CPU per create with
+// 100 sandboxes, in a profile).
+func PinGOMAXPROCS() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		_ = os.Setenv("GOMAXPROCS", strconv.Itoa(runtime.GOMAXPROCS(0)))
+	}
 }
 
 // Arg is the helper's first argument: sandboxd-init serves the socket on fd 3
