@@ -314,6 +314,9 @@ func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc
 	}
 	if b.starter != nil {
 		pid, exited, err := b.starter.Start(ctx, spec)
+		if errors.Is(err, starter.ErrUnavailable) {
+			return 0, nil, fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
+		}
 		if err != nil {
 			return 0, nil, err // the helper left nothing
 		}

@@ -1628,3 +1628,32 @@ func TestStarterDies(t *testing.T) {
 		}
 	}
 }
+
+// TestStarterUnavailable: a create that no sandboxd-init answers (here one
+// that exits at once) fails with ErrUnavailable, which the API answers with
+// 503, and leaves nothing behind.
+func TestStarterUnavailable(t *testing.T) {
+	env := newEnv(t)
+	opts := env.options(t)
+	opts.InitPath = "/bin/false"
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	id := runtimetest.NewID()
+	if _, err := b.Create(t.Context(), runtime.Spec{ID: id}); !errors.Is(err, runtime.ErrUnavailable) {
+		t.Fatalf("Create with a helper that exits = %v, want ErrUnavailable", err)
+	}
+	if _, err := os.Stat(filepath.Join(env.root, "sandboxes", id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the failed create left its state directory: %v", err)
+	}
+	for _, h := range local.CgroupRoots() {
+		if p := filepath.Join(h, env.cgroupParent, id); exists(p) {
+			t.Errorf("the failed create left its cgroup %s", p)
+		}
+	}
+	if l, _ := b.List(t.Context()); len(l) != 0 {
+		t.Errorf("List after the failed create = %v", l)
+	}
+}

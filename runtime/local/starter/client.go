@@ -15,6 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrUnavailable is the error of a start that no helper answered: it could
+// not be started, or it exited first. Nothing of the container was made by
+// it, or what was is the caller's to remove; the next Start starts a new
+// helper.
+var ErrUnavailable = errors.New("sandboxd-init unavailable")
+
 // Client starts containers through one sandboxd-init process, started on
 // first use and again after it exits.
 type Client struct {
@@ -62,7 +68,7 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return 0, nil, errors.New("sandboxd-init: client closed")
+		return 0, nil, fmt.Errorf("%w: client closed", ErrUnavailable)
 	}
 	if c.conn == nil {
 		if err := c.spawn(); err != nil {
@@ -87,7 +93,7 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 	c.mu.Unlock()
 	if err != nil {
 		c.forget(seq)
-		return 0, nil, fmt.Errorf("sandboxd-init: send: %w", err)
+		return 0, nil, fmt.Errorf("%w: send: %w", ErrUnavailable, err)
 	}
 	// The answer is awaited even when ctx ends meanwhile, as an in-process
 	// Container.Run would be: what the caller undoes must be all there is,
@@ -118,14 +124,14 @@ func (c *Client) forget(seq uint64) (result, bool) {
 func (c *Client) spawn() error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("sandboxd-init: socketpair: %w", err)
+		return fmt.Errorf("%w: socketpair: %w", ErrUnavailable, err)
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "sandboxd-init"), os.NewFile(uintptr(fds[1]), "sandboxd-init")
 	defer theirs.Close()
 	fc, err := net.FileConn(ours)
 	ours.Close()
 	if err != nil {
-		return fmt.Errorf("sandboxd-init: %w", err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	conn := fc.(*net.UnixConn)
 	cmd := exec.Command(c.path, Arg)
@@ -136,7 +142,7 @@ func (c *Client) spawn() error {
 	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		conn.Close()
-		return fmt.Errorf("sandboxd-init: %w", err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	c.conn, c.pid = conn, cmd.Process.Pid
 	c.done = make(chan struct{})
@@ -190,7 +196,7 @@ func (c *Client) read(conn *net.UnixConn, cmd *exec.Cmd, done chan struct{}) {
 		c.conn = nil
 	}
 	for seq, ch := range c.pending {
-		ch <- result{err: fmt.Errorf("sandboxd-init exited (%v) before answering: %w", werr, err)}
+		ch <- result{err: fmt.Errorf("%w: it exited (%v) before answering: %w", ErrUnavailable, werr, err)}
 		delete(c.pending, seq)
 	}
 }
