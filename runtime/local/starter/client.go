@@ -77,23 +77,24 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 		}
 	}
 	c.seq++
-	seq := c.seq
-	b, err := json.Marshal(request{Seq: seq, Root: s.Root, ID: s.ID, Config: s.Config, Args: s.Args, Env: s.Env, Cwd: s.Cwd, Log: s.Log})
-	if err != nil {
-		c.mu.Unlock()
-		return 0, nil, err
-	}
-	if len(b) > maxMessage {
-		c.mu.Unlock()
-		return 0, nil, fmt.Errorf("sandboxd-init: start request of %d bytes", len(b))
-	}
+	seq, conn := c.seq, c.conn
 	ch := make(chan result, 1)
 	c.pending[seq] = ch
-	_, _, err = c.conn.WriteMsgUnix(b, nil, nil)
 	c.mu.Unlock()
+	// Outside the lock: concurrent creates marshal their configs at once,
+	// and a packet is sent whole by one write.
+	b, err := json.Marshal(request{Seq: seq, Root: s.Root, ID: s.ID, Config: s.Config, Args: s.Args, Env: s.Env, Cwd: s.Cwd, Log: s.Log})
+	if err == nil && len(b) > maxMessage {
+		err = fmt.Errorf("sandboxd-init: start request of %d bytes", len(b))
+	}
+	if err == nil {
+		if _, _, err = conn.WriteMsgUnix(b, nil, nil); err != nil {
+			err = fmt.Errorf("%w: send: %w", ErrUnavailable, err)
+		}
+	}
 	if err != nil {
 		c.forget(seq)
-		return 0, nil, fmt.Errorf("%w: send: %w", ErrUnavailable, err)
+		return 0, nil, err
 	}
 	// The answer is awaited even when ctx ends meanwhile, as an in-process
 	// Container.Run would be: what the caller undoes must be all there is,
@@ -106,18 +107,11 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 	return r.pid, watchExit(r.pidfd), nil
 }
 
-// forget drops request seq; ok reports a result that had come meanwhile.
-func (c *Client) forget(seq uint64) (result, bool) {
+// forget drops request seq, which was not sent.
+func (c *Client) forget(seq uint64) {
 	c.mu.Lock()
-	ch := c.pending[seq]
 	delete(c.pending, seq)
 	c.mu.Unlock()
-	select {
-	case r := <-ch:
-		return r, true
-	default:
-		return result{}, false
-	}
 }
 
 // spawn starts a helper. Called with mu held.
@@ -180,11 +174,12 @@ func (c *Client) read(conn *net.UnixConn, cmd *exec.Cmd, done chan struct{}) {
 		ch, ok := c.pending[resp.Seq]
 		delete(c.pending, resp.Seq)
 		c.mu.Unlock()
-		if !ok {
+		if !ok { // only sent requests are pending until answered
 			if r.pidfd != nil {
-				r.pidfd.Close() // its Start gave up (ctx)
+				r.pidfd.Close()
 			}
-			continue
+			err = fmt.Errorf("answer to request %d, which is not pending", resp.Seq)
+			break
 		}
 		ch <- r
 	}
