@@ -371,6 +371,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		b.releaseViews()
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if b.starter != nil {
+		if err := b.starter.Spawn(); err != nil {
+			b.log.Warn("local backend: sandboxd-init did not start; creates try again", "err", err)
+		}
+	}
 	return b, nil
 }
 

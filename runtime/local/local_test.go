@@ -1595,17 +1595,21 @@ func TestStartInProcess(t *testing.T) {
 	}
 }
 
-// TestStarterDies: when sandboxd-init dies, the sandboxes it started keep
-// running and are destroyed as before (their exit is watched through a
-// pidfd, not through the helper), and the next create starts a new helper.
+// TestStarterDies: sandboxd-init runs from New on, and the first create uses
+// it. When it dies, the sandboxes it started keep running and are destroyed
+// as before (their exit is watched through a pidfd, not through the helper),
+// and the next create starts a new helper.
 func TestStarterDies(t *testing.T) {
 	env := newEnv(t)
 	b := env.open(t)
 	t.Cleanup(func() { _ = b.Close() })
-	id := mustCreate(t, b, runtime.Spec{})
 	pid := b.StarterPid()
 	if pid == 0 {
-		t.Fatal("no sandboxd-init after a create")
+		t.Fatal("no sandboxd-init after New")
+	}
+	id := mustCreate(t, b, runtime.Spec{})
+	if p := b.StarterPid(); p != pid {
+		t.Fatalf("sandboxd-init pid after the first create = %d, want New's %d", p, pid)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

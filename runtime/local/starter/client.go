@@ -21,8 +21,8 @@ import (
 // helper.
 var ErrUnavailable = errors.New("sandboxd-init unavailable")
 
-// Client starts containers through one sandboxd-init process, started on
-// first use and again after it exits.
+// Client starts containers through one sandboxd-init process, started by
+// Spawn or on first use, and again after it exits.
 type Client struct {
 	path string
 
@@ -43,6 +43,7 @@ type result struct {
 
 // New returns a Client for the sandboxd-init binary at path.
 func New(path string) *Client {
+	warmJSON()
 	return &Client{path: path, pending: map[uint64]chan result{}}
 }
 
@@ -105,6 +106,23 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 		return 0, nil, r.err
 	}
 	return r.pid, watchExit(r.pidfd), nil
+}
+
+// Spawn starts the helper now, unless one runs already, so that the first
+// Start does not wait for it: waiting for the helper's own start (its
+// re-execution from a sealed copy, its Go runtime) made a backend's first
+// create take 27 ms instead of 16-20. A helper that cannot start is
+// reported here and tried again at the next Start.
+func (c *Client) Spawn() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("%w: client closed", ErrUnavailable)
+	}
+	if c.conn != nil {
+		return nil
+	}
+	return c.spawn()
 }
 
 // forget drops request seq, which was not sent.

@@ -38,6 +38,7 @@ func Serve(conn *net.UnixConn) error {
 		wg  sync.WaitGroup
 	)
 	defer wg.Wait()
+	warmJSON()
 	buf := make([]byte, maxMessage)
 	for {
 		n, _, _, _, err := conn.ReadMsgUnix(buf, nil)
