@@ -72,8 +72,10 @@ func New(cfg Config) *Server {
 
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}
 	mux := http.NewServeMux()
-	mux.Handle("/"+processconnect.ProcessName+"/", buildInBackground(func() (string, http.Handler) { return s.process.Handler(opts...) }))
-	mux.Handle("/"+filesystemconnect.FilesystemName+"/", buildInBackground(func() (string, http.Handler) { return s.filesystem.Handler(opts...) }))
+	// The paths are the ones the services' Handler returns (the generated
+	// New*Handler's), known here before the handlers are built.
+	mux.Handle("/"+processconnect.ProcessName+"/", buildInBackground(func() http.Handler { _, h := s.process.Handler(opts...); return h }))
+	mux.Handle("/"+filesystemconnect.FilesystemName+"/", buildInBackground(func() http.Handler { _, h := s.filesystem.Handler(opts...); return h }))
 	mux.Handle("/files", files.New(cfg.Log.With("service", "files"), s.defaults, &s.token))
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /init", s.init)
@@ -95,19 +97,17 @@ func (s *Server) Close() {
 	s.filesystem.Close()
 }
 
-// routeConnect sends HTTP CONNECT to the tunnel: ServeMux cannot route it,
-// because a CONNECT request has an authority, not a path.
 // buildInBackground returns a handler that serves with the one build
 // returns, built on a goroutine of its own from now on. Building a Connect
 // service's handlers resolves its protobuf descriptors (0.4 ms for both at
 // envd's start, all of it on the way to the first /health, which sandboxd
 // waits for at every create); a request that comes before it is done waits
-// for it. The path build returns is the one the handler is mounted at.
-func buildInBackground(build func() (string, http.Handler)) http.Handler {
+// for it.
+func buildInBackground(build func() http.Handler) http.Handler {
 	var h http.Handler
 	ready := make(chan struct{})
 	go func() {
-		_, h = build()
+		h = build()
 		close(ready)
 	}()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -116,6 +116,8 @@ func buildInBackground(build func() (string, http.Handler)) http.Handler {
 	})
 }
 
+// routeConnect sends HTTP CONNECT to the tunnel: ServeMux cannot route it,
+// because a CONNECT request has an authority, not a path.
 func routeConnect(tun, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodConnect {
