@@ -312,51 +312,54 @@ func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc
 		Root: filepath.Join(s.dir, "ctr"), ID: s.id, Config: cfg,
 		Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd, Log: logPath,
 	}
+	var (
+		ctr    *libcontainer.Container
+		pid    int
+		exited <-chan struct{}
+		pidErr error
+	)
 	if b.starter != nil {
-		pid, exited, err := b.starter.Start(ctx, spec)
+		var err error
+		pid, exited, err = b.starter.Start(ctx, spec)
 		if errors.Is(err, starter.ErrUnavailable) {
 			return 0, nil, fmt.Errorf("%w: %w", runtime.ErrUnavailable, err)
 		}
 		if err != nil {
 			return 0, nil, err // the helper left nothing
 		}
-		ctr, err := libcontainer.Load(spec.Root, s.id)
-		if err != nil {
+		if ctr, err = libcontainer.Load(spec.Root, s.id); err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL) // init of a pid namespace: all of it goes
 			<-exited
 			return 0, nil, fmt.Errorf("container: %w", err)
 		}
-		s.ctr = ctr
-		r.Add(func() { _ = ctr.Destroy() })
-		r.Add(func() {
-			_ = ctr.Signal(unix.SIGKILL)
-			<-exited
-		})
-		return pid, exited, nil
-	}
-
-	ctr, p, err := starter.Run(spec)
-	if err != nil {
-		return 0, nil, err
+	} else {
+		c, p, err := starter.Run(spec)
+		if err != nil {
+			return 0, nil, err
+		}
+		ctr = c
+		ch := make(chan struct{})
+		// The waiter reaps init. It exits when init does: on Destroy, on a
+		// pause to disk, or when envd dies on its own.
+		go func() {
+			_, _ = p.Wait()
+			close(ch)
+		}()
+		exited = ch
+		if pid, pidErr = p.Pid(); pidErr != nil {
+			pidErr = fmt.Errorf("start: %w", pidErr)
+		}
 	}
 	s.ctr = ctr
 	// cleanup removes the cgroups and the state by path as well; Destroy
 	// here keeps libcontainer's view consistent while it can.
 	r.Add(func() { _ = ctr.Destroy() })
-	exited := make(chan struct{})
-	// The waiter reaps init. It exits when init does: on Destroy, on a
-	// pause to disk, or when envd dies on its own.
-	go func() {
-		_, _ = p.Wait()
-		close(exited)
-	}()
 	r.Add(func() {
 		_ = ctr.Signal(unix.SIGKILL)
 		<-exited
 	})
-	pid, err := p.Pid()
-	if err != nil {
-		return 0, nil, fmt.Errorf("start: %w", err)
+	if pidErr != nil {
+		return 0, nil, pidErr
 	}
 	return pid, exited, nil
 }
