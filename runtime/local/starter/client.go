@@ -67,15 +67,9 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 		return 0, nil, err
 	}
 	c.mu.Lock()
-	if c.closed {
+	if err := c.running(); err != nil {
 		c.mu.Unlock()
-		return 0, nil, fmt.Errorf("%w: client closed", ErrUnavailable)
-	}
-	if c.conn == nil {
-		if err := c.spawn(); err != nil {
-			c.mu.Unlock()
-			return 0, nil, err
-		}
+		return 0, nil, err
 	}
 	c.seq++
 	seq, conn := c.seq, c.conn
@@ -116,6 +110,12 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 func (c *Client) Spawn() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.running()
+}
+
+// running makes sure a helper runs, starting one unless the client is
+// closed. Called with mu held.
+func (c *Client) running() error {
 	if c.closed {
 		return fmt.Errorf("%w: client closed", ErrUnavailable)
 	}

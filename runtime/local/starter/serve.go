@@ -56,9 +56,9 @@ func Serve(conn *net.UnixConn) error {
 		go func() {
 			defer wg.Done()
 			resp, pidfd := start(req)
-			b, err := marshal(resp)
+			b, err := json.Marshal(resp)
 			if err != nil {
-				b, _ = marshal(response{Seq: req.Seq, Error: err.Error()})
+				b, _ = json.Marshal(response{Seq: req.Seq, Error: err.Error()})
 			}
 			var oob []byte
 			if pidfd >= 0 {

@@ -86,8 +86,6 @@ type response struct {
 // maxMessage bounds one packet: a container's config is a few KiB.
 const maxMessage = 1 << 20
 
-func marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
 // warmJSON builds encoding/json's caches for libcontainer's config types,
 // which the first start request would otherwise build on its way: 0.5-0.7 ms
 // in a fresh process, for the encoding at sandboxd's end (and the decoding
