@@ -715,7 +715,7 @@ func BenchmarkCreateDestroyInternet(b *testing.B) {
 }
 
 func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet bool) {
-	phases := &phaseRecorder{d: map[string][]time.Duration{}}
+	phases := &recorder{}
 	opts.Log = slog.New(phases)
 	be, err := local.New(context.Background(), opts)
 	if err != nil {
@@ -826,24 +826,29 @@ func BenchmarkPauseDisk(b *testing.B) {
 	b.ReportMetric(ms(pct(resumes, 50)), "resume-p50-ms")
 }
 
-// phaseRecorder is a slog.Handler that keeps the durations of "sandbox
-// started" records, by attribute.
-type phaseRecorder struct {
-	mu sync.Mutex
-	d  map[string][]time.Duration
+// recorder is a slog.Handler that keeps the messages logged to it, and the
+// durations of "sandbox started" records, by attribute.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+	d    map[string][]time.Duration
 }
 
-func (p *phaseRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (p *phaseRecorder) WithAttrs([]slog.Attr) slog.Handler       { return p }
-func (p *phaseRecorder) WithGroup(string) slog.Handler            { return p }
-func (p *phaseRecorder) Handle(_ context.Context, r slog.Record) error {
+func (p *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (p *recorder) WithAttrs([]slog.Attr) slog.Handler       { return p }
+func (p *recorder) WithGroup(string) slog.Handler            { return p }
+func (p *recorder) Handle(_ context.Context, r slog.Record) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, r.Message)
 	if r.Message != "sandbox started" {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Value.Kind() == slog.KindDuration {
+			if p.d == nil {
+				p.d = map[string][]time.Duration{}
+			}
 			p.d[a.Key] = append(p.d[a.Key], a.Value.Duration())
 		}
 		return true
@@ -851,10 +856,18 @@ func (p *phaseRecorder) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-func (p *phaseRecorder) get(k string) []time.Duration {
+// get returns the durations of attribute k.
+func (p *recorder) get(k string) []time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.d[k]
+}
+
+// has reports whether msg was logged.
+func (p *recorder) has(msg string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.msgs, msg)
 }
 
 func pct(d []time.Duration, p int) time.Duration {
@@ -1523,7 +1536,7 @@ func TestFavorDynMods(t *testing.T) {
 		}
 		opts := env.options(t)
 		opts.LeaveCgroupMount = leave
-		said := &messageRecorder{}
+		said := &recorder{}
 		opts.Log = slog.New(said)
 		b, err := local.New(t.Context(), opts)
 		if err != nil {
@@ -1549,28 +1562,6 @@ func TestFavorDynMods(t *testing.T) {
 			t.Errorf("%s has cgroup2 flags %v, want %v", mp, flags, want)
 		}
 	}
-}
-
-// messageRecorder is a slog.Handler that keeps the messages logged to it.
-type messageRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (m *messageRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (m *messageRecorder) WithAttrs([]slog.Attr) slog.Handler       { return m }
-func (m *messageRecorder) WithGroup(string) slog.Handler            { return m }
-func (m *messageRecorder) Handle(_ context.Context, r slog.Record) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.msgs = append(m.msgs, r.Message)
-	return nil
-}
-
-func (m *messageRecorder) has(msg string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Contains(m.msgs, msg)
 }
 
 // TestStartInProcess: without InitPath, this process makes libcontainer's
