@@ -294,6 +294,9 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}
+	if s.ctr == nil {
+		s.loadContainer(filepath.Join(dir, "ctr"))
+	}
 	b.log.Debug("sandbox started", "sandbox", spec.ID,
 		"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
 		"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted))
@@ -301,12 +304,13 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 }
 
 // run creates and starts sandbox s's container from cfg, with envd (proc)
-// as its init writing to logPath, and sets s.ctr. It returns init's pid and
-// a channel closed when init exits, and registers on r the undos that kill
-// init and destroy the container. With Options.InitPath the helper
-// sandboxd-init does the libcontainer calls (package starter), so that the
-// init libcontainer re-executes is that small binary; without it this
-// process does, and re-executes itself.
+// as its init writing to logPath. It returns init's pid and a channel
+// closed when init exits, and registers on r the undos that kill init and
+// destroy the container. With Options.InitPath the helper sandboxd-init
+// does the libcontainer calls (package starter), so that the init
+// libcontainer re-executes is that small binary; s.ctr is then nil, for
+// start to load once envd answers (loadContainer). Without it this process
+// does them, re-executes itself, and sets s.ctr.
 func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc *specs.Process, logPath string, r *revert.Reverter) (int, <-chan struct{}, error) {
 	spec := starter.Spec{
 		Root: filepath.Join(s.dir, "ctr"), ID: s.id, Config: cfg,
@@ -327,11 +331,15 @@ func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc
 		if err != nil {
 			return 0, nil, err // the helper left nothing
 		}
-		if ctr, err = libcontainer.Load(spec.Root, s.id); err != nil {
-			_ = unix.Kill(pid, unix.SIGKILL) // init of a pid namespace: all of it goes
+		// No handle yet to kill with: init is the first process of the
+		// cgroup, and of a pid namespace (all of it goes with it). The
+		// caller's cleanup removes the state and the cgroups by path.
+		cg := b.cgroupPath(s.id)
+		r.Add(func() {
+			killCgroup(cg)
 			<-exited
-			return 0, nil, fmt.Errorf("container: %w", err)
-		}
+		})
+		return pid, exited, nil
 	} else {
 		c, p, err := starter.Run(spec)
 		if err != nil {
@@ -390,4 +398,26 @@ func libcontainerConfig(id string, oci *specs.Spec, userNS bool) (*configs.Confi
 		cfg.Devices[i] = &c
 	}
 	return cfg, nil
+}
+
+// loadContainer loads libcontainer's handle of s's container, which
+// sandboxd-init started, from the state it wrote under root, in the
+// background: s.ctr and s.ctrErr are set when s.ctrLoad is closed (see
+// sandbox.container). Reading and decoding that state takes 0.4-0.6 ms of
+// CPU, which in a create's critical path slowed envd's own start on two
+// cores; the handle is for later calls (pause, stats, destroy), which wait
+// for it. A failed load leaves the sandbox without a handle: its destroy
+// still kills and removes it by cgroup and by path.
+func (s *sandbox) loadContainer(root string) {
+	done := make(chan struct{})
+	s.ctrLoad, s.ctrErr = done, nil
+	go func() {
+		defer close(done)
+		ctr, err := libcontainer.Load(root, s.id)
+		if err != nil {
+			s.ctrErr = fmt.Errorf("load container: %w", err)
+			return
+		}
+		s.ctr = ctr
+	}()
 }

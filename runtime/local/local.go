@@ -213,9 +213,15 @@ type sandbox struct {
 	id  string
 	dir string
 
-	mu      sync.Mutex
-	meta    meta
+	mu   sync.Mutex
+	meta meta
+	// ctr is libcontainer's handle of the container, nil while paused to
+	// disk; after a start through sandboxd-init it is loaded in the
+	// background (loadContainer). Read it through container().
 	ctr     *libcontainer.Container
+	ctrLoad chan struct{}   // closed when a background load of ctr ended; nil: none
+	ctrErr  error           // that load's error
+	frozen  bool            // paused in memory
 	exited  <-chan struct{} // closed when init exits; nil for adopted sandboxes
 	gone    bool            // destroyed
 	ready   chan struct{}   // closed when Create finished (either way)
@@ -571,7 +577,7 @@ func (b *Backend) load(id string) (*sandbox, error) {
 			b.log.Warn("adopt: remove the layer of a resumed sandbox", "sandbox", id, "err", err)
 		}
 	}
-	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, ready: ready, created: true}, nil
+	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, frozen: st == libcontainer.Paused, ready: ready, created: true}, nil
 }
 
 // loadSaved returns the sandbox paused to disk with meta m. What it held
@@ -611,23 +617,54 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 	return s, nil
 }
 
-// info reports s; the caller holds s.mu.
-func (s *sandbox) info() (*runtime.Sandbox, error) {
-	var state runtime.State
-	st := libcontainer.Paused
-	if s.meta.Paused != pausedDisk {
-		var err error
-		if st, err = s.ctr.Status(); err != nil {
-			return nil, err
+// container returns s's libcontainer handle, once a background load of it
+// (loadContainer) has ended: nil, and no error, while s is paused to disk.
+// The caller holds s.mu.
+func (s *sandbox) container() (*libcontainer.Container, error) {
+	if s.ctrLoad != nil {
+		<-s.ctrLoad
+	}
+	return s.ctr, s.ctrErr
+}
+
+// state says whether s runs or is paused. It asks libcontainer (which
+// reads /proc and the freezer) only for a sandbox adopted from an earlier
+// process: for one started here, s.frozen and s.exited say it, and a Dial
+// (every request to envd) need not wait for the handle.
+func (s *sandbox) state() (runtime.State, error) {
+	if s.meta.Paused == pausedDisk || s.frozen {
+		return runtime.StatePaused, nil
+	}
+	if s.exited != nil {
+		select {
+		case <-s.exited:
+			return "", fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
+		default:
+			return runtime.StateRunning, nil
 		}
+	}
+	ctr, err := s.container()
+	if err != nil {
+		return "", err
+	}
+	st, err := ctr.Status()
+	if err != nil {
+		return "", err
 	}
 	switch st {
 	case libcontainer.Running, libcontainer.Created:
-		state = runtime.StateRunning
+		return runtime.StateRunning, nil
 	case libcontainer.Paused:
-		state = runtime.StatePaused
-	default:
-		return nil, fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
+		return runtime.StatePaused, nil
+	}
+	return "", fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
+}
+
+// info reports s; the caller holds s.mu.
+func (s *sandbox) info() (*runtime.Sandbox, error) {
+	state, err := s.state()
+	if err != nil {
+		return nil, err
 	}
 	return &runtime.Sandbox{
 		ID:        s.id,

@@ -66,8 +66,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	// SIGKILL to init kills the whole pid namespace; libcontainer thaws a
 	// paused sandbox first so that the kill is delivered.
-	if s.ctr != nil { // nil: paused to disk, nothing runs
-		if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+	switch ctr, err := s.container(); {
+	case err != nil:
+		// No handle: cleanup kills what is in the cgroups.
+		b.log.Warn("destroy: kill", "sandbox", id, "err", err)
+	case ctr != nil: // nil: paused to disk, nothing runs
+		if err := ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 			b.log.Warn("destroy: kill", "sandbox", id, "err", err)
 		}
 		if err := s.waitExit(); err != nil {
@@ -219,7 +223,11 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 			PidsLimit:        uint64(b.opts.PidsMax),
 		}, nil
 	}
-	st, err := s.ctr.Stats()
+	ctr, err := s.container()
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
+	}
+	st, err := ctr.Stats()
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
 	}

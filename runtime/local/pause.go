@@ -116,8 +116,12 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 	if s.meta.Paused == pausedDisk {
 		return nil
 	}
+	ctr, err := s.container()
+	if err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
 	if kind == runtime.PauseDisk {
-		switch st, _ := s.ctr.Status(); st {
+		switch st, _ := ctr.Status(); st {
 		case libcontainer.Paused:
 			return nil // paused already, in memory
 		case libcontainer.Stopped:
@@ -133,8 +137,9 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 		}
 		return nil
 	}
-	if err := s.ctr.Pause(); err != nil {
-		if st, _ := s.ctr.Status(); st == libcontainer.Paused {
+	if err := ctr.Pause(); err != nil {
+		if st, _ := ctr.Status(); st == libcontainer.Paused {
+			s.frozen = true
 			return nil
 		}
 		if errors.Is(err, libcontainer.ErrNotRunning) {
@@ -142,6 +147,7 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 		}
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
+	s.frozen = true
 	return nil
 }
 
@@ -163,15 +169,21 @@ func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
 		}
 		return true, nil
 	}
-	if err := s.ctr.Resume(); err != nil {
+	ctr, err := s.container()
+	if err != nil {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	if err := ctr.Resume(); err != nil {
 		if errors.Is(err, libcontainer.ErrNotPaused) {
-			if st, _ := s.ctr.Status(); st == libcontainer.Running {
+			if st, _ := ctr.Status(); st == libcontainer.Running {
+				s.frozen = false
 				return false, nil
 			}
 			return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotRunning)
 		}
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
+	s.frozen = false
 	return false, nil
 }
 
@@ -244,7 +256,11 @@ func frsize(st *unix.Statfs_t) uint64 {
 // charged to the sandbox's cgroup, so its pages are freed before the cgroup
 // goes.
 func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
-	if err := s.ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+	ctr, err := s.container()
+	if err != nil {
+		return err
+	}
+	if err := ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 		return fmt.Errorf("kill: %w", err)
 	}
 	if err := s.waitExit(); err != nil {
@@ -254,7 +270,7 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 	tmp := filepath.Join(b.opts.SaveDir, "."+s.id+savingSuffix)
 	m := s.meta
 	m.Paused = pausedDisk
-	err := func() error {
+	err = func() error {
 		if err := unmount(s.rootfsDir()); err != nil {
 			return err
 		}
@@ -311,7 +327,10 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 
 // restart starts a stopped sandbox again on the tmpfs it still has.
 func (b *Backend) restart(ctx context.Context, s *sandbox) error {
-	_ = s.ctr.Destroy()
+	if ctr, _ := s.container(); ctr != nil {
+		_ = ctr.Destroy()
+	}
+	s.ctr, s.ctrLoad, s.ctrErr = nil, nil, nil
 	deleteLinks(s.id)
 	tpl := b.templateOf(s)
 	var ip netip.Addr
@@ -358,7 +377,7 @@ func (b *Backend) releaseStopped(s *sandbox) error {
 	if err := removeCgroup(cg); err != nil {
 		errs = append(errs, err)
 	}
-	s.ctr = nil
+	s.ctr, s.ctrLoad, s.ctrErr = nil, nil, nil
 	return errors.Join(errs...)
 }
 

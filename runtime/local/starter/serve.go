@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 
 	// Device cgroup rules fail without the devices controller's
@@ -16,6 +17,7 @@ import (
 	// nsenter's C constructor runs the namespace setup of "init" before the
 	// Go runtime starts; libcontainer cannot start a container without it.
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -116,6 +118,11 @@ func Run(s Spec) (*libcontainer.Container, *libcontainer.Process, error) {
 	proc := &libcontainer.Process{
 		Args: s.Args, Env: s.Env, Cwd: s.Cwd,
 		Stdout: logf, Stderr: logf, Init: true,
+		// The level logrus logs at here (info), as runc passes its own:
+		// without it nsexec, the init's C half, logs at debug, some twenty
+		// JSON lines through a pipe for this process to parse and drop at
+		// every start.
+		LogLevel: strconv.Itoa(int(logrus.GetLevel())),
 	}
 	if err := ctr.Run(proc); err != nil {
 		_ = ctr.Destroy()
