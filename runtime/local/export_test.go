@@ -1,5 +1,7 @@
 package local
 
+import "errors"
+
 // HostInterface is the name of sandbox id's host veth end, for tests.
 func HostInterface(id string) string {
 	host, _ := linkNames(id)
@@ -38,4 +40,18 @@ func (b *Backend) StarterPid() int {
 		return 0
 	}
 	return b.starter.Pid()
+}
+
+// FailContainerLoad makes sandbox id's libcontainer handle a failed
+// background load (see loadContainer), for tests.
+func (b *Backend) FailContainerLoad(id string) {
+	b.mu.Lock()
+	s := b.sbx[id]
+	b.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.container() // the real load, if one runs, ends first
+	done := make(chan struct{})
+	close(done)
+	s.ctr, s.ctrLoad, s.ctrErr = nil, done, errors.New("load container: test")
 }

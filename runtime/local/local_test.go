@@ -1652,3 +1652,39 @@ func TestStarterUnavailable(t *testing.T) {
 		t.Errorf("List after the failed create = %v", l)
 	}
 }
+
+// TestContainerLoadFails: a sandbox whose libcontainer handle could not be
+// loaded after its start (it loads in the background) still answers, its
+// calls that need the handle fail with an error, and Destroy kills and
+// removes it by cgroup and by path.
+func TestContainerLoadFails(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	t.Cleanup(func() { _ = b.Close() })
+	id := mustCreate(t, b, runtime.Spec{})
+	b.FailContainerLoad(id)
+	if res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/true"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec without a handle: %+v %v", res, err)
+	}
+	l, err := b.List(t.Context())
+	if err != nil || len(l) != 1 || l[0].ID != id || l[0].State != runtime.StateRunning {
+		t.Fatalf("List = %+v, %v; want %s running", l, err, id)
+	}
+	if err := b.Pause(t.Context(), id, runtime.PauseMemory); err == nil {
+		t.Fatal("Pause without a handle succeeded")
+	}
+	if _, err := b.Stats(t.Context(), id); err == nil {
+		t.Fatal("Stats without a handle succeeded")
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatalf("Destroy without a handle: %v", err)
+	}
+	for _, h := range local.CgroupRoots() {
+		if _, err := os.Stat(filepath.Join(h, env.cgroupParent, id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("cgroup %s left: %v", filepath.Join(h, env.cgroupParent, id), err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(env.root, "sandboxes", id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("state directory left: %v", err)
+	}
+}
