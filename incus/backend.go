@@ -618,7 +618,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, wrap("instance", err)
 	}
 	tRunning := time.Now()
-	tHealthy, err := b.settle(ctx, s)
+	tHealthy, err := b.settle(ctx, s, spec.EnvdInit)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
@@ -630,6 +630,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	s.readyAt = time.Now()
 	info := s.info()
 	s.mu.Unlock()
+	info.EnvdInitialized = spec.EnvdInit != nil
 	return info, nil
 }
 
@@ -639,9 +640,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 // peer credentials name (no GET …/state: it gathers disk and network usage,
 // 5 ms to over 100 ms on a loaded host). envd binds 127.0.0.1 with lo
 // still down, and nothing reaches it over TCP before Create returns. It
-// returns when envd first answered.
-func (b *Backend) settle(ctx context.Context, s *sandbox) (healthy time.Time, err error) {
-	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 2 * time.Millisecond, Socket: filepath.Join(s.dir, "envd.sock")}); err != nil {
+// returns when envd first answered. With init, envd's first answer is to
+// that /init (envdconn.Health.Init).
+func (b *Backend) settle(ctx context.Context, s *sandbox, init []byte) (healthy time.Time, err error) {
+	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 2 * time.Millisecond, Socket: filepath.Join(s.dir, "envd.sock"), Init: init}); err != nil {
 		return time.Time{}, fmt.Errorf("envd: %w", err)
 	}
 	healthy = time.Now()

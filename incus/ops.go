@@ -297,7 +297,7 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) 
 	if err := b.c.SetState(ctx, s.name, StatePut{Action: "start"}); err != nil {
 		return fail(fmt.Errorf("start: %w", err))
 	}
-	if _, err := b.settle(ctx, s); err != nil {
+	if _, err := b.settle(ctx, s, nil); err != nil {
 		return fail(err)
 	}
 	// Ephemeral again only once it runs (a stopped ephemeral instance is

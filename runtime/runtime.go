@@ -144,6 +144,13 @@ type Spec struct {
 	// AllowInternet gives the sandbox egress to the internet. Without it,
 	// the sandbox has loopback only. It never reaches the host's loopback.
 	AllowInternet bool
+	// EnvdInit, if set, is the body of envd's POST /init for this create:
+	// access token, environment, default user, clock. A backend may send it
+	// as its readiness probe instead of GET /health, and then says so in
+	// Sandbox.EnvdInitialized: one request less on the way to a new
+	// sandbox. It is not kept: envd started again (a resume from disk)
+	// needs /init again.
+	EnvdInit []byte `json:"-"`
 }
 
 // Compiled on first use, not at package init: every sandbox start
@@ -192,6 +199,9 @@ type Sandbox struct {
 	// Spec is the spec it was created with, resources defaulted.
 	Spec      Spec
 	CreatedAt time.Time
+	// EnvdInitialized: Create's readiness probe was Spec.EnvdInit's
+	// /init, which envd accepted.
+	EnvdInitialized bool
 }
 
 // Stats is a sandbox's resource use at one moment. A backend that cannot

@@ -24,17 +24,11 @@ type envdInit struct {
 
 // initEnvd hands a new sandbox its env vars, access token and default user.
 // It is the control plane's only write to envd, over the backend's private
-// channel (never through the public proxy, which refuses /init).
+// channel (never through the public proxy, which refuses /init). A cold
+// create hands the same body to the backend instead (runtime.Spec.EnvdInit),
+// whose readiness probe can be this /init.
 func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
-	body := envdInit{
-		EnvVars:     sb.EnvVars,
-		DefaultUser: m.cfg.DefaultUser,
-		Timestamp:   m.now().UTC().Format(time.RFC3339Nano),
-	}
-	if sb.EnvdAccessToken != "" {
-		body.AccessToken = &sb.EnvdAccessToken
-	}
-	raw, err := json.Marshal(body)
+	raw, err := m.envdInitBody(sb)
 	if err != nil {
 		return err
 	}
@@ -48,6 +42,19 @@ func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("envd /init: %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil
+}
+
+// envdInitBody is the body of envd's /init for sb.
+func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
+	body := envdInit{
+		EnvVars:     sb.EnvVars,
+		DefaultUser: m.cfg.DefaultUser,
+		Timestamp:   m.now().UTC().Format(time.RFC3339Nano),
+	}
+	if sb.EnvdAccessToken != "" {
+		body.AccessToken = &sb.EnvdAccessToken
+	}
+	return json.Marshal(body)
 }
 
 // envdDo makes one request to a sandbox's envd over a fresh backend

@@ -403,24 +403,38 @@ func sandboxSpec(id string) runtime.Spec {
 	return runtime.Spec{ID: id, Template: "base", MemoryMB: 512}
 }
 
-// A cold create that fails after the backend started the sandbox (envd
-// refuses /init) destroys it and leaves no row.
+// A cold create whose /init envd refuses leaves no sandbox and no row:
+// refused as the backend's readiness probe, the backend's create fails and
+// undoes itself; refused after a backend without that probe created the
+// sandbox, the manager destroys it.
 func TestColdCreateFailedInitRevertsEverything(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newTestEnv(t, nil)
-		e.be.FailInit.Store(true)
-		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {
-			t.Fatal("create with a failing /init succeeded")
-		}
-		if got := len(e.be.IDs()); got != 0 {
-			t.Fatalf("%d sandboxes left on the backend; want 0", got)
-		}
-		if c, d := e.be.Creates.Load(), e.be.Destroys.Load(); c != 1 || d != 1 {
-			t.Fatalf("backend creates=%d destroys=%d; want 1 and 1", c, d)
-		}
-		live, err := e.st.ListLive(context.Background())
-		if err != nil || len(live) != 0 {
-			t.Fatalf("live rows after the failed create: %v, %v", live, err)
-		}
-	})
+	for _, tc := range []struct {
+		name                      string
+		noProbe                   bool
+		wantCreates, wantDestroys int64
+	}{
+		{"init as the probe", false, 0, 0},
+		{"init after the create", true, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newTestEnv(t, nil)
+				e.be.FailInit.Store(true)
+				e.be.NoInitProbe.Store(tc.noProbe)
+				if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {
+					t.Fatal("create with a failing /init succeeded")
+				}
+				if got := len(e.be.IDs()); got != 0 {
+					t.Fatalf("%d sandboxes left on the backend; want 0", got)
+				}
+				if c, d := e.be.Creates.Load(), e.be.Destroys.Load(); c != tc.wantCreates || d != tc.wantDestroys {
+					t.Fatalf("backend creates=%d destroys=%d; want %d and %d", c, d, tc.wantCreates, tc.wantDestroys)
+				}
+				live, err := e.st.ListLive(context.Background())
+				if err != nil || len(live) != 0 {
+					t.Fatalf("live rows after the failed create: %v, %v", live, err)
+				}
+			})
+		})
+	}
 }

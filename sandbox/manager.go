@@ -401,8 +401,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		AccessToken:   sb.EnvdAccessToken,
 		AllowInternet: sb.AllowInternetAccess,
 	}
+	initialized := false
 	if member == nil {
-		_, err := m.backend.Create(ctx, spec)
+		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
+			return nil, fmt.Errorf("create sandbox: %w", err)
+		}
+		created, err := m.backend.Create(ctx, spec)
 		adm.release() // the slot bounds the backend's work, not the rest
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
@@ -412,10 +416,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 				m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "err", derr)
 			}
 		})
+		initialized = created != nil && created.EnvdInitialized
 	}
 	tBackend := m.now()
-	if err := m.initEnvd(ctx, sb); err != nil {
-		return nil, fmt.Errorf("create sandbox: init envd: %w", err)
+	if !initialized {
+		if err := m.initEnvd(ctx, sb); err != nil {
+			return nil, fmt.Errorf("create sandbox: init envd: %w", err)
+		}
 	}
 	tInit := m.now()
 	sb.State = store.StateRunning

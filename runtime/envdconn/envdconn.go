@@ -7,9 +7,11 @@
 package envdconn
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -105,10 +107,16 @@ type Health struct {
 	// SlowPoll is the fallback interval while Socket does not exist; zero
 	// means 25 ms.
 	SlowPoll time.Duration
+	// Init, if set, makes the probe POST /init with this body instead of
+	// GET /health, so that the wait ends with envd initialized. An answer
+	// other than 204 or 200 ends the wait with an error: envd is up, and
+	// refused the body.
+	Init []byte
 }
 
-// WaitHealthy asks envd's /health through dial until it answers 200 or 204,
-// h.Exited is closed or ctx ends; the last two are runtime.ErrUnavailable.
+// WaitHealthy asks envd's /health (or posts h.Init to /init) through dial
+// until it answers 200 or 204, h.Exited is closed or ctx ends; the last two
+// are runtime.ErrUnavailable.
 func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	maxDelay := h.MaxDelay
 	if maxDelay <= 0 {
@@ -137,16 +145,31 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	defer hc.CloseIdleConnections()
 	delay := 500 * time.Microsecond
 	var last error
+	method, path := http.MethodGet, "/health"
+	if h.Init != nil {
+		method, path = http.MethodPost, "/init"
+	}
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
+		var body io.Reader
+		if h.Init != nil {
+			body = bytes.NewReader(h.Init)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, body)
 		if err != nil {
 			return err
 		}
+		if h.Init != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
 		resp, err := hc.Do(req)
 		if err == nil {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+			switch {
+			case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK:
 				return nil
+			case h.Init != nil:
+				return fmt.Errorf("envd /init: %s: %s", resp.Status, bytes.TrimSpace(msg))
 			}
 			err = fmt.Errorf("/health answered %s", resp.Status)
 		}

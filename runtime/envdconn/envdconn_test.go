@@ -3,6 +3,7 @@ package envdconn_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -222,5 +223,54 @@ func TestWaitHealthySharedDir(t *testing.T) {
 		if err := <-step.done; err != nil {
 			t.Fatalf("WaitHealthy(%s): %v", step.name, err)
 		}
+	}
+}
+
+// TestWaitHealthyInit: with Init, the probe posts the body to /init and the
+// wait ends once envd accepts it; an envd that refuses it ends the wait at
+// once with its answer, not at the deadline.
+func TestWaitHealthyInit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		status  int
+		wantErr string
+	}{
+		{"accepted", http.StatusNoContent, ""},
+		{"refused", http.StatusUnauthorized, "envd /init: 401 Unauthorized: no"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "envd.sock")
+			ln, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan string, 10)
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				got <- r.Method + " " + r.URL.Path + " " + r.Header.Get("Content-Type") + " " + string(b)
+				w.WriteHeader(tc.status)
+				if tc.status != http.StatusNoContent {
+					_, _ = w.Write([]byte("no\n"))
+				}
+			})}
+			go srv.Serve(ln)
+			t.Cleanup(func() { srv.Close() })
+			dial := func(ctx context.Context) (net.Conn, error) { return envdconn.DialSocket(ctx, path, "sb") }
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			err = envdconn.WaitHealthy(ctx, dial, envdconn.Health{Init: []byte(`{"envVars":{"A":"1"}}`)})
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("WaitHealthy: %v", err)
+			case tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr):
+				t.Fatalf("WaitHealthy = %v; want %q", err, tc.wantErr)
+			}
+			if req, want := <-got, `POST /init application/json {"envVars":{"A":"1"}}`; req != want {
+				t.Errorf("envd got %q; want %q", req, want)
+			}
+			if len(got) != 0 {
+				t.Errorf("envd got %d more requests", len(got))
+			}
+		})
 	}
 }

@@ -116,7 +116,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := s.prepareDisk(nil); err != nil {
 		return nil, wrap("disk", err)
 	}
-	if err := b.start(ctx, s, tpl, ip, r); err != nil {
+	if err := b.start(ctx, s, tpl, ip, spec.EnvdInit, r); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 
@@ -126,7 +126,12 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	defer s.mu.Unlock()
 	s.created = true
 	r.Success()
-	return s.info()
+	info, err := s.info()
+	if err != nil {
+		return nil, err
+	}
+	info.EnvdInitialized = spec.EnvdInit != nil
+	return info, nil
 }
 
 // makeStateDir makes a sandbox's state directory dir, which must not exist.
@@ -197,10 +202,11 @@ func (s *sandbox) prepareDisk(restore func(upper string) error) error {
 
 // start mounts the sandbox's root on its prepared disk, gives it its
 // network (ip, when valid) and starts envd in a new container, returning
-// once envd answers /health. It writes meta.json once the container runs.
+// once envd answers /health, or accepts init as its /init when given. It
+// writes meta.json once the container runs.
 // Its undos kill the container and delete the links; the mounts and the
 // cgroup are left to the caller's cleanup.
-func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip.Addr, r *revert.Reverter) error {
+func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip.Addr, init []byte, r *revert.Reverter) error {
 	var (
 		spec    = s.meta.Spec
 		dir     = s.dir
@@ -290,7 +296,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
 		Exited: exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
-		Socket: filepath.Join(sockDir, "envd.sock"),
+		Socket: filepath.Join(sockDir, "envd.sock"), Init: init,
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}

@@ -341,7 +341,7 @@ func (b *Backend) restart(ctx context.Context, s *sandbox) error {
 	defer cancel()
 	r := revert.New()
 	defer r.Fail()
-	if err := b.start(ctx, s, tpl, ip, r); err != nil {
+	if err := b.start(ctx, s, tpl, ip, nil, r); err != nil {
 		return err
 	}
 	r.Success()
@@ -436,7 +436,7 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 	if s.meta.Net != nil {
 		ip = s.meta.Net.IP
 	}
-	if err := b.start(ctx, s, b.templateOf(s), ip, r); err != nil {
+	if err := b.start(ctx, s, b.templateOf(s), ip, nil, r); err != nil {
 		return err
 	}
 	m := s.meta

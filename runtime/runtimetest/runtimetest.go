@@ -59,6 +59,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend) {
 		fn   func(t *testing.T, b runtime.Backend)
 	}{
 		{"CreateHealth", testCreateHealth},
+		{"CreateEnvdInit", testCreateEnvdInit},
 		{"CreateErrors", testCreateErrors},
 		{"CreateCancelled", testCreateCancelled},
 		{"DestroyTwice", testDestroyTwice},
@@ -258,6 +259,40 @@ func testCreateHealth(t *testing.T, b runtime.Backend) {
 	if err := health(ctxFor(t), b, sb.ID, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testCreateEnvdInit: a create given envd's /init body ends with envd
+// initialized by it (the body's variables reach commands); one whose body
+// envd refuses fails and leaves nothing.
+func testCreateEnvdInit(t *testing.T, b runtime.Backend) {
+	id := NewID()
+	sp := spec(id)
+	sp.EnvdInit = []byte(`{"envVars":{"SANDBOXD_FROM_INIT":"yes"},"timestamp":"` + time.Now().UTC().Format(time.RFC3339Nano) + `"}`)
+	sb, err := b.Create(ctxFor(t), sp)
+	if err != nil {
+		t.Fatalf("Create(%s) = %v", id, err)
+	}
+	t.Cleanup(func() {
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Errorf("cleanup: Destroy(%s) = %v", id, err)
+		}
+		assertNoTrace(t, b, id)
+	})
+	if !sb.EnvdInitialized {
+		t.Errorf("Create().EnvdInitialized = false; want true (the backend sends EnvdInit as its probe)")
+	}
+	if res := mustSh(t, b, id, "user", "echo $SANDBOXD_FROM_INIT"); res.Stdout != "yes\n" {
+		t.Errorf("SANDBOXD_FROM_INIT in a command = %q; want the /init body's \"yes\"", res.Stdout)
+	}
+
+	bad := NewID()
+	sp = spec(bad)
+	sp.EnvdInit = []byte(`{`)
+	if _, err := b.Create(ctxFor(t), sp); err == nil || !strings.Contains(err.Error(), "400") {
+		_ = b.Destroy(context.Background(), bad)
+		t.Errorf("Create(refused /init body) = %v; want envd's 400", err)
+	}
+	assertNoTrace(t, b, bad)
 }
 
 func testCreateErrors(t *testing.T, b runtime.Backend) {

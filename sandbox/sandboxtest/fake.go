@@ -28,6 +28,10 @@ type Backend struct {
 	FailCreate atomic.Pointer[error]
 	// FailInit, when set, makes every envd answer /init with 500.
 	FailInit atomic.Bool
+	// NoInitProbe, when set, makes Create ignore Spec.EnvdInit, as a
+	// backend whose readiness probe is GET /health: the control plane then
+	// posts /init itself.
+	NoInitProbe atomic.Bool
 	// Resources, when set before use, are the templates' declared
 	// resources (runtime.TemplateResourcer).
 	Resources map[string]runtime.Resources
@@ -192,10 +196,29 @@ func (b *Backend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox,
 	if _, ok := b.sbx[s.ID]; ok {
 		return nil, fmt.Errorf("%s: %w", s.ID, runtime.ErrAlreadyExists)
 	}
+	// As the real backends do, the create's readiness probe is the /init
+	// it is given: the fake envd records it, or refuses it (FailInit), and
+	// then the create fails.
+	if b.NoInitProbe.Load() {
+		s.EnvdInit = nil
+	}
+	if s.EnvdInit != nil {
+		if b.FailInit.Load() {
+			return nil, fmt.Errorf("create %s: envd /init: 500 Internal Server Error: init refused", s.ID)
+		}
+		var body map[string]any
+		if err := json.Unmarshal(s.EnvdInit, &body); err != nil {
+			return nil, fmt.Errorf("create %s: envd /init: 400 Bad Request: %w", s.ID, err)
+		}
+		b.inits[s.ID] = append(b.inits[s.ID], body)
+	}
+	initialized := s.EnvdInit != nil
+	s.EnvdInit = nil // not kept, as by the real backends
 	sb := &runtime.Sandbox{ID: s.ID, Template: s.Template, State: runtime.StateRunning, Spec: s, CreatedAt: time.Now()}
 	b.sbx[s.ID] = sb
 	b.Creates.Add(1)
 	cp := *sb
+	cp.EnvdInitialized = initialized
 	return &cp, nil
 }
 
