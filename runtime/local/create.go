@@ -24,8 +24,10 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
-// Create starts a sandbox and returns once envd answers /health. Every step
-// registers its undo, so a failed or cancelled Create leaves nothing.
+// Create starts a sandbox and returns once envd answers /health, or has
+// accepted spec.EnvdInit as its /init (then the Sandbox says
+// EnvdInitialized). Every step registers its undo, so a failed or
+// cancelled Create leaves nothing.
 func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
