@@ -109,16 +109,21 @@ func spec(id string) runtime.Spec {
 // destruction (and a check that it left nothing) with t.Cleanup.
 func create(t *testing.T, b runtime.Backend) *runtime.Sandbox {
 	t.Helper()
-	id := NewID()
-	sb, err := b.Create(ctxFor(t), spec(id))
+	return createSpec(t, b, spec(NewID()))
+}
+
+// createSpec is create with sp.
+func createSpec(t *testing.T, b runtime.Backend, sp runtime.Spec) *runtime.Sandbox {
+	t.Helper()
+	sb, err := b.Create(ctxFor(t), sp)
 	if err != nil {
-		t.Fatalf("Create(%s) = %v", id, err)
+		t.Fatalf("Create(%s) = %v", sp.ID, err)
 	}
 	t.Cleanup(func() {
-		if err := b.Destroy(context.Background(), id); err != nil {
-			t.Errorf("cleanup: Destroy(%s) = %v", id, err)
+		if err := b.Destroy(context.Background(), sp.ID); err != nil {
+			t.Errorf("cleanup: Destroy(%s) = %v", sp.ID, err)
 		}
-		assertNoTrace(t, b, id)
+		assertNoTrace(t, b, sp.ID)
 	})
 	return sb
 }
@@ -265,19 +270,10 @@ func testCreateHealth(t *testing.T, b runtime.Backend) {
 // initialized by it (the body's variables reach commands); one whose body
 // envd refuses fails and leaves nothing.
 func testCreateEnvdInit(t *testing.T, b runtime.Backend) {
-	id := NewID()
-	sp := spec(id)
+	sp := spec(NewID())
 	sp.EnvdInit = []byte(`{"envVars":{"SANDBOXD_FROM_INIT":"yes"},"timestamp":"` + time.Now().UTC().Format(time.RFC3339Nano) + `"}`)
-	sb, err := b.Create(ctxFor(t), sp)
-	if err != nil {
-		t.Fatalf("Create(%s) = %v", id, err)
-	}
-	t.Cleanup(func() {
-		if err := b.Destroy(context.Background(), id); err != nil {
-			t.Errorf("cleanup: Destroy(%s) = %v", id, err)
-		}
-		assertNoTrace(t, b, id)
-	})
+	sb := createSpec(t, b, sp)
+	id := sb.ID
 	if !sb.EnvdInitialized {
 		t.Errorf("Create().EnvdInitialized = false; want true (the backend sends EnvdInit as its probe)")
 	}
