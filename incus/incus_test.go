@@ -180,6 +180,10 @@ func cleanupBackend(t testing.TB, b *incus.Backend, ns string) {
 		t.Errorf("cleanup: Reconcile: %v", err)
 	}
 	_ = os.RemoveAll(filepath.Join("/run/sandboxd-test/incus", ns))
+	// The parents go with the last test that used them (non-empty, the
+	// removal fails and they stay for the others).
+	_ = os.Remove("/run/sandboxd-test/incus")
+	_ = os.Remove("/run/sandboxd-test")
 }
 
 func TestConformance(t *testing.T) {
