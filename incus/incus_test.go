@@ -143,7 +143,7 @@ func options(t testing.TB, ns string) incus.Options {
 		Pool:      env("SANDBOXD_INCUS_POOL", "sandboxd"),
 		Images:    map[string]string{incus.DefaultTemplate: env("SANDBOXD_INCUS_IMAGE", "sandboxd-base")},
 		EnvdPath:  envdBin,
-		Root:      filepath.Join("/run/sandboxd-test/incus", ns),
+		Root:      filepath.Join(testRoot, ns),
 		Namespace: "test-" + ns,
 		Log:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
@@ -179,12 +179,16 @@ func cleanupBackend(t testing.TB, b *incus.Backend, ns string) {
 	if err := b.Reconcile(ctx); err != nil {
 		t.Errorf("cleanup: Reconcile: %v", err)
 	}
-	_ = os.RemoveAll(filepath.Join("/run/sandboxd-test/incus", ns))
-	// The parents go with the last test that used them (non-empty, the
-	// removal fails and they stay for the others).
-	_ = os.Remove("/run/sandboxd-test/incus")
-	_ = os.Remove("/run/sandboxd-test")
+	_ = os.RemoveAll(filepath.Join(testRoot, ns))
+	// The parent goes with the last test that used it (non-empty, the
+	// removal fails and it stays for the others). It is this package's
+	// own: runtime/local's tests, which may run at the same time, make
+	// and remove /run/sandboxd-test.
+	_ = os.Remove(testRoot)
 }
+
+// testRoot holds the state directories of the tests' backends.
+const testRoot = "/run/sandboxd-incustest"
 
 func TestConformance(t *testing.T) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Backend {
@@ -499,7 +503,7 @@ func TestInstanceVanished(t *testing.T) {
 	if err := b.WaitDeletes(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join("/run/sandboxd-test/incus", ns, "sandboxes", name)
+	dir := filepath.Join(testRoot, ns, "sandboxes", name)
 	if _, err := os.Lstat(dir); err == nil {
 		t.Errorf("socket dir %s left", dir)
 	}
