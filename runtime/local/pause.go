@@ -377,6 +377,9 @@ func (b *Backend) releaseStopped(s *sandbox) error {
 	if err := removeCgroup(cg); err != nil {
 		errs = append(errs, err)
 	}
+	// A load under way (a resume whose start succeeded, then failed) ends
+	// first: it would set the handle of a container that is gone.
+	_, _ = s.container()
 	s.ctr, s.ctrLoad, s.ctrErr = nil, nil, nil
 	return errors.Join(errs...)
 }
