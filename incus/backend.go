@@ -473,6 +473,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if spec.Template == "" {
 		spec.Template = DefaultTemplate
 	}
+	// The /init body is for this start only (it holds the access token):
+	// the sandbox's kept spec goes without it.
+	init := spec.EnvdInit
+	spec.EnvdInit = nil
 	ref, ok := b.opts.Images[spec.Template]
 	if !ok {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
@@ -618,7 +622,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, wrap("instance", err)
 	}
 	tRunning := time.Now()
-	tHealthy, err := b.settle(ctx, s, spec.EnvdInit)
+	tHealthy, err := b.settle(ctx, s, init)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
@@ -630,7 +634,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	s.readyAt = time.Now()
 	info := s.info()
 	s.mu.Unlock()
-	info.EnvdInitialized = spec.EnvdInit != nil
+	info.EnvdInitialized = init != nil
 	return info, nil
 }
 

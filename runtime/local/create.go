@@ -35,6 +35,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if spec.Template == "" {
 		spec.Template = BaseTemplate
 	}
+	// The /init body is for this start only (it holds the access token):
+	// the sandbox's kept spec goes without it.
+	init := spec.EnvdInit
+	spec.EnvdInit = nil
 	tpl := b.templates[spec.Template]
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
@@ -118,7 +122,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := s.prepareDisk(nil); err != nil {
 		return nil, wrap("disk", err)
 	}
-	if err := b.start(ctx, s, tpl, ip, spec.EnvdInit, r); err != nil {
+	if err := b.start(ctx, s, tpl, ip, init, r); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 
@@ -132,7 +136,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err != nil {
 		return nil, err
 	}
-	info.EnvdInitialized = spec.EnvdInit != nil
+	info.EnvdInitialized = init != nil
 	return info, nil
 }
 

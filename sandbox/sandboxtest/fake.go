@@ -118,22 +118,33 @@ func (b *Backend) envd(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	case r.Method == http.MethodPost && r.URL.Path == "/init" && b.FailInit.Load():
-		http.Error(w, "init refused", http.StatusInternalServerError)
 	case r.Method == http.MethodPost && r.URL.Path == "/init":
-		var body map[string]any
 		raw, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(raw, &body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+		b.mu.Lock()
+		status, msg := b.init(id, raw)
+		b.mu.Unlock()
+		if status != http.StatusNoContent {
+			http.Error(w, msg, status)
 			return
 		}
-		b.mu.Lock()
-		b.inits[id] = append(b.inits[id], body)
-		b.mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
+		w.WriteHeader(status)
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// init is the fake envd's /init of sandbox id: it records body, or
+// refuses it (FailInit, or not JSON). Called with mu held.
+func (b *Backend) init(id string, raw []byte) (status int, msg string) {
+	if b.FailInit.Load() {
+		return http.StatusInternalServerError, "init refused"
+	}
+	var body map[string]any
+	if err := json.Unmarshal(raw, &body); err != nil {
+		return http.StatusBadRequest, err.Error()
+	}
+	b.inits[id] = append(b.inits[id], body)
+	return http.StatusNoContent, ""
 }
 
 // Inits returns the /init bodies sandbox id received.
@@ -203,14 +214,9 @@ func (b *Backend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox,
 		s.EnvdInit = nil
 	}
 	if s.EnvdInit != nil {
-		if b.FailInit.Load() {
-			return nil, fmt.Errorf("create %s: envd /init: 500 Internal Server Error: init refused", s.ID)
+		if status, msg := b.init(s.ID, s.EnvdInit); status != http.StatusNoContent {
+			return nil, fmt.Errorf("create %s: envd /init: %d %s: %s", s.ID, status, http.StatusText(status), msg)
 		}
-		var body map[string]any
-		if err := json.Unmarshal(s.EnvdInit, &body); err != nil {
-			return nil, fmt.Errorf("create %s: envd /init: 400 Bad Request: %w", s.ID, err)
-		}
-		b.inits[s.ID] = append(b.inits[s.ID], body)
 	}
 	initialized := s.EnvdInit != nil
 	s.EnvdInit = nil // not kept, as by the real backends
