@@ -42,6 +42,14 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 			}
 			idle.Reset(interval)
 		case ev, ok := <-sub.C():
+			// Connect-Timeout-Ms is both the RPC's deadline and the
+			// process's lifetime, so a timed-out process's end event races
+			// the deadline here. The deadline wins: the SDKs turn
+			// deadline_exceeded into their timeout error, and an end event
+			// would read as the command failing by SIGKILL instead.
+			if err := expired(ctx); err != nil {
+				return rpcerr.Connect(err)
+			}
 			if !ok {
 				if err := sub.Err(); err != nil {
 					s.log.Warn("process reader disconnected", "pid", p.pid, "err", err)
@@ -62,6 +70,20 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 			idle.Reset(interval)
 		}
 	}
+}
+
+// expired is ctx's error, or DeadlineExceeded once ctx's deadline has
+// passed even if its timer has not fired yet: the process's lifetime starts
+// after the RPC's deadline was set, so by the time a timed-out process's end
+// event arrives the deadline has passed, whichever goroutine ran first.
+func expired(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // endOf is the end event of a process that has ended.
