@@ -7,6 +7,7 @@ package envd
 import (
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -37,6 +38,10 @@ type Config struct {
 	Workdir     string // default working directory; empty = the user's home
 	// DiskPath is the filesystem whose usage /metrics reports.
 	DiskPath string
+	// AfterFirstAnswer, when set, runs on a goroutine of its own once the
+	// first request has been answered: start-up work that should not take
+	// CPU from that request.
+	AfterFirstAnswer func()
 }
 
 // Server holds envd's state: execution defaults, the access token and the
@@ -51,6 +56,7 @@ type Server struct {
 	diskPath   string
 	cpu        cpuSampler
 	handler    http.Handler
+	warm       func() // see afterFirstAnswer
 }
 
 // New builds a Server; Close releases its processes and watchers.
@@ -74,15 +80,24 @@ func New(cfg Config) *Server {
 	mux := http.NewServeMux()
 	// The paths are the ones the services' Handler returns (the generated
 	// New*Handler's), known here before the handlers are built.
-	mux.Handle("/"+processconnect.ProcessName+"/", buildInBackground(func() http.Handler { _, h := s.process.Handler(opts...); return h }))
-	mux.Handle("/"+filesystemconnect.FilesystemName+"/", buildInBackground(func() http.Handler { _, h := s.filesystem.Handler(opts...); return h }))
+	processH := &lazyHandler{newHandler: func() http.Handler { _, h := s.process.Handler(opts...); return h }}
+	filesystemH := &lazyHandler{newHandler: func() http.Handler { _, h := s.filesystem.Handler(opts...); return h }}
+	s.warm = func() {
+		processH.build()
+		filesystemH.build()
+		if cfg.AfterFirstAnswer != nil {
+			cfg.AfterFirstAnswer()
+		}
+	}
+	mux.Handle("/"+processconnect.ProcessName+"/", processH)
+	mux.Handle("/"+filesystemconnect.FilesystemName+"/", filesystemH)
 	mux.Handle("/files", files.New(cfg.Log.With("service", "files"), s.defaults, &s.token))
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /init", s.init)
 	mux.HandleFunc("GET /envs", s.envs)
 	mux.HandleFunc("GET /metrics", s.metrics)
 	s.tunnel = tunnel.New(cfg.Log.With("service", "tunnel"))
-	s.handler = withCORS(s.withAuth(routeConnect(s.tunnel, mux)))
+	s.handler = s.afterFirstAnswer(withCORS(s.withAuth(routeConnect(s.tunnel, mux))))
 	return s
 }
 
@@ -97,22 +112,32 @@ func (s *Server) Close() {
 	s.filesystem.Close()
 }
 
-// buildInBackground returns a handler that serves with the one build
-// returns, built on a goroutine of its own from now on. Building a Connect
-// service's handlers resolves its protobuf descriptors (0.4 ms for both at
-// envd's start, all of it on the way to the first /health, which sandboxd
-// waits for at every create); a request that comes before it is done waits
-// for it.
-func buildInBackground(build func() http.Handler) http.Handler {
-	var h http.Handler
-	ready := make(chan struct{})
-	go func() {
-		h = build()
-		close(ready)
-	}()
+// lazyHandler is a handler built on first use, or by build, whichever
+// comes first. Building a Connect service's handlers resolves its protobuf
+// descriptors: 0.4 ms for both at envd's start, which must not delay the
+// first request (sandboxd's readiness probe, at every create).
+type lazyHandler struct {
+	once       sync.Once
+	newHandler func() http.Handler
+	h          http.Handler
+}
+
+func (l *lazyHandler) build() { l.once.Do(func() { l.h = l.newHandler() }) }
+
+func (l *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	l.build()
+	l.h.ServeHTTP(w, r)
+}
+
+// afterFirstAnswer runs s's start-up work that no first request needs (the
+// Connect handlers' build, Config.AfterFirstAnswer) once the first request
+// has been answered. Until then it would share envd's two CPUs with it, and
+// the first request is sandboxd's readiness probe: every create waits for it.
+func (s *Server) afterFirstAnswer(next http.Handler) http.Handler {
+	var once sync.Once
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-ready
-		h.ServeHTTP(w, r)
+		next.ServeHTTP(w, r)
+		once.Do(func() { go s.warm() })
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 func newTestServer(t *testing.T) (*Server, *httptest.Server) {
@@ -169,5 +170,48 @@ func TestUnknownRoute(t *testing.T) {
 	_, ts := newTestServer(t)
 	if resp, _ := do(t, "POST", ts.URL+"/freeze", "", nil); resp.StatusCode != 404 {
 		t.Errorf("/freeze = %d; want 404 (orchestrator-only routes are not served)", resp.StatusCode)
+	}
+}
+
+// TestAfterFirstAnswer: the start-up work that no first request needs waits
+// for the first answer, and a Connect request that comes first builds its
+// service's handler itself.
+func TestAfterFirstAnswer(t *testing.T) {
+	for _, first := range []struct{ method, path, body string }{
+		{"GET", "/health", ""},
+		{"POST", "/process.Process/List", "{}"},
+		{"POST", "/filesystem.Filesystem/Stat", `{"path":"/"}`},
+	} {
+		t.Run(first.path, func(t *testing.T) {
+			ran := make(chan struct{})
+			s := New(Config{Log: slog.New(slog.DiscardHandler), DefaultUser: "root", DiskPath: t.TempDir(),
+				AfterFirstAnswer: func() { close(ran) }})
+			t.Cleanup(s.Close)
+			ts := httptest.NewServer(s.Handler())
+			t.Cleanup(ts.Close)
+
+			select {
+			case <-ran:
+				t.Fatal("AfterFirstAnswer ran before any request")
+			case <-time.After(50 * time.Millisecond):
+			}
+			resp, body := do(t, first.method, ts.URL+first.path, first.body, map[string]string{"Content-Type": "application/json"})
+			if resp.StatusCode/100 != 2 {
+				t.Fatalf("%s %s: %d %s", first.method, first.path, resp.StatusCode, body)
+			}
+			select {
+			case <-ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("AfterFirstAnswer did not run after the first answer")
+			}
+			// Both services answer once built in the background.
+			for _, rpc := range []struct{ path, body string }{
+				{"/process.Process/List", "{}"}, {"/filesystem.Filesystem/Stat", `{"path":"/"}`},
+			} {
+				if resp, body := do(t, "POST", ts.URL+rpc.path, rpc.body, map[string]string{"Content-Type": "application/json"}); resp.StatusCode != 200 {
+					t.Fatalf("%s: %d %s", rpc.path, resp.StatusCode, body)
+				}
+			}
+		})
 	}
 }

@@ -42,7 +42,6 @@ func run() int {
 	if *initMode {
 		// Before anything can fork: see package pid1.
 		pid1.Reap()
-		go pid1.SpareThreads(4) // off the start-up path: envd listens meanwhile
 		if err := pid1.LoopbackUp(); err != nil {
 			fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 		}
@@ -64,7 +63,12 @@ func run() int {
 		user = "root"
 	}
 
-	srv := envd.New(envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk})
+	cfg := envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk}
+	if *initMode {
+		// Off the start-up path, which is the way to sandboxd's first request.
+		cfg.AfterFirstAnswer = func() { pid1.SpareThreads(4) }
+	}
+	srv := envd.New(cfg)
 	defer srv.Close()
 
 	var protocols http.Protocols
@@ -77,7 +81,15 @@ func run() int {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 
-	var listeners []net.Listener
+	// Each listener serves as soon as it exists. The socket comes first: it
+	// is sandboxd's channel, and its appearance is what sandboxd's readiness
+	// probe waits for, so its first request (/init) is answered while the
+	// TCP listener is still being set up.
+	errs := make(chan error, 2)
+	serve := func(l net.Listener, addr string) {
+		log.Info("envd serving", "addr", addr, "version", envd.Version, "default_user", user)
+		go func() { errs <- hs.Serve(l) }()
+	}
 	if *socket != "" {
 		l, err := listenUnix(*socket)
 		if err != nil {
@@ -85,7 +97,7 @@ func run() int {
 			return 1
 		}
 		defer os.Remove(*socket)
-		listeners = append(listeners, l)
+		serve(l, *socket) // bound under a temporary name, then renamed
 	}
 	if *listen != "" {
 		l, err := net.Listen("tcp", *listen)
@@ -93,20 +105,11 @@ func run() int {
 			log.Error("listen", "addr", *listen, "err", err)
 			return 1
 		}
-		listeners = append(listeners, l)
+		serve(l, l.Addr().String())
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	errs := make(chan error, len(listeners))
-	for _, l := range listeners {
-		addr := l.Addr().String()
-		if l.Addr().Network() == "unix" {
-			addr = *socket // bound under a temporary name, then renamed
-		}
-		log.Info("envd serving", "addr", addr, "version", envd.Version, "default_user", user)
-		go func() { errs <- hs.Serve(l) }()
-	}
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

@@ -7,6 +7,7 @@
 package envdconn
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -138,11 +139,6 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 			appeared = w.appeared
 		}
 	}
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		DisableKeepAlives: true,
-	}}
-	defer hc.CloseIdleConnections()
 	delay := 500 * time.Microsecond
 	var last error
 	method, path := http.MethodGet, "/health"
@@ -150,28 +146,15 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 		method, path = http.MethodPost, "/init"
 	}
 	for {
-		var body io.Reader
-		if h.Init != nil {
-			body = bytes.NewReader(h.Init)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, body)
-		if err != nil {
-			return err
-		}
-		if h.Init != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := hc.Do(req)
+		status, msg, err := ask(ctx, dial, method, path, h.Init)
 		if err == nil {
-			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
 			switch {
-			case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK:
+			case status == http.StatusNoContent || status == http.StatusOK:
 				return nil
 			case h.Init != nil:
-				return fmt.Errorf("envd /init: %s: %s", resp.Status, bytes.TrimSpace(msg))
+				return fmt.Errorf("envd /init: %d %s: %s", status, http.StatusText(status), bytes.TrimSpace(msg))
 			}
-			err = fmt.Errorf("/health answered %s", resp.Status)
+			err = fmt.Errorf("/health answered %d %s", status, http.StatusText(status))
 		}
 		last = err
 		wait := delay
@@ -201,6 +184,38 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 			}
 		}
 	}
+}
+
+// ask sends one request to envd on a connection of its own from dial, and
+// returns the answer's status and the first 4 KiB of its body. It is
+// net/http's client without its Transport (a pool, and two goroutines per
+// connection), which a probe that uses each connection once has no use for:
+// the probe is on every create's way.
+func ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
+	c, err := dial(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer c.Close()
+	defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
+	req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Close = true
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if err := req.Write(c); err != nil {
+		return 0, nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, msg, err
 }
 
 // One inotify instance serves every wait, for the life of the process:
