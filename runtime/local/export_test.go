@@ -55,3 +55,6 @@ func (b *Backend) FailContainerLoad(id string) {
 	close(done)
 	s.ctr, s.ctrLoad, s.ctrErr = nil, done, errors.New("load container: test")
 }
+
+// EnvdPath is where sandboxes see envd.
+const EnvdPath = envdPath

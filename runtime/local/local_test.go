@@ -721,6 +721,7 @@ func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet 
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = be.Close() }) // before env's removal: its helper may hold the run dir
 	ctx := context.Background()
 	// The floors run between creates, so that the ratios compare like with
 	// like: the (a mount namespace and a bind), bubblewrap making
@@ -1686,5 +1687,76 @@ func TestContainerLoadFails(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(env.root, "sandboxes", id)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("state directory left: %v", err)
+	}
+}
+
+// TestInitFailsLeavesNothing: a template the init cannot set up (a file
+// where envd's mount point needs a directory) fails the create inside
+// libcontainer's start, after the init was cloned. The helper keeps no
+// descriptor of the failed container (libcontainer's exec fifo was one),
+// nothing stays mounted, a later create from a good template works, and
+// Close leaves the run dir unmounted.
+func TestInitFailsLeavesNothing(t *testing.T) {
+	env := newEnv(t)
+	tpl := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tpl, filepath.Dir(filepath.Dir(local.EnvdPath))), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tpl, filepath.Dir(local.EnvdPath)), []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := env.options(t)
+	opts.Templates = map[string]string{"broken": tpl}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = b.Close()
+		}
+	})
+	for range 3 {
+		id := runtimetest.NewID()
+		if _, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "broken"}); err == nil {
+			_ = b.Destroy(context.Background(), id)
+			t.Fatal("Create from a template without room for envd succeeded")
+		}
+		if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
+			t.Fatalf("failed create left mounts %v", ms)
+		}
+	}
+	if pid := b.StarterPid(); pid != 0 {
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fd := range fds {
+			if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); strings.HasPrefix(target, env.root) {
+				t.Errorf("sandboxd-init keeps fd %s open on %s", fd.Name(), target)
+			}
+		}
+	}
+	id := mustCreate(t, b, runtime.Spec{})
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), " "+env.root) {
+		t.Errorf("mounts left under %s after Close:\n%s", env.root, raw)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 
@@ -125,8 +126,37 @@ func Run(s Spec) (*libcontainer.Container, *libcontainer.Process, error) {
 		LogLevel: strconv.Itoa(int(logrus.GetLevel())),
 	}
 	if err := ctr.Run(proc); err != nil {
+		closeExecFifo(s.Root, s.ID)
 		_ = ctr.Destroy()
 		return nil, nil, fmt.Errorf("start: %w", err)
 	}
 	return ctr, proc, nil
+}
+
+// closeExecFifo closes this process's descriptor of the exec fifo of
+// container id under root, if it has one. libcontainer (v1.5) opens it (O_PATH) for every start and
+// closes it only when the start succeeds, since runc exits after a failed
+// one; sandboxd-init serves on, so every start whose init failed would leak
+// a descriptor, which also keeps the state tmpfs busy (its unmount at Close
+// fails). The descriptor stays open until closed here, so its number
+// cannot be reused by another start meanwhile.
+func closeExecFifo(root, id string) {
+	if r, err := filepath.EvalSymlinks(root); err == nil {
+		root = r // as the descriptor's link names it
+	}
+	path := filepath.Join(root, id, "exec.fifo")
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil &&
+			(target == path || target == path+" (deleted)") {
+			_ = unix.Close(fd)
+		}
+	}
 }
