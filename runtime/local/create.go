@@ -257,7 +257,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		swap:      b.swap,
 		rootfs:    rootfs,
 		tpl:       tpl,
-		envdHost:  b.opts.EnvdPath,
+		envdHost:  b.envdPath,
 		socketDir: sockDir,
 		cgroup:    b.cgroupPath(spec.ID),
 		seccomp:   b.seccomp,

@@ -58,3 +58,6 @@ func (b *Backend) FailContainerLoad(id string) {
 
 // EnvdPath is where sandboxes see envd.
 const EnvdPath = envdPath
+
+// EnvdFSSource names the tmpfs that holds the backend's copy of envd.
+const EnvdFSSource = envdFSSource

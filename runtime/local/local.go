@@ -12,9 +12,10 @@
 // DiskSizeMB; cgroup limits bound its memory, pids and CPU; it runs with a
 // reduced capability set, no_new_privs, runc's masked /proc paths and, when
 // built with -tags seccomp, a seccomp deny list. envd is bind-mounted
-// read-only and started as the sandbox's init; sandboxd reaches it over a
-// unix socket in a per-sandbox host directory bind-mounted into the sandbox,
-// so no network is needed. The network namespace has loopback only, unless
+// read-only, from the backend's copy on a tmpfs with huge pages (<Root>/envd,
+// made by New: see copyEnvd), and started as the sandbox's init; sandboxd
+// reaches it over a unix socket in a per-sandbox host directory
+// bind-mounted into the sandbox, so no network is needed. The network namespace has loopback only, unless
 // the spec allows internet access: then a veth pair, routing and nftables
 // masquerading give it egress (see net.go), never to the host itself or to
 // other sandboxes.
@@ -179,6 +180,9 @@ type Backend struct {
 	egress  *egress
 	swap    bool // memory.memsw.* exists: limit memory+swap too
 	seccomp bool
+	// envdPath is the host path of the envd binary sandboxes bind-mount:
+	// the backend's copy (copyEnvd) or Options.EnvdPath.
+	envdPath string
 	// userNS: new sandboxes get a user namespace (of templates with
 	// template.userNS); set by setupUserNS.
 	userNS bool
@@ -372,9 +376,19 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		b.releaseViews() // the probe's views, unless a sandbox is there to use them
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	// Last, so that no error above leaves the mount behind.
+	// Last, so that no error above leaves the mounts behind.
+	envdPath, skipped, err := copyEnvd(b.envdCopyDir(), opts.EnvdPath)
+	if err != nil {
+		b.releaseViews()
+		return nil, fmt.Errorf("local backend: envd: %w", err)
+	}
+	if skipped != nil {
+		b.log.Info("local backend: sandboxes run envd from its host path", "path", envdPath, "reason", skipped)
+	}
+	b.envdPath = envdPath
 	if err := mountStateFS(b.sandboxesDir()); err != nil {
 		b.releaseViews()
+		_ = unmountEnvdCopy(b.envdCopyDir())
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	if b.starter != nil {
@@ -438,6 +452,9 @@ func (b *Backend) Templates(context.Context) ([]string, error) {
 
 func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
 
+// envdCopyDir holds the envd that sandboxes run (copyEnvd).
+func (b *Backend) envdCopyDir() string { return filepath.Join(b.opts.Root, "envd") }
+
 // Close waits for the veths of destroyed sandboxes to go (releaseNet), then
 // releases what the backend holds outside its sandboxes when no sandbox is
 // left to need it: the idmapped template views (releaseViews), the state
@@ -452,6 +469,11 @@ func (b *Backend) Close() error {
 	b.releasing.Wait()
 	b.releaseViews()
 	if err := unmountStateFS(b.sandboxesDir()); err != nil {
+		b.log.Warn("local backend: close", "err", err)
+	}
+	// Sandboxes that outlive this process keep their envd through their
+	// own mounts.
+	if err := unmountEnvdCopy(b.envdCopyDir()); err != nil {
 		b.log.Warn("local backend: close", "err", err)
 	}
 	if b.opts.CgroupParent != "/" {

@@ -1,6 +1,7 @@
 package local_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -1226,7 +1227,8 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 				t.Fatalf("a sandbox paused to disk holds mounts %v", ms)
 			}
 			views, _ := filepath.Glob(filepath.Join(env.root, "templates-idmapped*"))
-			views = append(views, filepath.Join(env.root, "sandboxes")) // the state tmpfs
+			views = append(views, filepath.Join(env.root, "sandboxes"), // the state tmpfs
+				filepath.Join(env.root, "envd")) // the copy of envd
 			for _, v := range views {
 				_ = syscall.Unmount(v, syscall.MNT_DETACH)
 			}
@@ -1758,5 +1760,70 @@ func TestInitFailsLeavesNothing(t *testing.T) {
 	}
 	if strings.Contains(string(raw), " "+env.root) {
 		t.Errorf("mounts left under %s after Close:\n%s", env.root, raw)
+	}
+}
+
+// TestEnvdCopy: sandboxes run a copy of envd on a read-only tmpfs with huge
+// pages (copyEnvd); a mount an earlier process left is replaced, and Close
+// takes it away without taking envd from the sandboxes still running.
+func TestEnvdCopy(t *testing.T) {
+	env := newEnv(t)
+	dir := filepath.Join(env.root, "envd")
+	envdMounts := func() []string {
+		t.Helper()
+		raw, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for line := range strings.SplitSeq(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	b1 := env.open(t)
+	ms := envdMounts()
+	if len(ms) == 0 {
+		t.Skip("no envd copy on this host (tmpfs without huge pages?): sandboxes run envd from its path")
+	}
+	if len(ms) != 1 || !strings.Contains(ms[0], " "+local.EnvdFSSource+" ") || !strings.Contains(ms[0], "huge=always") ||
+		!strings.Contains(strings.Fields(ms[0])[5], "ro") {
+		t.Fatalf("envd copy mounts = %q; want one read-only tmpfs %s with huge=always", ms, local.EnvdFSSource)
+	}
+	want, err := os.ReadFile(envdBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "envd")); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the copy differs from %s (%v)", envdBin, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "envd"), []byte("x"), 0o755); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("writing the copy: %v; want EROFS", err)
+	}
+	id := mustCreate(t, b1, runtime.Spec{})
+
+	// A second backend on the same root (b1 as if it had crashed) mounts a
+	// copy of its own in place of b1's, and the sandbox runs on.
+	b2 := env.open(t)
+	if ms := envdMounts(); len(ms) != 1 {
+		t.Fatalf("envd copy mounts after a second New = %q; want one", ms)
+	}
+	if err := runtimetestHealth(b2, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ms := envdMounts(); len(ms) != 0 {
+		t.Fatalf("envd copy mounts after Close = %q; want none", ms)
+	}
+	b3 := env.open(t)
+	if err := runtimetestHealth(b3, id); err != nil {
+		t.Fatalf("sandbox after its backend's Close: %v", err)
+	}
+	if err := b3.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
 	}
 }
