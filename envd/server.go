@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -57,6 +58,8 @@ type Server struct {
 	cpu        cpuSampler
 	handler    http.Handler
 	warm       func() // see afterFirstAnswer
+	warmOnce   sync.Once
+	warmTimer  *time.Timer
 }
 
 // New builds a Server; Close releases its processes and watchers.
@@ -98,6 +101,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /metrics", s.metrics)
 	s.tunnel = tunnel.New(cfg.Log.With("service", "tunnel"))
 	s.handler = s.afterFirstAnswer(withCORS(s.withAuth(routeConnect(s.tunnel, mux))))
+	s.warmTimer = time.AfterFunc(warmBackstop, s.warmNow)
 	return s
 }
 
@@ -107,6 +111,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Close kills envd's processes, stops its watchers and closes open tunnels
 // (http.Server.Shutdown does not see hijacked connections).
 func (s *Server) Close() {
+	s.warmTimer.Stop()
 	s.tunnel.Close()
 	s.process.Close()
 	s.filesystem.Close()
@@ -134,12 +139,19 @@ func (l *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // has been answered. Until then it would share envd's two CPUs with it, and
 // the first request is sandboxd's readiness probe: every create waits for it.
 func (s *Server) afterFirstAnswer(next http.Handler) http.Handler {
-	var once sync.Once
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next.ServeHTTP(w, r)
-		once.Do(func() { go s.warm() })
+		s.warmNow()
 	})
 }
+
+// warmBackstop is when the deferred start-up work starts without a first
+// answer: the first request may be a stream that lasts (a client that does
+// not post /init first), and PID 1's spare threads must not wait for it.
+const warmBackstop = 500 * time.Millisecond
+
+// warmNow starts the deferred start-up work, once.
+func (s *Server) warmNow() { s.warmOnce.Do(func() { go s.warm() }) }
 
 // routeConnect sends HTTP CONNECT to the tunnel: ServeMux cannot route it,
 // because a CONNECT request has an authority, not a path.

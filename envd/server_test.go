@@ -175,8 +175,23 @@ func TestUnknownRoute(t *testing.T) {
 
 // TestAfterFirstAnswer: the start-up work that no first request needs waits
 // for the first answer, and a Connect request that comes first builds its
-// service's handler itself.
+// service's handler itself. Without any request it starts at warmBackstop.
 func TestAfterFirstAnswer(t *testing.T) {
+	t.Run("no request", func(t *testing.T) {
+		ran := make(chan struct{})
+		started := time.Now()
+		s := New(Config{Log: slog.New(slog.DiscardHandler), DefaultUser: "root", DiskPath: t.TempDir(),
+			AfterFirstAnswer: func() { close(ran) }})
+		t.Cleanup(s.Close)
+		select {
+		case <-ran:
+			if d := time.Since(started); d < warmBackstop {
+				t.Fatalf("AfterFirstAnswer ran after %v without a request; want %v", d, warmBackstop)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("AfterFirstAnswer never ran without a request")
+		}
+	})
 	for _, first := range []struct{ method, path, body string }{
 		{"GET", "/health", ""},
 		{"POST", "/process.Process/List", "{}"},
