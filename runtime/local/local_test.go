@@ -991,21 +991,37 @@ func TestResumeFromDiskFails(t *testing.T) {
 
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
+	var out []string
+	for _, m := range mounts(t) {
+		// The backend's own tmpfs for state directories is no sandbox's.
+		if strings.HasPrefix(m.point, dir) && m.source != local.StateFSSource {
+			out = append(out, m.point)
+		}
+	}
+	return out
+}
+
+// mountEntry is a line of /proc/self/mountinfo.
+type mountEntry struct{ line, point, source string }
+
+// mounts lists this process's mounts.
+func mounts(t *testing.T) []mountEntry {
+	t.Helper()
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
+	var out []mountEntry
 	for line := range strings.SplitSeq(string(raw), "\n") {
 		f := strings.Fields(line)
-		if len(f) <= 4 || !strings.HasPrefix(f[4], dir) {
+		if len(f) <= 4 {
 			continue
 		}
-		// The backend's own tmpfs for state directories is no sandbox's.
-		if _, after, ok := strings.Cut(line, " - "); ok && len(strings.Fields(after)) > 1 && strings.Fields(after)[1] == local.StateFSSource {
-			continue
+		m := mountEntry{line: line, point: f[4]}
+		if _, after, ok := strings.Cut(line, " - "); ok && len(strings.Fields(after)) > 1 {
+			m.source = strings.Fields(after)[1]
 		}
-		out = append(out, f[4])
+		out = append(out, m)
 	}
 	return out
 }
@@ -1754,12 +1770,10 @@ func TestInitFailsLeavesNothing(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(raw), " "+env.root) {
-		t.Errorf("mounts left under %s after Close:\n%s", env.root, raw)
+	for _, m := range mounts(t) {
+		if strings.HasPrefix(m.point, env.root) {
+			t.Errorf("mount left under %s after Close: %s", env.root, m.line)
+		}
 	}
 }
 
@@ -1771,14 +1785,10 @@ func TestEnvdCopy(t *testing.T) {
 	dir := filepath.Join(env.root, "envd")
 	envdMounts := func() []string {
 		t.Helper()
-		raw, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			t.Fatal(err)
-		}
 		var out []string
-		for line := range strings.SplitSeq(string(raw), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-				out = append(out, line)
+		for _, m := range mounts(t) {
+			if m.point == dir {
+				out = append(out, m.line)
 			}
 		}
 		return out
