@@ -28,7 +28,7 @@
 # Environment:
 #   SANDBOXD_VM_RUN      -test.run pattern (default: all tests)
 #   SANDBOXD_VM_ARGS     more test binary flags, e.g. -test.count=3
-#   SANDBOXD_VM_TIMEOUT  seconds before the guest is killed (default 900)
+#   SANDBOXD_VM_TIMEOUT  seconds before the guest is killed (default 1200)
 #   SANDBOXD_VM_MEM      guest memory (default 3G); SANDBOXD_VM_CPUS (default 2)
 #   SANDBOXD_VM_CACHE    kernel cache (default /var/cache/sandboxd-vm)
 #   SANDBOXD_VM_KERNEL   newest or candidate: which linux-image-amd64 (default:
@@ -38,7 +38,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SANDBOXD_VM_CACHE:-/var/cache/sandboxd-vm}
-timeout_s=${SANDBOXD_VM_TIMEOUT:-900}
+timeout_s=${SANDBOXD_VM_TIMEOUT:-1200}
 mem=${SANDBOXD_VM_MEM:-3G}
 cpus=${SANDBOXD_VM_CPUS:-2}
 run_pattern=${SANDBOXD_VM_RUN:-}
@@ -231,7 +231,11 @@ cd "$PKGDIR"
 set -- -test.v -test.timeout "$TIMEOUT"
 [ -n "$RUN_PATTERN" ] && set -- "$@" -test.run "$RUN_PATTERN"
 set -- "$@" $EXTRA_ARGS
-SANDBOXD_ENVD=$WORK/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
+# envd from the guest's memory: every backend the tests open copies it
+# (runtime/local's copyEnvd), and over 9p in an emulated guest a copy took
+# the better part of a second, each time.
+$bb cp "$WORK/envd" /run/sandboxd-vm/envd
+SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
 rc=$?
 echo "SANDBOXD-VM-RESULT $rc"
 sync
