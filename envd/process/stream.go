@@ -30,6 +30,7 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 	}
 
 	interval := keepalive.Interval(h)
+	deadline, hasDeadline := ctx.Deadline()
 	idle := time.NewTimer(interval)
 	defer idle.Stop()
 	for {
@@ -47,7 +48,7 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 			// the deadline here. The deadline wins: the SDKs turn
 			// deadline_exceeded into their timeout error, and an end event
 			// would read as the command failing by SIGKILL instead.
-			if err := expired(ctx); err != nil {
+			if err := expired(ctx, deadline, hasDeadline); err != nil {
 				return rpcerr.Connect(err)
 			}
 			if !ok {
@@ -72,15 +73,16 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 	}
 }
 
-// expired is ctx's error, or DeadlineExceeded once ctx's deadline has
-// passed even if its timer has not fired yet: the process's lifetime starts
-// after the RPC's deadline was set, so by the time a timed-out process's end
-// event arrives the deadline has passed, whichever goroutine ran first.
-func expired(ctx context.Context) error {
+// expired is ctx's error, or DeadlineExceeded once ctx's deadline (given
+// when it has one) has passed even if its timer has not fired yet: the
+// process's lifetime starts after the RPC's deadline was set, so by the time
+// a timed-out process's end event arrives the deadline has passed, whichever
+// goroutine ran first.
+func expired(ctx context.Context, deadline time.Time, hasDeadline bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+	if hasDeadline && !time.Now().Before(deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil
