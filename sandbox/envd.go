@@ -1,16 +1,14 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -32,16 +30,11 @@ func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	resp, err := m.envdDo(ctx, sb.ID, http.MethodPost, "/init", raw)
+	status, msg, err := m.envdAsk(ctx, sb.ID, http.MethodPost, "/init", raw)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init: %s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
-	return nil
+	return envdconn.Answered("/init", status, msg)
 }
 
 // envdInitBody is the body of envd's /init for sb.
@@ -57,38 +50,12 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// envdDo makes one request to a sandbox's envd over a fresh backend
-// connection. It is for rare control calls; the proxy pools its own.
-func (m *Manager) envdDo(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {
+// envdAsk makes one request to a sandbox's envd over a fresh backend
+// connection (envdconn.Ask). It is for rare control calls; the proxy pools
+// its own.
+func (m *Manager) envdAsk(ctx context.Context, id, method, path string, body []byte) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return m.backend.Dial(ctx, id, runtime.EnvdPort)
-		},
-		DisableKeepAlives: true,
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, bytes.NewReader(body))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
-}
-
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (c *cancelOnClose) Close() error {
-	err := c.ReadCloser.Close()
-	c.cancel()
-	return err
+	defer cancel()
+	dial := func(ctx context.Context) (net.Conn, error) { return m.backend.Dial(ctx, id, runtime.EnvdPort) }
+	return envdconn.Ask(ctx, dial, method, path, body)
 }

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -72,16 +72,11 @@ func (m *Manager) MinWarm(t tenant.ID) int { return m.cfg.Settings.Get(t).MinWar
 
 // EnvdHealth asks a sandbox's envd for /health over the backend's channel.
 func (m *Manager) EnvdHealth(ctx context.Context, id string) error {
-	resp, err := m.envdDo(ctx, id, http.MethodGet, "/health", nil)
+	status, msg, err := m.envdAsk(ctx, id, http.MethodGet, "/health", nil)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("envd /health: %s", resp.Status)
-	}
-	return nil
+	return envdconn.Answered("/health", status, msg)
 }
 
 // AdmitMember says whether the pool may create one more member of key, when

@@ -146,15 +146,14 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 		method, path = http.MethodPost, "/init"
 	}
 	for {
-		status, msg, err := ask(ctx, dial, method, path, h.Init)
+		status, msg, err := Ask(ctx, dial, method, path, h.Init)
 		if err == nil {
-			switch {
-			case status == http.StatusNoContent || status == http.StatusOK:
+			if err = Answered(path, status, msg); err == nil {
 				return nil
-			case h.Init != nil:
-				return fmt.Errorf("envd /init: %d %s: %s", status, http.StatusText(status), bytes.TrimSpace(msg))
 			}
-			err = fmt.Errorf("/health answered %d %s", status, http.StatusText(status))
+			if h.Init != nil {
+				return err // envd is up, and refused the body
+			}
 		}
 		last = err
 		wait := delay
@@ -186,12 +185,12 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 	}
 }
 
-// ask sends one request to envd on a connection of its own from dial, and
-// returns the answer's status and the first 4 KiB of its body. It is
-// net/http's client without its Transport (a pool, and two goroutines per
-// connection), which a probe that uses each connection once has no use for:
-// the probe is on every create's way.
-func ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
+// Ask sends one request to envd on a connection of its own from dial, and
+// returns the answer's status and the first 4 KiB of its body (a JSON body,
+// when given). It is net/http's client without its Transport (a pool, and
+// two goroutines per connection), which a caller that uses each connection
+// once has no use for: the readiness probe is on every create's way.
+func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
 	c, err := dial(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -216,6 +215,15 @@ func ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (
 	defer resp.Body.Close()
 	msg, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	return resp.StatusCode, msg, err
+}
+
+// Answered is nil for envd's 200 and 204 answers to path, and otherwise an
+// error that quotes the answer.
+func Answered(path string, status int, msg []byte) error {
+	if status == http.StatusNoContent || status == http.StatusOK {
+		return nil
+	}
+	return fmt.Errorf("envd %s: %d %s: %s", path, status, http.StatusText(status), bytes.TrimSpace(msg))
 }
 
 // One inotify instance serves every wait, for the life of the process:

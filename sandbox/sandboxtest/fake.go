@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 // Backend is the fake. The zero value is not usable; call New.
@@ -124,7 +125,7 @@ func (b *Backend) envd(w http.ResponseWriter, r *http.Request) {
 		status, msg := b.init(id, raw)
 		b.mu.Unlock()
 		if status != http.StatusNoContent {
-			http.Error(w, msg, status)
+			http.Error(w, string(msg), status)
 			return
 		}
 		w.WriteHeader(status)
@@ -135,16 +136,16 @@ func (b *Backend) envd(w http.ResponseWriter, r *http.Request) {
 
 // init is the fake envd's /init of sandbox id: it records body, or
 // refuses it (FailInit, or not JSON). Called with mu held.
-func (b *Backend) init(id string, raw []byte) (status int, msg string) {
+func (b *Backend) init(id string, raw []byte) (status int, msg []byte) {
 	if b.FailInit.Load() {
-		return http.StatusInternalServerError, "init refused"
+		return http.StatusInternalServerError, []byte("init refused")
 	}
 	var body map[string]any
 	if err := json.Unmarshal(raw, &body); err != nil {
-		return http.StatusBadRequest, err.Error()
+		return http.StatusBadRequest, []byte(err.Error())
 	}
 	b.inits[id] = append(b.inits[id], body)
-	return http.StatusNoContent, ""
+	return http.StatusNoContent, nil
 }
 
 // Inits returns the /init bodies sandbox id received.
@@ -214,8 +215,9 @@ func (b *Backend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox,
 		s.EnvdInit = nil
 	}
 	if s.EnvdInit != nil {
-		if status, msg := b.init(s.ID, s.EnvdInit); status != http.StatusNoContent {
-			return nil, fmt.Errorf("create %s: envd /init: %d %s: %s", s.ID, status, http.StatusText(status), msg)
+		status, msg := b.init(s.ID, s.EnvdInit)
+		if err := envdconn.Answered("/init", status, msg); err != nil {
+			return nil, fmt.Errorf("create %s: %w", s.ID, err)
 		}
 	}
 	initialized := s.EnvdInit != nil
