@@ -2,11 +2,9 @@ package local
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,19 +62,13 @@ func copyEnvd(dir, src string) (path string, skipped, err error) {
 	return dst, nil, nil
 }
 
-// writeCopy writes size bytes of in to a new file at dst, mode 0555. The
-// file has its full size before the first byte is written, so that tmpfs
-// gives it huge pages under huge=within_size as well.
-func writeCopy(dst string, in io.Reader, size int64) error {
+// writeCopy writes size bytes of in to a new file at dst, mode 0555.
+func writeCopy(dst string, in *os.File, size int64) error {
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o555)
 	if err != nil {
 		return err
 	}
-	if err := out.Truncate(size); err != nil {
-		out.Close()
-		return err
-	}
-	if _, err := io.CopyN(out, in, size); err != nil {
+	if err := copyData(in, out, size); err != nil {
 		out.Close()
 		return fmt.Errorf("copy envd: %w", err)
 	}
@@ -86,8 +78,7 @@ func writeCopy(dst string, in io.Reader, size int64) error {
 // unmountEnvdCopy detaches copyEnvd's tmpfs at dir, if it is there.
 func unmountEnvdCopy(dir string) error {
 	for {
-		ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir))
-		if err != nil || len(ms) == 0 || ms[len(ms)-1].Source != envdFSSource {
+		if ours, err := topMountIs(dir, envdFSSource); !ours {
 			return err // nothing there, or not ours: leave it
 		}
 		if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {

@@ -15,10 +15,10 @@
 // read-only, from the backend's copy on a tmpfs with huge pages (<Root>/envd,
 // made by New: see copyEnvd), and started as the sandbox's init; sandboxd
 // reaches it over a unix socket in a per-sandbox host directory
-// bind-mounted into the sandbox, so no network is needed. The network namespace has loopback only, unless
-// the spec allows internet access: then a veth pair, routing and nftables
-// masquerading give it egress (see net.go), never to the host itself or to
-// other sandboxes.
+// bind-mounted into the sandbox, so no network is needed. The network
+// namespace has loopback only, unless the spec allows internet access: then
+// a veth pair, routing and nftables masquerading give it egress (see
+// net.go), never to the host itself or to other sandboxes.
 //
 // Everything a sandbox holds on the host lives under one directory,
 // <Root>/sandboxes/<id>, plus its cgroup <CgroupParent>/<id> and, with

@@ -223,8 +223,7 @@ func mountStateFS(dir string) error {
 // unmountStateFS unmounts mountStateFS's tmpfs at dir if no sandbox is left
 // in it, so that a clean stop leaves no mount behind.
 func unmountStateFS(dir string) error {
-	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir))
-	if err != nil || len(ms) == 0 || ms[len(ms)-1].Source != stateFSSource {
+	if ours, err := topMountIs(dir, stateFSSource); !ours {
 		return err
 	}
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
@@ -234,4 +233,15 @@ func unmountStateFS(dir string) error {
 		return fmt.Errorf("unmount state tmpfs at %s: %w", dir, err)
 	}
 	return nil
+}
+
+// topMountIs reports whether the mount on top at dir has source: one of the
+// backend's own tmpfs mounts (stateFSSource, envdFSSource), not someone
+// else's.
+func topMountIs(dir, source string) (bool, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir))
+	if err != nil {
+		return false, err
+	}
+	return len(ms) > 0 && ms[len(ms)-1].Source == source, nil
 }

@@ -134,12 +134,12 @@ func Run(s Spec) (*libcontainer.Container, *libcontainer.Process, error) {
 }
 
 // closeExecFifo closes this process's descriptor of the exec fifo of
-// container id under root, if it has one. libcontainer (v1.5) opens it (O_PATH) for every start and
-// closes it only when the start succeeds, since runc exits after a failed
-// one; sandboxd-init serves on, so every start whose init failed would leak
-// a descriptor, which also keeps the state tmpfs busy (its unmount at Close
-// fails). The descriptor stays open until closed here, so its number
-// cannot be reused by another start meanwhile.
+// container id under root, if it has one. libcontainer (v1.5) opens it
+// (O_PATH) for every start and closes it only when the start succeeds, since
+// runc exits after a failed one; sandboxd-init serves on, so every start
+// whose init failed would leak a descriptor, which also keeps the state
+// tmpfs busy (its unmount at Close fails). The descriptor stays open until
+// closed here, so its number cannot be reused by another start meanwhile.
 func closeExecFifo(root, id string) {
 	if r, err := filepath.EvalSymlinks(root); err == nil {
 		root = r // as the descriptor's link names it
