@@ -32,7 +32,7 @@ func main() {
 		err := reexecSealed()
 		fmt.Fprintln(os.Stderr, "sandboxd-init: serving from the binary itself (libcontainer seals it at every start):", err)
 	}
-	starter.PinGOMAXPROCS()
+	starter.OneProcForInits()
 	f := os.NewFile(3, "sandboxd")
 	c, err := net.FileConn(f)
 	f.Close()
