@@ -30,7 +30,7 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 	}
 
 	interval := keepalive.Interval(h)
-	deadline, hasDeadline := ctx.Deadline()
+	deadline, _ := ctx.Deadline() // zero: none
 	idle := time.NewTimer(interval)
 	defer idle.Stop()
 	for {
@@ -48,7 +48,7 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 			// the deadline here. The deadline wins: the SDKs turn
 			// deadline_exceeded into their timeout error, and an end event
 			// would read as the command failing by SIGKILL instead.
-			if err := expired(ctx, deadline, hasDeadline); err != nil {
+			if err := expired(ctx, deadline); err != nil {
 				return rpcerr.Connect(err)
 			}
 			if !ok {
@@ -73,16 +73,16 @@ func (s *Service) stream(ctx context.Context, h http.Header, p *process, sub *su
 	}
 }
 
-// expired is ctx's error, or DeadlineExceeded once ctx's deadline (given
-// when it has one) has passed even if its timer has not fired yet: the
+// expired is ctx's error, or DeadlineExceeded once ctx's deadline (zero
+// when it has none) has passed even if its timer has not fired yet: the
 // process's lifetime starts after the RPC's deadline was set, so by the time
 // a timed-out process's end event arrives the deadline has passed, whichever
 // goroutine ran first.
-func expired(ctx context.Context, deadline time.Time, hasDeadline bool) error {
+func expired(ctx context.Context, deadline time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if hasDeadline && !time.Now().Before(deadline) {
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil

@@ -729,12 +729,11 @@ func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet 
 	// the namespaces a sandbox gets, and the two parts of a create that
 	// the design fixes (floor_test.go): libcontainer doing what the
 	// issue's floor does, and envd's own start.
-	type floor struct {
+	floors := []struct {
 		name string
 		run  func() (time.Duration, error)
 		d    []time.Duration
-	}
-	floors := []floor{
+	}{
 		{name: "bwrap", run: timeCommand("bwrap", "--ro-bind", "/", "/", "true")},
 		{name: "bwrap-unshare-all", run: timeCommand("bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true")},
 		{name: "libcontainer-true", run: newLibcontainerFloor(b, env).run},
@@ -771,11 +770,12 @@ func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet 
 		p50[f.name] = pct(f.d, 50)
 		b.ReportMetric(ms(p50[f.name]), f.name+"-p50-ms")
 		b.ReportMetric(float64(pct(creates, 50))/float64(p50[f.name]), "create-p50-x-"+f.name)
-	}
-	if i := slices.IndexFunc(floors, func(f floor) bool { return f.name == "bwrap" }); i >= 0 {
-		// The goal names p50 and p99: the tails compared too.
-		b.ReportMetric(ms(pct(floors[i].d, 99)), "bwrap-p99-ms")
-		b.ReportMetric(float64(pct(creates, 99))/float64(pct(floors[i].d, 99)), "create-p99-x-bwrap-p99")
+		if f.name == "bwrap" {
+			// The goal names p50 and p99: the tails compared too.
+			p99 := pct(f.d, 99)
+			b.ReportMetric(ms(p99), "bwrap-p99-ms")
+			b.ReportMetric(float64(pct(creates, 99))/float64(p99), "create-p99-x-bwrap-p99")
+		}
 	}
 	if bw := p50["bwrap"]; bw > 0 {
 		// What the design costs before the sandbox gets anything of its
