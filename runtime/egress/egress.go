@@ -117,6 +117,9 @@ func (e *Egress) Subnet() netip.Prefix { return e.subnet }
 // Gateway is the address of every host end.
 func (e *Egress) Gateway() netip.Addr { return e.gateway }
 
+// Ready reports whether Setup has succeeded.
+func (e *Egress) Ready() bool { return e.ready.Load() }
+
 // Setup enables forwarding and installs the nftables table, once per
 // process. The table is replaced whole, so a changed ruleset takes effect
 // and repeated runs do not stack rules. Until it has run, a missing nft is
@@ -184,7 +187,8 @@ func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) 
 		DeleteLinks(key) // the peer goes with the host end
 		return Info{}, err
 	}
-	if err := e.ConfigureHost(host, ip); err != nil {
+	// LinkAdd has looked up the new link's index into veth already.
+	if err := e.configureHost(veth, ip); err != nil {
 		return fail(err)
 	}
 	if err := ConfigureSandbox(pid, ip, e.gateway); err != nil {
@@ -203,6 +207,12 @@ func (e *Egress) ConfigureHost(hostIf string, ip netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("host end %s: %w", hostIf, err)
 	}
+	return e.configureHost(hl, ip)
+}
+
+// configureHost is ConfigureHost on a link whose index is known.
+func (e *Egress) configureHost(hl netlink.Link, ip netip.Addr) error {
+	hostIf := hl.Attrs().Name
 	if err := netlink.AddrAdd(hl, &netlink.Addr{IPNet: ipNet(e.gateway)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", e.gateway, hostIf, err)
 	}
@@ -237,7 +247,9 @@ func ConfigureSandbox(pid int, ip, gw netip.Addr) error {
 		return err
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	// Route netlink only: a handle opens a socket of every family it is
+	// given (three by default), each inside the namespace and back.
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return err
 	}

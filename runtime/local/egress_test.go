@@ -20,6 +20,18 @@ func TestEgress(t *testing.T) {
 	}
 }
 
+// TestEgressReadyAtNew: New installs the egress rules, so that the first
+// create with internet access does not wait for nft.
+func TestEgressReadyAtNew(t *testing.T) {
+	env := newEnv(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
+	}
+	if b := env.open(t); !b.EgressReady() {
+		t.Fatal("egress not set up by New")
+	}
+}
+
 func testEgress(t *testing.T, mode local.UserNSMode) {
 	env := newEnv(t)
 	if _, err := exec.LookPath("nft"); err != nil {

@@ -34,6 +34,9 @@ func SetCgroup2Flags(flags []string) error {
 	return reconfigureCgroup2(mp, flags)
 }
 
+// EgressReady reports whether the backend has set up egress already.
+func (b *Backend) EgressReady() bool { return b.egress.Ready() }
+
 // StarterPid is the pid of the backend's sandboxd-init, or 0.
 func (b *Backend) StarterPid() int {
 	if b.starter == nil {

@@ -391,6 +391,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		_ = unmountEnvdCopy(b.envdCopyDir())
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	// The egress rules go in now, not at the first create that allows
+	// internet access (the SDKs' default), which waited 10-12 ms for nft:
+	// most of a create, and the worst of any short run. Without nft this
+	// only logs; such creates then fail, saying so, as before.
+	if err := b.egress.setup(); err != nil {
+		b.log.Warn("local backend: internet access for sandboxes unavailable; creates that ask for it fail", "err", err)
+	}
 	if b.starter != nil {
 		if err := b.starter.Spawn(); err != nil {
 			b.log.Warn("local backend: sandboxd-init did not start; creates try again", "err", err)
