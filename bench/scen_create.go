@@ -181,7 +181,7 @@ func createScenario(ctx context.Context, b *Bench) error {
 		s.healthy = append(s.healthy, th)
 		s.destroy = append(s.destroy, td)
 	}
-	for v := range variants { // warm-up: the first create sets up nftables and warms caches
+	for v := range variants { // warm-up: the first creates warm caches (sandboxd's and the page cache)
 		for range 2 {
 			one(variants[v].internet, &res[v], false)
 		}
