@@ -95,7 +95,7 @@ func (s *Store) CreateKey(ctx context.Context, t tenant.ID) (string, KeyInfo, er
 		CreatedAt: time.Now().UTC(),
 	}
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		if ok, err := tenantExists(ctx, tx, t); err != nil {
+		if ok, err := s.tenantExists(ctx, tx, t); err != nil {
 			return err
 		} else if !ok {
 			return fmt.Errorf("tenant %s: %w", t, ErrNotFound)
@@ -126,8 +126,7 @@ func (s *Store) LookupKey(ctx context.Context, plaintext string) (tenant.ID, err
 		t   tenant.ID
 		got []byte
 	)
-	err := s.r.QueryRowContext(ctx,
-		`SELECT tenant_id, hash FROM api_keys WHERE hash = ? AND revoked_at IS NULL`, want).Scan(&t, &got)
+	err := s.stmts.lookupKey.QueryRowContext(ctx, want).Scan(&t, &got)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("lookup key: %w", ErrNotFound)
 	}

@@ -244,13 +244,12 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	ttl, lastActive := sb.idleArgs()
 	args = append(args, int64(1), unixNano(now), unixNano(now), ttl, lastActive)
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		if ok, err := tenantExists(ctx, tx, sb.Tenant); err != nil {
+		if ok, err := s.tenantExists(ctx, tx, sb.Tenant); err != nil {
 			return err
 		} else if !ok {
 			return fmt.Errorf("tenant %s: %w", sb.Tenant, ErrNotFound)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
-			VALUES (`+placeholders(25)+`)`, args...)
+		_, err := tx.StmtContext(ctx, s.stmts.insertSandbox).ExecContext(ctx, args...)
 		return err
 	})
 	switch {
@@ -268,8 +267,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 // GetSandbox returns tenant t's sandbox id, in any state. A sandbox of another
 // tenant is ErrNotFound, exactly like a missing one.
 func (s *Store) GetSandbox(ctx context.Context, t tenant.ID, id string) (Sandbox, error) {
-	sb, err := scanSandbox(s.r.QueryRowContext(ctx,
-		`SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND tenant_id = ?`, id, t))
+	sb, err := scanSandbox(s.stmts.getSandbox.QueryRowContext(ctx, id, t))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, ErrNotFound)
 	}
@@ -282,8 +280,7 @@ func (s *Store) GetSandbox(ctx context.Context, t tenant.ID, id string) (Sandbox
 // GetSandboxAny returns sandbox id whatever its tenant, for the proxy and the
 // sweeper, which act on ids that did not come with a tenant.
 func (s *Store) GetSandboxAny(ctx context.Context, id string) (Sandbox, error) {
-	sb, err := scanSandbox(s.r.QueryRowContext(ctx,
-		`SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	sb, err := scanSandbox(s.stmts.getSandboxAny.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, ErrNotFound)
 	}
@@ -310,12 +307,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	ttl, lastActive := sb.idleArgs()
 	args = append(args, ttl, lastActive, lastActive, unixNano(now), sb.ID, sb.Tenant, sb.Generation)
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		// last_active_at only moves forwards: a TouchSandbox since sb was
-		// read (it does not bump generation) is kept.
-		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET `+mutableSet+`, idle_ttl = ?,
-			last_active_at = COALESCE(MAX(last_active_at, ?), last_active_at, ?),
-			generation = generation + 1, updated_at = ?
-			WHERE id = ? AND tenant_id = ? AND generation = ?`, args...)
+		res, err := tx.StmtContext(ctx, s.stmts.updateSandbox).ExecContext(ctx, args...)
 		if err != nil {
 			return err
 		}

@@ -62,6 +62,8 @@ type Store struct {
 	// r holds read-only connections; under WAL they read concurrently with
 	// the writer and with each other.
 	r *sql.DB
+	// stmts are the request path's queries, prepared (stmts.go).
+	stmts *stmts
 }
 
 // Open opens, creating it if needed, the database in dataDir (created with
@@ -111,6 +113,10 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
+	if s.stmts, err = prepareStmts(ctx, w, r); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 	return s, nil
 }
 
@@ -145,6 +151,9 @@ func (s *Store) Path() string { return s.path }
 
 // Close closes the database. Operations in flight fail or finish first.
 func (s *Store) Close() error {
+	if s.stmts != nil {
+		s.stmts.close()
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

@@ -249,9 +249,9 @@ func (s *Store) UpdateTenantSettings(ctx context.Context, id tenant.ID, fn func(
 }
 
 // tenantExists reports whether tenant id exists, inside tx.
-func tenantExists(ctx context.Context, tx *sql.Tx, id tenant.ID) (bool, error) {
+func (s *Store) tenantExists(ctx context.Context, tx *sql.Tx, id tenant.ID) (bool, error) {
 	var one int
-	err := tx.QueryRowContext(ctx, `SELECT 1 FROM tenants WHERE id = ?`, id).Scan(&one)
+	err := tx.StmtContext(ctx, s.stmts.tenantExists).QueryRowContext(ctx, id).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

@@ -1,0 +1,53 @@
+package store
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkCreateKillQueries runs the store's share of one cold create and
+// one kill through the API: the key lookup of each request, the row's
+// insert at admission, its update once the sandbox runs, the proxy's read
+// of it, and the update that marks it killed.
+func BenchmarkCreateKillQueries(b *testing.B) {
+	s, err := Open(b.Context(), b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	ctx := b.Context()
+	tn, err := s.CreateTenant(ctx, "acme")
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, _, err := s.CreateKey(ctx, tn.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := s.LookupKey(ctx, key); err != nil {
+			b.Fatal(err)
+		}
+		sb := newSandbox(fmt.Sprintf("i%07d", i), tn.ID, i)
+		sb.State = StateCreating
+		if err := s.InsertSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+		sb.State = StateRunning
+		if err := s.UpdateSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.GetSandboxAny(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.LookupKey(ctx, key); err != nil {
+			b.Fatal(err)
+		}
+		sb.State = StateKilled
+		if err := s.UpdateSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
