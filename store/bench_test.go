@@ -10,17 +10,10 @@ import (
 // insert at admission, its update once the sandbox runs, the proxy's read
 // of it, and the update that marks it killed.
 func BenchmarkCreateKillQueries(b *testing.B) {
-	s, err := Open(b.Context(), b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
+	s := openStore(b, "")
 	ctx := b.Context()
-	tn, err := s.CreateTenant(ctx, "acme")
-	if err != nil {
-		b.Fatal(err)
-	}
-	key, _, err := s.CreateKey(ctx, tn.ID)
+	tn := mustTenant(b, s, "acme")
+	key, _, err := s.CreateKey(ctx, tn)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,7 +23,7 @@ func BenchmarkCreateKillQueries(b *testing.B) {
 		if _, err := s.LookupKey(ctx, key); err != nil {
 			b.Fatal(err)
 		}
-		sb := newSandbox(fmt.Sprintf("i%07d", i), tn.ID, i)
+		sb := newSandbox(fmt.Sprintf("i%07d", i), tn, i)
 		sb.State = StateCreating
 		if err := s.InsertSandbox(ctx, sb); err != nil {
 			b.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 // openStore opens a store in dir (a fresh temp dir if empty) and closes it
 // when the test ends.
-func openStore(t *testing.T, dir string) *Store {
+func openStore(t testing.TB, dir string) *Store {
 	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
@@ -37,7 +37,7 @@ func openStore(t *testing.T, dir string) *Store {
 }
 
 // mustTenant creates tenant name in s.
-func mustTenant(t *testing.T, s *Store, name string) tenant.ID {
+func mustTenant(t testing.TB, s *Store, name string) tenant.ID {
 	t.Helper()
 	tn, err := s.CreateTenant(t.Context(), name)
 	if err != nil {
