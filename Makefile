@@ -3,11 +3,17 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build envd sandboxd sandboxd-init generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
+.PHONY: all build deps envd sandboxd sandboxd-init generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
 
 all: build
 
 build: envd sandboxd sandboxd-init
+
+# The Debian packages the cgo builds need (gcc, libc6-dev, libseccomp-dev,
+# pkg-config) and the local backend runs (nftables, iproute2): installed
+# when missing and root, named when not (scripts/deps.sh).
+deps:
+	./scripts/deps.sh build
 
 # envd is static (no cgo) so the same binary runs inside any template.
 envd:
@@ -15,7 +21,7 @@ envd:
 
 # sandboxd needs cgo (libcontainer's nsenter) and libseccomp (the seccomp
 # profile of local sandboxes); see runtime/local/DEPS.md.
-sandboxd:
+sandboxd: deps
 	CGO_ENABLED=1 $(GO) build -tags seccomp -trimpath -o $(BIN)/sandboxd ./cmd/sandboxd
 
 # The local backend's helper, beside sandboxd: it starts the sandboxes and is
@@ -24,7 +30,7 @@ sandboxd:
 # from libc6-dev), since every start pays the dynamic loader's work on it:
 # 1-2 ms of a create through the API, with the helper, against 0.7-1 ms
 # dynamic (BENCHMARKS.md).
-sandboxd-init:
+sandboxd-init: deps
 	CGO_ENABLED=1 $(GO) build -tags seccomp,netgo,osusergo -trimpath -ldflags '-linkmode external -extldflags "-static"' -o $(BIN)/sandboxd-init ./cmd/sandboxd-init
 
 generate:

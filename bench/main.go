@@ -15,7 +15,8 @@
 //
 // It needs root (the local backend), bin/envd and bin/sandboxd (`make
 // build`), bubblewrap for the floor, and the SDKs installed under
-// compat-tests/ for the sdk scenario.
+// compat-tests/ for the sdk scenario (bench/run.sh installs both with
+// scripts/deps.sh).
 package main
 
 import (

@@ -19,6 +19,9 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "bench: run as root (the local backend creates namespaces, mounts and cgroups)" >&2
   exit 1
 fi
+# bubblewrap (the floor the create scenarios compare against) and the SDKs
+# (the sdk and warm scenarios): without them those rows only say so.
+./scripts/deps.sh >&2
 if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
 fi

@@ -52,7 +52,7 @@ func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string
 		case "python", "py":
 			py := pythonBin(b.cfg.Root)
 			if py == "" {
-				b.add(unavailable(scenario, "Python SDK", "compat-tests/python/.venv is missing (scripts/ci-deps.sh installs it)"))
+				b.add(unavailable(scenario, "Python SDK", "compat-tests/python/.venv is missing (scripts/deps.sh installs it)"))
 				continue
 			}
 			argv = []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_bench.py")}
@@ -61,7 +61,7 @@ func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string
 			entry := filepath.Join(b.cfg.Root, "compat-tests/js/node_modules/e2b/dist/index.mjs")
 			node, err := exec.LookPath("node")
 			if err != nil || !exists(entry) {
-				b.add(unavailable(scenario, "JS SDK", "node or compat-tests/js/node_modules/e2b is missing (scripts/ci-deps.sh installs it)"))
+				b.add(unavailable(scenario, "JS SDK", "node or compat-tests/js/node_modules/e2b is missing (scripts/deps.sh installs it)"))
 				continue
 			}
 			argv = []string{node, filepath.Join(b.cfg.Root, "bench", "sdk_bench.mjs")}

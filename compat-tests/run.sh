@@ -66,9 +66,9 @@ for t in $targets; do
   esac
 done
 
-# Dependencies: scripts/ci-deps.sh is idempotent, so a fresh clone works too.
+# Dependencies: scripts/deps.sh is idempotent, so a fresh clone works too.
 if [[ -z $js_ver && ! -d $here/js/node_modules/e2b ]] || [[ -z $py_ver && ! -x $here/python/.venv/bin/pytest ]]; then
-  "$root/scripts/ci-deps.sh" || die "installing dependencies failed"
+  "$root/scripts/deps.sh" || die "installing dependencies failed"
 fi
 
 # The E2B templates' default user; envd runs commands as it unless told otherwise.

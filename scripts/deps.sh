@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Installs what this repo needs beyond Go, Node 20 + npm and Python 3.11 on a
+# fresh Debian 12 machine. Idempotent, and a no-op in a fraction of a second
+# when everything is there: each step checks for what it installs first.
+#
+#   deps.sh build   what `make build` needs, and the local backend at run
+#                   time (runtime/local/DEPS.md): gcc + libc6-dev for cgo and
+#                   the static sandboxd-init, libseccomp-dev + pkg-config for
+#                   -tags seccomp, nftables and iproute2 for sandboxes with
+#                   internet egress. `make build` (so `make run`) calls this.
+#   deps.sh         (all) the above, plus what `make test` and `make bench`
+#                   need: passwd (useradd), coreutils and procps for the
+#                   tests, python3-venv where Python has no ensurepip,
+#                   bubblewrap (the floor that the create benchmarks compare
+#                   against, issue 3's goal); then the E2B SDKs of the compat
+#                   suites: `npm ci` in compat-tests/js from the committed
+#                   package-lock.json, and a venv in compat-tests/python with
+#                   requirements.txt (pinned by constraints.txt).
+#
+# Packages come from apt-get, as root. Without root or apt-get it names what
+# is missing and fails, rather than letting a build fail later on a cryptic
+# pkg-config error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "deps: $*" >&2; }
+mode=${1:-all}
+case $mode in build | all) ;; *) log "usage: $0 [build|all]"; exit 2 ;; esac
+
+# --- Debian packages ---------------------------------------------------------
+need=()
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[[ -e /usr/include/stdio.h ]] || need+=(libc6-dev)
+[[ -e /usr/include/seccomp.h ]] || need+=(libseccomp-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [[ $mode == all ]]; then
+  command -v useradd >/dev/null 2>&1 || need+=(passwd)
+  command -v timeout >/dev/null 2>&1 || need+=(coreutils)
+  command -v ps >/dev/null 2>&1 || need+=(procps)
+  command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+fi
+if ((${#need[@]})); then
+  if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "missing: ${need[*]} (Debian package names); install them as root (apt-get install ${need[*]}) and run this again"
+    exit 1
+  fi
+  log "apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+[[ $mode == build ]] && exit 0
+
+# A stamp of the inputs, kept inside what it describes, so a changed lock file
+# or a deleted install directory re-runs the step.
+stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
+
+# --- JS compat suite -----------------------------------------------------------
+js=compat-tests/js
+want=$(stamp_of "$js/package-lock.json" <(node --version))
+if [[ $(cat "$js/node_modules/.deps-stamp" 2>/dev/null) != "$want" ]]; then
+  log "npm ci in $js"
+  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" >"$js/node_modules/.deps-stamp"
+fi
+
+# --- Python compat suite -------------------------------------------------------
+py=compat-tests/python
+want=$(stamp_of "$py/requirements.txt" "$py/constraints.txt" <(python3 --version))
+if [[ $(cat "$py/.venv/.deps-stamp" 2>/dev/null) != "$want" ]]; then
+  log "python venv + pip install in $py/.venv"
+  rm -rf "$py/.venv"
+  python3 -m venv "$py/.venv"
+  "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
+  echo "$want" >"$py/.venv/.deps-stamp"
+fi
+log "ok"
