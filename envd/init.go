@@ -55,7 +55,9 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.DefaultUser != "" {
+	// The default user was resolved when envd started, and the /init of every
+	// create names it again: only a new name needs the passwd lookup.
+	if req.DefaultUser != "" && req.DefaultUser != s.defaults.User() {
 		if _, err := permissions.Lookup(req.DefaultUser); err != nil {
 			rpcerr.WriteJSON(w, http.StatusBadRequest, err.Error())
 			return

@@ -110,6 +110,7 @@ func TestInitValidation(t *testing.T) {
 		{"not json", "{", 400},
 		{"unknown default user", `{"defaultUser":"no-such-user-sandboxd"}`, 400},
 		{"empty body", "", 204},
+		{"another known user", `{"defaultUser":"nobody"}`, 204}, // looked up
 		{"defaults", `{"defaultUser":"root","defaultWorkdir":"/tmp","timestamp":"2026-01-01T00:00:00Z","hyperloopIP":"ignored"}`, 204},
 	}
 	for _, tt := range tests {
