@@ -30,6 +30,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	osuser "os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -231,6 +232,9 @@ func run() int {
 			return
 		}
 		fmt.Fprintf(b.log, "bench: sandboxd on %s (run dir %s, flags %s), standalone envd on %s\n", b.h.addr, b.h.runDir, strings.Join(extra, " "), b.envd.addr)
+		if _, err := osuser.Lookup(asUser); err != nil {
+			fmt.Fprintf(b.log, "bench: WARNING: this host has no account %q (scripts/deps.sh creates it): the standalone envd's rows and the bash floor will count errors only\n", asUser)
+		}
 		for _, name := range cfg.Scenarios {
 			if ctx.Err() != nil {
 				break

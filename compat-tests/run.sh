@@ -66,15 +66,10 @@ for t in $targets; do
   esac
 done
 
-# Dependencies: scripts/deps.sh is idempotent, so a fresh clone works too.
-if [[ -z $js_ver && ! -d $here/js/node_modules/e2b ]] || [[ -z $py_ver && ! -x $here/python/.venv/bin/pytest ]]; then
-  "$root/scripts/deps.sh" || die "installing dependencies failed"
-fi
-
-# The E2B templates' default user; envd runs commands as it unless told otherwise.
-if ! id user >/dev/null 2>&1; then
-  useradd -m -s /bin/bash user || die "cannot create user 'user' (run as root)"
-fi
+# Dependencies, among them the account `user` that envd runs commands as
+# unless told otherwise: scripts/deps.sh is idempotent and quick when nothing
+# is missing, so a fresh clone works too.
+"$root/scripts/deps.sh" || die "installing dependencies failed"
 
 umask 022
 tmp_dirs=()

@@ -12,7 +12,10 @@
 #                   need: passwd (useradd), coreutils and procps for the
 #                   tests, python3-venv where Python has no ensurepip,
 #                   bubblewrap (the floor that the create benchmarks compare
-#                   against, issue 3's goal); then the E2B SDKs of the compat
+#                   against, issue 3's goal); the account `user`, the E2B
+#                   templates' default user, as which the standalone envd of
+#                   the compat suites and of the bench runs commands on the
+#                   host; then the E2B SDKs of the compat
 #                   suites: `npm ci` in compat-tests/js from the committed
 #                   package-lock.json, and a venv in compat-tests/python with
 #                   requirements.txt (pinned by constraints.txt).
@@ -53,6 +56,13 @@ if ((${#need[@]})); then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 [[ $mode == build ]] && exit 0
+
+# --- The E2B templates' default user, on the host ------------------------------
+if ! id user >/dev/null 2>&1; then
+  [[ $(id -u) == 0 ]] || { log "missing: the account 'user'; run this as root to create it"; exit 1; }
+  log "useradd user"
+  useradd -m -s /bin/bash user
+fi
 
 # A stamp of the inputs, kept inside what it describes, so a changed lock file
 # or a deleted install directory re-runs the step.
