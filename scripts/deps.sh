@@ -10,15 +10,15 @@
 #                   internet egress. `make build` (so `make run`) calls this.
 #   deps.sh         (all) the above, plus what `make test` and `make bench`
 #                   need: passwd (useradd), coreutils and procps for the
-#                   tests, python3-venv where Python has no ensurepip,
+#                   tests, python3-venv where Python has no ensurepip, and
 #                   bubblewrap (the floor that the create benchmarks compare
 #                   against, issue 3's goal); the account `user`, the E2B
 #                   templates' default user, as which the standalone envd of
 #                   the compat suites and of the bench runs commands on the
-#                   host; then the E2B SDKs of the compat
-#                   suites: `npm ci` in compat-tests/js from the committed
-#                   package-lock.json, and a venv in compat-tests/python with
-#                   requirements.txt (pinned by constraints.txt).
+#                   host; and the E2B SDKs of the compat suites: `npm ci` in
+#                   compat-tests/js from the committed package-lock.json, and
+#                   a venv in compat-tests/python with requirements.txt
+#                   (pinned by constraints.txt).
 #
 # Packages come from apt-get, as root. Without root or apt-get it names what
 # is missing and fails, rather than letting a build fail later on a cryptic
