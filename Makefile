@@ -72,7 +72,7 @@ test-compat-incus: build
 # runtime/local's tests in a VM that mounts only cgroup v2, or only v1 (this
 # machine is hybrid): a Debian kernel from apt, the host's root read-only
 # over 9p, no network device. Emulated (TCG) where /dev/kvm cannot boot a
-# stock kernel, as on our 2-core machines: 4-8 minutes each there. See
+# stock kernel, as on our 2-core machines: 9-20 minutes each there. See
 # scripts/cgroup-vm.sh.
 test-cgroup2:
 	./scripts/cgroup-vm.sh v2
