@@ -57,7 +57,7 @@ func haveBwrap() bool {
 
 func floorScenario(ctx context.Context, b *Bench) error {
 	if !haveBwrap() {
-		b.add(unavailable("floor", "bwrap --ro-bind / / true", "bwrap is not installed (apt-get install bubblewrap)"))
+		b.add(unavailable("floor", "bwrap --ro-bind / / true", "bwrap is not installed (scripts/deps.sh installs it)"))
 	}
 	n := b.iters(2, 1, 20)
 	samples := make([][]time.Duration, len(floorCmds))
