@@ -1,5 +1,9 @@
 // Package tenant names the owner of every sandbox, key and quota in sandboxd,
-// and carries that owner through a request's context.
+// carries that owner through a request's context, and defines its settings:
+// pool size, quotas and the rate limit of each route class (Settings), what
+// is unset in them, how they are validated and how they merge over the
+// server defaults (Effective). The store persists Settings; packages
+// ratelimit and sandbox and the CLI read them.
 //
 // The authentication middleware resolves an API key to an ID and stores it with
 // WithContext; handlers and everything below them read it with FromContext.
