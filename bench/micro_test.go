@@ -566,22 +566,22 @@ func BenchmarkLimiterAllow10kKeys(b *testing.B) {
 // lookup (tenant settings over the class default) plus Limiter's one lock
 // under contention.
 func BenchmarkLimiterTenantsParallel(b *testing.B) {
-	rate, burst := 1e12, 1<<30
+	set := tenant.Settings{Limits: map[tenant.Class]tenant.Limit{tenant.Create: {Rate: tenant.Of(1e12), Burst: tenant.Of(1 << 30)}}}
 	ts := &ratelimit.Tenants{
 		Limiter: ratelimit.New(10*time.Minute, nil),
 		Policy: ratelimit.Policy{
-			Defaults: map[ratelimit.Class]ratelimit.Limit{
-				ratelimit.Create: {Rate: 5, Burst: 20},
-				ratelimit.Read:   {Rate: 1e12, Burst: 1 << 30},
+			Defaults: map[tenant.Class]ratelimit.Limit{
+				tenant.Create: {Rate: 5, Burst: 20},
+				tenant.Read:   {Rate: 1e12, Burst: 1 << 30},
 			},
-			Settings: func(tenant.ID) store.Settings { return store.Settings{CreateRate: &rate, CreateBurst: &burst} },
+			Settings: func(tenant.ID) tenant.Settings { return set },
 		},
 	}
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		t := tenant.ID(fmt.Sprintf("t%d", next.Add(1)%16))
-		c := ratelimit.Create
+		c := tenant.Create
 		for pb.Next() {
 			ts.Allow(t, c)
 		}

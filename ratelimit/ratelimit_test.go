@@ -5,7 +5,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -135,27 +134,26 @@ func TestLimiterEvictsIdleBuckets(t *testing.T) {
 }
 
 func TestPolicy(t *testing.T) {
-	rate, burst := 0.5, 7
 	p := Policy{
-		Defaults: map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40}, Read: {Rate: 50, Burst: 100},
-			DataPlane: {Rate: 200, Burst: 400}},
-		Settings: func(t tenant.ID) store.Settings {
+		Defaults: map[tenant.Class]Limit{tenant.Create: {Rate: 5, Burst: 10}, tenant.Lifecycle: {Rate: 20, Burst: 40}, tenant.Read: {Rate: 50, Burst: 100},
+			tenant.DataPlane: {Rate: 200, Burst: 400}},
+		Settings: func(t tenant.ID) tenant.Settings {
 			if t == "slow" {
-				return store.Settings{CreateRate: &rate, CreateBurst: &burst}
+				return tenant.Settings{Limits: map[tenant.Class]tenant.Limit{tenant.Create: {Rate: tenant.Of(0.5), Burst: tenant.Of(7)}}}
 			}
-			return store.Settings{}
+			return tenant.Settings{}
 		},
 	}
 	tests := []struct {
 		t    tenant.ID
-		c    Class
+		c    tenant.Class
 		want Limit
 	}{
-		{"slow", Create, Limit{Rate: 0.5, Burst: 7}},
-		{"slow", Read, Limit{Rate: 50, Burst: 100}},
-		{"other", Create, Limit{Rate: 5, Burst: 10}},
-		{"other", Lifecycle, Limit{Rate: 20, Burst: 40}},
-		{"slow", DataPlane, Limit{Rate: 200, Burst: 400}}, // create settings do not apply
+		{"slow", tenant.Create, Limit{Rate: 0.5, Burst: 7}},
+		{"slow", tenant.Read, Limit{Rate: 50, Burst: 100}},
+		{"other", tenant.Create, Limit{Rate: 5, Burst: 10}},
+		{"other", tenant.Lifecycle, Limit{Rate: 20, Burst: 40}},
+		{"slow", tenant.DataPlane, Limit{Rate: 200, Burst: 400}}, // create settings do not apply
 	}
 	for _, tt := range tests {
 		if got := p.Limit(tt.t, tt.c); got != tt.want {
@@ -168,38 +166,40 @@ func TestPolicy(t *testing.T) {
 // and burst each falling back to the server default on their own, and one
 // class's override never leaks into another.
 func TestPolicyClassOverrides(t *testing.T) {
-	f := func(v float64) *float64 { return &v }
-	n := func(v int) *int { return &v }
-	defaults := map[Class]Limit{Create: {Rate: 5, Burst: 10}, Lifecycle: {Rate: 20, Burst: 40},
-		Read: {Rate: 50, Burst: 100}, DataPlane: {Rate: 200, Burst: 400}}
+	f, n := tenant.Of[float64], tenant.Of[int]
+	one := func(c tenant.Class, l tenant.Limit) tenant.Settings {
+		return tenant.Settings{Limits: map[tenant.Class]tenant.Limit{c: l}}
+	}
+	defaults := map[tenant.Class]Limit{tenant.Create: {Rate: 5, Burst: 10}, tenant.Lifecycle: {Rate: 20, Burst: 40},
+		tenant.Read: {Rate: 50, Burst: 100}, tenant.DataPlane: {Rate: 200, Burst: 400}}
 	tests := []struct {
 		name string
-		set  store.Settings
-		c    Class
+		set  tenant.Settings
+		c    tenant.Class
 		want Limit
 	}{
-		{"create default", store.Settings{}, Create, Limit{5, 10}},
-		{"create override", store.Settings{CreateRate: f(1), CreateBurst: n(2)}, Create, Limit{1, 2}},
-		{"lifecycle default", store.Settings{}, Lifecycle, Limit{20, 40}},
-		{"lifecycle override", store.Settings{LifecycleRate: f(3), LifecycleBurst: n(4)}, Lifecycle, Limit{3, 4}},
-		{"lifecycle rate only", store.Settings{LifecycleRate: f(3)}, Lifecycle, Limit{3, 40}},
-		{"read default", store.Settings{}, Read, Limit{50, 100}},
-		{"read override", store.Settings{ReadRate: f(0.5), ReadBurst: n(1)}, Read, Limit{0.5, 1}},
-		{"read burst only", store.Settings{ReadBurst: n(7)}, Read, Limit{50, 7}},
-		{"read override zero rate: unlimited", store.Settings{ReadRate: f(0)}, Read, Limit{0, 100}},
-		{"dataplane default", store.Settings{}, DataPlane, Limit{200, 400}},
-		{"dataplane override", store.Settings{DataPlaneRate: f(9), DataPlaneBurst: n(8)}, DataPlane, Limit{9, 8}},
-		{"read override leaves lifecycle", store.Settings{ReadRate: f(1), ReadBurst: n(1)}, Lifecycle, Limit{20, 40}},
-		{"lifecycle override leaves dataplane", store.Settings{LifecycleRate: f(1)}, DataPlane, Limit{200, 400}},
-		{"dataplane override leaves create", store.Settings{DataPlaneRate: f(1)}, Create, Limit{5, 10}},
+		{"create default", tenant.Settings{}, tenant.Create, Limit{5, 10}},
+		{"create override", one(tenant.Create, tenant.Limit{Rate: f(1), Burst: n(2)}), tenant.Create, Limit{1, 2}},
+		{"lifecycle default", tenant.Settings{}, tenant.Lifecycle, Limit{20, 40}},
+		{"lifecycle override", one(tenant.Lifecycle, tenant.Limit{Rate: f(3), Burst: n(4)}), tenant.Lifecycle, Limit{3, 4}},
+		{"lifecycle rate only", one(tenant.Lifecycle, tenant.Limit{Rate: f(3)}), tenant.Lifecycle, Limit{3, 40}},
+		{"read default", tenant.Settings{}, tenant.Read, Limit{50, 100}},
+		{"read override", one(tenant.Read, tenant.Limit{Rate: f(0.5), Burst: n(1)}), tenant.Read, Limit{0.5, 1}},
+		{"read burst only", one(tenant.Read, tenant.Limit{Burst: n(7)}), tenant.Read, Limit{50, 7}},
+		{"read override zero rate: unlimited", one(tenant.Read, tenant.Limit{Rate: f(0)}), tenant.Read, Limit{0, 100}},
+		{"dataplane default", tenant.Settings{}, tenant.DataPlane, Limit{200, 400}},
+		{"dataplane override", one(tenant.DataPlane, tenant.Limit{Rate: f(9), Burst: n(8)}), tenant.DataPlane, Limit{9, 8}},
+		{"read override leaves lifecycle", one(tenant.Read, tenant.Limit{Rate: f(1), Burst: n(1)}), tenant.Lifecycle, Limit{20, 40}},
+		{"lifecycle override leaves dataplane", one(tenant.Lifecycle, tenant.Limit{Rate: f(1)}), tenant.DataPlane, Limit{200, 400}},
+		{"dataplane override leaves create", one(tenant.DataPlane, tenant.Limit{Rate: f(1)}), tenant.Create, Limit{5, 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := Policy{Defaults: defaults, Settings: func(id tenant.ID) store.Settings {
+			p := Policy{Defaults: defaults, Settings: func(id tenant.ID) tenant.Settings {
 				if id == "custom" {
 					return tt.set
 				}
-				return store.Settings{}
+				return tenant.Settings{}
 			}}
 			if got := p.Limit("custom", tt.c); got != tt.want {
 				t.Errorf("Limit(custom, %s) = %+v, want %+v", tt.c, got, tt.want)
@@ -216,17 +216,17 @@ func TestPolicyClassOverrides(t *testing.T) {
 func TestTenantsDataPlaneIsOwnBucket(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
 	ts := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{
-		Defaults: map[Class]Limit{Read: {Rate: 1, Burst: 1}, DataPlane: {Rate: 1, Burst: 1}},
+		Defaults: map[tenant.Class]Limit{tenant.Read: {Rate: 1, Burst: 1}, tenant.DataPlane: {Rate: 1, Burst: 1}},
 	}}
-	if !ts.Allow("a", Read).Allowed || !ts.Allow("a", DataPlane).Allowed {
+	if !ts.Allow("a", tenant.Read).Allowed || !ts.Allow("a", tenant.DataPlane).Allowed {
 		t.Fatal("first read and first data-plane request: want both allowed")
 	}
-	if ts.Allow("a", DataPlane).Allowed || !ts.Allow("b", DataPlane).Allowed {
+	if ts.Allow("a", tenant.DataPlane).Allowed || !ts.Allow("b", tenant.DataPlane).Allowed {
 		t.Fatal("want a's second data-plane request refused, b's first allowed")
 	}
-	off := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{Defaults: map[Class]Limit{Read: {Rate: 1, Burst: 1}}}}
+	off := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{Defaults: map[tenant.Class]Limit{tenant.Read: {Rate: 1, Burst: 1}}}}
 	for range 10 {
-		if d := off.Allow("a", DataPlane); !d.Allowed || !d.Limit.Unlimited() {
+		if d := off.Allow("a", tenant.DataPlane); !d.Allowed || !d.Limit.Unlimited() {
 			t.Fatalf("no data-plane default: %+v; want unlimited", d)
 		}
 	}
@@ -234,20 +234,20 @@ func TestTenantsDataPlaneIsOwnBucket(t *testing.T) {
 
 func TestTenantsPickUpSettings(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
-	var cur store.Settings
+	var cur tenant.Settings
 	ts := &Tenants{Limiter: New(time.Minute, clk.now), Policy: Policy{
-		Defaults: map[Class]Limit{Create: {Rate: 1, Burst: 1}},
-		Settings: func(tenant.ID) store.Settings { return cur },
+		Defaults: map[tenant.Class]Limit{tenant.Create: {Rate: 1, Burst: 1}},
+		Settings: func(tenant.ID) tenant.Settings { return cur },
 	}}
-	if !ts.Allow("a", Create).Allowed || ts.Allow("a", Create).Allowed {
+	if !ts.Allow("a", tenant.Create).Allowed || ts.Allow("a", tenant.Create).Allowed {
 		t.Fatal("default 1/s burst 1: want allowed then refused")
 	}
-	burst := 3
-	cur.CreateBurst = &burst // as if `tenants set a --create-burst 3` was polled in
+	// As if `tenants set a --create-burst 3` was polled in.
+	cur = tenant.Settings{Limits: map[tenant.Class]tenant.Limit{tenant.Create: {Burst: tenant.Of(3)}}}
 	clk.advance(time.Second)
 	allowed := 0
 	for range 5 {
-		if ts.Allow("a", Create).Allowed {
+		if ts.Allow("a", tenant.Create).Allowed {
 			allowed++
 		}
 	}
@@ -259,7 +259,7 @@ func TestTenantsPickUpSettings(t *testing.T) {
 	clk.advance(10 * time.Second)
 	allowed = 0
 	for range 5 {
-		if ts.Allow("a", Create).Allowed {
+		if ts.Allow("a", tenant.Create).Allowed {
 			allowed++
 		}
 	}

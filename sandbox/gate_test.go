@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 func granted(w *gateWaiter) bool {
@@ -215,7 +216,7 @@ func TestMissTakesRefill(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, cb := newCountingEnv(t, 1)
 		cb.hold = make(chan struct{})
-		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(1) })
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
 		p := e.startPools(t)
 		cb.hold <- struct{}{} // the first member
 		waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
@@ -270,7 +271,7 @@ func TestMissTakesRefill(t *testing.T) {
 func TestQuotaCountsWaitingCreates(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, _ := newCountingEnv(t, 1)
-		e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(2) })
+		e.set(t, "a", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Of(2) })
 		if ok, refused := createConcurrently(t, e, "a", 5); ok != 2 || refused != 3 {
 			t.Fatalf("%d created, %d refused; want 2 and 3", ok, refused)
 		}

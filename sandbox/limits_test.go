@@ -54,7 +54,7 @@ func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
 	return e
 }
 
-func (e *testEnv) set(t *testing.T, name string, fn func(*store.Settings)) {
+func (e *testEnv) set(t *testing.T, name string, fn func(*tenant.Settings)) {
 	t.Helper()
 	if _, err := e.st.UpdateTenantSettings(context.Background(), tenant.ID(name), fn); err != nil {
 		t.Fatal(err)
@@ -68,11 +68,9 @@ func as(name string) context.Context {
 	return tenant.WithContext(context.Background(), tenant.ID(name))
 }
 
-func ptr[T any](v T) *T { return &v }
-
 func TestQuotaMaxSandboxes(t *testing.T) {
 	e := newTestEnv(t, nil)
-	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(2) })
+	e.set(t, "a", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Of(2) })
 	var ids []string
 	for range 2 {
 		sb, err := e.m.Create(as("a"), CreateRequest{})
@@ -110,7 +108,7 @@ func TestQuotaMaxSandboxes(t *testing.T) {
 
 func TestQuotaIsAtomic(t *testing.T) {
 	e := newTestEnv(t, nil)
-	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(3) })
+	e.set(t, "a", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Of(3) })
 	if ok, refused := createConcurrently(t, e, "a", 12); ok != 3 || refused != 9 {
 		t.Fatalf("%d created, %d refused; want 3 and 9", ok, refused)
 	}
@@ -141,7 +139,7 @@ func createConcurrently(t *testing.T, e *testEnv, tenant string, n int) (ok, ref
 
 func TestQuotaMaxMemory(t *testing.T) {
 	e := newTestEnv(t, nil)
-	e.set(t, "a", func(s *store.Settings) { s.MaxMemoryMB = ptr(1000) })
+	e.set(t, "a", func(s *tenant.Settings) { s.MaxMemoryMB = tenant.Of(1000) })
 	if _, err := e.m.Create(as("a"), CreateRequest{MemoryMB: 600}); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +153,7 @@ func TestQuotaMaxMemory(t *testing.T) {
 
 func TestSettingsPickedUp(t *testing.T) {
 	e := newTestEnv(t, nil)
-	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = ptr(1) })
+	e.set(t, "a", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Of(1) })
 	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +162,7 @@ func TestSettingsPickedUp(t *testing.T) {
 	}
 	// As `sandboxd tenants set a --max-sandboxes default` from another
 	// process, then the server's poll.
-	e.set(t, "a", func(s *store.Settings) { s.MaxSandboxes = nil })
+	e.set(t, "a", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Value[int]{} })
 	if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
 		t.Fatalf("after clearing the quota: %v", err)
 	}
@@ -262,7 +260,7 @@ func ready(p *pool.Pools, t tenant.ID) int {
 func TestCreateFromPool(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newTestEnv(t, nil)
-		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(2) })
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(2) })
 		p := e.startPools(t)
 		waitFor(t, "2 warm members", func() bool { return ready(p, "a") == 2 })
 		warm := map[string]bool{}
@@ -337,7 +335,7 @@ func TestCreateFromPool(t *testing.T) {
 func TestPoolRespectsQuota(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newTestEnv(t, nil)
-		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(5); s.MaxSandboxes = ptr(3) })
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(5); s.MaxSandboxes = tenant.Of(3) })
 		p := e.startPools(t)
 		waitFor(t, "members", func() bool { return ready(p, "a") == 3 })
 		time.Sleep(time.Second) // many ticks: still no more than the quota
@@ -356,7 +354,7 @@ func TestPoolRespectsQuota(t *testing.T) {
 func TestPoolFailedInitFallsBackCleanly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newTestEnv(t, nil)
-		e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(1) })
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
 		p := e.startPools(t)
 		waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
 		member := e.be.IDs()[0]
@@ -380,7 +378,7 @@ func TestPoolFailedInitFallsBackCleanly(t *testing.T) {
 
 func TestReconcileDestroysLeftoverMembers(t *testing.T) {
 	e := newTestEnv(t, nil)
-	e.set(t, "a", func(s *store.Settings) { s.MinWarm = ptr(2) })
+	e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(2) })
 	// A previous process's pool: backend sandboxes without rows.
 	for _, id := range []string{"old1", "old2"} {
 		if _, err := e.be.Create(context.Background(), sandboxSpec(id)); err != nil {

@@ -12,17 +12,13 @@ import (
 )
 
 // Defaults are the server-wide values of the per-tenant settings, for
-// tenants (or fields) with none stored. For every limit, 0 means "no limit";
-// MinWarm 0 means "no warm members kept ahead of demand".
-type Defaults struct {
-	MinWarm      int
-	CreateRate   float64
-	CreateBurst  int
-	MaxSandboxes int
-	MaxMemoryMB  int
-}
+// tenants (or values) with none stored: the effective settings of a tenant
+// that has set nothing.
+type Defaults = tenant.Effective
 
-// Effective is a tenant's settings with the defaults filled in.
+// Effective is what admission and the warm pools read of a tenant's
+// effective settings (its stored tenant.Settings over the defaults), with the
+// create limit flattened into CreateRate and CreateBurst.
 type Effective struct {
 	MinWarm      int
 	CreateRate   float64
@@ -41,7 +37,7 @@ type Settings struct {
 	log      *slog.Logger
 
 	mu sync.RWMutex
-	m  map[tenant.ID]store.Settings
+	m  map[tenant.ID]tenant.Settings
 }
 
 // NewSettings returns a cache over st; call Refresh once (or Run) to fill it.
@@ -50,18 +46,19 @@ func NewSettings(st *store.Store, d Defaults, log *slog.Logger) *Settings {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Settings{store: st, defaults: d, log: log, m: map[tenant.ID]store.Settings{}}
+	return &Settings{store: st, defaults: d, log: log, m: map[tenant.ID]tenant.Settings{}}
 }
 
 // Defaults returns the server-wide defaults.
 func (s *Settings) Defaults() Defaults { return s.defaults }
 
-// Stored returns tenant t's stored settings (nil fields: default). The rate
-// limits of every route class (create, lifecycle, read, data plane) are read
-// from here by package ratelimit's Policy, over its server defaults.
-func (s *Settings) Stored(t tenant.ID) store.Settings {
+// Stored returns tenant t's stored settings (unset values: default), to be
+// read only. The rate limits of every route class (create, lifecycle, read,
+// data plane) are read from here by package ratelimit's Policy, over its
+// server defaults.
+func (s *Settings) Stored(t tenant.ID) tenant.Settings {
 	if s == nil {
-		return store.Settings{}
+		return tenant.Settings{}
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -69,7 +66,7 @@ func (s *Settings) Stored(t tenant.ID) store.Settings {
 }
 
 // Set replaces tenant t's cached settings (tests; the store stays as is).
-func (s *Settings) Set(t tenant.ID, st store.Settings) {
+func (s *Settings) Set(t tenant.ID, st tenant.Settings) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.m[t] = st
@@ -80,14 +77,14 @@ func (s *Settings) Get(t tenant.ID) Effective {
 	if s == nil {
 		return Effective{}
 	}
-	st := s.Stored(t)
-	d := s.defaults
+	e := s.Stored(t).Over(s.defaults)
+	create := e.Limit(tenant.Create)
 	return Effective{
-		MinWarm:      deref(st.MinWarm, d.MinWarm),
-		CreateRate:   deref(st.CreateRate, d.CreateRate),
-		CreateBurst:  deref(st.CreateBurst, d.CreateBurst),
-		MaxSandboxes: deref(st.MaxSandboxes, d.MaxSandboxes),
-		MaxMemoryMB:  deref(st.MaxMemoryMB, d.MaxMemoryMB),
+		MinWarm:      e.MinWarm,
+		CreateRate:   create.Rate,
+		CreateBurst:  create.Burst,
+		MaxSandboxes: e.MaxSandboxes,
+		MaxMemoryMB:  e.MaxMemoryMB,
 	}
 }
 
@@ -102,13 +99,6 @@ func (s *Settings) Tenants() []tenant.ID {
 	return out
 }
 
-func deref[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
-}
-
 // Refresh re-reads every tenant's settings from the store.
 func (s *Settings) Refresh(ctx context.Context) error {
 	if s.store == nil {
@@ -118,33 +108,18 @@ func (s *Settings) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m := make(map[tenant.ID]store.Settings, len(ts))
+	m := make(map[tenant.ID]tenant.Settings, len(ts))
 	for _, t := range ts {
 		m[t.ID] = t.Settings
 	}
 	s.mu.Lock()
-	changed := !maps.EqualFunc(s.m, m, sameSettings)
+	changed := !maps.EqualFunc(s.m, m, tenant.Settings.Equal)
 	s.m = m
 	s.mu.Unlock()
 	if changed {
 		s.log.Info("tenant settings loaded", "tenants", len(m))
 	}
 	return nil
-}
-
-func sameSettings(a, b store.Settings) bool {
-	return eq(a.MinWarm, b.MinWarm) && eq(a.CreateRate, b.CreateRate) && eq(a.CreateBurst, b.CreateBurst) &&
-		eq(a.MaxSandboxes, b.MaxSandboxes) && eq(a.MaxMemoryMB, b.MaxMemoryMB) &&
-		eq(a.LifecycleRate, b.LifecycleRate) && eq(a.LifecycleBurst, b.LifecycleBurst) &&
-		eq(a.ReadRate, b.ReadRate) && eq(a.ReadBurst, b.ReadBurst) &&
-		eq(a.DataPlaneRate, b.DataPlaneRate) && eq(a.DataPlaneBurst, b.DataPlaneBurst)
-}
-
-func eq[T comparable](a, b *T) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
 }
 
 // Run refreshes the cache every interval until ctx ends.

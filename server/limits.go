@@ -17,18 +17,18 @@ import (
 // routeClass sorts an E2B API request into its rate-limit class: creating
 // or waking a sandbox (create, resume, connect, fork) is "create", any other
 // non-GET is "lifecycle", GET and HEAD are "read".
-func routeClass(r *http.Request) ratelimit.Class {
+func routeClass(r *http.Request) tenant.Class {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
-		return ratelimit.Read
+		return tenant.Read
 	case http.MethodPost:
 		p := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, E2BPrefix), "/")
 		if p == "/sandboxes" || p == "/v2/sandboxes" || p == NativePrefix ||
 			strings.HasSuffix(p, "/connect") || strings.HasSuffix(p, "/resume") || strings.HasSuffix(p, "/fork") {
-			return ratelimit.Create
+			return tenant.Create
 		}
 	}
-	return ratelimit.Lifecycle
+	return tenant.Lifecycle
 }
 
 // limitTenants is the per-tenant limiter: it runs after authenticate (it
@@ -141,7 +141,7 @@ type sandboxTenanter interface {
 // Retry-After and X-RateLimit-*, and reports false. An unknown sandbox
 // passes: the dial answers for it.
 func (p *proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string) bool {
-	if p.limits == nil || p.limits.Policy.Limit("", ratelimit.DataPlane).Unlimited() {
+	if p.limits == nil || p.limits.Policy.Limit("", tenant.DataPlane).Unlimited() {
 		return true
 	}
 	st, ok := p.d.(sandboxTenanter)
@@ -152,12 +152,12 @@ func (p *proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string
 	if err != nil {
 		return true
 	}
-	d := p.limits.Allow(t, ratelimit.DataPlane)
+	d := p.limits.Allow(t, tenant.DataPlane)
 	if d.Allowed || d.Limit.Unlimited() {
 		return true
 	}
 	retry := limitHeaders(w, d)
 	writeProxyError(w, http.StatusTooManyRequests, id, limitMessage(d, "data-plane", retry))
-	p.lm.rejected(string(t), string(ratelimit.DataPlane))
+	p.lm.rejected(string(t), string(tenant.DataPlane))
 	return false
 }

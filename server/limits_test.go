@@ -75,8 +75,8 @@ func newLimitEnvWith(t *testing.T, mod func(*sandbox.Config)) *limitEnv {
 		}
 		e.keys[name] = key
 	}
-	rate, burst := 1.0, 2
-	if _, err := st.UpdateTenantSettings(ctx, "a", func(s *store.Settings) { s.CreateRate, s.CreateBurst = &rate, &burst }); err != nil {
+	create := tenant.Limit{Rate: tenant.Of(1.0), Burst: tenant.Of(2)}
+	if _, err := st.UpdateTenantSettings(ctx, "a", func(s *tenant.Settings) { s.SetLimit(tenant.Create, create) }); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -95,12 +95,12 @@ func newLimitEnvWith(t *testing.T, mod func(*sandbox.Config)) *limitEnv {
 	limits := &ratelimit.Tenants{
 		Limiter: ratelimit.New(time.Minute, e.clock.now),
 		Policy: ratelimit.Policy{
-			Defaults: map[ratelimit.Class]ratelimit.Limit{
-				ratelimit.Create:    {Rate: 1, Burst: 2},
-				ratelimit.Lifecycle: {Rate: 100, Burst: 100},
-				ratelimit.Read:      {Rate: 100, Burst: 100},
+			Defaults: map[tenant.Class]ratelimit.Limit{
+				tenant.Create:    {Rate: 1, Burst: 2},
+				tenant.Lifecycle: {Rate: 100, Burst: 100},
+				tenant.Read:      {Rate: 100, Burst: 100},
 			},
-			Settings: func(t tenant.ID) store.Settings { return e.settings.Stored(t) },
+			Settings: e.settings.Stored,
 		},
 	}
 	e.h = New(Config{Manager: e.mgr, Store: st, Metrics: e.metrics, Log: log, Limits: limits})
@@ -231,8 +231,7 @@ func TestRateLimitFlood(t *testing.T) {
 
 func TestQuotaAnswers429AndHostGuard503(t *testing.T) {
 	e := newLimitEnv(t)
-	one := 1
-	if _, err := e.st.UpdateTenantSettings(context.Background(), "b", func(s *store.Settings) { s.MaxSandboxes = &one }); err != nil {
+	if _, err := e.st.UpdateTenantSettings(context.Background(), "b", func(s *tenant.Settings) { s.MaxSandboxes = tenant.Of(1) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.settings.Refresh(context.Background()); err != nil {
@@ -251,20 +250,20 @@ func TestQuotaAnswers429AndHostGuard503(t *testing.T) {
 func TestRouteClass(t *testing.T) {
 	tests := []struct {
 		method, path string
-		want         ratelimit.Class
+		want         tenant.Class
 	}{
-		{"POST", "/sandboxes", ratelimit.Create},
-		{"POST", E2BPrefix + "/sandboxes", ratelimit.Create},
-		{"POST", "/v2/sandboxes", ratelimit.Create},
-		{"POST", "/sandboxes/abc/connect", ratelimit.Create},
-		{"POST", "/v2/sandboxes/abc/connect", ratelimit.Create},
-		{"POST", E2BPrefix + "/sandboxes/abc/resume", ratelimit.Create},
-		{"POST", "/sandboxes/abc/pause", ratelimit.Lifecycle},
-		{"POST", "/sandboxes/abc/timeout", ratelimit.Lifecycle},
-		{"DELETE", "/sandboxes/abc", ratelimit.Lifecycle},
-		{"PUT", "/sandboxes/abc/network", ratelimit.Lifecycle},
-		{"GET", "/sandboxes/abc", ratelimit.Read},
-		{"GET", "/v2/sandboxes", ratelimit.Read},
+		{"POST", "/sandboxes", tenant.Create},
+		{"POST", E2BPrefix + "/sandboxes", tenant.Create},
+		{"POST", "/v2/sandboxes", tenant.Create},
+		{"POST", "/sandboxes/abc/connect", tenant.Create},
+		{"POST", "/v2/sandboxes/abc/connect", tenant.Create},
+		{"POST", E2BPrefix + "/sandboxes/abc/resume", tenant.Create},
+		{"POST", "/sandboxes/abc/pause", tenant.Lifecycle},
+		{"POST", "/sandboxes/abc/timeout", tenant.Lifecycle},
+		{"DELETE", "/sandboxes/abc", tenant.Lifecycle},
+		{"PUT", "/sandboxes/abc/network", tenant.Lifecycle},
+		{"GET", "/sandboxes/abc", tenant.Read},
+		{"GET", "/v2/sandboxes", tenant.Read},
 	}
 	for _, tt := range tests {
 		r := httptest.NewRequest(tt.method, tt.path, nil)
@@ -327,8 +326,8 @@ func TestRateLimitNativeAPI(t *testing.T) {
 func TestRateLimitTenantReadRate(t *testing.T) {
 	e := newLimitEnv(t)
 	ctx := t.Context()
-	rate, burst := 1.0, 2
-	if _, err := e.st.UpdateTenantSettings(ctx, "a", func(s *store.Settings) { s.ReadRate, s.ReadBurst = &rate, &burst }); err != nil {
+	read := tenant.Limit{Rate: tenant.Of(1.0), Burst: tenant.Of(2)}
+	if _, err := e.st.UpdateTenantSettings(ctx, "a", func(s *tenant.Settings) { s.SetLimit(tenant.Read, read) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.settings.Refresh(ctx); err != nil {

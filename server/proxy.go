@@ -79,7 +79,7 @@ type proxy struct {
 	tr     *http.Transport
 	rp     *httputil.ReverseProxy
 	// limits, when set, rate-limits the data plane per sandbox owner
-	// (class ratelimit.DataPlane); lm counts its rejections.
+	// (class tenant.DataPlane); lm counts its rejections.
 	limits *ratelimit.Tenants
 	lm     *limitMetrics
 

@@ -34,8 +34,8 @@ func TestProxyDataPlaneLimit(t *testing.T) {
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	limits := &ratelimit.Tenants{
 		Limiter: ratelimit.New(time.Hour, clock.now),
-		Policy: ratelimit.Policy{Defaults: map[ratelimit.Class]ratelimit.Limit{
-			ratelimit.DataPlane: {Rate: 0.5, Burst: 2},
+		Policy: ratelimit.Policy{Defaults: map[tenant.Class]ratelimit.Limit{
+			tenant.DataPlane: {Rate: 0.5, Burst: 2},
 		}},
 	}
 	e := newFakeEnv(t, func(c *Config) { c.Limits = limits })
@@ -106,8 +106,8 @@ func TestProxyDataPlaneLimit(t *testing.T) {
 func TestProxyDataPlaneLimitOff(t *testing.T) {
 	limits := &ratelimit.Tenants{
 		Limiter: ratelimit.New(time.Hour, nil),
-		Policy: ratelimit.Policy{Defaults: map[ratelimit.Class]ratelimit.Limit{
-			ratelimit.Read: {Rate: 0.001, Burst: 1},
+		Policy: ratelimit.Policy{Defaults: map[tenant.Class]ratelimit.Limit{
+			tenant.Read: {Rate: 0.001, Burst: 1},
 		}},
 	}
 	e := newFakeEnv(t, func(c *Config) { c.Limits = limits })

@@ -42,7 +42,7 @@ type Config struct {
 	// Ready reports whether the server may take traffic (reconcile done).
 	Ready func() bool
 	// Limits rate-limits each tenant per route class (nil: no limits); its
-	// ratelimit.DataPlane class limits the proxy by the sandbox's owner;
+	// tenant.DataPlane class limits the proxy by the sandbox's owner;
 	// IPLimiter with IPLimit limits each client address before auth.
 	Limits    *ratelimit.Tenants
 	IPLimiter *ratelimit.Limiter

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // TestClassRatesRoundTrip: the lifecycle, read and data-plane rates and
@@ -14,52 +16,60 @@ func TestClassRatesRoundTrip(t *testing.T) {
 	ctx := t.Context()
 	tn := mustTenant(t, s, "acme")
 
-	full := Settings{
-		CreateRate: ptr(1.0), CreateBurst: ptr(2),
-		LifecycleRate: ptr(3.5), LifecycleBurst: ptr(4),
-		ReadRate: ptr(0.25), ReadBurst: ptr(6),
-		DataPlaneRate: ptr(0.0), DataPlaneBurst: ptr(0), // zero is a value, not "default"
+	full := func() tenant.Settings {
+		return tenant.Settings{Limits: map[tenant.Class]tenant.Limit{
+			tenant.Create:    {Rate: tenant.Of(1.0), Burst: tenant.Of(2)},
+			tenant.Lifecycle: {Rate: tenant.Of(3.5), Burst: tenant.Of(4)},
+			tenant.Read:      {Rate: tenant.Of(0.25), Burst: tenant.Of(6)},
+			tenant.DataPlane: {Rate: tenant.Of(0.0), Burst: tenant.Of(0)}, // zero is a value, not "default"
+		}}
 	}
-	if _, err := s.SetTenantSettings(ctx, tn, full); err != nil {
+	if _, err := s.SetTenantSettings(ctx, tn, full()); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.GetTenant(ctx, tn)
-	if err != nil || !settingsEqual(got.Settings, full) {
-		t.Fatalf("GetTenant() = %s, %v; want %s", fmtSettings(got.Settings), err, fmtSettings(full))
+	if err != nil || !got.Settings.Equal(full()) {
+		t.Fatalf("GetTenant() = %+v, %v; want %+v", got.Settings, err, full())
 	}
 
 	// Patch one class; the others stay.
-	if _, err := s.UpdateTenantSettings(ctx, tn, func(st *Settings) { st.ReadRate, st.ReadBurst = ptr(9.0), nil }); err != nil {
+	read := tenant.Limit{Rate: tenant.Of(9.0)}
+	if _, err := s.UpdateTenantSettings(ctx, tn, func(st *tenant.Settings) { st.SetLimit(tenant.Read, read) }); err != nil {
 		t.Fatal(err)
 	}
-	want := full
-	want.ReadRate, want.ReadBurst = ptr(9.0), nil
+	want := full()
+	want.SetLimit(tenant.Read, read)
 	ts, err := s.ListTenants(ctx)
-	if err != nil || len(ts) != 1 || !settingsEqual(ts[0].Settings, want) {
-		t.Fatalf("ListTenants() = %+v, %v; want acme with %s", ts, err, fmtSettings(want))
+	if err != nil || len(ts) != 1 || !ts[0].Settings.Equal(want) {
+		t.Fatalf("ListTenants() = %+v, %v; want acme with %+v", ts, err, want)
 	}
 
-	if _, err := s.SetTenantSettings(ctx, tn, Settings{}); err != nil {
+	if _, err := s.SetTenantSettings(ctx, tn, tenant.Settings{}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetTenant(ctx, tn); err != nil || got.Settings != (Settings{}) {
-		t.Errorf("after reset: %s, %v; want all nil", fmtSettings(got.Settings), err)
+	if got, err := s.GetTenant(ctx, tn); err != nil || !got.Settings.Equal(tenant.Settings{}) {
+		t.Errorf("after reset: %+v, %v; want all unset", got.Settings, err)
 	}
 }
 
 func TestClassRatesInvalid(t *testing.T) {
 	s := openStore(t, "")
 	tn := mustTenant(t, s, "acme")
-	for name, set := range map[string]Settings{
-		"negative lifecycle rate":  {LifecycleRate: ptr(-1.0)},
-		"nan read rate":            {ReadRate: ptr(math.NaN())},
-		"inf dataplane rate":       {DataPlaneRate: ptr(math.Inf(1))},
-		"negative lifecycle burst": {LifecycleBurst: ptr(-1)},
-		"negative read burst":      {ReadBurst: ptr(-1)},
-		"negative dataplane burst": {DataPlaneBurst: ptr(-2)},
+	for _, tt := range []struct {
+		name  string
+		class tenant.Class
+		limit tenant.Limit
+	}{
+		{"negative lifecycle rate", tenant.Lifecycle, tenant.Limit{Rate: tenant.Of(-1.0)}},
+		{"nan read rate", tenant.Read, tenant.Limit{Rate: tenant.Of(math.NaN())}},
+		{"inf dataplane rate", tenant.DataPlane, tenant.Limit{Rate: tenant.Of(math.Inf(1))}},
+		{"negative lifecycle burst", tenant.Lifecycle, tenant.Limit{Burst: tenant.Of(-1)}},
+		{"negative read burst", tenant.Read, tenant.Limit{Burst: tenant.Of(-1)}},
+		{"negative dataplane burst", tenant.DataPlane, tenant.Limit{Burst: tenant.Of(-2)}},
 	} {
+		set := tenant.Settings{Limits: map[tenant.Class]tenant.Limit{tt.class: tt.limit}}
 		if _, err := s.SetTenantSettings(t.Context(), tn, set); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: SetTenantSettings(%s) = %v; want ErrInvalid", name, fmtSettings(set), err)
+			t.Errorf("%s: SetTenantSettings(%+v) = %v; want ErrInvalid", tt.name, set, err)
 		}
 	}
 }
@@ -74,8 +84,12 @@ func TestMigrateClassRates(t *testing.T) {
 		t.Fatal(err)
 	}
 	tn := mustTenant(t, s, "acme")
-	old := Settings{MinWarm: ptr(1), CreateRate: ptr(2.5), CreateBurst: ptr(5)}
-	if _, err := s.SetTenantSettings(t.Context(), tn, old); err != nil {
+	old := func() tenant.Settings {
+		return tenant.Settings{MinWarm: tenant.Of(1), Limits: map[tenant.Class]tenant.Limit{
+			tenant.Create: {Rate: tenant.Of(2.5), Burst: tenant.Of(5)},
+		}}
+	}
+	if _, err := s.SetTenantSettings(t.Context(), tn, old()); err != nil {
 		t.Fatal(err)
 	}
 	downgrade(t, s, 2)
@@ -87,16 +101,17 @@ func TestMigrateClassRates(t *testing.T) {
 		t.Fatalf("SchemaVersion() = %d, %v; want 3", v, err)
 	}
 	got, err := s.GetTenant(t.Context(), tn)
-	if err != nil || !settingsEqual(got.Settings, old) {
-		t.Fatalf("migrated tenant = %s, %v; want %s", fmtSettings(got.Settings), err, fmtSettings(old))
+	if err != nil || !got.Settings.Equal(old()) {
+		t.Fatalf("migrated tenant = %+v, %v; want %+v", got.Settings, err, old())
 	}
 	// The new columns take values after the migration.
-	if _, err := s.UpdateTenantSettings(t.Context(), tn, func(st *Settings) { st.DataPlaneRate = ptr(7.0) }); err != nil {
+	dataplane := tenant.Limit{Rate: tenant.Of(7.0)}
+	if _, err := s.UpdateTenantSettings(t.Context(), tn, func(st *tenant.Settings) { st.SetLimit(tenant.DataPlane, dataplane) }); err != nil {
 		t.Fatal(err)
 	}
-	want := old
-	want.DataPlaneRate = ptr(7.0)
-	if got, err := s.GetTenant(t.Context(), tn); err != nil || !settingsEqual(got.Settings, want) {
-		t.Errorf("after update = %s, %v; want %s", fmtSettings(got.Settings), err, fmtSettings(want))
+	want := old()
+	want.SetLimit(tenant.DataPlane, dataplane)
+	if got, err := s.GetTenant(t.Context(), tn); err != nil || !got.Settings.Equal(want) {
+		t.Errorf("after update = %+v, %v; want %+v", got.Settings, err, want)
 	}
 }

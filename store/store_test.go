@@ -212,9 +212,8 @@ func TestTwoHandlesConcurrentWrites(t *testing.T) {
 					if err := s.UpdateSandbox(ctx, sb); err != nil {
 						errc <- err
 					}
-					if _, err := s.UpdateTenantSettings(ctx, tn, func(st *Settings) {
-						n := i
-						st.MinWarm = &n
+					if _, err := s.UpdateTenantSettings(ctx, tn, func(st *tenant.Settings) {
+						st.MinWarm = tenant.Of(i)
 					}); err != nil {
 						errc <- err
 					}

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,119 +23,90 @@ func ValidTenantName(name string) bool { return tenantNameRE().MatchString(name)
 // Tenant is a tenant and its settings. Its ID is its name.
 type Tenant struct {
 	ID        tenant.ID
-	Settings  Settings
+	Settings  tenant.Settings
 	CreatedAt time.Time
 	UpdatedAt time.Time // last change of Settings
 }
 
-// Settings are a tenant's pool, rate and quota settings. A nil field means
-// "use the server default"; a set field is used as is, zero included.
-type Settings struct {
-	MinWarm      *int     // warm sandboxes kept per pool
-	CreateRate   *float64 // sandbox creates per second (token refill rate)
-	CreateBurst  *int     // create token bucket size
-	MaxSandboxes *int     // live sandboxes at once
-	MaxMemoryMB  *int     // total memory of live sandboxes, MiB
-
-	// Token buckets of the other route classes (see package ratelimit).
-	LifecycleRate  *float64 // other mutating API calls per second
-	LifecycleBurst *int
-	ReadRate       *float64 // API reads (GET, HEAD) per second
-	ReadBurst      *int
-	DataPlaneRate  *float64 // data-plane requests per second
-	DataPlaneBurst *int
+// The tenants table keeps one nullable column per setting (NULL: unset), a
+// rate and a burst column per route class; classCols maps them to
+// tenant.Settings.
+var classCols = []struct {
+	class       tenant.Class
+	rate, burst string
+}{
+	{tenant.Create, "create_rate", "create_burst"},
+	{tenant.Lifecycle, "lifecycle_rate", "lifecycle_burst"},
+	{tenant.Read, "read_rate", "read_burst"},
+	{tenant.DataPlane, "dataplane_rate", "dataplane_burst"},
 }
 
-// Validate reports a negative, NaN or infinite setting as ErrInvalid.
-func (s Settings) Validate() error {
-	for _, f := range []struct {
-		name string
-		v    *int
-	}{
-		{"min warm", s.MinWarm},
-		{"create burst", s.CreateBurst},
-		{"max sandboxes", s.MaxSandboxes},
-		{"max memory", s.MaxMemoryMB},
-		{"lifecycle burst", s.LifecycleBurst},
-		{"read burst", s.ReadBurst},
-		{"dataplane burst", s.DataPlaneBurst},
-	} {
-		if f.v != nil && *f.v < 0 {
-			return fmt.Errorf("%w: %s %d is negative", ErrInvalid, f.name, *f.v)
-		}
+// settingCols are the columns of tenant.Settings, in the order of
+// settingArgs and scanTenant.
+var settingCols = func() []string {
+	cols := []string{"min_warm", "max_sandboxes", "max_memory_mb"}
+	for _, cc := range classCols {
+		cols = append(cols, cc.rate, cc.burst)
 	}
-	for _, f := range []struct {
-		name string
-		r    *float64
-	}{
-		{"create rate", s.CreateRate},
-		{"lifecycle rate", s.LifecycleRate},
-		{"read rate", s.ReadRate},
-		{"dataplane rate", s.DataPlaneRate},
-	} {
-		if r := f.r; r != nil && (*r < 0 || math.IsNaN(*r) || math.IsInf(*r, 0)) {
-			return fmt.Errorf("%w: %s %v is not a finite non-negative number", ErrInvalid, f.name, *r)
-		}
+	return cols
+}()
+
+var (
+	tenantCols        = "id, " + strings.Join(settingCols, ", ") + ", created_at, updated_at"
+	updateSettingsSQL = "UPDATE tenants SET " + strings.Join(settingCols, " = ?, ") + " = ?, updated_at = ? WHERE id = ?"
+)
+
+// settingArgs returns the values of settingCols (nil: NULL).
+func settingArgs(st tenant.Settings) []any {
+	args := []any{sqlValue(st.MinWarm), sqlValue(st.MaxSandboxes), sqlValue(st.MaxMemoryMB)}
+	for _, cc := range classCols {
+		l := st.Limit(cc.class)
+		args = append(args, sqlValue(l.Rate), sqlValue(l.Burst))
+	}
+	return args
+}
+
+func sqlValue[T int | float64](v tenant.Value[T]) any {
+	if x, ok := v.Get(); ok {
+		return x
 	}
 	return nil
 }
 
-const tenantCols = `id, min_warm, create_rate, create_burst, max_sandboxes, max_memory_mb,
-	lifecycle_rate, lifecycle_burst, read_rate, read_burst, dataplane_rate, dataplane_burst, created_at, updated_at`
+func fromNull[T int | float64](n sql.Null[T]) tenant.Value[T] {
+	if !n.Valid {
+		return tenant.Value[T]{}
+	}
+	return tenant.Of(n.V)
+}
 
 type rowScanner interface{ Scan(dest ...any) error }
 
 func scanTenant(row rowScanner) (Tenant, error) {
 	var (
-		t                                    Tenant
-		minWarm, burst, maxSandboxes, maxMem sql.NullInt64
-		lcBurst, readBurst, dpBurst          sql.NullInt64
-		rate, lcRate, readRate, dpRate       sql.NullFloat64
-		created, updated                     int64
+		t                             Tenant
+		minWarm, maxSandboxes, maxMem sql.Null[int]
+		rates                         = make([]sql.Null[float64], len(classCols))
+		bursts                        = make([]sql.Null[int], len(classCols))
+		created, updated              int64
 	)
-	if err := row.Scan(&t.ID, &minWarm, &rate, &burst, &maxSandboxes, &maxMem,
-		&lcRate, &lcBurst, &readRate, &readBurst, &dpRate, &dpBurst, &created, &updated); err != nil {
+	dest := []any{&t.ID, &minWarm, &maxSandboxes, &maxMem}
+	for i := range classCols {
+		dest = append(dest, &rates[i], &bursts[i])
+	}
+	if err := row.Scan(append(dest, &created, &updated)...); err != nil {
 		return Tenant{}, err
 	}
-	t.Settings = Settings{
-		MinWarm:        intPtr(minWarm),
-		CreateRate:     floatPtr(rate),
-		CreateBurst:    intPtr(burst),
-		MaxSandboxes:   intPtr(maxSandboxes),
-		MaxMemoryMB:    intPtr(maxMem),
-		LifecycleRate:  floatPtr(lcRate),
-		LifecycleBurst: intPtr(lcBurst),
-		ReadRate:       floatPtr(readRate),
-		ReadBurst:      intPtr(readBurst),
-		DataPlaneRate:  floatPtr(dpRate),
-		DataPlaneBurst: intPtr(dpBurst),
+	t.Settings = tenant.Settings{
+		MinWarm:      fromNull(minWarm),
+		MaxSandboxes: fromNull(maxSandboxes),
+		MaxMemoryMB:  fromNull(maxMem),
+	}
+	for i, cc := range classCols {
+		t.Settings.SetLimit(cc.class, tenant.Limit{Rate: fromNull(rates[i]), Burst: fromNull(bursts[i])})
 	}
 	t.CreatedAt, t.UpdatedAt = fromUnixNano(created), fromUnixNano(updated)
 	return t, nil
-}
-
-func intPtr(n sql.NullInt64) *int {
-	if !n.Valid {
-		return nil
-	}
-	v := int(n.Int64)
-	return &v
-}
-
-func floatPtr(n sql.NullFloat64) *float64 {
-	if !n.Valid {
-		return nil
-	}
-	v := n.Float64
-	return &v
-}
-
-// nullable turns a nil pointer into SQL NULL.
-func nullable[T any](p *T) any {
-	if p == nil {
-		return nil
-	}
-	return *p
 }
 
 // CreateTenant creates a tenant with default settings. A taken name is
@@ -207,8 +178,8 @@ func (s *Store) ListTenants(ctx context.Context) ([]Tenant, error) {
 }
 
 // SetTenantSettings replaces the settings of tenant id.
-func (s *Store) SetTenantSettings(ctx context.Context, id tenant.ID, set Settings) (Tenant, error) {
-	return s.UpdateTenantSettings(ctx, id, func(cur *Settings) { *cur = set })
+func (s *Store) SetTenantSettings(ctx context.Context, id tenant.ID, set tenant.Settings) (Tenant, error) {
+	return s.UpdateTenantSettings(ctx, id, func(cur *tenant.Settings) { *cur = set })
 }
 
 // UpdateTenantSettings reads the settings of tenant id, lets fn change them
@@ -216,7 +187,7 @@ func (s *Store) SetTenantSettings(ctx context.Context, id tenant.ID, set Setting
 // different fields (say, two CLI invocations) do not undo each other. fn runs
 // inside the transaction: it must only modify its argument, never call the
 // Store.
-func (s *Store) UpdateTenantSettings(ctx context.Context, id tenant.ID, fn func(*Settings)) (Tenant, error) {
+func (s *Store) UpdateTenantSettings(ctx context.Context, id tenant.ID, fn func(*tenant.Settings)) (Tenant, error) {
 	var t Tenant
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -232,14 +203,7 @@ func (s *Store) UpdateTenantSettings(ctx context.Context, id tenant.ID, fn func(
 			return err
 		}
 		t.UpdatedAt = time.Now().UTC()
-		st := t.Settings
-		_, err = tx.ExecContext(ctx, `UPDATE tenants SET min_warm = ?, create_rate = ?, create_burst = ?,
-			max_sandboxes = ?, max_memory_mb = ?, lifecycle_rate = ?, lifecycle_burst = ?,
-			read_rate = ?, read_burst = ?, dataplane_rate = ?, dataplane_burst = ?, updated_at = ? WHERE id = ?`,
-			nullable(st.MinWarm), nullable(st.CreateRate), nullable(st.CreateBurst),
-			nullable(st.MaxSandboxes), nullable(st.MaxMemoryMB),
-			nullable(st.LifecycleRate), nullable(st.LifecycleBurst), nullable(st.ReadRate), nullable(st.ReadBurst),
-			nullable(st.DataPlaneRate), nullable(st.DataPlaneBurst), unixNano(t.UpdatedAt), id)
+		_, err = tx.ExecContext(ctx, updateSettingsSQL, append(settingArgs(t.Settings), unixNano(t.UpdatedAt), id)...)
 		return err
 	})
 	if err != nil {

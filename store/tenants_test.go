@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -70,12 +69,10 @@ func TestGetTenantMissing(t *testing.T) {
 	if _, err := s.GetTenant(t.Context(), "nobody"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetTenant(nobody) = %v; want ErrNotFound", err)
 	}
-	if _, err := s.UpdateTenantSettings(t.Context(), "nobody", func(*Settings) {}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.UpdateTenantSettings(t.Context(), "nobody", func(*tenant.Settings) {}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("UpdateTenantSettings(nobody) = %v; want ErrNotFound", err)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func TestTenantSettings(t *testing.T) {
 	s := openStore(t, "")
@@ -83,37 +80,42 @@ func TestTenantSettings(t *testing.T) {
 	tn := mustTenant(t, s, "acme")
 
 	got, err := s.GetTenant(ctx, tn)
-	if err != nil || got.Settings != (Settings{}) {
-		t.Fatalf("new tenant settings = %+v, %v; want all nil (server defaults)", got.Settings, err)
+	if err != nil || !got.Settings.Equal(tenant.Settings{}) {
+		t.Fatalf("new tenant settings = %+v, %v; want all unset (server defaults)", got.Settings, err)
 	}
 
-	full := Settings{MinWarm: ptr(2), CreateRate: ptr(1.5), CreateBurst: ptr(10), MaxSandboxes: ptr(0), MaxMemoryMB: ptr(8192)}
-	if _, err := s.SetTenantSettings(ctx, tn, full); err != nil {
+	full := func() tenant.Settings {
+		return tenant.Settings{
+			MinWarm: tenant.Of(2), MaxSandboxes: tenant.Of(0), MaxMemoryMB: tenant.Of(8192),
+			Limits: map[tenant.Class]tenant.Limit{tenant.Create: {Rate: tenant.Of(1.5), Burst: tenant.Of(10)}},
+		}
+	}
+	if _, err := s.SetTenantSettings(ctx, tn, full()); err != nil {
 		t.Fatal(err)
 	}
 	// Patch one field; the others stay.
-	if _, err := s.UpdateTenantSettings(ctx, tn, func(st *Settings) { st.MinWarm = ptr(5) }); err != nil {
+	if _, err := s.UpdateTenantSettings(ctx, tn, func(st *tenant.Settings) { st.MinWarm = tenant.Of(5) }); err != nil {
 		t.Fatal(err)
 	}
 	got, err = s.GetTenant(ctx, tn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := full
-	want.MinWarm = ptr(5)
-	if !settingsEqual(got.Settings, want) {
-		t.Errorf("settings = %s; want %s", fmtSettings(got.Settings), fmtSettings(want))
+	want := full()
+	want.MinWarm = tenant.Of(5)
+	if !got.Settings.Equal(want) {
+		t.Errorf("settings = %+v; want %+v", got.Settings, want)
 	}
 	if !got.UpdatedAt.After(got.CreatedAt) {
 		t.Errorf("UpdatedAt %v not after CreatedAt %v", got.UpdatedAt, got.CreatedAt)
 	}
 
 	// Back to defaults.
-	if _, err := s.SetTenantSettings(ctx, tn, Settings{}); err != nil {
+	if _, err := s.SetTenantSettings(ctx, tn, tenant.Settings{}); err != nil {
 		t.Fatal(err)
 	}
 	ts, err := s.ListTenants(ctx)
-	if err != nil || len(ts) != 1 || ts[0].Settings != (Settings{}) {
+	if err != nil || len(ts) != 1 || !ts[0].Settings.Equal(tenant.Settings{}) {
 		t.Errorf("ListTenants() = %+v, %v; want acme with default settings", ts, err)
 	}
 }
@@ -123,26 +125,27 @@ func TestTenantSettingsInvalid(t *testing.T) {
 	tn := mustTenant(t, s, "acme")
 	tests := []struct {
 		name string
-		set  Settings
+		set  tenant.Settings
 	}{
-		{"negative min warm", Settings{MinWarm: ptr(-1)}},
-		{"negative rate", Settings{CreateRate: ptr(-0.5)}},
-		{"nan rate", Settings{CreateRate: ptr(math.NaN())}},
-		{"inf rate", Settings{CreateRate: ptr(math.Inf(1))}},
-		{"negative burst", Settings{CreateBurst: ptr(-1)}},
-		{"negative max sandboxes", Settings{MaxSandboxes: ptr(-1)}},
-		{"negative memory", Settings{MaxMemoryMB: ptr(-1)}},
+		{"negative min warm", tenant.Settings{MinWarm: tenant.Of(-1)}},
+		{"negative rate", createLimit(tenant.Limit{Rate: tenant.Of(-0.5)})},
+		{"nan rate", createLimit(tenant.Limit{Rate: tenant.Of(math.NaN())})},
+		{"inf rate", createLimit(tenant.Limit{Rate: tenant.Of(math.Inf(1))})},
+		{"negative burst", createLimit(tenant.Limit{Burst: tenant.Of(-1)})},
+		{"negative max sandboxes", tenant.Settings{MaxSandboxes: tenant.Of(-1)}},
+		{"negative memory", tenant.Settings{MaxMemoryMB: tenant.Of(-1)}},
+		{"unknown class", tenant.Settings{Limits: map[tenant.Class]tenant.Limit{"writes": {Rate: tenant.Of(1.0)}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := s.SetTenantSettings(t.Context(), tn, tt.set); !errors.Is(err, ErrInvalid) {
-				t.Errorf("SetTenantSettings(%s) = %v; want ErrInvalid", fmtSettings(tt.set), err)
+				t.Errorf("SetTenantSettings(%+v) = %v; want ErrInvalid", tt.set, err)
 			}
 		})
 	}
 	got, err := s.GetTenant(t.Context(), tn)
-	if err != nil || got.Settings != (Settings{}) {
-		t.Errorf("after rejected updates: settings = %s, %v; want unchanged", fmtSettings(got.Settings), err)
+	if err != nil || !got.Settings.Equal(tenant.Settings{}) {
+		t.Errorf("after rejected updates: settings = %+v, %v; want unchanged", got.Settings, err)
 	}
 }
 
@@ -164,22 +167,7 @@ func TestListTenantsOrder(t *testing.T) {
 	}
 }
 
-func settingsEqual(a, b Settings) bool {
-	return fmtSettings(a) == fmtSettings(b)
-}
-
-// fmtSettings shows the values behind the pointers.
-func fmtSettings(s Settings) string {
-	return fmt.Sprintf("{MinWarm:%s CreateRate:%s CreateBurst:%s MaxSandboxes:%s MaxMemoryMB:%s "+
-		"LifecycleRate:%s LifecycleBurst:%s ReadRate:%s ReadBurst:%s DataPlaneRate:%s DataPlaneBurst:%s}",
-		deref(s.MinWarm), deref(s.CreateRate), deref(s.CreateBurst), deref(s.MaxSandboxes), deref(s.MaxMemoryMB),
-		deref(s.LifecycleRate), deref(s.LifecycleBurst), deref(s.ReadRate), deref(s.ReadBurst),
-		deref(s.DataPlaneRate), deref(s.DataPlaneBurst))
-}
-
-func deref[T any](p *T) string {
-	if p == nil {
-		return "nil"
-	}
-	return fmt.Sprint(*p)
+// createLimit returns settings with only the create class's limit set.
+func createLimit(l tenant.Limit) tenant.Settings {
+	return tenant.Settings{Limits: map[tenant.Class]tenant.Limit{tenant.Create: l}}
 }

@@ -13,7 +13,6 @@ import (
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
-	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -64,26 +63,30 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once, one tenant holding all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
 }
 
-func (o *limitOpts) defaults() sandbox.Defaults {
-	return sandbox.Defaults{
-		MinWarm: o.minWarm, CreateRate: o.createRate, CreateBurst: o.createBurst,
-		MaxSandboxes: o.maxSandboxes, MaxMemoryMB: o.maxMemoryMB,
+// defaults are the server-wide tenant settings, for tenants (or values)
+// with none stored.
+func (o *limitOpts) defaults() tenant.Effective {
+	return tenant.Effective{
+		MinWarm: o.minWarm, MaxSandboxes: o.maxSandboxes, MaxMemoryMB: o.maxMemoryMB,
+		Limits: map[tenant.Class]tenant.Bucket{
+			tenant.Create:    {Rate: o.createRate, Burst: o.createBurst},
+			tenant.Lifecycle: {Rate: o.lifecycleRate, Burst: o.lifecycleBurst},
+			tenant.Read:      {Rate: o.readRate, Burst: o.readBurst},
+			tenant.DataPlane: {Rate: o.dataplaneRate, Burst: o.dataplaneBurst},
+		},
 	}
 }
 
-// tenantLimiter builds the per-tenant limiter over the settings cache.
+// tenantLimiter builds the per-tenant limiter over the settings cache and
+// its defaults.
 func (o *limitOpts) tenantLimiter(settings *sandbox.Settings) *ratelimit.Tenants {
+	defaults := map[tenant.Class]ratelimit.Limit{}
+	for c, b := range settings.Defaults().Limits {
+		defaults[c] = ratelimit.Limit(b)
+	}
 	return &ratelimit.Tenants{
 		Limiter: ratelimit.New(10*time.Minute, nil),
-		Policy: ratelimit.Policy{
-			Defaults: map[ratelimit.Class]ratelimit.Limit{
-				ratelimit.Create:    {Rate: o.createRate, Burst: o.createBurst},
-				ratelimit.Lifecycle: {Rate: o.lifecycleRate, Burst: o.lifecycleBurst},
-				ratelimit.Read:      {Rate: o.readRate, Burst: o.readBurst},
-				ratelimit.DataPlane: {Rate: o.dataplaneRate, Burst: o.dataplaneBurst},
-			},
-			Settings: func(t tenant.ID) store.Settings { return settings.Stored(t) },
-		},
+		Policy:  ratelimit.Policy{Defaults: defaults, Settings: settings.Stored},
 	}
 }
 

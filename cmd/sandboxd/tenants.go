@@ -7,138 +7,126 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// optInt and optFloat are flags for one tenant setting: unset leaves it as
-// it is, a number sets it, "default" clears it back to the server default.
-type optInt struct {
-	set, clear bool
-	v          int
+// opt is the flag of one tenant setting: unset leaves it as it is, a number
+// sets it, "default" clears it back to the server default.
+type opt[T int | float64] struct {
+	set bool
+	v   tenant.Value[T]
 }
 
-func (o *optInt) String() string {
+func (o *opt[T]) String() string {
 	if o == nil || !o.set {
 		return ""
 	}
-	if o.clear {
-		return "default"
-	}
-	return strconv.Itoa(o.v)
+	return o.v.String()
 }
 
-func (o *optInt) Set(s string) error {
+func (o *opt[T]) Set(s string) error {
 	o.set = true
 	if s == "default" {
-		o.clear = true
+		o.v = tenant.Value[T]{}
 		return nil
 	}
-	v, err := strconv.Atoi(s)
+	v, err := parseSetting[T](s)
 	if err != nil {
-		return errors.New(`want a whole number or "default"`)
+		return err
 	}
-	if v < 0 {
-		return errors.New("must not be negative")
-	}
-	o.v, o.clear = v, false
+	o.v = tenant.Of(v)
 	return nil
 }
 
-func (o *optInt) apply(p **int) {
-	switch {
-	case !o.set:
-	case o.clear:
-		*p = nil
-	default:
-		v := o.v
-		*p = &v
+// parseSetting parses a count (a whole number) or a rate, neither negative.
+func parseSetting[T int | float64](s string) (T, error) {
+	var v T
+	switch p := any(&v).(type) {
+	case *int:
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return v, errors.New(`want a whole number or "default"`)
+		}
+		if n < 0 {
+			return v, errors.New("must not be negative")
+		}
+		*p = n
+	case *float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || f < 0 {
+			return v, errors.New(`want a non-negative number or "default"`)
+		}
+		*p = f
+	}
+	return v, nil
+}
+
+func (o *opt[T]) apply(dst *tenant.Value[T]) {
+	if o.set {
+		*dst = o.v
 	}
 }
 
-type optFloat struct {
-	set, clear bool
-	v          float64
+// limitFlags are the flags of one route class's rate limit.
+type limitFlags struct {
+	rate  opt[float64]
+	burst opt[int]
 }
 
-func (o *optFloat) String() string {
-	if o == nil || !o.set {
-		return ""
-	}
-	if o.clear {
-		return "default"
-	}
-	return strconv.FormatFloat(o.v, 'g', -1, 64)
-}
-
-func (o *optFloat) Set(s string) error {
-	o.set = true
-	if s == "default" {
-		o.clear = true
-		return nil
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 {
-		return errors.New(`want a non-negative number or "default"`)
-	}
-	o.v, o.clear = v, false
-	return nil
-}
-
-func (o *optFloat) apply(p **float64) {
-	switch {
-	case !o.set:
-	case o.clear:
-		*p = nil
-	default:
-		v := o.v
-		*p = &v
-	}
+// classHelp is the help of each class's --CLASS-rate and --CLASS-burst.
+var classHelp = map[tenant.Class]struct{ rate, burst string }{
+	tenant.Create: {`sandbox creates per second (0: no limit; "default": server default)`,
+		`creates allowed at once (token bucket size; "default": server default)`},
+	tenant.Lifecycle: {`other mutating API calls per second (0: no limit; "default": server default)`,
+		`lifecycle token bucket size ("default": server default)`},
+	tenant.Read: {`API reads (GET) per second (0: no limit; "default": server default)`,
+		`read token bucket size ("default": server default)`},
+	tenant.DataPlane: {`data-plane requests per second (0: no limit; "default": server default)`,
+		`data-plane token bucket size ("default": server default)`},
 }
 
 // settingFlags are the flags of `tenants set`.
 type settingFlags struct {
-	minWarm, burst, maxSandboxes, maxMemory optInt
-	rate                                    optFloat
-
-	lifecycleBurst, readBurst, dataplaneBurst optInt
-	lifecycleRate, readRate, dataplaneRate    optFloat
+	minWarm, maxSandboxes, maxMemory opt[int]
+	limits                           map[tenant.Class]*limitFlags
 }
 
 func (f *settingFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.minWarm, "min-warm", `warm sandboxes kept ready per pool (0: none; "default": server default)`)
-	fs.Var(&f.rate, "create-rate", `sandbox creates per second (0: no limit; "default": server default)`)
-	fs.Var(&f.burst, "create-burst", `creates allowed at once (token bucket size; "default": server default)`)
 	fs.Var(&f.maxSandboxes, "max-sandboxes", `live sandboxes at once, paused included (0: no limit; "default": server default)`)
 	fs.Var(&f.maxMemory, "max-memory-mb", `total memory of live sandboxes, MiB (0: no limit; "default": server default)`)
-	fs.Var(&f.lifecycleRate, "lifecycle-rate", `other mutating API calls per second (0: no limit; "default": server default)`)
-	fs.Var(&f.lifecycleBurst, "lifecycle-burst", `lifecycle token bucket size ("default": server default)`)
-	fs.Var(&f.readRate, "read-rate", `API reads (GET) per second (0: no limit; "default": server default)`)
-	fs.Var(&f.readBurst, "read-burst", `read token bucket size ("default": server default)`)
-	fs.Var(&f.dataplaneRate, "dataplane-rate", `data-plane requests per second (0: no limit; "default": server default)`)
-	fs.Var(&f.dataplaneBurst, "dataplane-burst", `data-plane token bucket size ("default": server default)`)
+	f.limits = make(map[tenant.Class]*limitFlags, len(tenant.Classes))
+	for _, c := range tenant.Classes {
+		l := &limitFlags{}
+		f.limits[c] = l
+		fs.Var(&l.rate, string(c)+"-rate", classHelp[c].rate)
+		fs.Var(&l.burst, string(c)+"-burst", classHelp[c].burst)
+	}
 }
 
 func (f *settingFlags) any() bool {
-	return f.minWarm.set || f.rate.set || f.burst.set || f.maxSandboxes.set || f.maxMemory.set ||
-		f.lifecycleRate.set || f.lifecycleBurst.set || f.readRate.set || f.readBurst.set ||
-		f.dataplaneRate.set || f.dataplaneBurst.set
+	for _, l := range f.limits {
+		if l.rate.set || l.burst.set {
+			return true
+		}
+	}
+	return f.minWarm.set || f.maxSandboxes.set || f.maxMemory.set
 }
 
-func (f *settingFlags) apply(s *store.Settings) {
+func (f *settingFlags) apply(s *tenant.Settings) {
 	f.minWarm.apply(&s.MinWarm)
-	f.rate.apply(&s.CreateRate)
-	f.burst.apply(&s.CreateBurst)
 	f.maxSandboxes.apply(&s.MaxSandboxes)
 	f.maxMemory.apply(&s.MaxMemoryMB)
-	f.lifecycleRate.apply(&s.LifecycleRate)
-	f.lifecycleBurst.apply(&s.LifecycleBurst)
-	f.readRate.apply(&s.ReadRate)
-	f.readBurst.apply(&s.ReadBurst)
-	f.dataplaneRate.apply(&s.DataPlaneRate)
-	f.dataplaneBurst.apply(&s.DataPlaneBurst)
+	for c, lf := range f.limits {
+		l := s.Limit(c)
+		lf.rate.apply(&l.Rate)
+		lf.burst.apply(&l.Burst)
+		s.SetLimit(c, l)
+	}
 }
 
 // tenantsSet changes the named settings of tenant name (creating the tenant
@@ -167,24 +155,22 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST")
 	for _, t := range ts {
 		s := t.Settings
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, showInt(s.MinWarm), showFloat(s.CreateRate),
-			showInt(s.CreateBurst), showInt(s.MaxSandboxes), showInt(s.MaxMemoryMB),
-			showFloat(s.LifecycleRate), showInt(s.LifecycleBurst), showFloat(s.ReadRate), showInt(s.ReadBurst),
-			showFloat(s.DataPlaneRate), showInt(s.DataPlaneBurst))
+		create := s.Limit(tenant.Create)
+		row := []string{string(t.ID), show(s.MinWarm), show(create.Rate), show(create.Burst),
+			show(s.MaxSandboxes), show(s.MaxMemoryMB)}
+		for _, c := range []tenant.Class{tenant.Lifecycle, tenant.Read, tenant.DataPlane} {
+			l := s.Limit(c)
+			row = append(row, show(l.Rate), show(l.Burst))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()
 }
 
-func showInt(p *int) string {
-	if p == nil {
+// show is a setting's cell: "-" is the server default.
+func show[T int | float64](v tenant.Value[T]) string {
+	if !v.IsSet() {
 		return "-"
 	}
-	return strconv.Itoa(*p)
-}
-
-func showFloat(p *float64) string {
-	if p == nil {
-		return "-"
-	}
-	return strconv.FormatFloat(*p, 'g', -1, 64)
+	return v.String()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // ratesOpenStore opens a store in a fresh data dir.
@@ -64,9 +65,6 @@ func ratesColumns(t *testing.T, table, name string) map[string]string {
 	return nil
 }
 
-func ratesPtrF(v float64) *float64 { return &v }
-func ratesPtrI(v int) *int         { return &v }
-
 func TestTenantsSetClassRates(t *testing.T) {
 	st, _ := ratesOpenStore(t)
 	out := ratesSet(t, st, "acme",
@@ -89,11 +87,14 @@ func TestTenantsSetClassRates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := tn.Settings
-	if s.LifecycleRate == nil || *s.LifecycleRate != 3 || s.LifecycleBurst == nil || *s.LifecycleBurst != 4 ||
-		s.ReadRate == nil || *s.ReadRate != 0.5 || s.ReadBurst == nil || *s.ReadBurst != 1 ||
-		s.DataPlaneRate == nil || *s.DataPlaneRate != 100 || s.DataPlaneBurst == nil || *s.DataPlaneBurst != 0 {
-		t.Fatalf("stored settings: %+v", s)
+	stored := tenant.Settings{Limits: map[tenant.Class]tenant.Limit{
+		tenant.Create:    {Rate: tenant.Of(2.0)},
+		tenant.Lifecycle: {Rate: tenant.Of(3.0), Burst: tenant.Of(4)},
+		tenant.Read:      {Rate: tenant.Of(0.5), Burst: tenant.Of(1)},
+		tenant.DataPlane: {Rate: tenant.Of(100.0), Burst: tenant.Of(0)},
+	}}
+	if !tn.Settings.Equal(stored) {
+		t.Fatalf("stored settings: %+v; want %+v", tn.Settings, stored)
 	}
 
 	// Only the named flags change; "default" clears one back to NULL.
@@ -155,10 +156,11 @@ func TestTenantsCommandClassRates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := store.Settings{ReadRate: ratesPtrF(7), DataPlaneBurst: ratesPtrI(11)}
-	s := tn.Settings
-	if s.ReadRate == nil || *s.ReadRate != *want.ReadRate || s.DataPlaneBurst == nil || *s.DataPlaneBurst != *want.DataPlaneBurst ||
-		s.ReadBurst != nil || s.LifecycleRate != nil || s.DataPlaneRate != nil || s.CreateRate != nil {
-		t.Fatalf("stored settings after tenants set: %+v", s)
+	want := tenant.Settings{Limits: map[tenant.Class]tenant.Limit{
+		tenant.Read:      {Rate: tenant.Of(7.0)},
+		tenant.DataPlane: {Burst: tenant.Of(11)},
+	}}
+	if !tn.Settings.Equal(want) {
+		t.Fatalf("stored settings after tenants set: %+v; want %+v", tn.Settings, want)
 	}
 }
