@@ -49,14 +49,14 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	fi, err := os.Stat(resolved)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			err = fmt.Errorf("%w: path %q does not exist", rpcerr.ErrNotFound, resolved)
+			err = rpcerr.Kindf(rpcerr.ErrNotFound, "path '%s' does not exist", resolved)
 		}
 		h.fail(w, r, err)
 		return
 	}
 	switch mode := fi.Mode(); {
 	case mode.IsDir():
-		h.fail(w, r, fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, resolved))
+		h.fail(w, r, rpcerr.Kindf(rpcerr.ErrInvalidArgument, "path '%s' is a directory", resolved))
 		return
 	case mode&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeIrregular) != 0:
 		h.fail(w, r, fmt.Errorf("%w: path %q is not a regular file", rpcerr.ErrInvalidArgument, resolved))
