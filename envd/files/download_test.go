@@ -113,7 +113,8 @@ func TestDownloadErrors(t *testing.T) {
 		{"no path", url.Values{}, http.StatusBadRequest, ""},
 		{"empty path", url.Values{"path": {""}}, http.StatusBadRequest, ""},
 		{"fifo", url.Values{"path": {fifo}}, http.StatusBadRequest, ""},
-		{"unknown user", url.Values{"path": {e.path("x")}, "username": {"no-such-user-sandboxd"}}, http.StatusUnauthorized, ""},
+		{"unknown user", url.Values{"path": {e.path("x")}, "username": {"no-such-user-sandboxd"}}, http.StatusUnauthorized,
+			"error looking up user 'no-such-user-sandboxd': user: unknown user no-such-user-sandboxd"},
 		{"other user's home", url.Values{"path": {"~root/x"}}, http.StatusBadRequest, ""},
 	}
 	for _, tt := range tests {

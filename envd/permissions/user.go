@@ -36,7 +36,7 @@ func Lookup(name string) (*User, error) {
 	}
 	u, err := user.Lookup(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownUser, name)
+		return nil, fmt.Errorf("%w: '%s'", ErrUnknownUser, name) // E2B envd's words
 	}
 	uid, err := strconv.ParseUint(u.Uid, 10, 32)
 	if err != nil {
