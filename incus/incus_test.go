@@ -558,6 +558,10 @@ func TestPauseToDisk(t *testing.T) {
 				t.Fatalf("network before the pause (internet %v):\n%s", internet, before)
 			}
 			sh(b, "echo kept > /root/kept")
+			// LXC gives every container start a boot id of its own (a
+			// bind over this path): the resumed sandbox looks rebooted.
+			const bootID = "cat /proc/sys/kernel/random/boot_id"
+			bootBefore := sh(b, bootID)
 
 			if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
 				t.Fatal(err)
@@ -594,6 +598,9 @@ func TestPauseToDisk(t *testing.T) {
 			wantInstance("Running", true, "")
 			if got := sh(b2, "cat /root/kept"); got != "kept\n" {
 				t.Errorf("file after resume: %q", got)
+			}
+			if got := sh(b2, bootID); got == bootBefore {
+				t.Errorf("boot_id after a pause to disk = %q, unchanged; want a new one", got)
 			}
 			if after := netView(b2); after != before {
 				t.Errorf("network after resume:\n%s\nbefore:\n%s", after, before)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // jwtSecretFile is the HS256 secret of the native API, in the data dir. The
@@ -61,6 +62,12 @@ func token(args []string) error {
 	}
 	if *tenantName == "" {
 		return errors.New("token create: --tenant is required")
+	}
+	// The server creates the tenant of a token on its first use, with the
+	// rules of `keys create`: a name it would reject makes a token that can
+	// only ever answer 401, so refuse it here.
+	if !store.ValidTenantName(*tenantName) {
+		return fmt.Errorf("token create: invalid tenant name %q: want 1 to 63 lowercase letters, digits and dashes, not starting with a dash", *tenantName)
 	}
 	scopes := strings.Fields(*scope)
 	for _, s := range scopes {

@@ -21,11 +21,12 @@ const (
 	OpWrite = "write"
 )
 
-// Errors a caller branches on.
+// Errors a caller branches on. Their texts are E2B's envd's, word for word:
+// /files answers them as the message of its 401, and the SDKs' tests compare it.
 var (
-	ErrMissingSignature = errors.New("missing signature")
+	ErrMissingSignature = errors.New("missing signature query parameter")
 	ErrBadSignature     = errors.New("invalid signature")
-	ErrExpiredSignature = errors.New("signature expired")
+	ErrExpiredSignature = errors.New("signature is already expired")
 )
 
 // Token is the sandbox's access token; the zero value is unset (no auth).

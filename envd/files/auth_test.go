@@ -102,6 +102,25 @@ func TestAuth(t *testing.T) {
 			t.Errorf("entries = %+v", got)
 		}
 	})
+
+	// The 401 messages are E2B envd's texts: the SDKs' signing tests compare
+	// the whole error body.
+	messages := []struct {
+		name  string
+		query url.Values
+		hdr   http.Header
+		want  string
+	}{
+		{"expired", signed(path, auth.OpRead, "", token, past), nil, "signature is already expired"},
+		{"missing", url.Values{"path": {path}}, nil, "missing signature query parameter"},
+		{"invalid", url.Values{"path": {path}, "signature": {"v1_garbage"}}, nil, "invalid signature"},
+		{"wrong header", url.Values{"path": {path}}, http.Header{auth.Header: {"nope"}}, "access token present in header but does not match"},
+	}
+	for _, tt := range messages {
+		t.Run("message "+tt.name, func(t *testing.T) {
+			e.get(t, tt.query, tt.hdr).wantMessage(t, http.StatusUnauthorized, tt.want)
+		})
+	}
 }
 
 func TestNoTokenNoAuth(t *testing.T) {

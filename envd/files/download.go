@@ -45,23 +45,34 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// Stat before opening: opening a FIFO would block until a writer shows up.
-	fi, err := os.Stat(resolved)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			err = fmt.Errorf("%w: path %q does not exist", rpcerr.ErrNotFound, resolved)
+	// The file is looked up and opened with the user's rights (a shell of
+	// theirs could not read /etc/shadow either); the open file is then
+	// served from any thread.
+	var fi fs.FileInfo
+	var f *os.File
+	err = permissions.AsUser(u, func() error {
+		// Stat before opening: opening a FIFO would block until a writer shows up.
+		var err error
+		if fi, err = os.Stat(resolved); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				err = rpcerr.Kindf(rpcerr.ErrNotFound, "path '%s' does not exist", resolved)
+			}
+			return err
 		}
+		switch mode := fi.Mode(); {
+		case mode.IsDir():
+			return rpcerr.Kindf(rpcerr.ErrInvalidArgument, "path '%s' is a directory", resolved)
+		case mode&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeIrregular) != 0:
+			return fmt.Errorf("%w: path %q is not a regular file", rpcerr.ErrInvalidArgument, resolved)
+		}
+		f, err = os.Open(resolved)
+		return err
+	})
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	switch mode := fi.Mode(); {
-	case mode.IsDir():
-		h.fail(w, r, fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, resolved))
-		return
-	case mode&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeIrregular) != 0:
-		h.fail(w, r, fmt.Errorf("%w: path %q is not a regular file", rpcerr.ErrInvalidArgument, resolved))
-		return
-	}
+	defer f.Close()
 
 	coding, err := negotiateEncoding(r.Header)
 	if err != nil {
@@ -86,13 +97,6 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	if fi.Mode().IsRegular() && fi.Size() == 0 && identityAcceptable(r.Header) {
 		coding = codingIdentity
 	}
-
-	f, err := os.Open(resolved)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	defer f.Close()
 
 	hdr := w.Header()
 	// Caches must keep the gzip and identity variants apart.

@@ -101,25 +101,38 @@ func TestDownloadErrors(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// msg, when set, is E2B envd's text for the same failure.
 	tests := []struct {
 		name   string
 		query  url.Values
 		status int
+		msg    string
 	}{
-		{"directory", url.Values{"path": {e.path("adir")}}, http.StatusBadRequest},
-		{"missing", url.Values{"path": {e.path("nope.txt")}}, http.StatusNotFound},
-		{"no path", url.Values{}, http.StatusBadRequest},
-		{"empty path", url.Values{"path": {""}}, http.StatusBadRequest},
-		{"fifo", url.Values{"path": {fifo}}, http.StatusBadRequest},
-		{"unknown user", url.Values{"path": {e.path("x")}, "username": {"no-such-user-sandboxd"}}, http.StatusUnauthorized},
-		{"other user's home", url.Values{"path": {"~root/x"}}, http.StatusBadRequest},
+		{"directory", url.Values{"path": {e.path("adir")}}, http.StatusBadRequest, "path '" + e.path("adir") + "' is a directory"},
+		{"missing", url.Values{"path": {e.path("nope.txt")}}, http.StatusNotFound, "path '" + e.path("nope.txt") + "' does not exist"},
+		{"no path", url.Values{}, http.StatusBadRequest, ""},
+		{"empty path", url.Values{"path": {""}}, http.StatusBadRequest, ""},
+		{"fifo", url.Values{"path": {fifo}}, http.StatusBadRequest, ""},
+		{"unknown user", url.Values{"path": {e.path("x")}, "username": {"no-such-user-sandboxd"}}, http.StatusUnauthorized,
+			"error looking up user 'no-such-user-sandboxd': user: unknown user no-such-user-sandboxd"},
+		{"other user's home", url.Values{"path": {"~root/x"}}, http.StatusBadRequest, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := e.get(t, tt.query, nil)
-			r.wantError(t, tt.status)
+			e.get(t, tt.query, nil).wantMessage(t, tt.status, tt.msg)
 		})
 	}
+}
+
+// TestUploadDirectoryMessage: an upload onto a directory answers E2B envd's
+// text for it.
+func TestUploadDirectoryMessage(t *testing.T) {
+	e := newEnv(t)
+	dir := e.path("adir")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.postRaw(t, dir, []byte("x"), nil).wantMessage(t, http.StatusBadRequest, "path is a directory: "+dir)
 }
 
 func TestUnknownUserUpload(t *testing.T) {

@@ -185,6 +185,13 @@ func (r result) entries(t *testing.T) []entry {
 // code equals it with a message.
 func (r result) wantError(t *testing.T, status int) {
 	t.Helper()
+	r.wantMessage(t, status, "")
+}
+
+// wantMessage is wantError that also wants the message to be msg exactly,
+// unless msg is empty.
+func (r result) wantMessage(t *testing.T, status int, msg string) {
+	t.Helper()
 	resp, body := r.resp, r.body
 	if resp.StatusCode != status {
 		t.Fatalf("status = %d (%s); want %d", resp.StatusCode, body, status)
@@ -196,8 +203,8 @@ func (r result) wantError(t *testing.T, status int) {
 	if err := json.Unmarshal(body, &e); err != nil {
 		t.Fatalf("error body %q is not JSON: %v", body, err)
 	}
-	if e.Code != status || e.Message == "" {
-		t.Errorf("error body = %s; want code %d and a message", body, status)
+	if e.Code != status || e.Message == "" || (msg != "" && e.Message != msg) {
+		t.Errorf("error body = %s; want code %d and message %q", body, status, msg)
 	}
 }
 

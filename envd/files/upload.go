@@ -64,15 +64,20 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 
 	wr := newWriter(h.log, u, meta)
 	var entries []entry
-	switch {
-	case mediaType == "application/octet-stream":
-		entries, err = h.uploadRaw(wr, q.Get("path"), body)
-	case mediaType == "multipart/form-data" || mediaType == "multipart/mixed":
-		entries, err = h.uploadMultipart(wr, q.Get("path"), params["boundary"], body)
-	default:
-		err = fmt.Errorf("%w: unsupported Content-Type %q, expected multipart/form-data or application/octet-stream",
-			rpcerr.ErrInvalidArgument, r.Header.Get("Content-Type"))
-	}
+	// Files and directories are created with the user's rights, as a shell
+	// of theirs would: no writing into /root or /etc as user.
+	err = permissions.AsUser(u, func() (err error) {
+		switch {
+		case mediaType == "application/octet-stream":
+			entries, err = h.uploadRaw(wr, q.Get("path"), body)
+		case mediaType == "multipart/form-data" || mediaType == "multipart/mixed":
+			entries, err = h.uploadMultipart(wr, q.Get("path"), params["boundary"], body)
+		default:
+			err = fmt.Errorf("%w: unsupported Content-Type %q, expected multipart/form-data or application/octet-stream",
+				rpcerr.ErrInvalidArgument, r.Header.Get("Content-Type"))
+		}
+		return err
+	})
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -234,12 +234,19 @@ func TestUploadOwnership(t *testing.T) {
 		t.Skip("no user nobody")
 	}
 	e := newEnv(t)
-	// nobody must be able to traverse to its files.
-	if err := os.Chmod(e.dir, 0o755); err != nil {
+	// nobody writes with its own rights: it must be able to traverse to its
+	// files and to create them in "owned", a root directory open to all.
+	openToNobody(t, e.dir)
+	existing := e.path("owned/existing.txt")
+	writeFile(t, existing, []byte("nobody's"))
+	if err := os.Chmod(e.path("owned"), 0o777); err != nil {
 		t.Fatal(err)
 	}
-	existing := e.path("owned/existing.txt")
-	writeFile(t, existing, []byte("root's"))
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	if err := os.Chown(existing, uid, gid); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chmod(existing, 0o640); err != nil {
 		t.Fatal(err)
 	}
@@ -261,6 +268,74 @@ func TestUploadOwnership(t *testing.T) {
 	// Overwriting keeps the old permissions, as truncation would.
 	if fi, err := os.Stat(existing); err != nil || fi.Mode().Perm() != 0o640 {
 		t.Errorf("overwritten file mode = %v, %v; want 0640", fi.Mode(), err)
+	}
+}
+
+// openToNobody makes dir and its parents below the temp dir searchable by
+// every user: a test's temporary directories are 0700.
+func openToNobody(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, fi.Mode().Perm()|0o055); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFilesAsUser: a request that names a user reads and writes with that
+// user's rights, as a shell of theirs would, and leaves root's requests
+// unaffected on whatever thread they run next.
+func TestFilesAsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("switching to another user needs root")
+	}
+	if _, err := user.Lookup("nobody"); err != nil {
+		t.Skip("no user nobody")
+	}
+	e := newEnv(t)
+	openToNobody(t, e.dir)
+	secret := e.path("secret.txt") // like /etc/shadow: root's, 0600
+	writeFile(t, secret, []byte("hash"))
+	if err := os.Chmod(secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rootDir := e.path("rootdir") // like /root or /etc: root's, 0755
+	if err := os.Mkdir(rootDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	asNobody := func(path string) url.Values { return url.Values{"path": {path}, "username": {"nobody"}} }
+	for i := 0; i < 20; i++ { // many requests: threads get reused, or must not be
+		e.get(t, asNobody(secret), nil).wantError(t, http.StatusForbidden)
+		e.post(t, asNobody(filepath.Join(rootDir, "x.txt")), "application/octet-stream",
+			bytes.NewReader([]byte("x")), nil).wantError(t, http.StatusForbidden)
+		e.post(t, asNobody(filepath.Join(rootDir, "sub/x.txt")), "application/octet-stream",
+			bytes.NewReader([]byte("x")), nil).wantError(t, http.StatusForbidden)
+		asRoot := url.Values{"path": {secret}, "username": {"root"}}
+		if r := e.get(t, asRoot, nil); r.resp.StatusCode != http.StatusOK || string(r.body) != "hash" {
+			t.Fatalf("root GET = %d %q; want 200 %q", r.resp.StatusCode, r.body, "hash")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(rootDir, "x.txt")); !os.IsNotExist(err) {
+		t.Errorf("nobody wrote into root's directory (stat err %v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(rootDir, "sub")); !os.IsNotExist(err) {
+		t.Errorf("nobody made a directory in root's directory (stat err %v)", err)
+	}
+	// Its own files nobody reads and writes as before.
+	mine := e.path("rootdir-free/mine.txt")
+	if err := os.Mkdir(filepath.Dir(mine), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(mine), 0o777); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	e.post(t, asNobody(mine), "application/octet-stream", bytes.NewReader([]byte("m")), nil).entries(t)
+	if r := e.get(t, asNobody(mine), nil); r.resp.StatusCode != http.StatusOK || string(r.body) != "m" {
+		t.Errorf("nobody GET own file = %d %q", r.resp.StatusCode, r.body)
 	}
 }
 

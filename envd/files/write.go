@@ -71,7 +71,7 @@ func (wr *writer) write(path string, src io.Reader) (string, error) {
 	if fi != nil {
 		switch mode := fi.Mode(); {
 		case mode.IsDir():
-			return "", fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, path)
+			return "", rpcerr.Kindf(rpcerr.ErrInvalidArgument, "path is a directory: %s", path)
 		case mode&fs.ModeCharDevice != 0:
 			// /dev/null and friends: write to the device, never chown it.
 			return target, wr.writeInPlace(target, src, false)
@@ -91,7 +91,7 @@ func (wr *writer) write(path string, src io.Reader) (string, error) {
 	}
 	if err != nil {
 		if errors.Is(err, unix.EISDIR) {
-			return "", fmt.Errorf("%w: path %q is a directory", rpcerr.ErrInvalidArgument, path)
+			return "", rpcerr.Kindf(rpcerr.ErrInvalidArgument, "path is a directory: %s", path)
 		}
 		return "", err
 	}

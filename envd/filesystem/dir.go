@@ -21,19 +21,7 @@ import (
 // client gave it, not the resolved one. Symlinks inside are listed but never
 // descended into, so link loops cannot make the walk endless.
 func (s *Service) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	path, _, err := s.resolve(req.Header(), req.Msg.GetPath())
-	if err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	// Stat follows symlinks: listing a link to a directory lists the directory.
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	if !fi.IsDir() {
-		return nil, rpcerr.Connect(fmt.Errorf("%w: %s is not a directory", rpcerr.ErrInvalidArgument, path))
-	}
-	root, err := filepath.EvalSymlinks(path)
+	path, u, err := s.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
@@ -42,7 +30,24 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[filesystem.L
 		depth = 1
 	}
 	l := lister{ctx: ctx, s: s}
-	if err := l.walk(root, path, depth, true); err != nil {
+	// The walk sees what the user may see: an unreadable directory is
+	// permission_denied at the top and skipped below it.
+	err = permissions.AsUser(u, func() error {
+		// Stat follows symlinks: listing a link to a directory lists the directory.
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("%w: %s is not a directory", rpcerr.ErrInvalidArgument, path)
+		}
+		root, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return err
+		}
+		return l.walk(root, path, depth, true)
+	})
+	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: l.entries}), nil
@@ -103,21 +108,26 @@ func (s *Service) MakeDir(_ context.Context, req *connect.Request[filesystem.Mak
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
-	if fi, err := os.Stat(path); err == nil {
-		if fi.IsDir() {
-			return nil, rpcerr.Connect(fmt.Errorf("%w: directory %s", rpcerr.ErrAlreadyExists, path))
+	var e *filesystem.EntryInfo
+	// Created with the user's rights, as mkdir -p in their shell would.
+	err = permissions.AsUser(u, func() error {
+		if fi, err := os.Stat(path); err == nil {
+			if fi.IsDir() {
+				return fmt.Errorf("%w: directory %s", rpcerr.ErrAlreadyExists, path)
+			}
+			return fmt.Errorf("%w: %s exists and is not a directory", rpcerr.ErrInvalidArgument, path)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
-		return nil, rpcerr.Connect(fmt.Errorf("%w: %s exists and is not a directory", rpcerr.ErrInvalidArgument, path))
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, rpcerr.Connect(err)
-	}
-	if _, err := os.Lstat(path); err == nil {
-		return nil, rpcerr.Connect(fmt.Errorf("%w: %s is a dangling symlink", rpcerr.ErrInvalidArgument, path))
-	}
-	if err := permissions.EnsureDir(path, u); err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	e, err := EntryInfo(path)
+		if _, err := os.Lstat(path); err == nil {
+			return fmt.Errorf("%w: %s is a dangling symlink", rpcerr.ErrInvalidArgument, path)
+		}
+		if err := permissions.EnsureDir(path, u); err != nil {
+			return err
+		}
+		e, err = EntryInfo(path)
+		return err
+	})
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}

@@ -149,7 +149,7 @@ func TestMakeDir(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := testCtx(t)
-	dir := tempDir(t)
+	dir := sharedDir(t)
 	writeFile(t, filepath.Join(dir, "file"), "x")
 	mustSymlink(t, "nowhere", filepath.Join(dir, "dangling"))
 	if err := os.Mkdir(filepath.Join(dir, "exists"), 0o755); err != nil {

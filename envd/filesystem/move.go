@@ -35,20 +35,25 @@ func (s *Service) Move(ctx context.Context, req *connect.Request[filesystem.Move
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
-	if _, err := os.Lstat(src); err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	if err := permissions.EnsureDir(filepath.Dir(dst), u); err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	err = os.Rename(src, dst)
-	if errors.Is(err, unix.EXDEV) {
-		err = moveAcross(ctx, src, dst)
-	}
-	if err != nil {
-		return nil, rpcerr.Connect(err)
-	}
-	e, err := EntryInfo(dst)
+	var e *filesystem.EntryInfo
+	// Moved with the user's rights, as mv in their shell would.
+	err = permissions.AsUser(u, func() error {
+		if _, err := os.Lstat(src); err != nil {
+			return err
+		}
+		if err := permissions.EnsureDir(filepath.Dir(dst), u); err != nil {
+			return err
+		}
+		err := os.Rename(src, dst)
+		if errors.Is(err, unix.EXDEV) {
+			err = moveAcross(ctx, src, dst)
+		}
+		if err != nil {
+			return err
+		}
+		e, err = EntryInfo(dst)
+		return err
+	})
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
@@ -113,8 +118,9 @@ func copyEntry(ctx context.Context, src, dst string) error {
 		return err
 	}
 	// chown before chmod and xattrs: chown clears setuid bits and file
-	// capabilities.
-	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+	// capabilities. A user may not give files away: the copy is then theirs,
+	// as with mv(1) run by them.
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil && !errors.Is(err, unix.EPERM) {
 		return err
 	}
 	if mode&os.ModeSymlink == 0 {

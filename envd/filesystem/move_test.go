@@ -20,7 +20,7 @@ func TestMove(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := testCtx(t)
-	dir := tempDir(t)
+	dir := sharedDir(t)
 	writeFile(t, filepath.Join(dir, "old.txt"), "content")
 
 	// Missing destination parents are created for the request user.

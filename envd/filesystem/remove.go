@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
+	"github.com/sandboxd/sandboxd/envd/permissions"
 	"github.com/sandboxd/sandboxd/envd/rpcerr"
 )
 
@@ -15,11 +16,11 @@ import (
 // os.RemoveAll and the SDK suites assert that removing a missing file does not
 // throw.
 func (s *Service) Remove(_ context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
-	path, _, err := s.resolve(req.Header(), req.Msg.GetPath())
+	path, u, err := s.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
-	if err := os.RemoveAll(path); err != nil {
+	if err := permissions.AsUser(u, func() error { return os.RemoveAll(path) }); err != nil {
 		return nil, rpcerr.Connect(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil

@@ -16,7 +16,7 @@ func TestRemove(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := testCtx(t)
-	dir := tempDir(t)
+	dir := sharedDir(t)
 	writeFile(t, filepath.Join(dir, "file"), "x")
 	writeFile(t, filepath.Join(dir, "rootfile"), "x")
 	writeFile(t, filepath.Join(dir, "tree", "a", "b", "c"), "x")
@@ -27,7 +27,8 @@ func TestRemove(t *testing.T) {
 		name, path, user string
 	}{
 		{"file", "file", "root"},
-		// As in E2B, envd acts as root: a user may remove root's files.
+		// With the user's rights, as rm would: root's file, but in a
+		// directory open to all.
 		{"root's file as nobody", "rootfile", "nobody"},
 		{"directory tree", "tree", "root"},
 		{"symlink, not its target", "link", "root"},
@@ -46,7 +47,16 @@ func TestRemove(t *testing.T) {
 		t.Errorf("removing the link removed its target: %v", err)
 	}
 
+	// Not from root's own directory: that needs root's rights.
+	guarded := filepath.Join(dir, "guarded", "f")
+	writeFile(t, guarded, "x")
+	_, err := e.client.Remove(ctx, request(&filesystem.RemoveRequest{Path: guarded}, "nobody"))
+	wantCode(t, "Remove from root's directory as nobody", err, connect.CodePermissionDenied)
+	if _, err := os.Stat(guarded); err != nil {
+		t.Errorf("nobody removed a file from root's directory (stat err %v)", err)
+	}
+
 	writeFile(t, filepath.Join(dir, "plain"), "x")
-	_, err := e.client.Remove(ctx, request(&filesystem.RemoveRequest{Path: filepath.Join(dir, "plain", "below")}, "root"))
+	_, err = e.client.Remove(ctx, request(&filesystem.RemoveRequest{Path: filepath.Join(dir, "plain", "below")}, "root"))
 	wantCode(t, "Remove below a file", err, connect.CodeInvalidArgument)
 }

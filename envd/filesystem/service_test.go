@@ -81,6 +81,27 @@ func tempDir(t *testing.T) string {
 	return d
 }
 
+// sharedDir is a tempDir every user may write to, with parents every user
+// may search: requests run with the request user's rights, and a test's
+// temporary directories are root's 0700.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	d := tempDir(t)
+	if err := os.Chmod(d, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for p := filepath.Dir(d); strings.HasPrefix(p, os.TempDir()+"/"); p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, fi.Mode().Perm()|0o055); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -212,5 +233,68 @@ func TestWireJSON(t *testing.T) {
 	raw, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(raw), `"code":"not_found"`) {
 		t.Errorf("missing file: status %d body %s; want 404 not_found", resp.StatusCode, raw)
+	}
+}
+
+// TestRPCsRunAsUser: every RPC works with the request user's rights, as a
+// shell of theirs would: nobody cannot look into, list, watch, create in,
+// move out of or remove from root's private directories.
+func TestRPCsRunAsUser(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testCtx(t)
+	dir := sharedDir(t)
+	private := filepath.Join(dir, "private") // like /root: root's, 0700
+	writeFile(t, filepath.Join(private, "secret"), "x")
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	system := filepath.Join(dir, "system") // like /etc: root's, 0755
+	writeFile(t, filepath.Join(system, "conf"), "x")
+	secret, conf := filepath.Join(private, "secret"), filepath.Join(system, "conf")
+
+	calls := []struct {
+		name string
+		call func(user string) error
+	}{
+		{"Stat", func(u string) error {
+			_, err := e.client.Stat(ctx, request(&filesystem.StatRequest{Path: secret}, u))
+			return err
+		}},
+		{"ListDir", func(u string) error {
+			_, err := e.client.ListDir(ctx, request(&filesystem.ListDirRequest{Path: private}, u))
+			return err
+		}},
+		{"CreateWatcher", func(u string) error {
+			resp, err := e.client.CreateWatcher(ctx, request(&filesystem.CreateWatcherRequest{Path: private}, u))
+			if err == nil {
+				_, _ = e.client.RemoveWatcher(ctx, request(&filesystem.RemoveWatcherRequest{WatcherId: resp.Msg.GetWatcherId()}, u))
+			}
+			return err
+		}},
+		{"MakeDir", func(u string) error {
+			_, err := e.client.MakeDir(ctx, request(&filesystem.MakeDirRequest{Path: filepath.Join(system, "d-"+u)}, u))
+			return err
+		}},
+		{"Move", func(u string) error {
+			_, err := e.client.Move(ctx, request(&filesystem.MoveRequest{Source: conf, Destination: filepath.Join(dir, "conf-"+u)}, u))
+			if err == nil { // put it back for the next caller
+				err = os.Rename(filepath.Join(dir, "conf-"+u), conf)
+			}
+			return err
+		}},
+		{"Remove", func(u string) error {
+			_, err := e.client.Remove(ctx, request(&filesystem.RemoveRequest{Path: secret}, u))
+			return err
+		}},
+	}
+	for _, c := range calls {
+		wantCode(t, c.name+" as nobody", c.call("nobody"), connect.CodePermissionDenied)
+		if err := c.call("root"); err != nil {
+			t.Errorf("%s as root: %v", c.name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(system, "d-nobody")); !os.IsNotExist(err) {
+		t.Errorf("nobody made a directory in root's directory (stat err %v)", err)
 	}
 }

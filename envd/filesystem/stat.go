@@ -6,18 +6,19 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
+	"github.com/sandboxd/sandboxd/envd/permissions"
 	"github.com/sandboxd/sandboxd/envd/rpcerr"
 )
 
 // Stat describes one entry without following a final symlink; a missing path
 // is not_found, which the SDKs' files.exists turns into false.
 func (s *Service) Stat(_ context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	path, _, err := s.resolve(req.Header(), req.Msg.GetPath())
+	path, u, err := s.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
-	e, err := EntryInfo(path)
-	if err != nil {
+	var e *filesystem.EntryInfo
+	if err := permissions.AsUser(u, func() (err error) { e, err = EntryInfo(path); return err }); err != nil {
 		return nil, rpcerr.Connect(err)
 	}
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil

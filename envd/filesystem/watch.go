@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
 	"github.com/sandboxd/sandboxd/envd/keepalive"
+	"github.com/sandboxd/sandboxd/envd/permissions"
 	"github.com/sandboxd/sandboxd/envd/rpcerr"
 )
 
@@ -78,11 +79,23 @@ func (s *Service) WatchDir(ctx context.Context, req *connect.Request[filesystem.
 // filesystem, where inotify misses changes made by other hosts, unless the
 // client allows it.
 func (s *Service) watchRoot(h http.Header, path string, allowNetwork bool) (string, error) {
-	root, _, err := s.resolve(h, path)
+	root, u, err := s.resolve(h, path)
 	if err != nil {
 		return "", err
 	}
-	fi, err := os.Stat(root)
+	// A user may watch only a directory they may read, as inotify_add_watch
+	// run by them demands.
+	var fi os.FileInfo
+	err = permissions.AsUser(u, func() (err error) {
+		if fi, err = os.Stat(root); err != nil || !fi.IsDir() {
+			return err
+		}
+		fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: root, Err: err}
+		}
+		return unix.Close(fd)
+	})
 	if err != nil {
 		return "", err
 	}

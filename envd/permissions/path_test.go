@@ -80,7 +80,8 @@ func TestLookup(t *testing.T) {
 	if u.UID != 0 || u.GID != 0 || u.Home == "" || len(u.Groups) == 0 || u.Groups[0] != 0 {
 		t.Errorf("Lookup(root) = %+v", u)
 	}
-	if _, err := Lookup("no-such-user-sandboxd"); !errors.Is(err, ErrUnknownUser) {
-		t.Errorf("Lookup(missing) err = %v; want ErrUnknownUser", err)
+	// The message is E2B envd's for an RPC's unknown user.
+	if _, err := Lookup("no-such-user-sandboxd"); !errors.Is(err, ErrUnknownUser) || err.Error() != "invalid username: 'no-such-user-sandboxd'" {
+		t.Errorf("Lookup(missing) err = %v; want ErrUnknownUser, \"invalid username: 'no-such-user-sandboxd'\"", err)
 	}
 }

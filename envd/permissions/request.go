@@ -1,7 +1,10 @@
 package permissions
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
+	"os/user"
 
 	"github.com/sandboxd/sandboxd/envd/execctx"
 )
@@ -25,5 +28,19 @@ func NamedUser(name string, d *execctx.Defaults) (*User, error) {
 	if name == "" {
 		name = d.User()
 	}
-	return Lookup(name)
+	u, err := Lookup(name)
+	if errors.Is(err, ErrUnknownUser) && name != "" {
+		return nil, unknownFileUser(name)
+	}
+	return u, err
 }
+
+// unknownFileUser is ErrUnknownUser in the words E2B's envd answers /files
+// with (os/user's error), which clients may show or compare.
+type unknownFileUser string
+
+func (e unknownFileUser) Error() string {
+	return fmt.Sprintf("error looking up user '%s': %v", string(e), user.UnknownUserError(e))
+}
+
+func (unknownFileUser) Is(target error) bool { return target == ErrUnknownUser }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 
@@ -28,6 +29,18 @@ var (
 	// ErrResourceExhausted: a bounded buffer or limit was exceeded.
 	ErrResourceExhausted = errors.New("resource exhausted")
 )
+
+// Kindf returns an error of kind (one of the Err kinds above, for errors.Is)
+// whose message is the formatted text alone, without the kind's name: for
+// answers whose message must be E2B envd's exact text.
+func Kindf(kind error, format string, a ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, a...)}
+}
+
+type kindError struct{ kind, err error }
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 // Code returns the Connect code for err.
 func Code(err error) connect.Code {

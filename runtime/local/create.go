@@ -284,6 +284,9 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 	tStarted := time.Now()
 	s.exited = exited
+	if err := bindBootID(s.dir, pid); err != nil {
+		return err
+	}
 	tRoute := time.Now()
 	if ip.IsValid() {
 		// The veth is made once init's network namespace exists, its

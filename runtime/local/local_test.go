@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -1843,5 +1844,58 @@ func TestEnvdCopy(t *testing.T) {
 	}
 	if err := b3.Destroy(t.Context(), id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPauseDiskNewBootID: a sandbox has a boot id of its own, not the
+// host's; a pause to disk and resume is a reboot (a new id), as E2B's tests
+// check, and a pause in memory is not.
+func TestPauseDiskNewBootID(t *testing.T) {
+	hostRaw, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimSpace(string(hostRaw))
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	for _, mode := range []local.UserNSMode{local.UserNSOff, local.UserNSOn} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			env := newEnv(t)
+			b, err := local.New(t.Context(), env.modeOptions(t, mode))
+			skipWithoutUserNS(t, mode, err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			id := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 16})
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+			bootID := func() string {
+				t.Helper()
+				// Read as a user would, and check nobody can replace it.
+				got := strings.TrimSpace(mustExec(t, b, id, "cat /proc/sys/kernel/random/boot_id; echo x > /proc/sys/kernel/random/boot_id 2>/dev/null && echo WRITABLE; true"))
+				if !uuid.MatchString(got) || got == host {
+					t.Fatalf("boot_id = %q; want a UUID other than the host's %q", got, host)
+				}
+				return got
+			}
+			first := bootID()
+			if err := b.Pause(ctx, id, runtime.PauseMemory); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Resume(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if got := bootID(); got != first {
+				t.Errorf("boot_id after a pause in memory = %q; want %q (no reboot)", got, first)
+			}
+			if err := b.Pause(ctx, id, runtime.PauseDisk); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Resume(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if got := bootID(); got == first {
+				t.Errorf("boot_id after a pause to disk = %q, unchanged; want a new one", got)
+			}
+		})
 	}
 }
