@@ -368,7 +368,9 @@ func newPoolEnv(b *testing.B, minWarm int, lead time.Duration) *poolEnv {
 
 // kick wakes the refiller: a claim on a key of another tenant (whose
 // min_warm is 0, so its pool never fills).
-func (e *poolEnv) kick() { e.p.Claim(pool.Key{Tenant: "kick", Template: "base"}) }
+func (e *poolEnv) kick() {
+	e.p.Claim(pool.Key{Tenant: "kick", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024})
+}
 
 func (e *poolEnv) ready() int {
 	for _, s := range e.p.Stats() {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -21,12 +22,12 @@ func (m *Manager) UsePool(p Pool) { m.adm.UsePool(p) }
 // Admission is the Manager's admission control, for the warm pools.
 func (m *Manager) Admission() *Admitter { return m.adm }
 
-// PoolKey is the pool a create request of tenant t would claim from.
+// PoolKey is the pool a create request of tenant t would claim from: the
+// request with every default resolved (template, then its declared
+// resources, then the configured defaults). It is the one place defaults
+// are applied; the sandbox's row and its runtime.Spec are made from it.
 func (m *Manager) PoolKey(t tenant.ID, req CreateRequest) pool.Key {
-	tmpl := req.Template
-	if tmpl == "" {
-		tmpl = "base"
-	}
+	tmpl := cmp.Or(req.Template, DefaultTemplate)
 	def := m.TemplateResources(tmpl)
 	return pool.Key{
 		Tenant: t, Template: tmpl,

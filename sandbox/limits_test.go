@@ -399,7 +399,7 @@ func TestReconcileDestroysLeftoverMembers(t *testing.T) {
 }
 
 func sandboxSpec(id string) runtime.Spec {
-	return runtime.Spec{ID: id, Template: "base", MemoryMB: 512}
+	return runtime.Spec{ID: id, Template: "base", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}
 }
 
 // A cold create whose /init envd refuses leaves no sandbox and no row:

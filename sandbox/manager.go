@@ -75,7 +75,9 @@ type Config struct {
 	// DefaultTimeout applies when a create gives none; MaxTimeout caps
 	// every timeout.
 	DefaultTimeout, MaxTimeout time.Duration
-	// Defaults are the resources of a sandbox whose create names none.
+	// Defaults are the resources of a sandbox whose create names none and
+	// whose template declares none: 2 CPUs, 512 MiB, 1024 MiB disk. They
+	// are resolved here, once (PoolKey); a backend gets a finished Spec.
 	DefaultCPU, DefaultMemoryMB, DefaultDiskMB int
 	// KilledRetention is how long killed sandboxes stay in the store.
 	KilledRetention time.Duration
@@ -110,6 +112,9 @@ type Config struct {
 	// DefaultColdParallel; negative: no bound.
 	ColdParallel int
 }
+
+// DefaultTemplate is the template of a create that names none.
+const DefaultTemplate = "base"
 
 // DefaultColdParallel is the default bound on cold creates in flight: one
 // per CPU (at least 2) for any one tenant, plus one kept for the others. A
@@ -309,9 +314,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	timeout, err := m.clampTimeout(req.Timeout)
 	if err != nil {
 		return nil, err
-	}
-	if req.Template == "" {
-		req.Template = "base"
 	}
 	if err := validateCreate(req); err != nil {
 		return nil, err

@@ -102,7 +102,26 @@ func ctxFor(t *testing.T) context.Context {
 }
 
 func spec(id string) runtime.Spec {
-	return runtime.Spec{ID: id, CPUCount: cpuCount, MemoryMB: memoryMB, DiskSizeMB: diskMB}
+	return runtime.Spec{ID: id, Template: "base", CPUCount: cpuCount, MemoryMB: memoryMB, DiskSizeMB: diskMB}
+}
+
+// Finish fills what s leaves unset as sandboxd's control plane does by
+// default (template "base", 2 CPUs, 512 MiB memory, 1024 MiB disk), for
+// tests that drive a backend directly: backends take finished specs only.
+func Finish(s runtime.Spec) runtime.Spec {
+	if s.Template == "" {
+		s.Template = "base"
+	}
+	if s.CPUCount == 0 {
+		s.CPUCount = 2
+	}
+	if s.MemoryMB == 0 {
+		s.MemoryMB = 512
+	}
+	if s.DiskSizeMB == 0 {
+		s.DiskSizeMB = 1024
+	}
+	return s
 }
 
 // create creates a sandbox with the suite's resources and registers its
