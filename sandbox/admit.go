@@ -36,8 +36,9 @@ type Pool interface {
 // memory of claimed members, and which sandboxes hold no memory (paused to
 // disk).
 //
-// Its contract with the lifecycle is Admit → Ticket → Commit or Release;
-// with the pools, AdmitMember, Seeds and MinWarm (pool.Admission). What
+// Its contract with the lifecycle is Admit → Ticket, then Commit once the
+// sandbox runs, and Release always; with the pools, AdmitMember, Seeds and
+// MinWarm (pool.Admission). What
 // decides between tenants lives here and in coldGate, so a different
 // policy (a host-wide spare pool, work-conserving shares) replaces these
 // two types and leaves Manager.Create alone.

@@ -6,6 +6,10 @@
 //
 // # Cold create admission
 //
+// Admission is the Admitter's (admit.go, gate.go): a create asks it for a
+// Ticket, then creates in the backend or initialises the claimed member,
+// and commits the ticket.
+//
 // A create first claims a warm member of its pool (package pool). A hit
 // costs envd's /init and one store write, and never waits on anything a
 // cold create holds: the tenant's lock is taken only for tenants with a
@@ -318,11 +322,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err := validateCreate(req); err != nil {
 		return nil, err
 	}
-	sb, err := m.newRow(t, req, start, timeout)
+	key := m.PoolKey(t, req)
+	sb, err := m.newRow(key, req, start, timeout)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.create(ctx, sb, req, start); err != nil {
+	if err := m.create(ctx, sb, key, start); err != nil {
 		m.audit(ctx, "create", sb, err)
 		return nil, err
 	}
@@ -342,13 +347,12 @@ func validateCreate(req CreateRequest) error {
 	return nil
 }
 
-// newRow is the row of a new sandbox of tenant t, as "creating", with the
-// request's defaults resolved.
-func (m *Manager) newRow(t tenant.ID, req CreateRequest, start time.Time, timeout time.Duration) (*store.Sandbox, error) {
-	key := m.PoolKey(t, req)
+// newRow is the row of a new sandbox, as "creating": its tenant, template
+// and resources are key's (the request with its defaults resolved).
+func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeout time.Duration) (*store.Sandbox, error) {
 	sb := &store.Sandbox{
 		ID:                  newID(),
-		Tenant:              t,
+		Tenant:              key.Tenant,
 		Template:            key.Template,
 		State:               store.StateCreating,
 		StartedAt:           start.UTC(),
@@ -386,8 +390,8 @@ func (m *Manager) newRow(t tenant.ID, req CreateRequest, start time.Time, timeou
 
 // create admits sb, brings it up and commits it; on failure it leaves
 // nothing behind.
-func (m *Manager) create(ctx context.Context, sb *store.Sandbox, req CreateRequest, start time.Time) error {
-	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: m.PoolKey(sb.Tenant, req)})
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time) error {
+	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key})
 	if err != nil {
 		return err
 	}
