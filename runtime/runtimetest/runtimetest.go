@@ -13,6 +13,7 @@ package runtimetest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -109,18 +110,10 @@ func spec(id string) runtime.Spec {
 // default (template "base", 2 CPUs, 512 MiB memory, 1024 MiB disk), for
 // tests that drive a backend directly: backends take finished specs only.
 func Finish(s runtime.Spec) runtime.Spec {
-	if s.Template == "" {
-		s.Template = "base"
-	}
-	if s.CPUCount == 0 {
-		s.CPUCount = 2
-	}
-	if s.MemoryMB == 0 {
-		s.MemoryMB = 512
-	}
-	if s.DiskSizeMB == 0 {
-		s.DiskSizeMB = 1024
-	}
+	s.Template = cmp.Or(s.Template, "base")
+	s.CPUCount = cmp.Or(s.CPUCount, 2)
+	s.MemoryMB = cmp.Or(s.MemoryMB, 512)
+	s.DiskSizeMB = cmp.Or(s.DiskSizeMB, 1024)
 	return s
 }
 
