@@ -324,27 +324,33 @@ type poolEnv struct {
 	minWarm atomic.Int64
 }
 
+// poolEnv is its pools' admission: one seed pool, min_warm from the env,
+// refills held back while frozen.
+func (e *poolEnv) Seeds() []pool.Key { return []pool.Key{benchPoolKey} }
+
+func (e *poolEnv) MinWarm(t tenant.ID) int {
+	if t == benchPoolKey.Tenant {
+		return int(e.minWarm.Load())
+	}
+	return 0
+}
+
+func (e *poolEnv) AdmitMember(context.Context, pool.Key, int, int) error {
+	if e.frozen.Load() {
+		return errors.New("frozen")
+	}
+	return nil
+}
+
 func newPoolEnv(b *testing.B, minWarm int, lead time.Duration) *poolEnv {
 	b.Helper()
 	e := &poolEnv{be: sandboxtest.New()}
 	e.minWarm.Store(int64(minWarm))
 	var n atomic.Int64
 	e.p = pool.New(pool.Config{
-		Backend: e.be,
-		Health:  func(context.Context, string) error { return nil },
-		MinWarm: func(t tenant.ID) int {
-			if t == benchPoolKey.Tenant {
-				return int(e.minWarm.Load())
-			}
-			return 0
-		},
-		Seeds: func() []pool.Key { return []pool.Key{benchPoolKey} },
-		Admit: func(context.Context, pool.Key, int, int) error {
-			if e.frozen.Load() {
-				return errors.New("frozen")
-			}
-			return nil
-		},
+		Backend:    e.be,
+		Health:     func(context.Context, string) error { return nil },
+		Admission:  e,
 		NewID:      func() string { return fmt.Sprintf("m%d", n.Add(1)) },
 		NewToken:   func() string { return "tok" },
 		Log:        slog.New(slog.DiscardHandler),
@@ -362,7 +368,9 @@ func newPoolEnv(b *testing.B, minWarm int, lead time.Duration) *poolEnv {
 
 // kick wakes the refiller: a claim on a key of another tenant (whose
 // min_warm is 0, so its pool never fills).
-func (e *poolEnv) kick() { e.p.Claim(pool.Key{Tenant: "kick", Template: "base"}) }
+func (e *poolEnv) kick() {
+	e.p.Claim(pool.Key{Tenant: "kick", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024})
+}
 
 func (e *poolEnv) ready() int {
 	for _, s := range e.p.Stats() {
@@ -443,6 +451,13 @@ func BenchmarkPoolClaimMissParallel(b *testing.B) {
 	})
 }
 
+// fixedWarm admits every member and keeps claimed pools this warm.
+type fixedWarm int
+
+func (fixedWarm) Seeds() []pool.Key                                     { return nil }
+func (n fixedWarm) MinWarm(tenant.ID) int                               { return int(n) }
+func (fixedWarm) AdmitMember(context.Context, pool.Key, int, int) error { return nil }
+
 // POST /v2/sandboxes + DELETE through the real handler with a warm pool of
 // 8 over the in-process-envd fake backend: the API path of a warm claim
 // (auth, SQLite, Claim, /init), to set beside APICreateDestroy (no pool).
@@ -452,14 +467,14 @@ func BenchmarkAPIWarmCreateDestroy(b *testing.B) {
 	e := newMicroEnv(b)
 	const size = 8
 	p := pool.New(pool.Config{
-		Backend:  e.be,
-		Health:   e.mgr.EnvdHealth,
-		MinWarm:  func(tenant.ID) int { return size },
-		NewID:    sandbox.NewID,
-		NewToken: sandbox.NewToken,
-		Log:      slog.New(slog.DiscardHandler),
-		Lead:     -1,
-		Parallel: 2,
+		Backend:   e.be,
+		Health:    e.mgr.EnvdHealth,
+		Admission: fixedWarm(size),
+		NewID:     sandbox.NewID,
+		NewToken:  sandbox.NewToken,
+		Log:       slog.New(slog.DiscardHandler),
+		Lead:      -1,
+		Parallel:  2,
 	})
 	e.mgr.UsePool(p)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -56,6 +56,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
@@ -80,7 +81,8 @@ const (
 	keyPaused = "user.sandboxd.paused"
 )
 
-// DefaultTemplate is the template a Spec without one gets.
+// DefaultTemplate is the template the default Images map names: the image
+// scripts/incus-setup.sh builds.
 const DefaultTemplate = "base"
 
 // Options configure a Backend. Zero fields take the defaults given.
@@ -107,12 +109,8 @@ type Options struct {
 	// IncusDir is incusd's state directory, where the pool's volumes are
 	// mounted (for the read-only /usr bind). Default /var/lib/incus.
 	IncusDir string
-	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory, 1024
-	// MiB disk. PidsMax bounds tasks per sandbox: default 1024.
-	CPUCount   int
-	MemoryMB   int
-	DiskSizeMB int
-	PidsMax    int
+	// PidsMax bounds tasks per sandbox: default 1024.
+	PidsMax int
 	// EgressSubnet is where sandboxes with AllowInternet get their
 	// address; its first address is every sandbox's gateway. Default
 	// 10.134.0.0/16 (runtime/local's is 10.133.0.0/16): each sandboxd on a
@@ -196,9 +194,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.IncusDir == "" {
 		opts.IncusDir = "/var/lib/incus"
 	}
-	opts.CPUCount = orDefault(opts.CPUCount, 2)
-	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
-	opts.DiskSizeMB = orDefault(opts.DiskSizeMB, 1024)
 	opts.PidsMax = orDefault(opts.PidsMax, 1024)
 	if opts.EnvdLogLevel == "" {
 		opts.EnvdLogLevel = "warn"
@@ -466,12 +461,9 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 
 // Create starts a sandbox and returns once envd answers /health. A failed
 // or cancelled Create deletes what it made (in the background).
-func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
+func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
-	}
-	if spec.Template == "" {
-		spec.Template = DefaultTemplate
 	}
 	// The /init body is for this start only (it holds the access token):
 	// the sandbox's kept spec goes without it.
@@ -486,9 +478,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}
 	}
-	spec.CPUCount = min(orDefault(spec.CPUCount, b.opts.CPUCount), goruntime.NumCPU())
-	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
-	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
+	spec.CPUCount = min(spec.CPUCount, goruntime.NumCPU()) // a quota above the machine is no limit; report what holds
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
@@ -549,11 +539,12 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	// this id exists, it may be another's).
 	posted, keepDir := false, true
 	var opID string
-	defer func() {
-		if err == nil {
-			close(s.ready)
-			return
-		}
+	defer close(s.ready) // after the undo: waiters then see the outcome
+	r := revert.New()
+	defer r.Fail()
+	r.Add(func() {
+		// One step under the lock: the id goes from claimed to deleting
+		// with no gap a create of the same id could slip through.
 		b.mu.Lock()
 		delete(b.sbx, spec.ID)
 		if posted {
@@ -566,8 +557,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		if !posted && !keepDir {
 			_ = removeSockDir(s.dir)
 		}
-		close(s.ready)
-	}()
+	})
 
 	t0 := time.Now()
 	// Fast path: no socket directory, so no instance of this id that
@@ -629,6 +619,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name, "fresh", fresh,
 		"socket_dir", tDir.Sub(t0), "running", tRunning.Sub(tDir), "healthy", tHealthy.Sub(tRunning),
 		"network", time.Since(tHealthy), "total", time.Since(t0))
+	r.Success()
 	s.mu.Lock()
 	s.created = true
 	s.readyAt = time.Now()

@@ -62,7 +62,7 @@ func TestEgress(t *testing.T) {
 
 	mk := func(b *incus.Backend, internet bool) string {
 		id := runtimetest.NewID()
-		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet}); err != nil {
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet})); err != nil {
 			t.Fatalf("Create(internet %v) = %v", internet, err)
 		}
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })

@@ -227,7 +227,7 @@ func TestRecovery(t *testing.T) {
 	ctx := t.Context()
 	x, y := runtimetest.NewID(), runtimetest.NewID()
 	for _, id := range []string{x, y} {
-		if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+		if _, err := b1.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -295,7 +295,7 @@ func TestTiming(t *testing.T) {
 		internet := i%2 == 1
 		id := runtimetest.NewID()
 		t0 := time.Now()
-		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1, AllowInternet: internet}); err != nil {
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1, AllowInternet: internet})); err != nil {
 			t.Fatal(err)
 		}
 		c := time.Since(t0)
@@ -328,7 +328,7 @@ func TestSocketDir(t *testing.T) {
 	b, _ := newBackend(t)
 	ctx := t.Context()
 	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128}); err != nil {
+	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128})); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
@@ -341,7 +341,7 @@ func TestEnvAndLimits(t *testing.T) {
 	b, _ := newBackend(t)
 	ctx := t.Context()
 	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 300, DiskSizeMB: 64, CPUCount: 1,
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, Template: incus.DefaultTemplate, MemoryMB: 300, DiskSizeMB: 64, CPUCount: 1,
 		Env: map[string]string{"FOO": "bar baz"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestIdleMemory(t *testing.T) {
 	}
 	// Warm-up: the first sandbox also unpacks nothing (btrfs) but loads code.
 	warm := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: warm, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: warm, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1})); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
@@ -430,7 +430,7 @@ func TestIdleMemory(t *testing.T) {
 	var stat runtime.Stats
 	for range n {
 		id := runtimetest.NewID()
-		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1}); err != nil {
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 128, CPUCount: 1})); err != nil {
 			t.Fatal(err)
 		}
 		stat, _ = b.Stats(ctx, id)
@@ -473,7 +473,7 @@ func TestInstanceVanished(t *testing.T) {
 	b, ns := newBackend(t)
 	ctx := t.Context()
 	id := runtimetest.NewID()
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64}); err != nil {
+	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64})); err != nil {
 		t.Fatal(err)
 	}
 	name := incus.InstanceName("test-"+ns, id)
@@ -534,7 +534,7 @@ func TestPauseToDisk(t *testing.T) {
 			c := b.Client()
 			id := runtimetest.NewID()
 			name := incus.InstanceName("test-"+ns, id)
-			if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet}); err != nil {
+			if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: internet})); err != nil {
 				t.Fatal(err)
 			}
 			sh := func(b runtime.Backend, script string) string {
@@ -656,7 +656,7 @@ func TestCreateTakenID(t *testing.T) {
 		return filepath.Join(opts.Root, "sandboxes", incus.InstanceName("test-"+ns, id))
 	}
 	create := func(b *incus.Backend, id string) error {
-		_, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})
+		_, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1}))
 		return err
 	}
 	for _, tc := range []struct {
@@ -727,7 +727,7 @@ func TestReconcileUnmarksLiveInstance(t *testing.T) {
 	c := b.Client()
 	id := runtimetest.NewID()
 	name := incus.InstanceName("test-"+ns, id)
-	if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1}); err != nil {
+	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})); err != nil {
 		t.Fatal(err)
 	}
 	persistent := false

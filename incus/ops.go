@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/envd/pid1"
+	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
@@ -284,27 +285,29 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) 
 	}
 	// Any failure from here leaves the instance stopped and marked: still
 	// paused to disk, and a later Resume tries again.
-	fail := func(err error) (bool, error) {
+	r := revert.New()
+	defer r.Fail()
+	r.Add(func() { _ = removeSockDir(s.dir) })
+	r.Add(func() { // a start that failed half way may have started it
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if serr := b.c.SetState(sctx, s.name, StatePut{Action: "stop", Force: true, Timeout: -1}); serr != nil &&
 			!errors.Is(serr, runtime.ErrNotRunning) {
 			b.log.Warn("incus: stop a sandbox whose resume from disk failed", "sandbox", s.id, "err", serr)
 		}
-		_ = removeSockDir(s.dir)
-		return false, wrap(err)
-	}
+	})
 	if err := b.c.SetState(ctx, s.name, StatePut{Action: "start"}); err != nil {
-		return fail(fmt.Errorf("start: %w", err))
+		return false, wrap(fmt.Errorf("start: %w", err))
 	}
 	if _, err := b.settle(ctx, s, nil); err != nil {
-		return fail(err)
+		return false, wrap(err)
 	}
 	// Ephemeral again only once it runs (a stopped ephemeral instance is
 	// deleted): from here on it is an ordinary running sandbox.
 	if err := b.unmarkDisk(ctx, s.name); err != nil {
-		return fail(fmt.Errorf("unmark: %w", err))
+		return false, wrap(fmt.Errorf("unmark: %w", err))
 	}
+	r.Success()
 	s.paused, s.onDisk = false, false
 	return true, nil
 }

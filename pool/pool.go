@@ -26,7 +26,7 @@
 // Sizing: target = max(min_warm, round(claim rate × Lead)), where the claim
 // rate is an exponentially weighted moving average of claims (hits and
 // misses) per second with half-life HalfLife, capped at MaxPerPool and by
-// Admit (the tenant's quota and the host's capacity). A pool without claims
+// Admission (the tenant's quota and the host's capacity). A pool without claims
 // for IdleAfter drops its adaptive part and shrinks to min_warm; a pool that
 // is not a tenant's default pool (Seeds) is forgotten after ForgetAfter
 // without claims.
@@ -67,22 +67,37 @@ type Member struct {
 	ReadyAt     time.Time
 }
 
+// Admission is what the pools need of sandboxd's admission control
+// (package sandbox's Admitter).
+type Admission interface {
+	// Seeds returns the pools that exist even before their first claim
+	// (tenants' default pools when their min_warm is above zero).
+	Seeds() []Key
+	// MinWarm is tenant t's min_warm setting.
+	MinWarm(t tenant.ID) int
+	// AdmitMember says whether one more member of key may be created, given
+	// that the key's tenant already has members members of memoryMB in
+	// total across its pools: the tenant's quota and the host's capacity.
+	AdmitMember(ctx context.Context, key Key, members, memoryMB int) error
+}
+
+// admitAll is the Admission of Pools configured without one.
+type admitAll struct{}
+
+func (admitAll) Seeds() []Key                                     { return nil }
+func (admitAll) MinWarm(tenant.ID) int                            { return 0 }
+func (admitAll) AdmitMember(context.Context, Key, int, int) error { return nil }
+
 // Config configures Pools.
 type Config struct {
 	Backend runtime.Backend
 	// Health checks a new member's envd (GET /health over the backend's
 	// private channel). Required.
 	Health func(ctx context.Context, id string) error
-	// MinWarm is a tenant's min_warm setting.
-	MinWarm func(tenant.ID) int
-	// Seeds returns the pools that exist even before their first claim
-	// (tenants' default pools when their min_warm is above zero).
-	Seeds func() []Key
-	// Admit says whether one more member of key may be created, given that
-	// the key's tenant already has members members of memoryMB in total
-	// across its pools: the tenant's quota and the host's capacity. nil
-	// admits everything.
-	Admit func(ctx context.Context, key Key, members, memoryMB int) error
+	// Admission decides which pools exist, how warm they are kept and
+	// whether one more member fits. nil: no seeds, no min_warm, every
+	// member admitted.
+	Admission Admission
 	// NewID and NewToken mint member ids and access tokens.
 	NewID, NewToken func() string
 	Log             *slog.Logger
@@ -190,8 +205,8 @@ func New(cfg Config) *Pools {
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
 	}
-	if cfg.MinWarm == nil {
-		cfg.MinWarm = func(tenant.ID) int { return 0 }
+	if cfg.Admission == nil {
+		cfg.Admission = admitAll{}
 	}
 	return &Pools{
 		cfg: cfg, log: cfg.Log,
@@ -295,7 +310,7 @@ func (p *Pools) targetOf(pl *pool, now time.Time) int {
 	recent := !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.ForgetAfter
 	minWarm := 0
 	if pl.seed || recent {
-		minWarm = p.cfg.MinWarm(pl.key.Tenant)
+		minWarm = p.cfg.Admission.MinWarm(pl.key.Tenant)
 	}
 	adaptive := 0
 	if p.cfg.Lead > 0 && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {
@@ -333,10 +348,7 @@ func (p *Pools) reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	var seeds []Key
-	if p.cfg.Seeds != nil {
-		seeds = p.cfg.Seeds()
-	}
+	seeds := p.cfg.Admission.Seeds()
 	now := time.Now()
 	var plans []plan
 	var trim []*Member
@@ -394,11 +406,9 @@ func (p *Pools) startOne(ctx context.Context, pl *pool) bool {
 	}
 	members, memMB := p.tenantMembersLocked(pl.key.Tenant)
 	p.mu.Unlock()
-	if p.cfg.Admit != nil {
-		if err := p.cfg.Admit(ctx, pl.key, members, memMB); err != nil {
-			p.log.Debug("pool refill held back", "tenant", string(pl.key.Tenant), "template", pl.key.Template, "reason", err.Error())
-			return false
-		}
+	if err := p.cfg.Admission.AdmitMember(ctx, pl.key, members, memMB); err != nil {
+		p.log.Debug("pool refill held back", "tenant", string(pl.key.Tenant), "template", pl.key.Template, "reason", err.Error())
+		return false
 	}
 	p.mu.Lock()
 	if p.closed {

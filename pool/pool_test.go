@@ -28,7 +28,8 @@ type env struct {
 }
 
 // start runs Pools over a fake backend inside the current synctest bubble.
-// cfg's Backend, Health, NewID, NewToken and MinWarm are filled in unless set.
+// cfg's Backend, Health, NewID, NewToken and Admission (an *admission whose
+// nil parts are filled in) are filled in unless set.
 func start(t *testing.T, cfg Config, minWarm int) *env {
 	t.Helper()
 	e := &env{be: sandboxtest.New(), done: make(chan struct{}), seeds: []Key{keyA}}
@@ -43,12 +44,17 @@ func start(t *testing.T, cfg Config, minWarm int) *env {
 		cfg.NewID = func() string { return fmt.Sprintf("m%d", n.Add(1)) }
 	}
 	cfg.NewToken = func() string { return "tok" }
-	if cfg.MinWarm == nil {
-		cfg.MinWarm = func(tenant.ID) int { return int(e.minWarm.Load()) }
+	adm, _ := cfg.Admission.(*admission)
+	if adm == nil {
+		adm = &admission{}
 	}
-	if cfg.Seeds == nil {
-		cfg.Seeds = func() []Key { return e.seeds }
+	if adm.minWarm == nil {
+		adm.minWarm = func() int { return int(e.minWarm.Load()) }
 	}
+	if adm.seeds == nil {
+		adm.seeds = func() []Key { return e.seeds }
+	}
+	cfg.Admission = adm
 	if cfg.Tick == 0 {
 		cfg.Tick = time.Hour // refills must not depend on the tick
 	}
@@ -62,6 +68,23 @@ func start(t *testing.T, cfg Config, minWarm int) *env {
 		e.be.Close()
 	})
 	return e
+}
+
+// admission is the pools' Admission in tests: min_warm and seeds from the
+// env unless set, and admit (nil admits every member).
+type admission struct {
+	minWarm func() int
+	seeds   func() []Key
+	admit   func(ctx context.Context, k Key, members, memMB int) error
+}
+
+func (a *admission) Seeds() []Key          { return a.seeds() }
+func (a *admission) MinWarm(tenant.ID) int { return a.minWarm() }
+func (a *admission) AdmitMember(ctx context.Context, k Key, members, memMB int) error {
+	if a.admit == nil {
+		return nil
+	}
+	return a.admit(ctx, k, members, memMB)
 }
 
 func (e *env) stop() {
@@ -224,7 +247,7 @@ func TestAdmitCapsThePool(t *testing.T) {
 			}
 			return nil
 		}
-		e := start(t, Config{Admit: admit, Tick: time.Second}, 5)
+		e := start(t, Config{Admission: &admission{admit: admit}, Tick: time.Second}, 5)
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		if s := e.stat(keyA); s.Ready != 2 || s.Target != 5 {
@@ -318,7 +341,7 @@ func TestReservedMB(t *testing.T) {
 
 func TestUnknownTemplatePoolDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := start(t, Config{Tick: time.Second, Seeds: func() []Key { return nil }}, 1)
+		e := start(t, Config{Tick: time.Second, Admission: &admission{seeds: func() []Key { return nil }}}, 1)
 		boom := fmt.Errorf("template nope: %w", runtime.ErrTemplateNotFound)
 		e.be.FailCreate.Store(&boom)
 		k := keyA

@@ -120,8 +120,10 @@ type Resources struct {
 	DiskSizeMB int
 }
 
-// Spec is what a sandbox should be. Zero resource fields mean the backend's
-// defaults for the template.
+// Spec is what a sandbox should be. Its fields are final: the control plane
+// resolves defaults (the template's declared Resources, then its own) before
+// a backend sees a Spec, and a backend never fills a field in. Template and
+// the resources are required (Validate).
 type Spec struct {
 	// ID names the sandbox; see ValidID.
 	ID string
@@ -163,8 +165,8 @@ var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile
 // paths, cgroup names and hostnames, so they accept nothing else.
 func ValidID(id string) bool { return idPattern().MatchString(id) }
 
-// Validate checks what a backend cannot default: the id, that no resource is
-// negative and that the environment can be passed to a process.
+// Validate checks that a Spec is finished and usable: the id, a template,
+// positive resources, and an environment that can be passed to a process.
 func (s Spec) Validate() error {
 	if !ValidID(s.ID) {
 		return fmt.Errorf("%w: bad sandbox id %q", ErrInvalidSpec, s.ID)
@@ -172,6 +174,10 @@ func (s Spec) Validate() error {
 	if s.CPUCount < 0 || s.MemoryMB < 0 || s.DiskSizeMB < 0 {
 		return fmt.Errorf("%w: negative resource (cpu %d, memory %d MiB, disk %d MiB)",
 			ErrInvalidSpec, s.CPUCount, s.MemoryMB, s.DiskSizeMB)
+	}
+	if s.Template == "" || s.CPUCount == 0 || s.MemoryMB == 0 || s.DiskSizeMB == 0 {
+		return fmt.Errorf("%w: unfinished spec (template %q, cpu %d, memory %d MiB, disk %d MiB): defaults are the control plane's to resolve",
+			ErrInvalidSpec, s.Template, s.CPUCount, s.MemoryMB, s.DiskSizeMB)
 	}
 	for k, v := range s.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {

@@ -33,21 +33,30 @@ func TestValidID(t *testing.T) {
 }
 
 func TestSpecValidate(t *testing.T) {
+	// Each case changes one thing of a finished spec.
+	finished := func(mod func(*Spec)) Spec {
+		s := Spec{ID: "x", Template: "base", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}
+		mod(&s)
+		return s
+	}
 	for _, tc := range []struct {
 		name string
 		s    Spec
 		ok   bool
 	}{
-		{"defaults", Spec{ID: "x"}, true},
-		{"resources", Spec{ID: "x", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}, true},
-		{"bad id", Spec{ID: "../x"}, false},
-		{"negative cpu", Spec{ID: "x", CPUCount: -1}, false},
-		{"negative memory", Spec{ID: "x", MemoryMB: -1}, false},
-		{"negative disk", Spec{ID: "x", DiskSizeMB: -1}, false},
-		{"env", Spec{ID: "x", Env: map[string]string{"A": "b=c", "PATH": "/bin"}}, true},
-		{"env empty name", Spec{ID: "x", Env: map[string]string{"": "x"}}, false},
-		{"env = in name", Spec{ID: "x", Env: map[string]string{"A=B": "x"}}, false},
-		{"env NUL in value", Spec{ID: "x", Env: map[string]string{"A": "x\x00y"}}, false},
+		{"finished", finished(func(*Spec) {}), true},
+		{"bad id", finished(func(s *Spec) { s.ID = "../x" }), false},
+		{"no template", finished(func(s *Spec) { s.Template = "" }), false},
+		{"no cpu", finished(func(s *Spec) { s.CPUCount = 0 }), false},
+		{"no memory", finished(func(s *Spec) { s.MemoryMB = 0 }), false},
+		{"no disk", finished(func(s *Spec) { s.DiskSizeMB = 0 }), false},
+		{"negative cpu", finished(func(s *Spec) { s.CPUCount = -1 }), false},
+		{"negative memory", finished(func(s *Spec) { s.MemoryMB = -1 }), false},
+		{"negative disk", finished(func(s *Spec) { s.DiskSizeMB = -1 }), false},
+		{"env", finished(func(s *Spec) { s.Env = map[string]string{"A": "b=c", "PATH": "/bin"} }), true},
+		{"env empty name", finished(func(s *Spec) { s.Env = map[string]string{"": "x"} }), false},
+		{"env = in name", finished(func(s *Spec) { s.Env = map[string]string{"A=B": "x"} }), false},
+		{"env NUL in value", finished(func(s *Spec) { s.Env = map[string]string{"A": "x\x00y"} }), false},
 	} {
 		err := tc.s.Validate()
 		if tc.ok && err != nil {

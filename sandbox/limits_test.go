@@ -221,8 +221,7 @@ func TestParseMemAvailable(t *testing.T) {
 func (e *testEnv) startPools(t *testing.T) *pool.Pools {
 	t.Helper()
 	p := pool.New(pool.Config{
-		Backend: e.m.backend, Health: e.m.EnvdHealth, MinWarm: e.m.MinWarm, Seeds: e.m.PoolSeeds,
-		Admit: e.m.AdmitMember, NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
+		Backend: e.m.backend, Health: e.m.EnvdHealth, Admission: e.m.Admission(), NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
 		Tick: 20 * time.Millisecond,
 	})
 	e.m.UsePool(p)
@@ -398,7 +397,7 @@ func TestReconcileDestroysLeftoverMembers(t *testing.T) {
 }
 
 func sandboxSpec(id string) runtime.Spec {
-	return runtime.Spec{ID: id, Template: "base", MemoryMB: 512}
+	return runtime.Spec{ID: id, Template: "base", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}
 }
 
 // A cold create whose /init envd refuses leaves no sandbox and no row:

@@ -6,6 +6,10 @@
 //
 // # Cold create admission
 //
+// Admission is the Admitter's (admit.go, gate.go): a create asks it for a
+// Ticket, then creates in the backend or initialises the claimed member,
+// and commits the ticket.
+//
 // A create first claims a warm member of its pool (package pool). A hit
 // costs envd's /init and one store write, and never waits on anything a
 // cold create holds: the tenant's lock is taken only for tenants with a
@@ -55,6 +59,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -73,7 +79,9 @@ type Config struct {
 	// DefaultTimeout applies when a create gives none; MaxTimeout caps
 	// every timeout.
 	DefaultTimeout, MaxTimeout time.Duration
-	// Defaults are the resources of a sandbox whose create names none.
+	// Defaults are the resources of a sandbox whose create names none and
+	// whose template declares none: 2 CPUs, 512 MiB, 1024 MiB disk. They
+	// are resolved here, once (PoolKey); a backend gets a finished Spec.
 	DefaultCPU, DefaultMemoryMB, DefaultDiskMB int
 	// KilledRetention is how long killed sandboxes stay in the store.
 	KilledRetention time.Duration
@@ -109,6 +117,9 @@ type Config struct {
 	ColdParallel int
 }
 
+// DefaultTemplate is the template of a create that names none.
+const DefaultTemplate = "base"
+
 // DefaultColdParallel is the default bound on cold creates in flight: one
 // per CPU (at least 2) for any one tenant, plus one kept for the others. A
 // cold create is mostly CPU (mounts, namespaces, cgroups, envd's start),
@@ -122,7 +133,7 @@ type Manager struct {
 	store   *store.Store
 	backend runtime.Backend
 	log     *slog.Logger
-	locks   sync.Map // sandbox id -> *sync.Mutex
+	locks   idLocks
 	now     func() time.Time
 
 	sweeps atomic.Int64
@@ -132,18 +143,9 @@ type Manager struct {
 
 	live sync.Map // sandbox id -> *liveInfo: tenant and idle TTL of live sandboxes, activity
 
-	tenants sync.Map   // tenant id -> *tenantState: quota check + insert, waiting creates
-	hostMu  sync.Mutex // host budget check + insert, when HostMemoryMB > 0
-	pool    Pool       // nil: every create is cold
-	gate    *coldGate  // nil: cold creates are not bounded
-	// pendingMB is the memory of claimed members whose rows are not in
-	// yet, for the host budget.
-	pendingMB atomic.Int64
-	// diskPaused holds the ids of sandboxes paused to disk (by this
-	// process, or found so by Reconcile in the backend's List): they hold
-	// no memory, so the host budget leaves them out until a resume admits
-	// them again.
-	diskPaused sync.Map // sandbox id -> struct{}
+	// adm admits creates (quota, host, pool claim, cold-create slot) and
+	// resumes from disk.
+	adm *Admitter
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -195,22 +197,26 @@ func New(cfg Config) *Manager {
 		cfg.TouchInterval = TouchInterval
 	}
 	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
+	m.adm = &Admitter{
+		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
+		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB, memAvailable: cfg.MemAvailable,
+		lock:       m.lock,
+		defaultKey: func(t tenant.ID) pool.Key { return m.PoolKey(t, CreateRequest{AllowInternet: true}) },
+	}
+	if m.adm.memAvailable == nil {
+		m.adm.memAvailable = MemAvailableMB
+	}
 	switch {
 	case cfg.ColdParallel == 0:
-		m.gate = newColdGate(DefaultColdParallel())
+		m.adm.gate = newColdGate(DefaultColdParallel())
 	case cfg.ColdParallel > 0:
-		m.gate = newColdGate(cfg.ColdParallel)
+		m.adm.gate = newColdGate(cfg.ColdParallel)
 	}
 	return m
 }
 
 // lock serialises lifecycle actions on one sandbox id.
-func (m *Manager) lock(id string) func() {
-	v, _ := m.locks.LoadOrStore(id, &sync.Mutex{})
-	mu := v.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
+func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
 
 // audit writes the one line every state change gets: who, what, which
 // sandbox, and the result.
@@ -299,9 +305,11 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-// Create starts a sandbox for the tenant in ctx. On any failure nothing is
-// left: not the backend's sandbox and not the store row.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandbox, err error) {
+// Create starts a sandbox for the tenant in ctx: validate, admit (a
+// ticket), create it in the backend or claim a warm member, init its envd,
+// commit. On any failure nothing is left: not the backend's sandbox and not
+// the store row.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
 	t, ok := tenant.FromContext(ctx)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnauthenticated, "no tenant")
@@ -311,31 +319,47 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 	if err != nil {
 		return nil, err
 	}
-	if req.Template == "" {
-		req.Template = "base"
-	}
-	if req.CPUCount < 0 || req.MemoryMB < 0 || req.DiskMB < 0 {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
-	}
-	if err := validateEnv(req.EnvVars); err != nil {
+	if err := validateCreate(req); err != nil {
 		return nil, err
 	}
-	if req.IdleTTL < 0 {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
+	key := m.PoolKey(t, req)
+	sb, err := m.newRow(key, req, start, timeout)
+	if err != nil {
+		return nil, err
 	}
-	def := m.TemplateResources(req.Template)
-	// sb is not the named result: the undos and the audit below run after a
-	// `return nil, err` has set the result to nil.
+	if err := m.create(ctx, sb, key, start); err != nil {
+		m.audit(ctx, "create", sb, err)
+		return nil, err
+	}
+	return sb, nil
+}
+
+func validateCreate(req CreateRequest) error {
+	if req.CPUCount < 0 || req.MemoryMB < 0 || req.DiskMB < 0 {
+		return errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
+	}
+	if err := validateEnv(req.EnvVars); err != nil {
+		return err
+	}
+	if req.IdleTTL < 0 {
+		return errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
+	}
+	return nil
+}
+
+// newRow is the row of a new sandbox, as "creating": its tenant, template
+// and resources are key's (the request with its defaults resolved).
+func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeout time.Duration) (*store.Sandbox, error) {
 	sb := &store.Sandbox{
 		ID:                  newID(),
-		Tenant:              t,
-		Template:            req.Template,
+		Tenant:              key.Tenant,
+		Template:            key.Template,
 		State:               store.StateCreating,
 		StartedAt:           start.UTC(),
 		EndAt:               start.Add(timeout).UTC(),
-		CPUCount:            cmpOr(req.CPUCount, def.CPUCount),
-		MemoryMB:            cmpOr(req.MemoryMB, def.MemoryMB),
-		DiskMB:              cmpOr(req.DiskMB, def.DiskSizeMB),
+		CPUCount:            key.CPUCount,
+		MemoryMB:            key.MemoryMB,
+		DiskMB:              key.DiskMB,
 		Metadata:            req.Metadata,
 		EnvVars:             req.EnvVars,
 		Secure:              req.Secure,
@@ -361,91 +385,72 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *store.Sandb
 		}
 		sb.Network = raw
 	}
-	unlock := func() {}
-	defer func() { unlock() }() // after the undos below
-	var undo []func(context.Context)
-	defer func() {
-		if err == nil {
-			return
-		}
-		cctx := context.WithoutCancel(ctx)
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i](cctx)
-		}
-		m.audit(ctx, "create", sb, err)
-	}()
+	return sb, nil
+}
 
-	// Quota, then a warm member or a cold-create slot, the host guard and
-	// the row (see admit). admit registers its undos (the claimed member,
-	// the row) and takes the sandbox's lock.
-	adm, unlockSandbox, err := m.admit(ctx, sb, req, &undo)
+// create admits sb, brings it up and commits it; on failure it leaves
+// nothing behind.
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time) error {
+	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	unlock = unlockSandbox
-	defer adm.release()
-	member, waited := adm.member, adm.waited
-	servedFrom := "cold"
-	if member != nil {
-		servedFrom = "pool"
+	defer tk.Release() // after the undos below
+	r := revert.New()
+	defer r.Fail()
+	cleanupCtx := context.WithoutCancel(ctx)
+	destroy := func() {
+		if derr := m.backend.Destroy(cleanupCtx, sb.ID); derr != nil {
+			m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "served_from", tk.ServedFrom(), "err", derr)
+		}
 	}
 
 	tAdmitted := m.now()
-	spec := runtime.Spec{
-		ID:            sb.ID,
-		Template:      sb.Template,
-		CPUCount:      sb.CPUCount,
-		MemoryMB:      sb.MemoryMB,
-		DiskSizeMB:    sb.DiskMB,
-		Env:           sb.EnvVars,
-		AccessToken:   sb.EnvdAccessToken,
-		AllowInternet: sb.AllowInternetAccess,
-	}
 	initialized := false
-	if member == nil {
+	if tk.Member() != nil {
+		r.Add(destroy)
+	} else {
+		spec := runtime.Spec{
+			ID: sb.ID, Template: sb.Template,
+			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
+			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
+		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
-			return nil, fmt.Errorf("create sandbox: %w", err)
+			return fmt.Errorf("create sandbox: %w", err)
 		}
 		created, err := m.backend.Create(ctx, spec)
-		adm.release() // the slot bounds the backend's work, not the rest
+		tk.ReleaseSlot() // the slot bounds the backend's work, not the rest
 		if err != nil {
-			return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
+			return fmt.Errorf("create sandbox: %w", backendErr(err))
 		}
-		undo = append(undo, func(ctx context.Context) {
-			if derr := m.backend.Destroy(ctx, sb.ID); derr != nil {
-				m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "err", derr)
-			}
-		})
+		r.Add(destroy)
 		initialized = created != nil && created.EnvdInitialized
 	}
 	tBackend := m.now()
 	if !initialized {
 		if err := m.initEnvd(ctx, sb); err != nil {
-			return nil, fmt.Errorf("create sandbox: init envd: %w", err)
+			return fmt.Errorf("create sandbox: init envd: %w", err)
 		}
 	}
 	tInit := m.now()
 	sb.State = store.StateRunning
-	if adm.commit != nil {
-		if err := adm.commit(ctx); err != nil {
-			return nil, err
-		}
-	} else if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w", err)
+	if err := tk.Commit(ctx); err != nil {
+		return err
 	}
+	r.Success()
 	took := m.now().Sub(start)
 	if m.cfg.OnCreateFrom != nil {
-		m.cfg.OnCreateFrom(sb.Template, servedFrom, took)
+		m.cfg.OnCreateFrom(sb.Template, tk.ServedFrom(), took)
 	} else if m.cfg.OnCreate != nil {
 		m.cfg.OnCreate(sb.Template, took)
 	}
-	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(timeout.Seconds()),
-		"served_from", servedFrom, "waited_ms", waited.Milliseconds(),
+	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(sb.EndAt.Sub(start).Seconds()),
+		"served_from", tk.ServedFrom(), "waited_ms", tk.Waited().Milliseconds(),
 		// Where the time went: quota, claim, wait and row; the backend's
 		// create (0 from a pool); envd's /init; the rest (row update).
 		"admit_ms", tAdmitted.Sub(start).Milliseconds(), "backend_ms", tBackend.Sub(tAdmitted).Milliseconds(),
 		"init_ms", tInit.Sub(tBackend).Milliseconds())
-	return sb, nil
+	return nil
 }
 
 // TemplateResources returns the resources a sandbox of template gets when
@@ -526,7 +531,7 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string, at
 		return fmt.Errorf("kill sandbox %s: %w", sb.ID, backendErr(err))
 	}
 	m.stopped(sb.ID)
-	m.diskPaused.Delete(sb.ID)
+	m.adm.forget(sb.ID)
 	sb.State = store.StateKilled
 	sb.EndAt = m.now().UTC()
 	err := m.store.UpdateSandbox(ctx, sb)
@@ -619,7 +624,7 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 	}
 	m.stopped(sb.ID)
 	if kind == runtime.PauseDisk {
-		m.diskPaused.Store(sb.ID, struct{}{})
+		m.adm.pausedToDisk(sb.ID)
 	}
 	sb.State = store.StatePaused
 	err = m.store.UpdateSandbox(ctx, sb)
@@ -697,17 +702,17 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
 	prior := sb.State
 	cctx := context.WithoutCancel(ctx)
-	_, onDisk := m.diskPaused.Load(sb.ID)
+	onDisk := m.adm.onDisk(sb.ID)
 	if onDisk {
 		// On disk it held no memory: it must fit again, as a create must.
-		if err := m.admitResume(ctx, sb); err != nil {
+		if err := m.adm.AdmitResume(ctx, sb.ID, sb.MemoryMB); err != nil {
 			m.audit(ctx, reason, sb, err)
 			return err
 		}
 	}
 	backToDisk := func() {
 		if onDisk {
-			m.diskPaused.Store(sb.ID, struct{}{})
+			m.adm.pausedToDisk(sb.ID)
 		}
 	}
 	sb.State = store.StateResuming
@@ -741,7 +746,7 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 			perr := m.backend.Pause(cctx, sb.ID, runtime.PauseDisk)
 			if perr == nil {
 				m.stopped(sb.ID)
-				m.diskPaused.Store(sb.ID, struct{}{})
+				m.adm.pausedToDisk(sb.ID)
 				sb.State = store.StatePaused
 				if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
 					err = fmt.Errorf("%w (and marking it paused again: %w)", err, uerr)
@@ -768,22 +773,6 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err, "restarted", restarted)
 	return err
-}
-
-// admitResume is the host guard for a sandbox coming back from disk: it
-// passes the same host checks as a create (ErrUnavailable: 503 +
-// Retry-After), and from then on counts in the host budget. Its tenant's
-// quota counted it all along (paused sandboxes count).
-func (m *Manager) admitResume(ctx context.Context, sb *store.Sandbox) error {
-	if m.cfg.HostMemoryMB > 0 {
-		m.hostMu.Lock()
-		defer m.hostMu.Unlock()
-	}
-	if err := m.checkHost(ctx, sb.MemoryMB); err != nil {
-		return fmt.Errorf("resume sandbox %s: %w", sb.ID, err)
-	}
-	m.diskPaused.Delete(sb.ID)
-	return nil
 }
 
 // SetTimeout sets the end time to now+timeout, shorter or longer.

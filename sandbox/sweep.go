@@ -136,7 +136,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		inBackend[h.ID] = h.State
 		if h.OnDisk {
 			// Holds no memory: out of the host budget until resumed.
-			m.diskPaused.Store(h.ID, struct{}{})
+			m.adm.pausedToDisk(h.ID)
 		}
 		row := rows[h.ID]
 		if row == nil || row.State == store.StateCreating || row.State == store.StateKilling {

@@ -100,8 +100,8 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *s
 		return nil
 	}
 	p := pool.New(pool.Config{
-		Backend: be, Health: mgr.EnvdHealth, MinWarm: mgr.MinWarm, Seeds: mgr.PoolSeeds,
-		Admit: mgr.AdmitMember, NewID: sandbox.NewID, NewToken: sandbox.NewToken,
+		Backend: be, Health: mgr.EnvdHealth, Admission: mgr.Admission(),
+		NewID: sandbox.NewID, NewToken: sandbox.NewToken,
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,
 		MaxPerPool: o.poolMax, Parallel: o.poolParallel,

@@ -32,9 +32,6 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	if spec.Template == "" {
-		spec.Template = BaseTemplate
-	}
 	// The /init body is for this start only (it holds the access token):
 	// the sandbox's kept spec goes without it.
 	init := spec.EnvdInit
@@ -43,10 +40,6 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
-	def := b.opts.TemplateResources[spec.Template]
-	spec.CPUCount = orDefault(spec.CPUCount, orDefault(def.CPUCount, b.opts.CPUCount))
-	spec.MemoryMB = orDefault(spec.MemoryMB, orDefault(def.MemoryMB, b.opts.MemoryMB))
-	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, orDefault(def.DiskSizeMB, b.opts.DiskSizeMB))
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
 		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
 	}
@@ -86,13 +79,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	b.sbx[spec.ID] = s
 	b.mu.Unlock()
 
+	defer close(s.ready) // after the undos: waiters then see the outcome
 	r := revert.New()
-	defer func() {
-		if err != nil {
-			r.Fail()
-		}
-		close(s.ready)
-	}()
+	defer r.Fail()
 	r.Add(func() {
 		b.mu.Lock()
 		delete(b.sbx, spec.ID)

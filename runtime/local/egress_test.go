@@ -49,7 +49,7 @@ func testEgress(t *testing.T, mode local.UserNSMode) {
 	ctx := t.Context()
 	mk := func(internet bool) string {
 		id := runtimetest.NewID()
-		if _, err := b.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, AllowInternet: internet}); err != nil {
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, AllowInternet: internet})); err != nil {
 			t.Fatalf("Create(internet %v) = %v", internet, err)
 		}
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })

@@ -137,16 +137,12 @@ type Options struct {
 	// root and user (uid 1000) added to its /etc/passwd and /etc/group
 	// where missing. "base" is built in.
 	Templates map[string]string
-	// TemplateResources are the default resources of templates (of
-	// Templates, or "base"): what a Spec's zero resources become, before
-	// the backend-wide defaults below. Zero fields are unset.
+	// TemplateResources are the resources templates (of Templates, or
+	// "base") declare, reported by TemplateResources for the control plane
+	// to resolve a create's defaults with. Zero fields are unset.
 	TemplateResources map[string]runtime.Resources
-	// Defaults for a Spec's zero resources: 2 CPUs, 512 MiB memory,
-	// 1024 MiB disk. PidsMax bounds tasks per sandbox: default 1024.
-	CPUCount   int
-	MemoryMB   int
-	DiskSizeMB int
-	PidsMax    int
+	// PidsMax bounds tasks per sandbox: default 1024.
+	PidsMax int
 	// EnvdLogLevel is envd's --log-level; its log goes to disk/envd.log
 	// in the sandbox's state directory, on its disk tmpfs. Default "warn":
 	// at "info" envd logs every process start, which eats into the disk.
@@ -261,9 +257,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if d, err := filepath.Abs(opts.SaveDir); err == nil {
 		opts.SaveDir = d // the copy child must find it whatever its cwd
 	}
-	opts.CPUCount = orDefault(opts.CPUCount, 2)
-	opts.MemoryMB = orDefault(opts.MemoryMB, 512)
-	opts.DiskSizeMB = orDefault(opts.DiskSizeMB, 1024)
 	opts.PidsMax = orDefault(opts.PidsMax, 1024)
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 30 * time.Second

@@ -250,7 +250,7 @@ func TestRecovery(t *testing.T) {
 	b1 := env.open(t)
 	live, dead, paused := runtimetest.NewID(), runtimetest.NewID(), runtimetest.NewID()
 	for _, id := range []string{live, dead, paused} {
-		if _, err := b1.Create(ctx, runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64}); err != nil {
+		if _, err := b1.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 128, DiskSizeMB: 64})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -439,7 +439,7 @@ func TestDirTemplate(t *testing.T) {
 				t.Errorf("Templates() = %v, %v; want [base empty]", names, err)
 			}
 			id := runtimetest.NewID()
-			sb, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "empty"})
+			sb, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: "empty"}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -756,7 +756,7 @@ func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet 
 		}
 		id := runtimetest.NewID()
 		t0 := time.Now()
-		if _, err := be.Create(ctx, runtime.Spec{ID: id, AllowInternet: internet}); err != nil {
+		if _, err := be.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, AllowInternet: internet})); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -812,7 +812,7 @@ func BenchmarkPauseDisk(b *testing.B) {
 	be := env.open(b)
 	ctx := context.Background()
 	id := runtimetest.NewID()
-	if _, err := be.Create(ctx, runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64}); err != nil {
+	if _, err := be.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64})); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Destroy(context.Background(), id) })
@@ -905,8 +905,9 @@ func TestSocketDir(t *testing.T) {
 	runtimetest.CheckSocketDir(t, b, id, 64)
 }
 
-// TestTemplateResources: a template's declared resources fill a spec's zero
-// resources, before the backend-wide defaults; a spec's own win.
+// TestTemplateResources: the backend reports a template's declared
+// resources (the control plane resolves defaults with them), creates with a
+// spec's resources exactly as given, and fills in none itself.
 func TestTemplateResources(t *testing.T) {
 	env := newEnv(t)
 	opts := env.options(t)
@@ -927,8 +928,7 @@ func TestTemplateResources(t *testing.T) {
 		wantMem  int
 		wantDisk int
 	}{
-		{"template's", runtime.Spec{}, 200, 96},
-		{"spec's own", runtime.Spec{MemoryMB: 160, DiskSizeMB: 64}, 160, 64},
+		{"spec's own", runtimetest.Finish(runtime.Spec{MemoryMB: 160, DiskSizeMB: 64}), 160, 64},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.spec.ID = runtimetest.NewID()
@@ -948,6 +948,12 @@ func TestTemplateResources(t *testing.T) {
 				t.Errorf("stats limits: memory %d disk %d; want %d MiB and %d MiB", st.MemoryLimitBytes, st.DiskLimitBytes, tc.wantMem, tc.wantDisk)
 			}
 		})
+	}
+
+	unfinished := runtime.Spec{ID: runtimetest.NewID(), Template: local.BaseTemplate, CPUCount: 2}
+	if _, err := b.Create(t.Context(), unfinished); !errors.Is(err, runtime.ErrInvalidSpec) {
+		_ = b.Destroy(context.Background(), unfinished.ID)
+		t.Errorf("Create(spec without memory and disk) = %v; want ErrInvalidSpec, not the template's resources", err)
 	}
 
 	opts.TemplateResources = map[string]runtime.Resources{"nope": {CPUCount: 1}}
@@ -1406,6 +1412,7 @@ func TestReconcileQuarantinesSaved(t *testing.T) {
 // the id; the test fails if it cannot.
 func mustCreate(t testing.TB, b runtime.Backend, spec runtime.Spec) string {
 	t.Helper()
+	spec = runtimetest.Finish(spec)
 	spec.ID = runtimetest.NewID()
 	if _, err := b.Create(t.Context(), spec); err != nil {
 		t.Fatalf("Create(%+v) = %v", spec, err)
@@ -1665,7 +1672,7 @@ func TestStarterUnavailable(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	id := runtimetest.NewID()
-	if _, err := b.Create(t.Context(), runtime.Spec{ID: id}); !errors.Is(err, runtime.ErrUnavailable) {
+	if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id})); !errors.Is(err, runtime.ErrUnavailable) {
 		t.Fatalf("Create with a helper that exits = %v, want ErrUnavailable", err)
 	}
 	if _, err := os.Stat(filepath.Join(env.root, "sandboxes", id)); !errors.Is(err, fs.ErrNotExist) {
@@ -1752,7 +1759,7 @@ func TestInitFailsLeavesNothing(t *testing.T) {
 	})
 	for range 3 {
 		id := runtimetest.NewID()
-		if _, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: "broken"}); err == nil {
+		if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: "broken"})); err == nil {
 			_ = b.Destroy(context.Background(), id)
 			t.Fatal("Create from a template without room for envd succeeded")
 		}

@@ -356,7 +356,7 @@ func TestOCITemplate(t *testing.T) {
 	}
 	for tpl, want := range map[string]string{"saved": "from the tarball", "v2": "from layout v2", "single": "from layout v1"} {
 		id := runtimetest.NewID()
-		if _, err := b.Create(t.Context(), runtime.Spec{ID: id, Template: tpl}); err != nil {
+		if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: tpl})); err != nil {
 			t.Fatalf("Create from %s: %v", tpl, err)
 		}
 		hc := runtimetest.EnvdClient(b, id)

@@ -13,6 +13,7 @@ package runtimetest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -102,7 +103,18 @@ func ctxFor(t *testing.T) context.Context {
 }
 
 func spec(id string) runtime.Spec {
-	return runtime.Spec{ID: id, CPUCount: cpuCount, MemoryMB: memoryMB, DiskSizeMB: diskMB}
+	return runtime.Spec{ID: id, Template: "base", CPUCount: cpuCount, MemoryMB: memoryMB, DiskSizeMB: diskMB}
+}
+
+// Finish fills what s leaves unset as sandboxd's control plane does by
+// default (template "base", 2 CPUs, 512 MiB memory, 1024 MiB disk), for
+// tests that drive a backend directly: backends take finished specs only.
+func Finish(s runtime.Spec) runtime.Spec {
+	s.Template = cmp.Or(s.Template, "base")
+	s.CPUCount = cmp.Or(s.CPUCount, 2)
+	s.MemoryMB = cmp.Or(s.MemoryMB, 512)
+	s.DiskSizeMB = cmp.Or(s.DiskSizeMB, 1024)
+	return s
 }
 
 // create creates a sandbox with the suite's resources and registers its

@@ -1,0 +1,517 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/revert"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// Pool is what the Admitter needs of the warm pools (package pool).
+type Pool interface {
+	// Claim takes a ready member of key, or reports a miss; it never waits.
+	Claim(key pool.Key) (*pool.Member, bool)
+	// Ready is closed the next time any member becomes ready.
+	Ready() <-chan struct{}
+	// Take takes a ready member of key after a missed Claim (a miss that
+	// waited for a cold-create slot and got a refill first).
+	Take(key pool.Key) (*pool.Member, bool)
+	// ReservedMB is the memory of all members, for the host budget.
+	ReservedMB() int
+}
+
+// Admitter decides whether a sandbox may come into being, and from where:
+// the tenant's quota, the host's memory (MemAvailable and the budget), a
+// warm member of the create's pool, or else a fair cold-create slot (see
+// the package doc, "Cold create admission"). It owns the bookkeeping those
+// decisions need: what each tenant has admitted without a row yet, the
+// memory of claimed members, and which sandboxes hold no memory (paused to
+// disk).
+//
+// Its contract with the lifecycle is Admit → Ticket, then Commit once the
+// sandbox runs, and Release always; with the pools, AdmitMember, Seeds and
+// MinWarm (pool.Admission). What
+// decides between tenants lives here and in coldGate, so a different
+// policy (a host-wide spare pool, work-conserving shares) replaces these
+// two types and leaves Manager.Create alone.
+type Admitter struct {
+	store    *store.Store
+	settings *Settings // nil: no quotas, no min_warm
+	log      *slog.Logger
+
+	hostMemoryMB, hostReserveMB int
+	memAvailable                func() (int, error)
+
+	// lock takes a sandbox's lifecycle lock (the Manager's): a ticket holds
+	// it from before its row is visible until Release.
+	lock func(id string) (unlock func())
+	// defaultKey is tenant t's default pool (template "base", default
+	// resources, internet allowed: an SDK's plain Sandbox.create()).
+	defaultKey func(t tenant.ID) pool.Key
+
+	tenants sync.Map   // tenant id -> *tenantState
+	hostMu  sync.Mutex // host budget check + insert, when hostMemoryMB > 0
+	pool    Pool       // nil: every create is cold
+	gate    *coldGate  // nil: cold creates are not bounded
+	// pendingMB is the memory of claimed members whose rows are not in
+	// yet, for the host budget.
+	pendingMB atomic.Int64
+	// diskPaused holds the ids of sandboxes paused to disk (by this
+	// process, or found so by Reconcile in the backend's List): they hold
+	// no memory, so the host budget leaves them out until a resume admits
+	// them again.
+	diskPaused sync.Map // sandbox id -> struct{}
+}
+
+// tenantState is a tenant's create bookkeeping. mu serialises a quota
+// check with the insert of the row it admits (only for a tenant with a
+// quota: without one there is nothing to keep atomic), and with the pool's
+// AdmitMember. pending and pendingMB are the creates the quota admitted that
+// have no row yet (waiting for a cold-create slot, or a claimed member
+// being initialised): the quota counts them here.
+type tenantState struct {
+	mu                 sync.Mutex
+	pending, pendingMB int
+}
+
+func (a *Admitter) tenant(t tenant.ID) *tenantState {
+	v, _ := a.tenants.LoadOrStore(t, &tenantState{})
+	return v.(*tenantState)
+}
+
+// UsePool makes creates claim warm members from p first. Call it before
+// serving.
+func (a *Admitter) UsePool(p Pool) { a.pool = p }
+
+// AdmitRequest is one create asking for admission.
+type AdmitRequest struct {
+	// Sandbox is the row to be: its tenant and memory are what is
+	// admitted. A warm member's id (and, for a secure sandbox, its access
+	// token) replaces the minted ones.
+	Sandbox *store.Sandbox
+	// Key is the pool the create claims from.
+	Key pool.Key
+}
+
+// Ticket is one admitted create. It holds the sandbox's lock, its share
+// of the quota and host budget, and for a cold create its slot and its row
+// (as "creating"). The create ends it with Commit (the sandbox runs) and
+// always with Release, which gives back whatever was not committed.
+// A Ticket belongs to one goroutine.
+type Ticket struct {
+	a     *Admitter
+	sb    *store.Sandbox
+	ts    *tenantState
+	quota bool // the tenant had a quota at admission
+	// cleanupCtx outlives the request: a cancelled create still cleans up.
+	cleanupCtx context.Context
+
+	member *pool.Member
+	waited time.Duration
+	slot   *gateWaiter // the cold-create slot held; nil when none or released
+	// pending: the claimed member counts in ts and pendingMB until its row
+	// is in.
+	pending bool
+	// rowIn: Admit inserted the cold create's row, which Release deletes
+	// unless committed.
+	rowIn     bool
+	committed bool
+	unlock    func()
+}
+
+// Member is the warm member claimed, nil for a cold create.
+func (tk *Ticket) Member() *pool.Member { return tk.member }
+
+// Waited is how long the create waited for a slot or a refill.
+func (tk *Ticket) Waited() time.Duration { return tk.waited }
+
+// ServedFrom says where the sandbox comes from: "pool" or "cold".
+func (tk *Ticket) ServedFrom() string {
+	if tk.member != nil {
+		return "pool"
+	}
+	return "cold"
+}
+
+// ReleaseSlot gives the cold-create slot back: it bounds the backend's
+// work, not the rest of the create. Safe to call more than once.
+func (tk *Ticket) ReleaseSlot() {
+	if tk.slot != nil {
+		tk.a.gate.leave(tk.slot)
+		tk.slot = nil
+	}
+}
+
+// Commit records the sandbox as running: a cold create's row is updated,
+// a member's row goes in (in one write, quota-safe: only then does it stop
+// counting as pending). The row's state is the caller's.
+func (tk *Ticket) Commit(ctx context.Context) error {
+	if tk.member == nil {
+		if err := tk.a.store.UpdateSandbox(ctx, tk.sb); err != nil {
+			return fmt.Errorf("create sandbox: %w", err)
+		}
+		tk.committed = true
+		return nil
+	}
+	// With a quota, the insert happens under the tenant's lock, so the
+	// quota never sees the row and its pending count both, or neither.
+	if tk.quota {
+		tk.ts.mu.Lock()
+		defer tk.ts.mu.Unlock()
+	}
+	err := tk.a.store.InsertSandbox(ctx, tk.sb)
+	if !tk.quota {
+		tk.ts.mu.Lock()
+		defer tk.ts.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	tk.unpendLocked()
+	tk.committed = true
+	return nil
+}
+
+// Release ends the ticket: the slot, and unless committed the pending
+// counts and the cold create's row, then the sandbox's lock. Call it once
+// the create's own undos (the backend's sandbox) have run.
+func (tk *Ticket) Release() {
+	tk.ReleaseSlot()
+	if !tk.committed {
+		if tk.pending {
+			tk.ts.mu.Lock()
+			tk.unpendLocked()
+			tk.ts.mu.Unlock()
+		}
+		if tk.rowIn {
+			if err := tk.a.store.DeleteSandbox(tk.cleanupCtx, tk.sb.ID); err != nil {
+				tk.a.log.Error("revert create: delete row", "sandbox_id", tk.sb.ID, "err", err)
+			}
+			tk.rowIn = false
+		}
+	}
+	if tk.unlock != nil {
+		tk.unlock()
+		tk.unlock = nil
+	}
+}
+
+// pend counts a claimed member until its row is in: for the tenant's
+// quota, and for the host budget (it left the pool's reserve when it was
+// claimed). ts.mu is held.
+func (tk *Ticket) pendLocked() {
+	tk.pending = true
+	tk.ts.pending++
+	tk.ts.pendingMB += tk.sb.MemoryMB
+	tk.a.pendingMB.Add(int64(tk.sb.MemoryMB))
+}
+
+// unpendLocked undoes pendLocked, once. ts.mu is held.
+func (tk *Ticket) unpendLocked() {
+	if !tk.pending {
+		return
+	}
+	tk.pending = false
+	tk.ts.pending--
+	tk.ts.pendingMB -= tk.sb.MemoryMB
+	tk.a.pendingMB.Add(-int64(tk.sb.MemoryMB))
+}
+
+// Admit checks the tenant's quota, then claims a warm member or waits for
+// whichever comes first: a cold-create slot or a refill of the pool.
+//
+// A cold create's row goes in here, as "creating", before the backend is
+// asked: if sandboxd dies meanwhile, Reconcile finds the row and destroys
+// whatever the backend made of it. A member's row goes in only at Commit,
+// once its envd took /init, in one write: the member already exists, and
+// Reconcile destroys backend sandboxes without a row; this keeps a pool
+// hit at one store write.
+//
+// For a tenant with a quota, the check and the insert (or the pending
+// count standing in for the row until Commit) happen under the tenant's
+// lock, so two concurrent creates cannot both pass the last free slot. The
+// wait never holds it.
+func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err error) {
+	sb := req.Sandbox
+	eff := a.settings.Get(sb.Tenant)
+	tk := &Ticket{
+		a: a, sb: sb, ts: a.tenant(sb.Tenant),
+		quota:      eff.MaxSandboxes > 0 || eff.MaxMemoryMB > 0,
+		cleanupCtx: context.WithoutCancel(ctx),
+	}
+	r := revert.New()
+	defer r.Fail()
+	r.Add(tk.Release)
+
+	ts := tk.ts
+	ts.mu.Lock()
+	locked := true
+	unlockTenant := func() {
+		if locked {
+			locked = false
+			ts.mu.Unlock()
+		}
+	}
+	defer unlockTenant()
+	if err := a.checkQuota(ctx, sb.Tenant, sb.MemoryMB, ts); err != nil {
+		return nil, err
+	}
+	if a.pool != nil {
+		tk.member, _ = a.pool.Claim(req.Key)
+	}
+	if tk.member == nil && a.gate != nil {
+		if err := a.checkHost(ctx, sb.MemoryMB); err != nil {
+			return nil, err // short of memory: say so now, not after the wait
+		}
+		ts.pending++
+		ts.pendingMB += sb.MemoryMB
+		unlockTenant()
+		t0 := time.Now()
+		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key)
+		tk.waited = time.Since(t0)
+		ts.mu.Lock()
+		locked = true
+		ts.pending--
+		ts.pendingMB -= sb.MemoryMB
+		if err != nil {
+			return nil, fmt.Errorf("create sandbox: waiting for a cold-create slot: %w", err)
+		}
+	}
+	if mb := tk.member; mb != nil {
+		// The member's id becomes the sandbox's, and its access token
+		// (already known to the backend's tunnel) the envd token.
+		sb.ID = mb.ID
+		if sb.Secure {
+			sb.EnvdAccessToken = mb.AccessToken
+		}
+		tk.pendLocked()
+		tk.unlock = a.lock(sb.ID)
+		r.Success()
+		return tk, nil
+	}
+	if !tk.quota {
+		unlockTenant()
+	}
+	if err := a.insertCold(ctx, tk); err != nil {
+		return nil, err
+	}
+	r.Success()
+	return tk, nil
+}
+
+// insertCold passes a cold create through the host guard and inserts its
+// row, under the sandbox's lock.
+func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
+	if a.hostMemoryMB > 0 {
+		// The budget sums every tenant's sandboxes: hold it across the
+		// check and the insert.
+		a.hostMu.Lock()
+		defer a.hostMu.Unlock()
+	}
+	// A warm member's memory is already committed; only a cold create adds
+	// to the host's load.
+	if err := a.checkHost(ctx, tk.sb.MemoryMB); err != nil {
+		return err
+	}
+	tk.unlock = a.lock(tk.sb.ID)
+	if err := a.store.InsertSandbox(ctx, tk.sb); err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	tk.rowIn = true
+	return nil
+}
+
+// awaitCold waits for whichever comes first: a cold-create slot of the
+// gate (w, held until released with gate.leave) or a member of key that a
+// pool refill made ready.
+func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key) (*pool.Member, *gateWaiter, error) {
+	w := a.gate.enter(t)
+	for {
+		select {
+		case <-w.granted:
+			return nil, w, nil
+		default:
+		}
+		var ready <-chan struct{}
+		if a.pool != nil {
+			ready = a.pool.Ready() // before Take: a member readied in between wakes us
+			if mb, ok := a.pool.Take(key); ok {
+				a.gate.leave(w)
+				return mb, nil, nil
+			}
+		}
+		select {
+		case <-w.granted:
+			return nil, w, nil
+		case <-ready:
+		case <-ctx.Done():
+			a.gate.leave(w)
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// Seeds returns the default pool of every tenant whose min_warm is above
+// zero: template "base", default resources, internet allowed (what an SDK's
+// plain Sandbox.create() asks for).
+func (a *Admitter) Seeds() []pool.Key {
+	if a.settings == nil {
+		return nil
+	}
+	var keys []pool.Key
+	for _, t := range a.settings.Tenants() {
+		if a.settings.Get(t).MinWarm > 0 {
+			keys = append(keys, a.defaultKey(t))
+		}
+	}
+	return keys
+}
+
+// MinWarm is tenant t's min_warm.
+func (a *Admitter) MinWarm(t tenant.ID) int { return a.settings.Get(t).MinWarm }
+
+// AdmitMember says whether the pool may create one more member of key, when
+// key's tenant already has members warm members of memoryMB in total: live
+// sandboxes plus members stay within the tenant's quota, and the host guard
+// holds.
+func (a *Admitter) AdmitMember(ctx context.Context, key pool.Key, members, memoryMB int) error {
+	// Under the tenant's lock: a claim and its row land together, so the
+	// count never misses a sandbox whose member was just claimed.
+	ts := a.tenant(key.Tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	eff := a.settings.Get(key.Tenant)
+	if eff.MaxSandboxes > 0 {
+		n, err := a.store.CountLive(ctx, key.Tenant)
+		if err != nil {
+			return err
+		}
+		n += ts.pending // claimed members and waiting creates without a row yet
+		if n+members+1 > eff.MaxSandboxes {
+			return fmt.Errorf("tenant quota: %d live + %d warm of max %d sandboxes", n, members, eff.MaxSandboxes)
+		}
+	}
+	if eff.MaxMemoryMB > 0 {
+		mem, err := a.store.SumMemoryMB(ctx, key.Tenant)
+		if err != nil {
+			return err
+		}
+		mem += ts.pendingMB
+		if mem+memoryMB+key.MemoryMB > eff.MaxMemoryMB {
+			return fmt.Errorf("tenant quota: %d MiB live + %d MiB warm of max %d MiB", mem, memoryMB, eff.MaxMemoryMB)
+		}
+	}
+	return a.checkHost(ctx, key.MemoryMB)
+}
+
+// AdmitResume is the host guard for sandbox id (of memoryMB) coming back
+// from disk: it passes the same host checks as a create (ErrUnavailable:
+// 503 + Retry-After), and from then on counts in the host budget. Its
+// tenant's quota counted it all along (paused sandboxes count).
+func (a *Admitter) AdmitResume(ctx context.Context, id string, memoryMB int) error {
+	if a.hostMemoryMB > 0 {
+		a.hostMu.Lock()
+		defer a.hostMu.Unlock()
+	}
+	if err := a.checkHost(ctx, memoryMB); err != nil {
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	a.diskPaused.Delete(id)
+	return nil
+}
+
+// pausedToDisk records that id holds no memory until a resume admits it.
+func (a *Admitter) pausedToDisk(id string) { a.diskPaused.Store(id, struct{}{}) }
+
+// onDisk reports whether id is paused to disk.
+func (a *Admitter) onDisk(id string) bool {
+	_, ok := a.diskPaused.Load(id)
+	return ok
+}
+
+// forget drops what the Admitter knows of a sandbox that is gone.
+func (a *Admitter) forget(id string) { a.diskPaused.Delete(id) }
+
+// checkQuota refuses a create that would take tenant t over its live
+// sandbox count or memory quota (ErrResourceExhausted: 429). ts.mu is held.
+func (a *Admitter) checkQuota(ctx context.Context, t tenant.ID, memoryMB int, ts *tenantState) error {
+	eff := a.settings.Get(t)
+	if eff.MaxSandboxes > 0 {
+		n, err := a.store.CountLive(ctx, t)
+		if err != nil {
+			return err
+		}
+		n += ts.pending
+		if n >= eff.MaxSandboxes {
+			return errdefs.New(errdefs.ErrResourceExhausted, fmt.Sprintf(
+				"sandbox quota reached: %d of %d live sandboxes (paused ones count); kill or let some end first",
+				n, eff.MaxSandboxes))
+		}
+	}
+	if eff.MaxMemoryMB > 0 {
+		mem, err := a.store.SumMemoryMB(ctx, t)
+		if err != nil {
+			return err
+		}
+		mem += ts.pendingMB
+		if mem+memoryMB > eff.MaxMemoryMB {
+			return errdefs.New(errdefs.ErrResourceExhausted, fmt.Sprintf(
+				"memory quota reached: %d MiB live + %d MiB asked exceeds the quota of %d MiB", mem, memoryMB, eff.MaxMemoryMB))
+		}
+	}
+	return nil
+}
+
+// checkHost is the host capacity guard (ErrUnavailable: 503 + Retry-After).
+// Two independent checks:
+//   - MemAvailable (from /proc/meminfo) minus the host reserve must cover
+//     the new sandbox's memory limit. It follows real use, so idle
+//     sandboxes with generous limits do not block creates; it refuses once
+//     the host is actually short.
+//   - With a host memory budget, the memory limits of every live sandbox
+//     plus warm members plus this one must fit it: no overcommit at all.
+//     Sandboxes paused in memory count; those paused to disk hold none and
+//     do not, until a resume admits them (AdmitResume).
+func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
+	if a.hostReserveMB > 0 {
+		avail, err := a.memAvailable()
+		if err != nil {
+			a.log.Warn("host guard: read MemAvailable", "err", err)
+		} else if avail-a.hostReserveMB < memoryMB {
+			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
+				"host is short of memory: %d MiB available, %d MiB reserved, %d MiB asked; retry later",
+				avail, a.hostReserveMB, memoryMB))
+		}
+	}
+	if a.hostMemoryMB > 0 {
+		live, err := a.store.ListLive(ctx)
+		if err != nil {
+			return err
+		}
+		used := 0
+		for _, sb := range live {
+			if a.onDisk(sb.ID) && sb.State == store.StatePaused {
+				continue // its memory was given back
+			}
+			used += sb.MemoryMB
+		}
+		if a.pool != nil {
+			used += a.pool.ReservedMB()
+		}
+		used += int(a.pendingMB.Load())
+		if used+memoryMB > a.hostMemoryMB {
+			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
+				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB; retry later",
+				used, memoryMB, a.hostMemoryMB))
+		}
+	}
+	return nil
+}
