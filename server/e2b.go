@@ -15,7 +15,6 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/e2bapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
-	"github.com/sandboxd/sandboxd/store"
 )
 
 // e2bAPI implements E2B's control-plane REST surface on the lifecycle
@@ -37,7 +36,7 @@ const clientID = "sandboxd"
 
 func ptr[T any](v T) *T { return &v }
 
-func (a *e2bAPI) sandboxBody(sb *store.Sandbox) e2bapi.Sandbox {
+func (a *e2bAPI) sandboxBody(sb sandbox.View) e2bapi.Sandbox {
 	out := e2bapi.Sandbox{
 		SandboxID:   sb.ID,
 		TemplateID:  sb.Template,
@@ -50,7 +49,7 @@ func (a *e2bAPI) sandboxBody(sb *store.Sandbox) e2bapi.Sandbox {
 	if sb.EnvdAccessToken != "" {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
-	if tok := sandbox.Network(sb).TrafficAccessToken; tok != "" {
+	if tok := sb.TrafficAccessToken(); tok != "" {
 		out.TrafficAccessToken = ptr(tok)
 	}
 	if a.domain != "" {
@@ -74,12 +73,12 @@ type newSandbox struct {
 	mcp, volumes  bool
 }
 
-func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, error) {
+func (a *e2bAPI) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 	if n.mcp {
-		return nil, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
+		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
 	}
 	if n.volumes {
-		return nil, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
+		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
 	}
 	req := sandbox.CreateRequest{
 		Template:      n.template,
@@ -88,7 +87,7 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 	}
 	if n.timeout != nil {
 		if *n.timeout < 0 {
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+			return sandbox.View{}, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
 		}
 		req.Timeout = time.Duration(*n.timeout) * time.Second
 	}
@@ -99,9 +98,9 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 		req.EnvVars = *n.envVars
 	}
 	if n.autoPause != nil && *n.autoPause {
-		req.Lifecycle.OnTimeout = store.OnTimeoutPause
+		req.Lifecycle.OnTimeout = sandbox.OnTimeoutPause
 		if n.autoPauseMem != nil && !*n.autoPauseMem {
-			req.Lifecycle.OnTimeout = store.OnTimeoutPauseDisk
+			req.Lifecycle.OnTimeout = sandbox.OnTimeoutPauseDisk
 		}
 	}
 	if n.autoResume != nil {
@@ -114,15 +113,15 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 			// E2B's spelling of allow_internet_access=false.
 			req.AllowInternet = false
 		case len(allowOut) > 0 || len(denyOut) > 0 || (nw.Rules != nil && len(*nw.Rules) > 0):
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
 		case nw.EgressProxy != nil:
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
 		case nw.MaskRequestHost != nil && *nw.MaskRequestHost != "":
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
 		}
 		req.Network = &sandbox.NetworkConfig{AllowPublicTraffic: nw.AllowPublicTraffic, DenyOut: denyOut}
 	}
-	return a.mgr.Create(ctx, req)
+	return a.mgr.CreateView(ctx, req)
 }
 
 func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
@@ -161,7 +160,7 @@ func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2
 	return e2bapi.CreateSandboxV2201JSONResponse(a.sandboxBody(sb)), nil
 }
 
-func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
+func (a *e2bAPI) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	d := e2bapi.SandboxDetail{
 		SandboxID:           sb.ID,
 		TemplateID:          sb.Template,
@@ -180,7 +179,7 @@ func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
 			AutoResume: sb.Lifecycle.AutoResume,
 		},
 	}
-	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause || sb.Lifecycle.OnTimeout == store.OnTimeoutPauseDisk {
+	if sb.Lifecycle.OnTimeout == sandbox.OnTimeoutPause || sb.Lifecycle.OnTimeout == sandbox.OnTimeoutPauseDisk {
 		d.Lifecycle.OnTimeout = e2bapi.SandboxOnTimeoutPause
 	}
 	if sb.Alias != "" {
@@ -192,8 +191,7 @@ func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
 	if a.domain != "" {
 		d.Domain = ptr(a.domain)
 	}
-	if len(sb.Network) > 0 {
-		n := sandbox.Network(sb)
+	if n := sb.Network; n != nil {
 		nc := &e2bapi.SandboxNetworkConfig{AllowPublicTraffic: n.AllowPublicTraffic}
 		if len(n.AllowOut) > 0 {
 			nc.AllowOut = ptr(n.AllowOut)
@@ -234,16 +232,16 @@ func nonNil(m map[string]string) map[string]string {
 // else crashes the Python SDK). A resuming sandbox is not reachable until
 // its envd has its /init, and a connect settles one a failure left so: it
 // reads as paused.
-func apiState(s store.State) e2bapi.SandboxState {
+func apiState(s sandbox.State) e2bapi.SandboxState {
 	switch s {
-	case store.StatePaused, store.StatePausing, store.StateResuming:
+	case sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming:
 		return e2bapi.SandboxStatePaused
 	}
 	return e2bapi.SandboxStateRunning
 }
 
 func (a *e2bAPI) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
-	sb, err := a.mgr.Get(ctx, req.SandboxID)
+	sb, err := a.mgr.GetView(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -290,14 +288,14 @@ func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequ
 		return nil, err
 	}
 	out := e2bapi.ListSandboxes200JSONResponse{}
-	f := store.ListFilter{Metadata: md, States: []store.State{store.StateRunning}, Limit: 100}
+	f := sandbox.ListFilter{Metadata: md, States: []sandbox.State{sandbox.StateRunning}, Limit: 100}
 	for {
-		page, next, err := a.mgr.List(ctx, f)
+		page, next, err := a.mgr.ListViews(ctx, f)
 		if err != nil {
 			return nil, err
 		}
 		for i := range page {
-			out = append(out, listed(a.detail(&page[i])))
+			out = append(out, listed(a.detail(page[i])))
 		}
 		if next == "" {
 			return out, nil
@@ -312,22 +310,22 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 	if err != nil {
 		return nil, err
 	}
-	f := store.ListFilter{Metadata: md, Order: store.OrderDesc}
+	f := sandbox.ListFilter{Metadata: md, Order: sandbox.OrderDesc}
 	if p.State != nil {
 		for _, s := range *p.State {
 			switch s {
 			case e2bapi.SandboxStateRunning:
-				f.States = append(f.States, store.StateRunning)
+				f.States = append(f.States, sandbox.StateRunning)
 			case e2bapi.SandboxStatePaused:
 				// What apiState shows as paused.
-				f.States = append(f.States, store.StatePaused, store.StatePausing, store.StateResuming)
+				f.States = append(f.States, sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming)
 			default:
 				return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("state %q: want running or paused", s))
 			}
 		}
 	}
 	if len(f.States) == 0 {
-		f.States = []store.State{store.StateRunning, store.StatePaused, store.StatePausing, store.StateResuming}
+		f.States = []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming}
 	}
 	if p.StartedAfter != nil {
 		f.StartedAfter = *p.StartedAfter
@@ -338,7 +336,7 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 	if p.Order != nil {
 		switch *p.Order {
 		case e2bapi.OrderDirectionAsc:
-			f.Order = store.OrderAsc
+			f.Order = sandbox.OrderAsc
 		case e2bapi.OrderDirectionDesc:
 		default:
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "order: want asc or desc")
@@ -354,13 +352,13 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 	if p.NextToken != nil {
 		f.Cursor = *p.NextToken
 	}
-	page, next, err := a.mgr.List(ctx, f)
+	page, next, err := a.mgr.ListViews(ctx, f)
 	if err != nil {
 		return nil, err
 	}
 	resp := e2bapi.ListSandboxesV2200JSONResponse{Body: []e2bapi.ListedSandbox{}}
 	for i := range page {
-		resp.Body = append(resp.Body, listed(a.detail(&page[i])))
+		resp.Body = append(resp.Body, listed(a.detail(page[i])))
 	}
 	if next != "" {
 		resp.Headers.XNextToken = ptr(next)
@@ -383,7 +381,7 @@ func (a *e2bAPI) connect(ctx context.Context, id string, timeout *int32) (e2bapi
 	if err != nil {
 		return e2bapi.Sandbox{}, false, err
 	}
-	sb, resumed, err := a.mgr.Connect(ctx, id, d)
+	sb, resumed, err := a.mgr.ConnectView(ctx, id, d)
 	if err != nil {
 		return e2bapi.Sandbox{}, false, err
 	}
@@ -429,7 +427,7 @@ func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequ
 	if err != nil {
 		return nil, err
 	}
-	sb, err := a.mgr.Resume(ctx, req.SandboxID, d)
+	sb, err := a.mgr.ResumeView(ctx, req.SandboxID, d)
 	if err != nil {
 		return nil, err
 	}
@@ -516,7 +514,7 @@ const firstSampleWindow = 100 * time.Millisecond
 // sample measures a sandbox now, with its CPU utilisation since the previous
 // call (E2B's cpuUsedPct: percent of the sandbox's CPUs, 0..100).
 func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
-	_, st, err := a.mgr.Stats(ctx, id)
+	_, st, err := a.mgr.StatsView(ctx, id)
 	if err != nil {
 		return e2bapi.SandboxMetric{}, err
 	}
@@ -529,7 +527,7 @@ func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, e
 		case <-time.After(firstSampleWindow):
 		}
 		prev = cpuSample{at: now, cpu: st.CPUTime}
-		if _, st, err = a.mgr.Stats(ctx, id); err != nil {
+		if _, st, err = a.mgr.StatsView(ctx, id); err != nil {
 			return e2bapi.SandboxMetric{}, err
 		}
 		now = time.Now()
@@ -579,14 +577,14 @@ func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandbo
 // Logs: sandboxd does not collect a sandbox's system logs (E2B streams its
 // VM's journal); the routes answer an empty, well-formed list.
 func (a *e2bAPI) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
-	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogs200JSONResponse{Logs: []e2bapi.SandboxLog{}, LogEntries: []e2bapi.SandboxLogEntry{}}, nil
 }
 
 func (a *e2bAPI) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
-	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil

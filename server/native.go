@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
-	"github.com/sandboxd/sandboxd/store"
 )
 
 // NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
@@ -35,6 +33,11 @@ type nativeAPI struct {
 	log *slog.Logger
 	// idleTTL is the idle TTL of a create that names none; 0: none.
 	idleTTL time.Duration
+	// up carries every call to every sandbox's envd, so that calls reuse
+	// connections (each a stream over the backend's private channel)
+	// instead of dialing afresh; client sends through it.
+	up     *upstream
+	client *http.Client
 }
 
 var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
@@ -42,6 +45,10 @@ var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
 // newNative returns the native API's router, to be mounted at NativePrefix.
 func newNative(cfg Config, lm *limitMetrics) http.Handler {
 	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
+	a.up = newUpstream(cfg.Manager.DialSandbox, nil)
+	a.client = &http.Client{Transport: a.up.tr}
+	// A connection pooled across a pause would hang; see upstream.
+	cfg.Manager.OnStop(a.up.CloseSandbox)
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -210,13 +217,12 @@ type envdStatusError struct {
 
 func (e *envdStatusError) Error() string { return fmt.Sprintf("envd: %d %s", e.status, e.msg) }
 
-// envdConn reaches one sandbox's envd as one user. Its transport dials
-// through the Manager (the backend's private channel), keeps connections
-// for the session and is closed with close.
+// envdConn reaches one sandbox's envd as one user, through the API's
+// shared client; close ends the activity it counts as.
 type envdConn struct {
-	sb     *store.Sandbox
+	sb     sandbox.View
 	user   string
-	tr     *http.Transport
+	base   string // envd's URL on client's transport
 	client *http.Client
 	done   func() // ends the activity the connection counts as
 }
@@ -224,30 +230,20 @@ type envdConn struct {
 // envd looks the sandbox up for the caller's tenant (a foreign one is
 // ErrNotFound) and returns a connection to its envd.
 func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error) {
-	sb, err := a.mgr.Get(ctx, id)
+	sb, err := a.mgr.GetView(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != store.StateRunning {
+	if sb.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", id, sb.State))
-	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return a.mgr.DialSandbox(ctx, id, runtime.EnvdPort)
-		},
-		MaxIdleConnsPerHost: 4,
-		DisableCompression:  true,
 	}
 	// An exec, file or websocket call is activity for the idle TTL, for
 	// as long as it lasts.
 	done := a.mgr.Active(ctx, id)
-	return &envdConn{sb: sb, user: user, tr: tr, client: &http.Client{Transport: tr}, done: done}, nil
+	return &envdConn{sb: sb, user: user, base: a.up.baseURL(id, runtime.EnvdPort), client: a.client, done: done}, nil
 }
 
-func (c *envdConn) close() {
-	c.tr.CloseIdleConnections()
-	c.done()
-}
+func (c *envdConn) close() { c.done() }
 
 // auth sets envd's headers: the access token and the user (Basic, no
 // password), as E2B's SDKs send them.

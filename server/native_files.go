@@ -22,11 +22,11 @@ func (c *envdConn) filesURL(path string) string {
 	if c.user != "" {
 		q.Set("username", c.user)
 	}
-	return "http://envd/files?" + q.Encode()
+	return c.base + "/files?" + q.Encode()
 }
 
 func (c *envdConn) filesystem() filesystemconnect.FilesystemClient {
-	return filesystemconnect.NewFilesystemClient(c.client, "http://envd", connectOpts()...)
+	return filesystemconnect.NewFilesystemClient(c.client, c.base, connectOpts()...)
 }
 
 func requirePath(p string) error {

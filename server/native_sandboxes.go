@@ -13,7 +13,6 @@ import (
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/sandbox"
-	"github.com/sandboxd/sandboxd/store"
 )
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
@@ -37,8 +36,8 @@ func decodeJSON(r *http.Request, v any) error {
 
 // nativeState is a sandbox's state in the native API, whose enum has no
 // "resuming": such a sandbox is not reachable yet (see apiState).
-func nativeState(s store.State) nativeapi.SandboxState {
-	if s == store.StateResuming {
+func nativeState(s sandbox.State) nativeapi.SandboxState {
+	if s == sandbox.StateResuming {
 		return nativeapi.SandboxStatePaused
 	}
 	return nativeapi.SandboxState(s)
@@ -47,7 +46,7 @@ func nativeState(s store.State) nativeapi.SandboxState {
 // nativeSandbox renders a sandbox. The envd access token opens the data
 // plane (exec and files through the E2B proxy), so only a caller with the
 // write scope sees it: a read-only token must not be a way to run commands.
-func nativeSandbox(ctx context.Context, sb *store.Sandbox) nativeapi.Sandbox {
+func nativeSandbox(ctx context.Context, sb sandbox.View) nativeapi.Sandbox {
 	out := nativeapi.Sandbox{
 		Id:        sb.ID,
 		Template:  sb.Template,
@@ -89,7 +88,7 @@ func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 	if n := deref(b.IdleTtl); n > 0 {
 		idleTTL = time.Duration(n) * time.Second
 	}
-	sb, err := a.mgr.Create(r.Context(), sandbox.CreateRequest{
+	sb, err := a.mgr.CreateView(r.Context(), sandbox.CreateRequest{
 		IdleTTL:       idleTTL,
 		Template:      deref(b.Template),
 		Timeout:       time.Duration(deref(b.Timeout)) * time.Second,
@@ -109,13 +108,13 @@ func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
-	f := store.ListFilter{Template: deref(p.Template), Cursor: deref(p.Cursor), Limit: deref(p.Limit)}
+	f := sandbox.ListFilter{Template: deref(p.Template), Cursor: deref(p.Cursor), Limit: deref(p.Limit)}
 	if f.Limit < 0 || f.Limit > 1000 {
 		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
 		return
 	}
 	for _, s := range deref(p.State) {
-		st := store.State(s)
+		st := sandbox.State(s)
 		if !st.Live() {
 			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "unknown state "+string(s)))
 			return
@@ -133,9 +132,9 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 		}
 		f.Metadata[k] = v
 	}
-	sbs, next, err := a.mgr.List(r.Context(), f)
+	sbs, next, err := a.mgr.ListViews(r.Context(), f)
 	if err != nil {
-		if errors.Is(err, store.ErrInvalid) {
+		if errors.Is(err, sandbox.ErrInvalidFilter) {
 			err = errdefs.New(errdefs.ErrInvalidArgument, "invalid cursor")
 		}
 		writeNativeError(w, r, a.log, err)
@@ -143,7 +142,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 	}
 	out := nativeapi.SandboxList{Sandboxes: make([]nativeapi.Sandbox, 0, len(sbs))}
 	for i := range sbs {
-		out.Sandboxes = append(out.Sandboxes, nativeSandbox(r.Context(), &sbs[i]))
+		out.Sandboxes = append(out.Sandboxes, nativeSandbox(r.Context(), sbs[i]))
 	}
 	if next != "" {
 		out.NextCursor = &next
@@ -152,7 +151,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 }
 
 func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string) {
-	sb, err := a.mgr.Get(r.Context(), id)
+	sb, err := a.mgr.GetView(r.Context(), id)
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
 		return

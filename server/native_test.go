@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/store"
@@ -87,6 +88,13 @@ type nativeEnv struct {
 
 func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 	t.Helper()
+	return newNativeEnvWith(t, real, nil)
+}
+
+// newNativeEnvWith is newNativeEnv with the real backend wrapped by wrap
+// (nil: as is), to observe what the server asks of it.
+func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtime.Backend) *nativeEnv {
+	t.Helper()
 	if real && nativeSkipReal != "" {
 		t.Skip(nativeSkipReal)
 	}
@@ -127,6 +135,9 @@ func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 			_ = os.Remove(filepath.Join("/sys/fs/cgroup", cg))
 		})
 		cfg.Backend = be
+		if wrap != nil {
+			cfg.Backend = wrap(be)
+		}
 	}
 	mgr := sandbox.New(cfg)
 	h := New(Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",

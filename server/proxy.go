@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -59,14 +57,9 @@ const (
 // public proxy answers them 404 like E2B's does.
 var envdInternalPaths = []string{"/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"}
 
-// upstreamSuffix ends the synthetic host of an upstream URL,
-// `<id>-<port>.sandbox`. The transport pools connections by it, and its
-// dialer decodes the sandbox and port from it; it is never resolved.
-const upstreamSuffix = ".sandbox"
-
 // proxy forwards data-plane requests to envd or to other ports in a sandbox.
 //
-// One http.Transport carries all of them, so connections to one port of one
+// One upstream carries all of them, so connections to one port of one
 // sandbox are kept alive and reused. Because a pooled connection to a
 // sandbox that was paused would hang rather than fail (and so never trigger
 // auto-resume), the lifecycle layer should call CloseSandbox when it pauses
@@ -76,15 +69,12 @@ type proxy struct {
 	domain string
 	log    *slog.Logger
 	m      *Metrics
-	tr     *http.Transport
+	up     *upstream
 	rp     *httputil.ReverseProxy
 	// limits, when set, rate-limits the data plane per sandbox owner
 	// (class ratelimit.DataPlane); lm counts its rejections.
 	limits *ratelimit.Tenants
 	lm     *limitMetrics
-
-	mu    sync.Mutex
-	conns map[string]map[*proxyConn]struct{} // by sandbox id; every open upstream connection
 }
 
 // proxyTarget is the sandbox and port a request goes to, carried in the
@@ -100,23 +90,11 @@ func newProxy(d sandboxDialer, domain string, log *slog.Logger, m *Metrics) *pro
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &proxy{d: d, domain: domain, log: log, m: m, conns: map[string]map[*proxyConn]struct{}{}}
-	var protocols http.Protocols
-	protocols.SetHTTP1(true) // envd and user ports are spoken to in HTTP/1.1
-	p.tr = &http.Transport{
-		DialContext: p.dialUpstream,
-		Protocols:   &protocols,
-		// Pass bodies through untouched: transparent gzip would change
-		// them and buffer streams.
-		DisableCompression:    true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}
+	p := &proxy{d: d, domain: domain, log: log, m: m}
+	p.up = newUpstream(d.DialSandbox, m.proxyBytesAdd)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
-		Transport:     p.tr,
+		Transport:     p.up.tr,
 		FlushInterval: -1, // every chunk at once: Connect server streams, SSE
 		ErrorHandler:  p.upstreamError,
 		// Client disconnects mid-body are routine; keep them out of the
@@ -241,116 +219,15 @@ func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del(headerTrafficToken)
 }
 
-func upstreamHost(id string, port int) string {
-	return id + "-" + strconv.Itoa(port) + upstreamSuffix
-}
-
-// parseUpstreamHost decodes upstreamHost's output, with or without a port.
-func parseUpstreamHost(addr string) (id string, port int, ok bool) {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		addr = h
-	}
-	label, ok := strings.CutSuffix(addr, upstreamSuffix)
-	if !ok {
-		return "", 0, false
-	}
-	id, ps, ok := strings.Cut(label, "-")
-	if !ok || !validSandboxID(id) {
-		return "", 0, false
-	}
-	port, err := parsePort(ps)
-	if err != nil {
-		return "", 0, false
-	}
-	return id, port, true
-}
-
-// dialUpstream is the transport's dialer: it opens a connection into the
-// sandbox named by the synthetic host.
-func (p *proxy) dialUpstream(ctx context.Context, _, addr string) (net.Conn, error) {
-	id, port, ok := parseUpstreamHost(addr)
-	if !ok {
-		return nil, fmt.Errorf("proxy: unexpected upstream address %q", addr)
-	}
-	c, err := p.d.DialSandbox(ctx, id, port)
-	if err != nil {
-		return nil, err
-	}
-	pc := &proxyConn{Conn: c, p: p, id: id}
-	p.mu.Lock()
-	set := p.conns[id]
-	if set == nil {
-		set = map[*proxyConn]struct{}{}
-		p.conns[id] = set
-	}
-	set[pc] = struct{}{}
-	p.mu.Unlock()
-	return pc, nil
-}
-
 // CloseSandbox closes every upstream connection to sandbox id, idle or in
 // use: requests and streams through them fail, and the next request dials
 // afresh (and so resumes a paused sandbox, or answers 502 for a dead one).
 // The lifecycle layer calls it when it pauses or kills a sandbox.
-func (p *proxy) CloseSandbox(id string) {
-	p.mu.Lock()
-	set := p.conns[id]
-	delete(p.conns, id)
-	p.mu.Unlock()
-	for c := range set {
-		_ = c.Close()
-	}
-}
+func (p *proxy) CloseSandbox(id string) { p.up.CloseSandbox(id) }
 
 // Close closes all upstream connections, including upgraded ones that
 // http.Server.Shutdown does not see.
-func (p *proxy) Close() {
-	p.tr.CloseIdleConnections()
-	p.mu.Lock()
-	all := p.conns
-	p.conns = map[string]map[*proxyConn]struct{}{}
-	p.mu.Unlock()
-	for _, set := range all {
-		for c := range set {
-			_ = c.Close()
-		}
-	}
-}
-
-// proxyConn is an upstream connection: it counts the bytes it carries and
-// leaves the proxy's set when closed.
-type proxyConn struct {
-	net.Conn
-	p    *proxy
-	id   string
-	once sync.Once
-}
-
-func (c *proxyConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.p.m.proxyBytesAdd(directionOut, n)
-	return n, err
-}
-
-func (c *proxyConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	c.p.m.proxyBytesAdd(directionIn, n)
-	return n, err
-}
-
-func (c *proxyConn) Close() error {
-	c.once.Do(func() {
-		c.p.mu.Lock()
-		if set := c.p.conns[c.id]; set != nil {
-			delete(set, c)
-			if len(set) == 0 {
-				delete(c.p.conns, c.id)
-			}
-		}
-		c.p.mu.Unlock()
-	})
-	return c.Conn.Close()
-}
+func (p *proxy) Close() { p.up.Close() }
 
 // upstreamError is the ReverseProxy's error handler: the dial or the round
 // trip failed before a response was written.

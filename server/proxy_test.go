@@ -223,9 +223,9 @@ func TestProxyPoolsConnections(t *testing.T) {
 	}
 	// CloseSandbox drops the pooled connection; the next request dials.
 	env.p.CloseSandbox("sbx1")
-	env.p.mu.Lock()
-	left := len(env.p.conns["sbx1"])
-	env.p.mu.Unlock()
+	env.p.up.mu.Lock()
+	left := len(env.p.up.conns["sbx1"])
+	env.p.up.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d connections left after CloseSandbox", left)
 	}

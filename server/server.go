@@ -62,7 +62,7 @@ func New(cfg Config) http.Handler {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
-	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Store, log))
+	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Manager, log))
 
 	api := &e2bAPI{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: log}
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
@@ -144,21 +144,21 @@ func reportTenant(ctx context.Context, t tenant.ID) {
 }
 
 // sandboxCounter counts live sandboxes by tenant and state at scrape time.
-func sandboxCounter(st *store.Store, log *slog.Logger) func() map[string]map[string]int {
+func sandboxCounter(mgr *sandbox.Manager, log *slog.Logger) func() map[string]map[string]int {
 	return func() map[string]map[string]int {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		live, err := st.ListLive(ctx)
+		counts, err := mgr.LiveCounts(ctx)
 		if err != nil {
 			log.Error("metrics: list sandboxes", "err", err)
 			return nil
 		}
-		out := map[string]map[string]int{}
-		for _, sb := range live {
-			if out[string(sb.Tenant)] == nil {
-				out[string(sb.Tenant)] = map[string]int{}
+		out := make(map[string]map[string]int, len(counts))
+		for t, byState := range counts {
+			out[string(t)] = make(map[string]int, len(byState))
+			for st, n := range byState {
+				out[string(t)][string(st)] = n
 			}
-			out[string(sb.Tenant)][string(sb.State)]++
 		}
 		return out
 	}
