@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/e2bapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 // e2bAPI implements E2B's control-plane REST surface on the lifecycle
@@ -107,7 +108,7 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (sandbox.View, error)
 		req.Lifecycle.AutoResume = n.autoResume.Enabled
 	}
 	if nw := n.network; nw != nil {
-		allowOut, denyOut := deref(nw.AllowOut), deref(nw.DenyOut)
+		allowOut, denyOut := httpx.Deref(nw.AllowOut), httpx.Deref(nw.DenyOut)
 		switch {
 		case len(allowOut) == 0 && len(denyOut) == 1 && denyOut[0] == "0.0.0.0/0":
 			// E2B's spelling of allow_internet_access=false.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -40,7 +41,7 @@ type refuser func(w http.ResponseWriter, r *http.Request, msg string)
 
 // refuseE2B answers with E2B's body.
 func refuseE2B(w http.ResponseWriter, _ *http.Request, msg string) {
-	writeErrorStatus(w, http.StatusTooManyRequests, msg)
+	httpx.WriteErrorStatus(w, http.StatusTooManyRequests, msg)
 }
 
 func limitTenants(l *ratelimit.Tenants, lm *limitMetrics, refuse refuser) func(http.Handler) http.Handler {
@@ -105,7 +106,7 @@ func answerLimit(w http.ResponseWriter, d ratelimit.Decision, class string) bool
 	if d.Allowed {
 		return true
 	}
-	writeErrorStatus(w, http.StatusTooManyRequests, limitMessage(d, class, retry))
+	httpx.WriteErrorStatus(w, http.StatusTooManyRequests, limitMessage(d, class, retry))
 	return false
 }
 

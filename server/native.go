@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 // NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
@@ -129,7 +130,7 @@ func nativeErrorCode(status int) string {
 // are logged and not shown unless they are errdefs.Public.
 func writeNativeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	err = envdErr(err)
-	status := statusOf(err)
+	status := httpx.StatusOf(err)
 	msg, public := errdefs.Public(err)
 	reqID := middleware.GetReqID(r.Context())
 	if !public {
@@ -153,7 +154,7 @@ func writeNativeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, 
 	if reqID != "" {
 		body.RequestId = &reqID
 	}
-	writeJSON(w, status, body)
+	httpx.WriteJSON(w, status, body)
 }
 
 // envdErr turns an error from a sandbox's envd (a Connect error or an
@@ -272,12 +273,4 @@ func envdStatus(resp *http.Response) error {
 		msg = body.Message
 	}
 	return &envdStatusError{status: resp.StatusCode, msg: msg}
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

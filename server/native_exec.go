@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 const (
@@ -131,7 +132,7 @@ func (c *capped) write(p []byte) {
 // when the timeout passes or the client goes away.
 func (a *nativeAPI) Exec(w http.ResponseWriter, r *http.Request, id string) {
 	var b nativeapi.ExecPost
-	if err := decodeJSON(r, &b); err != nil {
+	if err := httpx.DecodeJSON(r, &b); err != nil {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
@@ -140,11 +141,11 @@ func (a *nativeAPI) Exec(w http.ResponseWriter, r *http.Request, id string) {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	httpx.WriteJSON(w, http.StatusOK, res)
 }
 
 func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativeapi.ExecResult, error) {
-	spec := processSpec{cmd: deref(b.Cmd), argv: deref(b.Argv), env: deref(b.Env), cwd: deref(b.Cwd)}
+	spec := processSpec{cmd: httpx.Deref(b.Cmd), argv: httpx.Deref(b.Argv), env: httpx.Deref(b.Env), cwd: httpx.Deref(b.Cwd)}
 	pc, err := spec.config()
 	if err != nil {
 		return nil, err
@@ -154,7 +155,7 @@ func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (
 		return nil, err
 	}
 
-	c, err := a.envd(ctx, id, deref(b.User))
+	c, err := a.envd(ctx, id, httpx.Deref(b.User))
 	if err != nil {
 		return nil, err
 	}
@@ -260,14 +261,14 @@ func setExit(res *nativeapi.ExecResult, end *process.ProcessEvent_EndEvent) {
 // execBounds is an exec's timeout and output cap, defaults and maxima
 // applied.
 func execBounds(b nativeapi.ExecPost) (timeout time.Duration, limit int, err error) {
-	timeout = time.Duration(deref(b.Timeout)) * time.Second
+	timeout = time.Duration(httpx.Deref(b.Timeout)) * time.Second
 	switch {
 	case timeout < 0:
 		return 0, 0, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
 	case timeout == 0:
 		timeout = execDefaultTimeout
 	}
-	limit = deref(b.MaxOutputBytes)
+	limit = httpx.Deref(b.MaxOutputBytes)
 	switch {
 	case limit < 0:
 		return 0, 0, errdefs.New(errdefs.ErrInvalidArgument, "max_output_bytes must not be negative")

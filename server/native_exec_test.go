@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 func TestNativeExec(t *testing.T) {
@@ -38,9 +39,9 @@ func TestNativeExec(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := e.exec(sb.Id, tok, tc.body)
 			if got.Stdout != tc.stdout || got.Stderr != tc.stderr || got.ExitCode != tc.exit ||
-				got.Truncated != tc.truncated || got.TimedOut != tc.timedOut || deref(got.Signal) != tc.signal || got.Error != nil {
+				got.Truncated != tc.truncated || got.TimedOut != tc.timedOut || httpx.Deref(got.Signal) != tc.signal || got.Error != nil {
 				t.Errorf("exec = stdout %q stderr %q exit %d signal %q truncated %v timed_out %v error %q; want %q %q %d %q %v %v no error",
-					got.Stdout, got.Stderr, got.ExitCode, deref(got.Signal), got.Truncated, got.TimedOut, deref(got.Error),
+					got.Stdout, got.Stderr, got.ExitCode, httpx.Deref(got.Signal), got.Truncated, got.TimedOut, httpx.Deref(got.Error),
 					tc.stdout, tc.stderr, tc.exit, tc.signal, tc.truncated, tc.timedOut)
 			}
 		})

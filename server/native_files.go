@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 // Files go through envd's /files (streamed both ways, never buffered here)
@@ -43,7 +44,7 @@ func (a *nativeAPI) filesEnvd(w http.ResponseWriter, r *http.Request, id, path s
 		writeNativeError(w, r, a.log, err)
 		return nil
 	}
-	c, err := a.envd(r.Context(), id, deref(user))
+	c, err := a.envd(r.Context(), id, httpx.Deref(user))
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
 		return nil
@@ -102,7 +103,7 @@ func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	e := entries[0]
-	writeJSON(w, http.StatusOK, nativeapi.FileEntry{Name: e.Name, Path: e.Path, Type: fileType(e.Type)})
+	httpx.WriteJSON(w, http.StatusOK, nativeapi.FileEntry{Name: e.Name, Path: e.Path, Type: fileType(e.Type)})
 }
 
 func fileType(t string) nativeapi.FileEntryType {
@@ -159,7 +160,7 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	depth := deref(p.Depth)
+	depth := httpx.Deref(p.Depth)
 	switch {
 	case depth < 0 || depth > 64:
 		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "depth must be between 1 and 64"))
@@ -200,5 +201,5 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 		}
 		out.Entries = append(out.Entries, fe)
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpx.WriteJSON(w, http.StatusOK, out)
 }

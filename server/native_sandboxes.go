@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -13,26 +12,10 @@ import (
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
-// maxJSONBody bounds JSON bodies; an exec body carries its stdin.
-const maxJSONBody = 16 << 20
-
-// decodeJSON reads a JSON body strictly (unknown fields are errors, so a
-// typo does not silently fall back to a default).
-func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errdefs.New(errdefs.ErrInvalidArgument, "missing JSON body")
-		}
-		return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: "+err.Error())
-	}
-	return nil
-}
 
 // nativeState is a sandbox's state in the native API, whose enum has no
 // "resuming": such a sandbox is not reachable yet (see apiState).
@@ -74,46 +57,46 @@ func nativeSandbox(ctx context.Context, sb sandbox.View) nativeapi.Sandbox {
 
 func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 	var b nativeapi.SandboxPost
-	if err := decodeJSON(r, &b); err != nil {
+	if err := httpx.DecodeJSON(r, &b); err != nil {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
 	for name, v := range map[string]*int{"timeout": b.Timeout, "idle_ttl": b.IdleTtl, "cpu_count": b.CpuCount, "memory_mb": b.MemoryMb, "disk_mb": b.DiskMb} {
-		if deref(v) < 0 {
+		if httpx.Deref(v) < 0 {
 			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, name+" must not be negative"))
 			return
 		}
 	}
 	idleTTL := a.idleTTL // 0 or absent: the server's default
-	if n := deref(b.IdleTtl); n > 0 {
+	if n := httpx.Deref(b.IdleTtl); n > 0 {
 		idleTTL = time.Duration(n) * time.Second
 	}
 	sb, err := a.mgr.CreateView(r.Context(), sandbox.CreateRequest{
 		IdleTTL:       idleTTL,
-		Template:      deref(b.Template),
-		Timeout:       time.Duration(deref(b.Timeout)) * time.Second,
+		Template:      httpx.Deref(b.Template),
+		Timeout:       time.Duration(httpx.Deref(b.Timeout)) * time.Second,
 		Secure:        true,
 		AllowInternet: b.AllowInternet == nil || *b.AllowInternet,
-		Metadata:      deref(b.Metadata),
-		EnvVars:       deref(b.Env),
-		CPUCount:      deref(b.CpuCount),
-		MemoryMB:      deref(b.MemoryMb),
-		DiskMB:        deref(b.DiskMb),
+		Metadata:      httpx.Deref(b.Metadata),
+		EnvVars:       httpx.Deref(b.Env),
+		CPUCount:      httpx.Deref(b.CpuCount),
+		MemoryMB:      httpx.Deref(b.MemoryMb),
+		DiskMB:        httpx.Deref(b.DiskMb),
 	})
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, nativeSandbox(r.Context(), sb))
+	httpx.WriteJSON(w, http.StatusCreated, nativeSandbox(r.Context(), sb))
 }
 
 func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
-	f := sandbox.ListFilter{Template: deref(p.Template), Cursor: deref(p.Cursor), Limit: deref(p.Limit)}
+	f := sandbox.ListFilter{Template: httpx.Deref(p.Template), Cursor: httpx.Deref(p.Cursor), Limit: httpx.Deref(p.Limit)}
 	if f.Limit < 0 || f.Limit > 1000 {
 		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
 		return
 	}
-	for _, s := range deref(p.State) {
+	for _, s := range httpx.Deref(p.State) {
 		st := sandbox.State(s)
 		if !st.Live() {
 			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "unknown state "+string(s)))
@@ -121,7 +104,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 		}
 		f.States = append(f.States, st)
 	}
-	for _, kv := range deref(p.Metadata) {
+	for _, kv := range httpx.Deref(p.Metadata) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
 			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter "+kv+" is not key=value"))
@@ -147,7 +130,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 	if next != "" {
 		out.NextCursor = &next
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
 func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string) {
@@ -156,7 +139,7 @@ func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string
 		writeNativeError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, nativeSandbox(r.Context(), sb))
+	httpx.WriteJSON(w, http.StatusOK, nativeSandbox(r.Context(), sb))
 }
 
 func (a *nativeAPI) DeleteSandbox(w http.ResponseWriter, r *http.Request, id string) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
@@ -61,7 +62,7 @@ func (c *wsConn) sendErr(err error, fatal bool) {
 	if !ok {
 		msg = err.Error()
 	}
-	_ = c.send(nativews.Frame{Type: nativews.TypeError, Code: nativeErrorCode(statusOf(err)), Error: msg, Fatal: fatal})
+	_ = c.send(nativews.Frame{Type: nativews.TypeError, Code: nativeErrorCode(httpx.StatusOf(err)), Error: msg, Fatal: fatal})
 }
 
 func (c *wsConn) closeWith(code int, text string) {

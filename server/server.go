@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -68,10 +69,10 @@ func New(cfg Config) http.Handler {
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
 		return func(w http.ResponseWriter, r *http.Request, err error) {
 			if status == http.StatusBadRequest {
-				writeErrorStatus(w, status, err.Error())
+				httpx.WriteErrorStatus(w, status, err.Error())
 				return
 			}
-			writeError(w, r, log, err)
+			httpx.WriteError(w, r, log, err)
 		}
 	}
 	strict := e2bapi.NewStrictHandlerWithOptions(api, nil, e2bapi.StrictHTTPServerOptions{
@@ -82,7 +83,7 @@ func New(cfg Config) http.Handler {
 	e2b := chi.NewRouter()
 	e2b.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
+		httpx.WriteError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}
 	e2b.NotFound(notImpl)
 	e2b.MethodNotAllowed(notImpl)
@@ -92,10 +93,10 @@ func New(cfg Config) http.Handler {
 	root.Use(middleware.RequestID, accessLog(log), recoverer(log), cfg.Metrics.HTTPMiddleware)
 	root.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Ready != nil && !cfg.Ready() {
-			writeErrorStatus(w, http.StatusServiceUnavailable, "starting")
+			httpx.WriteErrorStatus(w, http.StatusServiceUnavailable, "starting")
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
 	root.Mount(NativePrefix, newNative(cfg, lm)) // E2BPrefix, longer, still routes to e2b

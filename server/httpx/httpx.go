@@ -1,8 +1,12 @@
-package server
+// Package httpx holds what every HTTP surface of sandboxd shares: the one
+// mapping of error kinds (errdefs) to HTTP statuses, JSON answers and
+// E2B's error body, and strict JSON request decoding.
+package httpx
 
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -13,9 +17,9 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 )
 
-// statusOf is the one place an error kind becomes an HTTP status on the
+// StatusOf is the one place an error kind becomes an HTTP status on the
 // REST surfaces.
-func statusOf(err error) int {
+func StatusOf(err error) int {
 	switch {
 	case errors.Is(err, errdefs.ErrInvalidArgument):
 		return http.StatusBadRequest
@@ -39,28 +43,30 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
-// errorBody is E2B's error shape; code always equals the HTTP status (JS
+// ErrorBody is E2B's error shape; code always equals the HTTP status (JS
 // reads the body's code, Python the status).
-type errorBody struct {
+type ErrorBody struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// WriteJSON answers status with v as JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func writeErrorStatus(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, errorBody{Code: status, Message: msg})
+// WriteErrorStatus answers status with E2B's error body.
+func WriteErrorStatus(w http.ResponseWriter, status int, msg string) {
+	WriteJSON(w, status, ErrorBody{Code: status, Message: msg})
 }
 
-// writeError answers err with its mapped status. A user-facing message
+// WriteError answers err with its mapped status. A user-facing message
 // (errdefs.Public) is shown as is; any other cause is logged, and the client
 // gets the status text plus the request id to quote, never internals.
-func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	status := statusOf(err)
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	status := StatusOf(err)
 	msg, public := errdefs.Public(err)
 	if !public {
 		msg = http.StatusText(status)
@@ -82,5 +88,31 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 			w.Header().Set("Retry-After", strconv.Itoa(int(time.Second.Seconds())))
 		}
 	}
-	writeErrorStatus(w, status, msg)
+	WriteErrorStatus(w, status, msg)
+}
+
+// MaxJSONBody bounds JSON bodies; an exec body carries its stdin.
+const MaxJSONBody = 16 << 20
+
+// DecodeJSON reads a JSON body strictly (unknown fields are errors, so a
+// typo does not silently fall back to a default).
+func DecodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, MaxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.New(errdefs.ErrInvalidArgument, "missing JSON body")
+		}
+		return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: "+err.Error())
+	}
+	return nil
+}
+
+// Deref is *p, or the zero value when p is nil (an absent optional field).
+func Deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
