@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"net"
@@ -130,13 +129,6 @@ func limitMessage(d ratelimit.Decision, class string, retry int) string {
 		class, d.Limit.Rate, max(d.Limit.Burst, 1), retry)
 }
 
-// sandboxTenanter is implemented by a sandboxDialer that knows who owns a
-// sandbox (sandbox.Manager, from a cache): data-plane requests carry envd's
-// token, not an API key, so the proxy keys its limit by the owner.
-type sandboxTenanter interface {
-	SandboxTenant(ctx context.Context, id string) (tenant.ID, error)
-}
-
 // allowDataPlane applies the data-plane class of the owner of sandbox id.
 // Over the limit it answers 429 in the proxy's error shape, with
 // Retry-After and X-RateLimit-*, and reports false. An unknown sandbox
@@ -145,11 +137,7 @@ func (p *proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string
 	if p.limits == nil || p.limits.Policy.Limit("", ratelimit.DataPlane).Unlimited() {
 		return true
 	}
-	st, ok := p.d.(sandboxTenanter)
-	if !ok {
-		return true
-	}
-	t, err := st.SandboxTenant(r.Context(), id)
+	t, err := p.d.SandboxTenant(r.Context(), id)
 	if err != nil {
 		return true
 	}

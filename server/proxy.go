@@ -19,10 +19,12 @@ import (
 	"github.com/sandboxd/sandboxd/envd/tunnel"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// sandboxDialer is what the proxy needs from the lifecycle layer.
-type sandboxDialer interface {
+// Lifecycle is everything the proxy needs from the lifecycle layer
+// (sandbox.Manager), named here rather than discovered by type assertion.
+type Lifecycle interface {
 	// DialSandbox opens a stream to port inside sandbox id, resuming the sandbox first if it is paused with auto-resume. A missing, killed or (paused without auto-resume) sandbox fails with an error wrapping errdefs.ErrNotFound; a port nobody listens on wraps errdefs.ErrUnavailable.
 	DialSandbox(ctx context.Context, id string, port int) (net.Conn, error)
 	// TrafficToken returns the token that requests to ports other than envd's must carry in `e2b-traffic-access-token`, or "" when the sandbox's traffic is public. Missing sandbox: errdefs.ErrNotFound.
@@ -30,12 +32,11 @@ type sandboxDialer interface {
 	// SignedFileSandbox finds the sandbox whose envd access token signed a
 	// `/files` URL (E2B's uploadUrl/downloadUrl), or "" if none did.
 	SignedFileSandbox(ctx context.Context, q url.Values, op string) string
-}
-
-// activityTracker is implemented by a sandboxDialer that keeps idle TTLs
-// (sandbox.Manager): Active marks the sandbox busy until done is called.
-type activityTracker interface {
+	// Active marks sandbox id busy, for its idle TTL, until done is called.
 	Active(ctx context.Context, id string) (done func())
+	// SandboxTenant is the owner of sandbox id: data-plane requests carry
+	// envd's token, not an API key, so the proxy keys its limit by it.
+	SandboxTenant(ctx context.Context, id string) (tenant.ID, error)
 }
 
 // headerTrafficToken guards ports other than envd's on sandboxes created
@@ -65,7 +66,7 @@ var envdInternalPaths = []string{"/init", "/freeze", "/unfreeze", "/collapse", "
 // auto-resume), the lifecycle layer should call CloseSandbox when it pauses
 // or kills a sandbox.
 type proxy struct {
-	d      sandboxDialer
+	d      Lifecycle
 	domain string
 	log    *slog.Logger
 	m      *Metrics
@@ -86,7 +87,7 @@ type proxyTarget struct {
 
 type proxyTargetKey struct{}
 
-func newProxy(d sandboxDialer, domain string, log *slog.Logger, m *Metrics) *proxy {
+func newProxy(d Lifecycle, domain string, log *slog.Logger, m *Metrics) *proxy {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -182,11 +183,9 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		}
 	}
 
-	if a, ok := p.d.(activityTracker); ok {
-		// Any data-plane request is activity for the idle TTL, for as long
-		// as it lasts (streams and websockets included).
-		defer a.Active(r.Context(), id)()
-	}
+	// Any data-plane request is activity for the idle TTL, for as long as
+	// it lasts (streams and websockets included).
+	defer p.d.Active(r.Context(), id)()
 	p.m.proxyStreamOpened()
 	defer p.m.proxyStreamClosed()
 	if r.ProtoMajor == 1 {

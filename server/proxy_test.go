@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // fakeSandboxDialer maps sandboxes and their ports to loopback addresses.
@@ -74,6 +75,15 @@ func (f *fakeSandboxDialer) TrafficToken(_ context.Context, id string) (string, 
 }
 
 func (f *fakeSandboxDialer) SignedFileSandbox(context.Context, url.Values, string) string { return "" }
+
+func (f *fakeSandboxDialer) Active(context.Context, string) func() { return func() {} }
+
+func (f *fakeSandboxDialer) SandboxTenant(_ context.Context, id string) (tenant.ID, error) {
+	if _, err := f.TrafficToken(context.Background(), id); err != nil {
+		return "", err
+	}
+	return "acme", nil
+}
 
 func (f *fakeSandboxDialer) set(id string, sb *fakeProxySandbox) {
 	f.mu.Lock()
