@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
 // NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
@@ -37,7 +38,7 @@ type nativeAPI struct {
 	// up carries every call to every sandbox's envd, so that calls reuse
 	// connections (each a stream over the backend's private channel)
 	// instead of dialing afresh; client sends through it.
-	up     *upstream
+	up     *proxy.Upstream
 	client *http.Client
 }
 
@@ -46,9 +47,9 @@ var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
 // newNative returns the native API's router, to be mounted at NativePrefix.
 func newNative(cfg Config, lm *limitMetrics) http.Handler {
 	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
-	a.up = newUpstream(cfg.Manager.DialSandbox, nil)
-	a.client = &http.Client{Transport: a.up.tr}
-	// A connection pooled across a pause would hang; see upstream.
+	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
+	a.client = &http.Client{Transport: a.up.Transport()}
+	// A connection pooled across a pause would hang; see proxy.Upstream.
 	cfg.Manager.OnStop(a.up.CloseSandbox)
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
@@ -241,7 +242,7 @@ func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error
 	// An exec, file or websocket call is activity for the idle TTL, for
 	// as long as it lasts.
 	done := a.mgr.Active(ctx, id)
-	return &envdConn{sb: sb, user: user, base: a.up.baseURL(id, runtime.EnvdPort), client: a.client, done: done}, nil
+	return &envdConn{sb: sb, user: user, base: a.up.BaseURL(id, runtime.EnvdPort), client: a.client, done: done}, nil
 }
 
 func (c *envdConn) close() { c.done() }

@@ -157,9 +157,12 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 	}()
 
 	end := wsForward(stream, conn, endSession)
+	// envd enforces the timeout too, and its answer can come before our
+	// own deadline fires (as in exec).
+	timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded) ||
+		(start.Timeout > 0 && connect.CodeOf(stream.Err()) == connect.CodeDeadlineExceeded)
 	a.wsFinish(ctx, conn, c, wsOutcome{id: id, pid: pid, start: start, end: end,
-		clientGone: session.Err() != nil && !errors.Is(sctx.Err(), context.DeadlineExceeded),
-		timedOut:   errors.Is(sctx.Err(), context.DeadlineExceeded), streamErr: stream.Err()})
+		clientGone: session.Err() != nil && !timedOut, timedOut: timedOut, streamErr: stream.Err()})
 	_ = conn.Close() // unblocks the reader
 	endSession()
 	wg.Wait()

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -103,8 +104,9 @@ func New(cfg Config) http.Handler {
 	root.Mount(E2BPrefix, e2b)
 	root.Mount("/", e2b)
 
-	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
-	p.limits, p.lm = cfg.Limits, lm // the data-plane class (off unless its default has a rate)
+	// The data-plane class of Limits is off unless its default has a rate.
+	p := proxy.New(cfg.Manager, proxy.Config{Domain: cfg.Domain, Log: log,
+		Metrics: proxyMetrics{cfg.Metrics, lm}, Limits: cfg.Limits})
 	cfg.Manager.OnStop(p.CloseSandbox)
 	cfg.Manager.OnStop(func(id string) { api.cpu.Delete(id) })
 	return p.Wrap(root)

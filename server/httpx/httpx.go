@@ -4,10 +4,14 @@
 package httpx
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -15,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ratelimit"
 )
 
 // StatusOf is the one place an error kind becomes an HTTP status on the
@@ -116,3 +121,64 @@ func Deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// LimitHeaders sets the X-RateLimit-* headers of d, and Retry-After when d
+// refuses; it returns the Retry-After seconds.
+func LimitHeaders(w http.ResponseWriter, d ratelimit.Decision) (retry int) {
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.Itoa(max(d.Limit.Burst, 1)))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(d.Reset).Unix(), 10))
+	if d.Allowed {
+		return 0
+	}
+	retry = max(int(math.Ceil(d.RetryAfter.Seconds())), 1)
+	h.Set("Retry-After", strconv.Itoa(retry))
+	return retry
+}
+
+// LimitMessage says which limit refused a request and when to retry.
+func LimitMessage(d ratelimit.Decision, class string, retry int) string {
+	return fmt.Sprintf("rate limit exceeded for %s requests (%g/s, burst %d); retry in %ds",
+		class, d.Limit.Rate, max(d.Limit.Burst, 1), retry)
+}
+
+// StatusRecorder remembers the status a handler wrote. Unwrap lets
+// http.ResponseController reach the real writer's Flush, Hijack and
+// EnableFullDuplex; Flush is also implemented directly for handlers that
+// type-assert http.Flusher.
+type StatusRecorder struct {
+	http.ResponseWriter
+	Status int // 0 until written
+}
+
+func (r *StatusRecorder) WriteHeader(code int) {
+	// 1xx other than 101 are informational; the final status comes later.
+	if r.Status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		r.Status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *StatusRecorder) Write(b []byte) (int, error) {
+	if r.Status == 0 {
+		r.Status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *StatusRecorder) Flush() {
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+// Hijack takes over the connection (an upgrade such as a websocket): the
+// status is then 101, written by whoever hijacked.
+func (r *StatusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(r.ResponseWriter).Hijack()
+	if err == nil && r.Status == 0 {
+		r.Status = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
+
+func (r *StatusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

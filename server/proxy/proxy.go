@@ -1,4 +1,9 @@
-package server
+// Package proxy is sandboxd's data plane: it forwards requests routed to a
+// sandbox (host `<port>-<id>.<domain>`, or E2B's routing headers) to envd or
+// to another port inside it, over the lifecycle layer's private channel,
+// and answers failures in E2B's proxy error shape. Upstream, its pooled
+// transport into sandboxes, also carries the native API's calls to envd.
+package proxy
 
 import (
 	"context"
@@ -19,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/tunnel"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -58,25 +64,67 @@ const (
 // public proxy answers them 404 like E2B's does.
 var envdInternalPaths = []string{"/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"}
 
-// proxy forwards data-plane requests to envd or to other ports in a sandbox.
+// Proxy forwards data-plane requests to envd or to other ports in a sandbox.
 //
 // One upstream carries all of them, so connections to one port of one
 // sandbox are kept alive and reused. Because a pooled connection to a
 // sandbox that was paused would hang rather than fail (and so never trigger
 // auto-resume), the lifecycle layer should call CloseSandbox when it pauses
 // or kills a sandbox.
-type proxy struct {
+type Proxy struct {
 	d      Lifecycle
 	domain string
 	log    *slog.Logger
-	m      *Metrics
-	up     *upstream
+	m      Metrics
+	up     *Upstream
 	rp     *httputil.ReverseProxy
 	// limits, when set, rate-limits the data plane per sandbox owner
-	// (class ratelimit.DataPlane); lm counts its rejections.
+	// (class ratelimit.DataPlane).
 	limits *ratelimit.Tenants
-	lm     *limitMetrics
 }
+
+// Config configures a Proxy.
+type Config struct {
+	// Domain enables host routing (`<port>-<id>.<domain>`); "": headers only.
+	Domain string
+	Log    *slog.Logger
+	// Metrics observes the proxy; nil: none.
+	Metrics Metrics
+	// Limits rate-limits the data plane per sandbox owner (class
+	// ratelimit.DataPlane); nil: no limits.
+	Limits *ratelimit.Tenants
+}
+
+// Labels the proxy reports its requests and bytes by.
+const (
+	PortEnvd = "envd" // requests to envd's port
+	PortUser = "port" // requests to any other port in the sandbox
+	PortNone = "none" // requests refused before a port was known
+
+	DirectionIn  = "in"  // client to sandbox
+	DirectionOut = "out" // sandbox to client
+)
+
+// Metrics is what the proxy reports (the server's Prometheus metrics).
+type Metrics interface {
+	// Request counts a request by port class and status.
+	Request(portClass string, code int)
+	// StreamOpened and StreamClosed bracket a forwarded request.
+	StreamOpened()
+	StreamClosed()
+	// Bytes counts bytes carried in direction.
+	Bytes(direction string, n int)
+	// Rejected counts a request the data-plane limit refused.
+	Rejected(tenant, class string)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) Request(string, int)     {}
+func (noMetrics) StreamOpened()           {}
+func (noMetrics) StreamClosed()           {}
+func (noMetrics) Bytes(string, int)       {}
+func (noMetrics) Rejected(string, string) {}
 
 // proxyTarget is the sandbox and port a request goes to, carried in the
 // request's context from Wrap to Rewrite and the error handler.
@@ -87,15 +135,20 @@ type proxyTarget struct {
 
 type proxyTargetKey struct{}
 
-func newProxy(d Lifecycle, domain string, log *slog.Logger, m *Metrics) *proxy {
+// New returns a proxy into the sandboxes of lc.
+func New(lc Lifecycle, cfg Config) *Proxy {
+	log, m := cfg.Log, cfg.Metrics
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &proxy{d: d, domain: domain, log: log, m: m}
-	p.up = newUpstream(d.DialSandbox, m.proxyBytesAdd)
+	if m == nil {
+		m = noMetrics{}
+	}
+	p := &Proxy{d: lc, domain: cfg.Domain, log: log, m: m, limits: cfg.Limits}
+	p.up = NewUpstream(lc.DialSandbox, m.Bytes)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
-		Transport:     p.up.tr,
+		Transport:     p.up.Transport(),
 		FlushInterval: -1, // every chunk at once: Connect server streams, SSE
 		ErrorHandler:  p.upstreamError,
 		// Client disconnects mid-body are routine; keep them out of the
@@ -108,7 +161,7 @@ func newProxy(d Lifecycle, domain string, log *slog.Logger, m *Metrics) *proxy {
 // Wrap sends data-plane requests (host `<port>-<id>.<domain>`, or the
 // E2b-Sandbox-Id/E2b-Sandbox-Port headers) to the sandbox and everything
 // else to api.
-func (p *proxy) Wrap(api http.Handler) http.Handler {
+func (p *Proxy) Wrap(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, port, ok, err := dataPlaneTarget(r, p.domain)
 		if !ok && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
@@ -135,21 +188,21 @@ func (p *proxy) Wrap(api http.Handler) http.Handler {
 	})
 }
 
-func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, routeErr error) {
-	class := portClassNone
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, routeErr error) {
+	class := PortNone
 	if routeErr == nil {
-		class = portClassPort
+		class = PortUser
 		if port == EnvdPort {
-			class = portClassEnvd
+			class = PortEnvd
 		}
 	}
-	rec := &statusRecorder{ResponseWriter: w}
+	rec := &httpx.StatusRecorder{ResponseWriter: w}
 	defer func() {
-		code := rec.status
+		code := rec.Status
 		if code == 0 {
 			code = http.StatusOK
 		}
-		p.m.proxyRequest(class, code)
+		p.m.Request(class, code)
 	}()
 
 	switch {
@@ -158,15 +211,15 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		if !errors.Is(routeErr, errBadRoute) {
 			msg = routeErr.Error()
 		}
-		writeProxyError(rec, http.StatusBadRequest, "", msg)
+		WriteError(rec, http.StatusBadRequest, "", msg)
 		return
 	case r.Method == http.MethodConnect:
 		// envd answers CONNECT with a tunnel to any port: that must not be
 		// reachable from outside, past the traffic token.
-		writeProxyError(rec, http.StatusMethodNotAllowed, id, msgConnectMethod)
+		WriteError(rec, http.StatusMethodNotAllowed, id, msgConnectMethod)
 		return
 	case port == EnvdPort && isEnvdInternalPath(r.URL.Path):
-		writeProxyError(rec, http.StatusNotFound, id, msgInternalPath)
+		WriteError(rec, http.StatusNotFound, id, msgInternalPath)
 		return
 	case !p.allowDataPlane(rec, r, id):
 		return
@@ -178,7 +231,7 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 			return
 		}
 		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
-			writeProxyError(rec, http.StatusForbidden, id, msgBadTrafficToken)
+			WriteError(rec, http.StatusForbidden, id, msgBadTrafficToken)
 			return
 		}
 	}
@@ -186,8 +239,8 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 	// Any data-plane request is activity for the idle TTL, for as long as
 	// it lasts (streams and websockets included).
 	defer p.d.Active(r.Context(), id)()
-	p.m.proxyStreamOpened()
-	defer p.m.proxyStreamClosed()
+	p.m.StreamOpened()
+	defer p.m.StreamClosed()
 	if r.ProtoMajor == 1 {
 		// Let the response flow while the request body still does (client
 		// streams, bidirectional protocols); HTTP/2 always can.
@@ -200,7 +253,7 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 // rewrite points the outbound request at the sandbox. ReverseProxy has
 // already removed hop-by-hop headers (keeping Upgrade for websockets) and
 // X-Forwarded-*.
-func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(proxyTargetKey{}).(proxyTarget)
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = upstreamHost(t.id, t.port)
@@ -222,21 +275,21 @@ func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
 // use: requests and streams through them fail, and the next request dials
 // afresh (and so resumes a paused sandbox, or answers 502 for a dead one).
 // The lifecycle layer calls it when it pauses or kills a sandbox.
-func (p *proxy) CloseSandbox(id string) { p.up.CloseSandbox(id) }
+func (p *Proxy) CloseSandbox(id string) { p.up.CloseSandbox(id) }
 
 // Close closes all upstream connections, including upgraded ones that
 // http.Server.Shutdown does not see.
-func (p *proxy) Close() { p.up.Close() }
+func (p *Proxy) Close() { p.up.Close() }
 
 // upstreamError is the ReverseProxy's error handler: the dial or the round
 // trip failed before a response was written.
-func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	t, _ := r.Context().Value(proxyTargetKey{}).(proxyTarget)
 	p.writeUpstreamError(w, r, t, err)
 }
 
 // writeUpstreamError answers a failure to reach the sandbox, by error kind.
-func (p *proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t proxyTarget, err error) {
+func (p *Proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t proxyTarget, err error) {
 	if r.Context().Err() != nil {
 		// The client went away; nobody reads this answer.
 		p.log.Debug("proxy: client gone", "sandbox_id", t.id, "port", t.port, "err", err)
@@ -262,7 +315,7 @@ func (p *proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t pro
 	}
 	p.log.Log(r.Context(), level, "proxy: cannot reach sandbox", "sandbox_id", t.id, "port", t.port,
 		"method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	writeProxyError(w, status, t.id, msg)
+	WriteError(w, status, t.id, msg)
 }
 
 // classifyUpstreamError maps an error kind to the proxy's status and message;
@@ -286,15 +339,16 @@ func classifyUpstreamError(err error) (int, string) {
 	return 0, ""
 }
 
-// proxyError is E2B's proxy error body (wire doc §5).
-type proxyError struct {
+// Error is E2B's proxy error body (wire doc §5).
+type Error struct {
 	SandboxID string `json:"sandboxId,omitempty"`
 	Message   string `json:"message"`
 	Code      int    `json:"code"`
 }
 
-func writeProxyError(w http.ResponseWriter, status int, id, msg string) {
-	b, _ := json.Marshal(proxyError{SandboxID: id, Message: msg, Code: status})
+// WriteError answers status in the proxy's error shape.
+func WriteError(w http.ResponseWriter, status int, id, msg string) {
+	b, _ := json.Marshal(Error{SandboxID: id, Message: msg, Code: status})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
@@ -341,4 +395,26 @@ func writePreflight(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Headers", strings.Join(r.Header.Values("Access-Control-Request-Headers"), ", "))
 	h.Set("Access-Control-Max-Age", "7200")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// allowDataPlane applies the data-plane class of the owner of sandbox id.
+// Over the limit it answers 429 in the proxy's error shape, with
+// Retry-After and X-RateLimit-*, and reports false. An unknown sandbox
+// passes: the dial answers for it.
+func (p *Proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string) bool {
+	if p.limits == nil || p.limits.Policy.Limit("", ratelimit.DataPlane).Unlimited() {
+		return true
+	}
+	t, err := p.d.SandboxTenant(r.Context(), id)
+	if err != nil {
+		return true
+	}
+	d := p.limits.Allow(t, ratelimit.DataPlane)
+	if d.Allowed || d.Limit.Unlimited() {
+		return true
+	}
+	retry := httpx.LimitHeaders(w, d)
+	WriteError(w, http.StatusTooManyRequests, id, httpx.LimitMessage(d, "data-plane", retry))
+	p.m.Rejected(string(t), string(ratelimit.DataPlane))
+	return false
 }

@@ -1,4 +1,4 @@
-package server
+package proxy
 
 import (
 	"context"
@@ -16,17 +16,17 @@ import (
 // dialer decodes the sandbox and port from it; it is never resolved.
 const upstreamSuffix = ".sandbox"
 
-// dialFunc opens a stream to port inside sandbox id (Manager.DialSandbox).
-type dialFunc func(ctx context.Context, id string, port int) (net.Conn, error)
+// DialFunc opens a stream to port inside sandbox id (Manager.DialSandbox).
+type DialFunc func(ctx context.Context, id string, port int) (net.Conn, error)
 
-// upstream is an HTTP transport into sandboxes, over the lifecycle's dialer.
+// Upstream is an HTTP transport into sandboxes, over the lifecycle's dialer.
 // It keeps connections alive per sandbox and port, and tracks every one it
 // opened: a pooled connection to a sandbox that was paused would hang
 // rather than fail, so the lifecycle layer's stop hook calls CloseSandbox.
-type upstream struct {
-	dial dialFunc
+type Upstream struct {
+	dial DialFunc
 	// count, when set, is told the bytes each connection carries
-	// (directionIn: to the sandbox, directionOut: from it).
+	// (DirectionIn: to the sandbox, DirectionOut: from it).
 	count func(direction string, n int)
 	tr    *http.Transport
 
@@ -34,8 +34,10 @@ type upstream struct {
 	conns map[string]map[*upstreamConn]struct{} // by sandbox id
 }
 
-func newUpstream(dial dialFunc, count func(direction string, n int)) *upstream {
-	u := &upstream{dial: dial, count: count, conns: map[string]map[*upstreamConn]struct{}{}}
+// NewUpstream returns a transport dialing through dial; count, when set,
+// is told the bytes every connection carries.
+func NewUpstream(dial DialFunc, count func(direction string, n int)) *Upstream {
+	u := &Upstream{dial: dial, count: count, conns: map[string]map[*upstreamConn]struct{}{}}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true) // envd and user ports are spoken to in HTTP/1.1
 	u.tr = &http.Transport{
@@ -52,8 +54,11 @@ func newUpstream(dial dialFunc, count func(direction string, n int)) *upstream {
 	return u
 }
 
-// baseURL is the URL of port inside sandbox id, for requests sent through u.
-func (u *upstream) baseURL(id string, port int) string {
+// Transport sends requests to URLs made by BaseURL.
+func (u *Upstream) Transport() http.RoundTripper { return u.tr }
+
+// BaseURL is the URL of port inside sandbox id, for requests sent through u.
+func (u *Upstream) BaseURL(id string, port int) string {
 	return "http://" + upstreamHost(id, port)
 }
 
@@ -83,7 +88,7 @@ func parseUpstreamHost(addr string) (id string, port int, ok bool) {
 
 // dialUpstream is the transport's dialer: it opens a connection into the
 // sandbox named by the synthetic host.
-func (u *upstream) dialUpstream(ctx context.Context, _, addr string) (net.Conn, error) {
+func (u *Upstream) dialUpstream(ctx context.Context, _, addr string) (net.Conn, error) {
 	id, port, ok := parseUpstreamHost(addr)
 	if !ok {
 		return nil, fmt.Errorf("proxy: unexpected upstream address %q", addr)
@@ -107,7 +112,7 @@ func (u *upstream) dialUpstream(ctx context.Context, _, addr string) (net.Conn, 
 // CloseSandbox closes every connection to sandbox id, idle or in use:
 // requests and streams through them fail, and the next request dials
 // afresh (and so resumes a paused sandbox, or fails for a dead one).
-func (u *upstream) CloseSandbox(id string) {
+func (u *Upstream) CloseSandbox(id string) {
 	u.mu.Lock()
 	set := u.conns[id]
 	delete(u.conns, id)
@@ -119,7 +124,7 @@ func (u *upstream) CloseSandbox(id string) {
 
 // Close closes all connections, including upgraded ones that
 // http.Server.Shutdown does not see.
-func (u *upstream) Close() {
+func (u *Upstream) Close() {
 	u.tr.CloseIdleConnections()
 	u.mu.Lock()
 	all := u.conns
@@ -136,7 +141,7 @@ func (u *upstream) Close() {
 // carries and leaves its upstream's set when closed.
 type upstreamConn struct {
 	net.Conn
-	u    *upstream
+	u    *Upstream
 	id   string
 	once sync.Once
 }
@@ -144,7 +149,7 @@ type upstreamConn struct {
 func (c *upstreamConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if c.u.count != nil {
-		c.u.count(directionOut, n)
+		c.u.count(DirectionOut, n)
 	}
 	return n, err
 }
@@ -152,7 +157,7 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 func (c *upstreamConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if c.u.count != nil {
-		c.u.count(directionIn, n)
+		c.u.count(DirectionIn, n)
 	}
 	return n, err
 }
