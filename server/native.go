@@ -275,3 +275,5 @@ func envdStatus(resp *http.Response) error {
 	}
 	return &envdStatusError{status: resp.StatusCode, msg: msg}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -1,4 +1,7 @@
-package server
+// Package e2b implements E2B's control-plane REST API (openapi/e2b.yaml,
+// generated into e2bapi) on the lifecycle manager: it renders sandbox views
+// into E2B's wire types. Routing, auth and error answers are the server's.
+package e2b
 
 import (
 	"context"
@@ -18,9 +21,9 @@ import (
 	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
-// e2bAPI implements E2B's control-plane REST surface on the lifecycle
+// API implements E2B's control-plane REST surface on the lifecycle
 // manager. Wire types stop here: nothing below sees e2bapi.
-type e2bAPI struct {
+type API struct {
 	notImplemented
 	mgr         *sandbox.Manager
 	templates   runtime.TemplateLister // nil if the backend cannot list
@@ -30,14 +33,33 @@ type e2bAPI struct {
 	cpu         sync.Map // sandbox id -> cpuSample, the previous metrics call's
 }
 
-var _ e2bapi.StrictServerInterface = (*e2bAPI)(nil)
+var _ e2bapi.StrictServerInterface = (*API)(nil)
+
+// Config configures an API.
+type Config struct {
+	Manager     *sandbox.Manager
+	Templates   runtime.TemplateLister // optional
+	EnvdVersion string
+	// Domain is returned to SDKs as the sandbox domain; "": the client's own.
+	Domain string
+	Log    *slog.Logger
+}
+
+// New returns E2B's API on cfg.Manager. The caller calls Forget when a
+// sandbox stops.
+func New(cfg Config) *API {
+	return &API{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log}
+}
+
+// Forget drops what the API keeps of sandbox id (its last CPU sample).
+func (a *API) Forget(id string) { a.cpu.Delete(id) }
 
 // clientID is a dead field E2B's Python SDK still requires.
 const clientID = "sandboxd"
 
 func ptr[T any](v T) *T { return &v }
 
-func (a *e2bAPI) sandboxBody(sb sandbox.View) e2bapi.Sandbox {
+func (a *API) sandboxBody(sb sandbox.View) e2bapi.Sandbox {
 	out := e2bapi.Sandbox{
 		SandboxID:   sb.ID,
 		TemplateID:  sb.Template,
@@ -74,7 +96,7 @@ type newSandbox struct {
 	mcp, volumes  bool
 }
 
-func (a *e2bAPI) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
+func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 	if n.mcp {
 		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
 	}
@@ -125,7 +147,7 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (sandbox.View, error)
 	return a.mgr.CreateView(ctx, req)
 }
 
-func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
+func (a *API) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -144,7 +166,7 @@ func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequ
 
 // CreateSandboxV2 is the current SDKs' create. Its body has no `secure`:
 // every v2 sandbox gets an envd access token, as on E2B.
-func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2RequestObject) (e2bapi.CreateSandboxV2ResponseObject, error) {
+func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2RequestObject) (e2bapi.CreateSandboxV2ResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -161,7 +183,7 @@ func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2
 	return e2bapi.CreateSandboxV2201JSONResponse(a.sandboxBody(sb)), nil
 }
 
-func (a *e2bAPI) detail(sb sandbox.View) e2bapi.SandboxDetail {
+func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	d := e2bapi.SandboxDetail{
 		SandboxID:           sb.ID,
 		TemplateID:          sb.Template,
@@ -241,7 +263,7 @@ func apiState(s sandbox.State) e2bapi.SandboxState {
 	return e2bapi.SandboxStateRunning
 }
 
-func (a *e2bAPI) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
+func (a *API) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
 	sb, err := a.mgr.GetView(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
@@ -249,7 +271,7 @@ func (a *e2bAPI) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObj
 	return e2bapi.GetSandbox200JSONResponse(a.detail(sb)), nil
 }
 
-func (a *e2bAPI) KillSandbox(ctx context.Context, req e2bapi.KillSandboxRequestObject) (e2bapi.KillSandboxResponseObject, error) {
+func (a *API) KillSandbox(ctx context.Context, req e2bapi.KillSandboxRequestObject) (e2bapi.KillSandboxResponseObject, error) {
 	if err := a.mgr.Kill(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
@@ -283,7 +305,7 @@ func parseMetadataFilter(q *string) (map[string]string, error) {
 	return out, nil
 }
 
-func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequestObject) (e2bapi.ListSandboxesResponseObject, error) {
+func (a *API) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequestObject) (e2bapi.ListSandboxesResponseObject, error) {
 	md, err := parseMetadataFilter(req.Params.Metadata)
 	if err != nil {
 		return nil, err
@@ -305,7 +327,7 @@ func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequ
 	}
 }
 
-func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2RequestObject) (e2bapi.ListSandboxesV2ResponseObject, error) {
+func (a *API) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2RequestObject) (e2bapi.ListSandboxesV2ResponseObject, error) {
 	p := req.Params
 	md, err := parseMetadataFilter(p.Metadata)
 	if err != nil {
@@ -377,7 +399,7 @@ func timeoutOf(t *int32, def time.Duration) (time.Duration, error) {
 	return time.Duration(*t) * time.Second, nil
 }
 
-func (a *e2bAPI) connect(ctx context.Context, id string, timeout *int32) (e2bapi.Sandbox, bool, error) {
+func (a *API) connect(ctx context.Context, id string, timeout *int32) (e2bapi.Sandbox, bool, error) {
 	d, err := timeoutOf(timeout, 0)
 	if err != nil {
 		return e2bapi.Sandbox{}, false, err
@@ -389,7 +411,7 @@ func (a *e2bAPI) connect(ctx context.Context, id string, timeout *int32) (e2bapi
 	return a.sandboxBody(sb), resumed, nil
 }
 
-func (a *e2bAPI) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRequestObject) (e2bapi.ConnectSandboxResponseObject, error) {
+func (a *API) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRequestObject) (e2bapi.ConnectSandboxResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = &req.Body.Timeout
@@ -404,7 +426,7 @@ func (a *e2bAPI) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRe
 	return e2bapi.ConnectSandbox200JSONResponse(sb), nil
 }
 
-func (a *e2bAPI) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandboxV2RequestObject) (e2bapi.ConnectSandboxV2ResponseObject, error) {
+func (a *API) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandboxV2RequestObject) (e2bapi.ConnectSandboxV2ResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = req.Body.Timeout
@@ -419,7 +441,7 @@ func (a *e2bAPI) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandbox
 	return e2bapi.ConnectSandboxV2200JSONResponse(sb), nil
 }
 
-func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequestObject) (e2bapi.ResumeSandboxResponseObject, error) {
+func (a *API) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequestObject) (e2bapi.ResumeSandboxResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = req.Body.Timeout
@@ -435,7 +457,7 @@ func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequ
 	return e2bapi.ResumeSandbox201JSONResponse(a.sandboxBody(sb)), nil
 }
 
-func (a *e2bAPI) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxRequestObject) (e2bapi.PauseSandboxResponseObject, error) {
+func (a *API) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxRequestObject) (e2bapi.PauseSandboxResponseObject, error) {
 	memory := true
 	if req.Body != nil && req.Body.Memory != nil {
 		memory = *req.Body.Memory
@@ -446,7 +468,7 @@ func (a *e2bAPI) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxReques
 	return e2bapi.PauseSandbox204Response{}, nil
 }
 
-func (a *e2bAPI) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeoutRequestObject) (e2bapi.SetSandboxTimeoutResponseObject, error) {
+func (a *API) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeoutRequestObject) (e2bapi.SetSandboxTimeoutResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -456,7 +478,7 @@ func (a *e2bAPI) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTim
 	return e2bapi.SetSandboxTimeout204Response{}, nil
 }
 
-func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
+func (a *API) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
 	var d time.Duration
 	if req.Body != nil && req.Body.Duration != nil {
 		if *req.Body.Duration < 0 || *req.Body.Duration > 3600 {
@@ -470,7 +492,7 @@ func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRe
 	return e2bapi.RefreshSandbox204Response{}, nil
 }
 
-func (a *e2bAPI) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
+func (a *API) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
 	var allow *bool
 	unsupported := ""
 	if b := req.Body; b != nil {
@@ -514,7 +536,7 @@ const firstSampleWindow = 100 * time.Millisecond
 
 // sample measures a sandbox now, with its CPU utilisation since the previous
 // call (E2B's cpuUsedPct: percent of the sandbox's CPUs, 0..100).
-func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
+func (a *API) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
 	_, st, err := a.mgr.StatsView(ctx, id)
 	if err != nil {
 		return e2bapi.SandboxMetric{}, err
@@ -549,7 +571,7 @@ func cpuPercent(prev, cur cpuSample, cpus int) float64 {
 
 // GetSandboxMetrics answers with the current sample: sandboxd keeps no
 // metric history, so a window yields at most one point (the latest).
-func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
+func (a *API) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
 	m, err := a.sample(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
@@ -560,7 +582,7 @@ func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMet
 	return e2bapi.GetSandboxMetrics200JSONResponse{m}, nil
 }
 
-func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
+func (a *API) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
 	if len(req.Params.SandboxIds) > 100 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most 100")
 	}
@@ -577,28 +599,28 @@ func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandbo
 
 // Logs: sandboxd does not collect a sandbox's system logs (E2B streams its
 // VM's journal); the routes answer an empty, well-formed list.
-func (a *e2bAPI) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
+func (a *API) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
 	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogs200JSONResponse{Logs: []e2bapi.SandboxLog{}, LogEntries: []e2bapi.SandboxLogEntry{}}, nil
 }
 
-func (a *e2bAPI) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
+func (a *API) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
 	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil
 }
 
-func (a *e2bAPI) templateNames(ctx context.Context) ([]string, error) {
+func (a *API) templateNames(ctx context.Context) ([]string, error) {
 	if a.templates == nil {
 		return nil, nil
 	}
 	return a.templates.Templates(ctx)
 }
 
-func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
+func (a *API) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
 	names, err := a.templateNames(ctx)
 	if err != nil {
 		return nil, err
@@ -615,7 +637,7 @@ func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesReques
 	return out, nil
 }
 
-func (a *e2bAPI) findTemplate(ctx context.Context, name string) error {
+func (a *API) findTemplate(ctx context.Context, name string) error {
 	names, err := a.templateNames(ctx)
 	if err != nil {
 		return err
@@ -628,7 +650,7 @@ func (a *e2bAPI) findTemplate(ctx context.Context, name string) error {
 	return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("template %q not found", name))
 }
 
-func (a *e2bAPI) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
+func (a *API) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
 	if err := a.findTemplate(ctx, req.TemplateID); err != nil {
 		return nil, err
 	}
@@ -638,7 +660,7 @@ func (a *e2bAPI) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestO
 	}}, nil
 }
 
-func (a *e2bAPI) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
+func (a *API) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
 	if err := a.findTemplate(ctx, req.Alias); err != nil {
 		return nil, err
 	}
