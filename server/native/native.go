@@ -1,4 +1,8 @@
-package server
+// Package native implements sandboxd's own API (openapi/native.yaml) on
+// the lifecycle manager and on each sandbox's envd: sandboxes, exec (one
+// shot and over a websocket) and files. The server mounts its Routes behind
+// its auth and limits.
+package native
 
 import (
 	"context"
@@ -8,11 +12,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -24,13 +28,9 @@ import (
 	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
-// NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
-// E2B's API lives below it at E2BPrefix; chi routes the longer prefix there.
-const NativePrefix = "/v1/sandboxes"
-
-// nativeAPI implements openapi/native.yaml on the lifecycle manager and on
+// API implements openapi/native.yaml on the lifecycle manager and on
 // each sandbox's envd. Wire types stop here.
-type nativeAPI struct {
+type API struct {
 	mgr *sandbox.Manager
 	log *slog.Logger
 	// idleTTL is the idle TTL of a create that names none; 0: none.
@@ -42,52 +42,55 @@ type nativeAPI struct {
 	client *http.Client
 }
 
-var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
+var _ nativeapi.ServerInterface = (*API)(nil)
 
-// newNative returns the native API's router, to be mounted at NativePrefix.
-func newNative(cfg Config, lm *limitMetrics) http.Handler {
-	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
+// Config configures an API.
+type Config struct {
+	Manager *sandbox.Manager
+	Log     *slog.Logger
+	// IdleTTL is the idle TTL of creates that name none; 0: none.
+	IdleTTL time.Duration
+}
+
+// New returns the native API on cfg.Manager. Routes lists its endpoints;
+// the caller routes them, authenticates (WithScopes) and answers its own
+// errors with WriteError.
+func New(cfg Config) *API {
+	a := &API{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.IdleTTL}
 	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
 	a.client = &http.Client{Transport: a.up.Transport()}
 	// A connection pooled across a pause would hang; see proxy.Upstream.
 	cfg.Manager.OnStop(a.up.CloseSandbox)
-	siw := &nativeapi.ServerInterfaceWrapper{
-		Handler: a,
-		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, err.Error()))
-		},
-	}
-	r := chi.NewRouter()
-	r.Use(nativeAuthenticate(cfg.Store, cfg.JWT, a.log), limitTenants(cfg.Limits, lm,
-		func(w http.ResponseWriter, r *http.Request, msg string) {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrRateLimited, msg))
-		}))
-	for _, rt := range nativeRoutes(siw) {
-		r.With(requireScope(rt.scope, a.log)).Method(rt.method, rt.pattern, rt.handler)
-	}
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrNotFound, "no route "+r.Method+" "+r.URL.Path))
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "method "+r.Method+" is not allowed on "+r.URL.Path))
-	})
-	return r
+	return a
 }
 
-// nativeRoute is one endpoint of the native API with the JWT scope it needs.
-type nativeRoute struct {
-	method, pattern string // pattern is relative to NativePrefix
-	scope           string
-	operation       string // operationId in openapi/native.yaml
-	handler         http.HandlerFunc
+type scopesKey struct{}
+
+// WithScopes records the scopes granted to the caller in ctx.
+func WithScopes(ctx context.Context, scopes []string) context.Context {
+	return context.WithValue(ctx, scopesKey{}, scopes)
 }
 
-// nativeRoutes is the route table: every route names its scope here, and
+// HasScope reports whether the caller in ctx was granted scope.
+func HasScope(ctx context.Context, scope string) bool {
+	granted, _ := ctx.Value(scopesKey{}).([]string)
+	return slices.Contains(granted, scope)
+}
+
+// Route is one endpoint of the native API with the JWT scope it needs.
+type Route struct {
+	Method, Pattern string // Pattern is relative to where the API is mounted
+	Scope           string
+	Operation       string // operationId in openapi/native.yaml
+	Handler         http.HandlerFunc
+}
+
+// Routes is the route table: every route names its scope here, and
 // TestNativeRouteTable fails if one is empty or the spec has a route that
 // is not in the table.
-func nativeRoutes(siw *nativeapi.ServerInterfaceWrapper) []nativeRoute {
+func Routes(siw *nativeapi.ServerInterfaceWrapper) []Route {
 	const read, write = jwtauth.ScopeRead, jwtauth.ScopeWrite
-	return []nativeRoute{
+	return []Route{
 		{http.MethodPost, "/", write, "CreateSandbox", siw.CreateSandbox},
 		{http.MethodGet, "/", read, "ListSandboxes", siw.ListSandboxes},
 		{http.MethodGet, "/{id}", read, "GetSandbox", siw.GetSandbox},
@@ -126,10 +129,10 @@ func nativeErrorCode(status int) string {
 	return "internal"
 }
 
-// writeNativeError is the native surface's one error writer: statusOf picks
+// WriteError is the native surface's one error writer: httpx.StatusOf picks
 // the status, the body is nativeapi.Error. As on the E2B surface, 5xx causes
 // are logged and not shown unless they are errdefs.Public.
-func writeNativeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	err = envdErr(err)
 	status := httpx.StatusOf(err)
 	msg, public := errdefs.Public(err)
@@ -231,7 +234,7 @@ type envdConn struct {
 
 // envd looks the sandbox up for the caller's tenant (a foreign one is
 // ErrNotFound) and returns a connection to its envd.
-func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error) {
+func (a *API) envd(ctx context.Context, id, user string) (*envdConn, error) {
 	sb, err := a.mgr.GetView(ctx, id)
 	if err != nil {
 		return nil, err

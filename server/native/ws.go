@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"context"
@@ -71,11 +71,11 @@ func (c *wsConn) closeWith(code int, text string) {
 	_ = c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
 }
 
-func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
 	// The sandbox is looked up before the upgrade, so a missing or foreign
 	// one is a plain 404 answer.
 	if _, err := a.mgr.GetView(r.Context(), id); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	raw, err := wsUpgrader.Upgrade(w, r, nil)
@@ -93,7 +93,7 @@ func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id str
 
 // wsSession runs one process for one websocket; it returns an error only
 // before the process started.
-func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) error {
+func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	start, pc, err := readStart(conn)
 	if err != nil {
 		return err
@@ -255,7 +255,7 @@ type wsOutcome struct {
 
 // wsFinish tells the client how the process ended (killing it when the
 // session ends before it does) and closes the websocket normally.
-func (a *nativeAPI) wsFinish(ctx context.Context, conn *wsConn, c *envdConn, o wsOutcome) {
+func (a *API) wsFinish(ctx context.Context, conn *wsConn, c *envdConn, o wsOutcome) {
 	id, pid, start, end, clientGone := o.id, o.pid, o.start, o.end, o.clientGone
 	switch {
 	case end != nil:
@@ -292,7 +292,7 @@ func streamErr(err error) error {
 
 // wsRead applies the client's frames to the process, in order. It returns
 // when the websocket fails or closes.
-func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
+func (a *API) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
 	client := c.process()
 	sel := c.selector(pid)
 	for {

@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"context"
@@ -49,21 +49,21 @@ func nativeSandbox(ctx context.Context, sb sandbox.View) nativeapi.Sandbox {
 	if !sb.LastActiveAt.IsZero() {
 		out.LastActiveAt = ptr(sb.LastActiveAt)
 	}
-	if sb.EnvdAccessToken != "" && hasScope(ctx, jwtauth.ScopeWrite) {
+	if sb.EnvdAccessToken != "" && HasScope(ctx, jwtauth.ScopeWrite) {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
 	return out
 }
 
-func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+func (a *API) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 	var b nativeapi.SandboxPost
 	if err := httpx.DecodeJSON(r, &b); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	for name, v := range map[string]*int{"timeout": b.Timeout, "idle_ttl": b.IdleTtl, "cpu_count": b.CpuCount, "memory_mb": b.MemoryMb, "disk_mb": b.DiskMb} {
 		if httpx.Deref(v) < 0 {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, name+" must not be negative"))
+			WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, name+" must not be negative"))
 			return
 		}
 	}
@@ -84,22 +84,22 @@ func (a *nativeAPI) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		DiskMB:        httpx.Deref(b.DiskMb),
 	})
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusCreated, nativeSandbox(r.Context(), sb))
 }
 
-func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
+func (a *API) ListSandboxes(w http.ResponseWriter, r *http.Request, p nativeapi.ListSandboxesParams) {
 	f := sandbox.ListFilter{Template: httpx.Deref(p.Template), Cursor: httpx.Deref(p.Cursor), Limit: httpx.Deref(p.Limit)}
 	if f.Limit < 0 || f.Limit > 1000 {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
+		WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
 		return
 	}
 	for _, s := range httpx.Deref(p.State) {
 		st := sandbox.State(s)
 		if !st.Live() {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "unknown state "+string(s)))
+			WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "unknown state "+string(s)))
 			return
 		}
 		f.States = append(f.States, st)
@@ -107,7 +107,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 	for _, kv := range httpx.Deref(p.Metadata) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter "+kv+" is not key=value"))
+			WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter "+kv+" is not key=value"))
 			return
 		}
 		if f.Metadata == nil {
@@ -120,7 +120,7 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 		if errors.Is(err, sandbox.ErrInvalidFilter) {
 			err = errdefs.New(errdefs.ErrInvalidArgument, "invalid cursor")
 		}
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	out := nativeapi.SandboxList{Sandboxes: make([]nativeapi.Sandbox, 0, len(sbs))}
@@ -133,18 +133,18 @@ func (a *nativeAPI) ListSandboxes(w http.ResponseWriter, r *http.Request, p nati
 	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
-func (a *nativeAPI) GetSandbox(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) GetSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	sb, err := a.mgr.GetView(r.Context(), id)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, nativeSandbox(r.Context(), sb))
 }
 
-func (a *nativeAPI) DeleteSandbox(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) DeleteSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	if err := a.mgr.Kill(r.Context(), id); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"context"
@@ -130,21 +130,21 @@ func (c *capped) write(p []byte) {
 // Exec runs a command to completion and answers its output, each stream
 // capped at max_output_bytes (reported as truncated). The process is killed
 // when the timeout passes or the client goes away.
-func (a *nativeAPI) Exec(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) Exec(w http.ResponseWriter, r *http.Request, id string) {
 	var b nativeapi.ExecPost
 	if err := httpx.DecodeJSON(r, &b); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	res, err := a.exec(r.Context(), id, b)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, res)
 }
 
-func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativeapi.ExecResult, error) {
+func (a *API) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativeapi.ExecResult, error) {
 	spec := processSpec{cmd: httpx.Deref(b.Cmd), argv: httpx.Deref(b.Argv), env: httpx.Deref(b.Env), cwd: httpx.Deref(b.Cwd)}
 	pc, err := spec.config()
 	if err != nil {
