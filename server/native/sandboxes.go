@@ -18,7 +18,7 @@ import (
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // nativeState is a sandbox's state in the native API, whose enum has no
-// "resuming": such a sandbox is not reachable yet (see apiState).
+// "resuming": such a sandbox is not reachable yet (see e2b.apiState).
 func nativeState(s sandbox.State) nativeapi.SandboxState {
 	if s == sandbox.StateResuming {
 		return nativeapi.SandboxStatePaused
