@@ -24,5 +24,5 @@ done
 go tool oapi-codegen -config openapi/e2b.cfg.yaml openapi/e2b.yaml
 
 # sandboxd's native API: openapi/native.yaml -> openapi/nativeapi/native.gen.go (chi server
-# wrapper, models); server/native_routes.go mounts it with a scope per route.
+# wrapper, models); server/native_mount.go mounts it with a scope per route.
 go tool oapi-codegen -config openapi/native.cfg.yaml openapi/native.yaml

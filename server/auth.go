@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -36,16 +37,16 @@ func authenticate(keys keyLookup, log *slog.Logger) func(http.Handler) http.Hand
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key := apiKey(r)
 			if key == "" {
-				writeErrorStatus(w, http.StatusUnauthorized, "missing API key: set X-API-KEY (E2B_API_KEY)")
+				httpx.WriteErrorStatus(w, http.StatusUnauthorized, "missing API key: set X-API-KEY (E2B_API_KEY)")
 				return
 			}
 			t, err := keys.LookupKey(r.Context(), key)
 			if err != nil {
 				if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrInvalidArgument) {
-					writeError(w, r, log, err)
+					httpx.WriteError(w, r, log, err)
 					return
 				}
-				writeErrorStatus(w, http.StatusUnauthorized, "invalid API key")
+				httpx.WriteErrorStatus(w, http.StatusUnauthorized, "invalid API key")
 				return
 			}
 			reportTenant(r.Context(), t)

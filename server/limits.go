@@ -1,16 +1,12 @@
 package server
 
 import (
-	"context"
-	"fmt"
-	"math"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -40,7 +36,7 @@ type refuser func(w http.ResponseWriter, r *http.Request, msg string)
 
 // refuseE2B answers with E2B's body.
 func refuseE2B(w http.ResponseWriter, _ *http.Request, msg string) {
-	writeErrorStatus(w, http.StatusTooManyRequests, msg)
+	httpx.WriteErrorStatus(w, http.StatusTooManyRequests, msg)
 }
 
 func limitTenants(l *ratelimit.Tenants, lm *limitMetrics, refuse refuser) func(http.Handler) http.Handler {
@@ -56,10 +52,10 @@ func limitTenants(l *ratelimit.Tenants, lm *limitMetrics, refuse refuser) func(h
 				next.ServeHTTP(w, r)
 				return
 			}
-			retry := limitHeaders(w, d)
+			retry := httpx.LimitHeaders(w, d)
 			if !d.Allowed {
 				lm.rejected(string(t), string(c))
-				refuse(w, r, limitMessage(d, string(c), retry))
+				refuse(w, r, httpx.LimitMessage(d, string(c), retry))
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -101,63 +97,10 @@ func answerLimit(w http.ResponseWriter, d ratelimit.Decision, class string) bool
 	if d.Limit.Unlimited() {
 		return true
 	}
-	retry := limitHeaders(w, d)
+	retry := httpx.LimitHeaders(w, d)
 	if d.Allowed {
 		return true
 	}
-	writeErrorStatus(w, http.StatusTooManyRequests, limitMessage(d, class, retry))
-	return false
-}
-
-// limitHeaders sets the X-RateLimit-* headers of d, and Retry-After when d
-// refuses; it returns the Retry-After seconds.
-func limitHeaders(w http.ResponseWriter, d ratelimit.Decision) (retry int) {
-	h := w.Header()
-	h.Set("X-RateLimit-Limit", strconv.Itoa(max(d.Limit.Burst, 1)))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(d.Reset).Unix(), 10))
-	if d.Allowed {
-		return 0
-	}
-	retry = max(int(math.Ceil(d.RetryAfter.Seconds())), 1)
-	h.Set("Retry-After", strconv.Itoa(retry))
-	return retry
-}
-
-func limitMessage(d ratelimit.Decision, class string, retry int) string {
-	return fmt.Sprintf("rate limit exceeded for %s requests (%g/s, burst %d); retry in %ds",
-		class, d.Limit.Rate, max(d.Limit.Burst, 1), retry)
-}
-
-// sandboxTenanter is implemented by a sandboxDialer that knows who owns a
-// sandbox (sandbox.Manager, from a cache): data-plane requests carry envd's
-// token, not an API key, so the proxy keys its limit by the owner.
-type sandboxTenanter interface {
-	SandboxTenant(ctx context.Context, id string) (tenant.ID, error)
-}
-
-// allowDataPlane applies the data-plane class of the owner of sandbox id.
-// Over the limit it answers 429 in the proxy's error shape, with
-// Retry-After and X-RateLimit-*, and reports false. An unknown sandbox
-// passes: the dial answers for it.
-func (p *proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string) bool {
-	if p.limits == nil || p.limits.Policy.Limit("", tenant.DataPlane).Unlimited() {
-		return true
-	}
-	st, ok := p.d.(sandboxTenanter)
-	if !ok {
-		return true
-	}
-	t, err := st.SandboxTenant(r.Context(), id)
-	if err != nil {
-		return true
-	}
-	d := p.limits.Allow(t, tenant.DataPlane)
-	if d.Allowed || d.Limit.Unlimited() {
-		return true
-	}
-	retry := limitHeaders(w, d)
-	writeProxyError(w, http.StatusTooManyRequests, id, limitMessage(d, "data-plane", retry))
-	p.lm.rejected(string(t), string(tenant.DataPlane))
+	httpx.WriteErrorStatus(w, http.StatusTooManyRequests, httpx.LimitMessage(d, class, retry))
 	return false
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -147,7 +148,7 @@ func TestRateLimitTenantIsolation(t *testing.T) {
 	if reset, err := strconv.ParseInt(rec.Header().Get("X-RateLimit-Reset"), 10, 64); err != nil || reset < time.Now().Unix() {
 		t.Errorf("X-RateLimit-Reset = %q", rec.Header().Get("X-RateLimit-Reset"))
 	}
-	var body errorBody
+	var body httpx.ErrorBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != 429 || !strings.Contains(body.Message, "rate limit") {
 		t.Fatalf("429 body %q (%v), want E2B's {code:429,message}", rec.Body, err)
 	}

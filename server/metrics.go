@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bufio"
 	"context"
-	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -13,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
 // Metrics is sandboxd's Prometheus instrumentation. It owns its registry (no
@@ -42,16 +42,6 @@ type Metrics struct {
 	// Children resolved once: the proxy adds to these on every read/write.
 	proxyBytesIn, proxyBytesOut prometheus.Counter
 }
-
-// Labels of the proxy metrics.
-const (
-	portClassEnvd = "envd" // requests to envd's port
-	portClassPort = "port" // requests to any other port in the sandbox
-	portClassNone = "none" // requests refused before a port was known
-
-	directionIn  = "in"  // client to sandbox
-	directionOut = "out" // sandbox to client
-)
 
 // routeOther labels requests that matched no chi route; raw paths are never
 // used as labels (sandbox ids in paths would make cardinality unbounded).
@@ -86,8 +76,8 @@ func NewMetrics() *Metrics {
 		Name: "sandboxd_proxy_open_streams",
 		Help: "Data-plane requests in flight, including long-lived streams and upgraded connections.",
 	})
-	m.proxyBytesIn = m.proxyBytes.WithLabelValues(directionIn)
-	m.proxyBytesOut = m.proxyBytes.WithLabelValues(directionOut)
+	m.proxyBytesIn = m.proxyBytes.WithLabelValues(proxy.DirectionIn)
+	m.proxyBytesOut = m.proxyBytes.WithLabelValues(proxy.DirectionOut)
 
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -176,14 +166,14 @@ func (m *Metrics) HTTPMiddleware(next http.Handler) http.Handler {
 			rctx = chi.NewRouteContext()
 			r = r.WithContext(context.WithValue(r.Context(), chi.RouteCtxKey, rctx))
 		}
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &httpx.StatusRecorder{ResponseWriter: w}
 		defer func() {
 			route := rctx.RoutePattern()
 			if route == "" {
 				route = routeOther
 			}
 			method := methodLabel(r.Method)
-			code := rec.status
+			code := rec.Status
 			if code == 0 {
 				code = http.StatusOK // nothing written: net/http answers 200
 			}
@@ -204,7 +194,19 @@ func methodLabel(method string) string {
 	return "OTHER"
 }
 
-// Proxy instrumentation, used by proxy.go.
+// proxyMetrics reports the proxy's observations into m.
+type proxyMetrics struct {
+	m  *Metrics
+	lm *limitMetrics
+}
+
+func (p proxyMetrics) Request(portClass string, code int) { p.m.proxyRequest(portClass, code) }
+func (p proxyMetrics) StreamOpened()                      { p.m.proxyStreamOpened() }
+func (p proxyMetrics) StreamClosed()                      { p.m.proxyStreamClosed() }
+func (p proxyMetrics) Bytes(direction string, n int)      { p.m.proxyBytesAdd(direction, n) }
+func (p proxyMetrics) Rejected(tenant, class string)      { p.lm.rejected(tenant, class) }
+
+// Proxy instrumentation, through proxyMetrics.
 
 func (m *Metrics) proxyRequest(portClass string, code int) {
 	if m == nil {
@@ -229,49 +231,9 @@ func (m *Metrics) proxyBytesAdd(direction string, n int) {
 	if m == nil || n <= 0 {
 		return
 	}
-	if direction == directionIn {
+	if direction == proxy.DirectionIn {
 		m.proxyBytesIn.Add(float64(n))
 	} else {
 		m.proxyBytesOut.Add(float64(n))
 	}
 }
-
-// statusRecorder remembers the status a handler wrote. Unwrap lets
-// http.ResponseController reach the real writer's Flush, Hijack and
-// EnableFullDuplex; Flush is also implemented directly for handlers that
-// type-assert http.Flusher.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (r *statusRecorder) WriteHeader(code int) {
-	// 1xx other than 101 are informational; the final status comes later.
-	if r.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		r.status = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *statusRecorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.ResponseWriter.Write(b)
-}
-
-func (r *statusRecorder) Flush() {
-	_ = http.NewResponseController(r.ResponseWriter).Flush()
-}
-
-// Hijack takes over the connection (an upgrade such as a websocket): the
-// status is then 101, written by whoever hijacked.
-func (r *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, brw, err := http.NewResponseController(r.ResponseWriter).Hijack()
-	if err == nil && r.status == 0 {
-		r.status = http.StatusSwitchingProtocols
-	}
-	return c, brw, err
-}
-
-func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

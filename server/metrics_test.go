@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
 // scrapeMetricsText returns m's exposition in the text format.
@@ -114,9 +115,9 @@ func TestMetricsSeries(t *testing.T) {
 	})
 	m.ObserveCreate("base", "cold", 1500*time.Millisecond)
 	m.HTTPMiddleware(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil))
-	m.proxyRequest(portClassEnvd, 200)
-	m.proxyBytesAdd(directionIn, 10)
-	m.proxyBytesAdd(directionOut, 20)
+	m.proxyRequest(proxy.PortEnvd, 200)
+	m.proxyBytesAdd(proxy.DirectionIn, 10)
+	m.proxyBytesAdd(proxy.DirectionOut, 20)
 	m.proxyStreamOpened()
 
 	got := scrapeMetrics(t, m)
@@ -162,8 +163,8 @@ func TestMetricsNil(t *testing.T) {
 	var m *Metrics
 	m.ObserveCreate("base", "cold", time.Second)
 	m.RegisterSandboxCounter(nil)
-	m.proxyRequest(portClassEnvd, 200)
-	m.proxyBytesAdd(directionIn, 1)
+	m.proxyRequest(proxy.PortEnvd, 200)
+	m.proxyBytesAdd(proxy.DirectionIn, 1)
 	m.proxyStreamOpened()
 	m.proxyStreamClosed()
 	h := http.NotFoundHandler()

@@ -5,17 +5,15 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
-
-type scopesKey struct{}
 
 // nativeStore is what native auth needs of the store.
 type nativeStore interface {
@@ -34,7 +32,7 @@ func nativeAuthenticate(st nativeStore, jwt *jwtauth.Verifier, log *slog.Logger)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			cred := apiKey(r)
 			if cred == "" {
-				writeNativeError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated,
+				native.WriteError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated,
 					"missing credentials: send Authorization: Bearer <token or API key>"))
 				return
 			}
@@ -45,7 +43,7 @@ func nativeAuthenticate(st nativeStore, jwt *jwtauth.Verifier, log *slog.Logger)
 			if looksLikeJWT(cred) && r.Header.Get("X-API-KEY") == "" {
 				c, err := jwt.Verify(cred)
 				if err != nil {
-					writeNativeError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated, err.Error()))
+					native.WriteError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated, err.Error()))
 					return
 				}
 				t, scopes = tenant.ID(c.Tenant), c.Scopes
@@ -54,7 +52,7 @@ func nativeAuthenticate(st nativeStore, jwt *jwtauth.Verifier, log *slog.Logger)
 						if errors.Is(err, errdefs.ErrInvalidArgument) {
 							err = errdefs.New(errdefs.ErrUnauthenticated, "token sub is not a valid tenant name")
 						}
-						writeNativeError(w, r, log, err)
+						native.WriteError(w, r, log, err)
 						return
 					}
 					known.Store(t, struct{}{})
@@ -64,17 +62,17 @@ func nativeAuthenticate(st nativeStore, jwt *jwtauth.Verifier, log *slog.Logger)
 				t, err = st.LookupKey(r.Context(), cred)
 				if err != nil {
 					if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrInvalidArgument) {
-						writeNativeError(w, r, log, err)
+						native.WriteError(w, r, log, err)
 						return
 					}
-					writeNativeError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated, "invalid API key"))
+					native.WriteError(w, r, log, errdefs.New(errdefs.ErrUnauthenticated, "invalid API key"))
 					return
 				}
 				scopes = []string{jwtauth.ScopeRead, jwtauth.ScopeWrite}
 			}
 			reportTenant(r.Context(), t)
 			ctx := tenant.WithContext(r.Context(), t)
-			ctx = context.WithValue(ctx, scopesKey{}, scopes)
+			ctx = native.WithScopes(ctx, scopes)
 			next.ServeHTTP(w, r.WithContext(ctx))
 		})
 	}
@@ -86,21 +84,15 @@ func looksLikeJWT(s string) bool {
 	return strings.HasPrefix(s, "eyJ") && strings.Count(s, ".") == 2
 }
 
-// hasScope reports whether the caller in ctx was granted scope.
-func hasScope(ctx context.Context, scope string) bool {
-	granted, _ := ctx.Value(scopesKey{}).([]string)
-	return slices.Contains(granted, scope)
-}
-
 // requireScope answers 403 unless the caller was granted scope.
 func requireScope(scope string, log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if hasScope(r.Context(), scope) {
+			if native.HasScope(r.Context(), scope) {
 				next.ServeHTTP(w, r)
 				return
 			}
-			writeNativeError(w, r, log, errdefs.New(errdefs.ErrPermissionDenied, "missing scope "+scope))
+			native.WriteError(w, r, log, errdefs.New(errdefs.ErrPermissionDenied, "missing scope "+scope))
 		})
 	}
 }

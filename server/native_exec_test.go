@@ -1,9 +1,15 @@
 package server
 
 import (
+	"context"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 func TestNativeExec(t *testing.T) {
@@ -33,9 +39,9 @@ func TestNativeExec(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := e.exec(sb.Id, tok, tc.body)
 			if got.Stdout != tc.stdout || got.Stderr != tc.stderr || got.ExitCode != tc.exit ||
-				got.Truncated != tc.truncated || got.TimedOut != tc.timedOut || deref(got.Signal) != tc.signal || got.Error != nil {
+				got.Truncated != tc.truncated || got.TimedOut != tc.timedOut || httpx.Deref(got.Signal) != tc.signal || got.Error != nil {
 				t.Errorf("exec = stdout %q stderr %q exit %d signal %q truncated %v timed_out %v error %q; want %q %q %d %q %v %v no error",
-					got.Stdout, got.Stderr, got.ExitCode, deref(got.Signal), got.Truncated, got.TimedOut, deref(got.Error),
+					got.Stdout, got.Stderr, got.ExitCode, httpx.Deref(got.Signal), got.Truncated, got.TimedOut, httpx.Deref(got.Error),
 					tc.stdout, tc.stderr, tc.exit, tc.signal, tc.truncated, tc.timedOut)
 			}
 		})
@@ -83,4 +89,43 @@ func countProcs(t testing.TB, e *nativeEnv, id, tok, prefix string) int {
 		}
 	}
 	return n
+}
+
+// dialCounter is the real backend, counting the streams opened to envd.
+type dialCounter struct {
+	runtime.Backend
+	envd atomic.Int64
+}
+
+func (d *dialCounter) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port == runtime.EnvdPort {
+		d.envd.Add(1)
+	}
+	return d.Backend.Dial(ctx, id, port)
+}
+
+// TestNativeExecReusesConnections: execs one after another share the API's
+// keep-alive connections to envd rather than each dialing its own.
+func TestNativeExecReusesConnections(t *testing.T) {
+	dc := &dialCounter{}
+	e := newNativeEnvWith(t, true, func(be runtime.Backend) runtime.Backend { dc.Backend = be; return dc })
+	tok := e.full()
+	sb := e.create(tok, nil)
+	run := func() {
+		t.Helper()
+		if got := e.exec(sb.Id, tok, map[string]any{"cmd": "echo hi", "stdin": "x"}); got.Stdout != "hi\n" || got.ExitCode != 0 {
+			t.Fatalf("exec = %+v; want hi, exit 0", got)
+		}
+	}
+	run() // warms the pool
+	before := dc.envd.Load()
+	const n = 5
+	for range n {
+		run()
+	}
+	// Each exec opens a stream for Start and one for stdin; a transport per
+	// call dials both every time.
+	if dials := dc.envd.Load() - before; dials >= n {
+		t.Errorf("%d execs dialed envd %d times; want their connections reused", n, dials)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -151,7 +152,7 @@ func TestProxyTouchesIdleSandbox(t *testing.T) {
 	}
 	before, _ := e.st.GetSandboxAny(context.Background(), sb.Id)
 	r, b = e.do(t, http.MethodGet, "/health", "", map[string]string{
-		"E2b-Sandbox-Id": sb.Id, "E2b-Sandbox-Port": "49983", "X-Access-Token": deref(sb.EnvdAccessToken)})
+		"E2b-Sandbox-Id": sb.Id, "E2b-Sandbox-Port": "49983", "X-Access-Token": httpx.Deref(sb.EnvdAccessToken)})
 	if r.StatusCode != 204 {
 		t.Fatalf("proxied /health = %d %s", r.StatusCode, b)
 	}

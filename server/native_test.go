@@ -19,8 +19,10 @@ import (
 
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -87,6 +89,13 @@ type nativeEnv struct {
 
 func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 	t.Helper()
+	return newNativeEnvWith(t, real, nil)
+}
+
+// newNativeEnvWith is newNativeEnv with the real backend wrapped by wrap
+// (nil: as is), to observe what the server asks of it.
+func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtime.Backend) *nativeEnv {
+	t.Helper()
 	if real && nativeSkipReal != "" {
 		t.Skip(nativeSkipReal)
 	}
@@ -127,6 +136,9 @@ func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 			_ = os.Remove(filepath.Join("/sys/fs/cgroup", cg))
 		})
 		cfg.Backend = be
+		if wrap != nil {
+			cfg.Backend = wrap(be)
+		}
 	}
 	mgr := sandbox.New(cfg)
 	h := New(Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
@@ -253,17 +265,17 @@ func (e *nativeEnv) exec(id, tok string, body map[string]any) nativeapi.ExecResu
 // TestNativeRouteTable: every route names a scope, and the table and
 // openapi/native.yaml list the same operations.
 func TestNativeRouteTable(t *testing.T) {
-	routes := nativeRoutes(&nativeapi.ServerInterfaceWrapper{})
+	routes := native.Routes(&nativeapi.ServerInterfaceWrapper{})
 	inTable := map[string]string{}
 	for _, rt := range routes {
-		if rt.scope != jwtauth.ScopeRead && rt.scope != jwtauth.ScopeWrite {
-			t.Errorf("route %s %s has scope %q; want %s or %s", rt.method, rt.pattern, rt.scope, jwtauth.ScopeRead, jwtauth.ScopeWrite)
+		if rt.Scope != jwtauth.ScopeRead && rt.Scope != jwtauth.ScopeWrite {
+			t.Errorf("route %s %s has scope %q; want %s or %s", rt.Method, rt.Pattern, rt.Scope, jwtauth.ScopeRead, jwtauth.ScopeWrite)
 		}
-		if rt.handler == nil {
-			t.Errorf("route %s %s has no handler", rt.method, rt.pattern)
+		if rt.Handler == nil {
+			t.Errorf("route %s %s has no handler", rt.Method, rt.Pattern)
 		}
-		p := strings.TrimSuffix(NativePrefix+rt.pattern, "/")
-		inTable[rt.method+" "+p] = rt.operation
+		p := strings.TrimSuffix(NativePrefix+rt.Pattern, "/")
+		inTable[rt.Method+" "+p] = rt.Operation
 	}
 	spec := loadNativeSpec(t)
 	inSpec := map[string]string{}
@@ -314,23 +326,23 @@ func TestNativeAuth(t *testing.T) {
 		{"api key header", "X-API-KEY", e.keys["acme"], true, true, false},
 		{"revoked-like api key", "X-API-KEY", "e2b_" + strings.Repeat("0", 40), false, false, true},
 	}
-	routes := nativeRoutes(&nativeapi.ServerInterfaceWrapper{})
+	routes := native.Routes(&nativeapi.ServerInterfaceWrapper{})
 	for _, c := range creds {
 		for _, rt := range routes {
-			path := NativePrefix + strings.ReplaceAll(rt.pattern, "{id}", "nosuchsandbox0000000")
+			path := NativePrefix + strings.ReplaceAll(rt.Pattern, "{id}", "nosuchsandbox0000000")
 			path = strings.TrimSuffix(path, "/")
 			if strings.Contains(path, "/files") {
 				path += "?path=/tmp/x"
 			}
-			t.Run(c.name+"/"+rt.operation, func(t *testing.T) {
+			t.Run(c.name+"/"+rt.Operation, func(t *testing.T) {
 				var body io.Reader
-				switch rt.operation {
+				switch rt.Operation {
 				case "CreateSandbox":
 					body = strings.NewReader(`{"idle_ttl": -1}`) // 400 before any backend call
 				case "Exec":
 					body = strings.NewReader(`{"cmd": "true"}`)
 				}
-				req, _ := http.NewRequest(rt.method, e.srv.URL+path, body)
+				req, _ := http.NewRequest(rt.Method, e.srv.URL+path, body)
 				if c.header != "" {
 					req.Header.Set(c.header, c.value)
 				}
@@ -341,19 +353,19 @@ func TestNativeAuth(t *testing.T) {
 				b, _ := io.ReadAll(r.Body)
 				r.Body.Close()
 				got := resp{status: r.StatusCode, body: b}
-				allowed := (rt.scope == jwtauth.ScopeRead && c.read) || (rt.scope == jwtauth.ScopeWrite && c.write)
+				allowed := (rt.Scope == jwtauth.ScopeRead && c.read) || (rt.Scope == jwtauth.ScopeWrite && c.write)
 				switch {
 				case c.unauthorized:
 					if got.status != http.StatusUnauthorized || got.errCode() != "unauthenticated" {
-						t.Errorf("%s %s = %s; want 401 unauthenticated", rt.method, path, got)
+						t.Errorf("%s %s = %s; want 401 unauthenticated", rt.Method, path, got)
 					}
 				case !allowed:
 					if got.status != http.StatusForbidden || got.errCode() != "permission_denied" {
-						t.Errorf("%s %s = %s; want 403 permission_denied", rt.method, path, got)
+						t.Errorf("%s %s = %s; want 403 permission_denied", rt.Method, path, got)
 					}
 				default:
 					if got.status == http.StatusUnauthorized || got.status == http.StatusForbidden {
-						t.Errorf("%s %s = %s; want it past auth", rt.method, path, got)
+						t.Errorf("%s %s = %s; want it past auth", rt.Method, path, got)
 					}
 				}
 			})
@@ -467,23 +479,23 @@ func TestNativeSandboxes(t *testing.T) {
 
 	// Another tenant: every route is 404.
 	foreign := e.token("other", jwtauth.ScopeRead, jwtauth.ScopeWrite)
-	for _, rt := range nativeRoutes(&nativeapi.ServerInterfaceWrapper{}) {
-		if !strings.Contains(rt.pattern, "{id}") {
+	for _, rt := range native.Routes(&nativeapi.ServerInterfaceWrapper{}) {
+		if !strings.Contains(rt.Pattern, "{id}") {
 			continue
 		}
-		path := NativePrefix + strings.ReplaceAll(rt.pattern, "{id}", sb.Id)
+		path := NativePrefix + strings.ReplaceAll(rt.Pattern, "{id}", sb.Id)
 		if strings.Contains(path, "/files") {
 			path += "?path=/etc/hostname"
 		}
 		var body any
-		if rt.operation == "Exec" {
+		if rt.Operation == "Exec" {
 			body = map[string]any{"cmd": "true"}
 		}
-		if rt.operation == "UploadFile" {
+		if rt.Operation == "UploadFile" {
 			body = []byte("x")
 		}
-		if r := e.do(rt.method, path, foreign, body); r.status != 404 || r.errCode() != "not_found" {
-			t.Errorf("foreign %s %s = %s; want 404 not_found", rt.method, path, r)
+		if r := e.do(rt.Method, path, foreign, body); r.status != 404 || r.errCode() != "not_found" {
+			t.Errorf("foreign %s %s = %s; want 404 not_found", rt.Method, path, r)
 		}
 	}
 	if r := e.do(http.MethodGet, "/v1/sandboxes", foreign, nil); bytes.Contains(r.body, []byte(sb.Id)) {

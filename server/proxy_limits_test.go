@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -76,7 +77,7 @@ func TestProxyDataPlaneLimit(t *testing.T) {
 			t.Errorf("X-RateLimit-Limit/Remaining = %q/%q; want 2/0",
 				r.Header.Get("X-RateLimit-Limit"), r.Header.Get("X-RateLimit-Remaining"))
 		}
-		var pe proxyError
+		var pe proxy.Error
 		if err := json.Unmarshal(b, &pe); err != nil || pe.Code != 429 || pe.SandboxID != id || pe.Message == "" ||
 			r.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("429 body = %s (%v); want the proxy's JSON error for %s", b, err, id)

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 // recoverer turns a handler panic into E2B's JSON 500 (chi's Recoverer
@@ -27,7 +28,7 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 				log.ErrorContext(r.Context(), "panic serving request", "panic", rv, "request_id", reqID,
 					"method", r.Method, "path", r.URL.Path, "stack", string(debug.Stack()))
 				if r.Header.Get("Connection") != "Upgrade" {
-					writeErrorStatus(w, http.StatusInternalServerError, "internal error (request "+reqID+")")
+					httpx.WriteErrorStatus(w, http.StatusInternalServerError, "internal error (request "+reqID+")")
 				}
 			}()
 			next.ServeHTTP(w, r)

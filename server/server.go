@@ -1,7 +1,9 @@
-// Package server is sandboxd's HTTP surface: E2B's control-plane REST API
-// (generated from openapi/e2b.yaml) with API-key auth, the data-plane proxy
-// into sandboxes, health and Prometheus metrics. It talks to the lifecycle
-// layer (package sandbox) and never to a backend directly.
+// Package server composes sandboxd's HTTP surface: it routes to E2B's
+// control-plane REST API (package e2b), sandboxd's native API and the
+// data-plane proxy (package proxy), and owns what they share around them:
+// API-key and JWT auth, rate limits, access logs, panic recovery, health
+// and Prometheus metrics. It talks to the lifecycle layer (package sandbox)
+// and never to a backend directly.
 package server
 
 import (
@@ -19,6 +21,9 @@ import (
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"github.com/sandboxd/sandboxd/server/e2b"
+	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
@@ -62,16 +67,16 @@ func New(cfg Config) http.Handler {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
-	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Store, log))
+	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Manager, log))
 
-	api := &e2bAPI{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: log}
+	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
 		return func(w http.ResponseWriter, r *http.Request, err error) {
 			if status == http.StatusBadRequest {
-				writeErrorStatus(w, status, err.Error())
+				httpx.WriteErrorStatus(w, status, err.Error())
 				return
 			}
-			writeError(w, r, log, err)
+			httpx.WriteError(w, r, log, err)
 		}
 	}
 	strict := e2bapi.NewStrictHandlerWithOptions(api, nil, e2bapi.StrictHTTPServerOptions{
@@ -79,33 +84,34 @@ func New(cfg Config) http.Handler {
 		ResponseErrorHandlerFunc: jsonErr(http.StatusInternalServerError),
 	})
 	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
-	e2b := chi.NewRouter()
-	e2b.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B))
+	e2bRouter := chi.NewRouter()
+	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
+		httpx.WriteError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}
-	e2b.NotFound(notImpl)
-	e2b.MethodNotAllowed(notImpl)
-	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2b, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})
+	e2bRouter.NotFound(notImpl)
+	e2bRouter.MethodNotAllowed(notImpl)
+	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2bRouter, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})
 
 	root := chi.NewRouter()
 	root.Use(middleware.RequestID, accessLog(log), recoverer(log), cfg.Metrics.HTTPMiddleware)
 	root.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Ready != nil && !cfg.Ready() {
-			writeErrorStatus(w, http.StatusServiceUnavailable, "starting")
+			httpx.WriteErrorStatus(w, http.StatusServiceUnavailable, "starting")
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
 	root.Mount(NativePrefix, newNative(cfg, lm)) // E2BPrefix, longer, still routes to e2b
-	root.Mount(E2BPrefix, e2b)
-	root.Mount("/", e2b)
+	root.Mount(E2BPrefix, e2bRouter)
+	root.Mount("/", e2bRouter)
 
-	p := newProxy(cfg.Manager, cfg.Domain, log, cfg.Metrics)
-	p.limits, p.lm = cfg.Limits, lm // the data-plane class (off unless its default has a rate)
+	// The data-plane class of Limits is off unless its default has a rate.
+	p := proxy.New(cfg.Manager, proxy.Config{Domain: cfg.Domain, Log: log,
+		Metrics: proxyMetrics{cfg.Metrics, lm}, Limits: cfg.Limits})
 	cfg.Manager.OnStop(p.CloseSandbox)
-	cfg.Manager.OnStop(func(id string) { api.cpu.Delete(id) })
+	cfg.Manager.OnStop(api.Forget)
 	return p.Wrap(root)
 }
 
@@ -144,21 +150,21 @@ func reportTenant(ctx context.Context, t tenant.ID) {
 }
 
 // sandboxCounter counts live sandboxes by tenant and state at scrape time.
-func sandboxCounter(st *store.Store, log *slog.Logger) func() map[string]map[string]int {
+func sandboxCounter(mgr *sandbox.Manager, log *slog.Logger) func() map[string]map[string]int {
 	return func() map[string]map[string]int {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		live, err := st.ListLive(ctx)
+		counts, err := mgr.LiveCounts(ctx)
 		if err != nil {
 			log.Error("metrics: list sandboxes", "err", err)
 			return nil
 		}
-		out := map[string]map[string]int{}
-		for _, sb := range live {
-			if out[string(sb.Tenant)] == nil {
-				out[string(sb.Tenant)] = map[string]int{}
+		out := make(map[string]map[string]int, len(counts))
+		for t, byState := range counts {
+			out[string(t)] = make(map[string]int, len(byState))
+			for st, n := range byState {
+				out[string(t)][string(st)] = n
 			}
-			out[string(sb.Tenant)][string(sb.State)]++
 		}
 		return out
 	}

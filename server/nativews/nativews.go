@@ -1,5 +1,5 @@
 // Package nativews is the native API's websocket frame protocol
-// (docs/native-api.md), shared by the server (server/native_ws.go) and the
+// (docs/native-api.md), shared by the server (server/native/ws.go) and the
 // CLI client (cmd/sandboxd). Every frame is a JSON text message with a
 // "type"; byte payloads are base64 in "data".
 //

@@ -1,4 +1,4 @@
-package server
+package e2b
 
 import (
 	"testing"

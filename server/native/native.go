@@ -1,4 +1,8 @@
-package server
+// Package native implements sandboxd's own API (openapi/native.yaml) on
+// the lifecycle manager and on each sandbox's envd: sandboxes, exec (one
+// shot and over a websocket) and files. The server mounts its Routes behind
+// its auth and limits.
+package native
 
 import (
 	"context"
@@ -7,13 +11,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -21,64 +24,73 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
-// NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
-// E2B's API lives below it at E2BPrefix; chi routes the longer prefix there.
-const NativePrefix = "/v1/sandboxes"
-
-// nativeAPI implements openapi/native.yaml on the lifecycle manager and on
+// API implements openapi/native.yaml on the lifecycle manager and on
 // each sandbox's envd. Wire types stop here.
-type nativeAPI struct {
+type API struct {
 	mgr *sandbox.Manager
 	log *slog.Logger
 	// idleTTL is the idle TTL of a create that names none; 0: none.
 	idleTTL time.Duration
+	// up carries every call to every sandbox's envd, so that calls reuse
+	// connections (each a stream over the backend's private channel)
+	// instead of dialing afresh; client sends through it.
+	up     *proxy.Upstream
+	client *http.Client
 }
 
-var _ nativeapi.ServerInterface = (*nativeAPI)(nil)
+var _ nativeapi.ServerInterface = (*API)(nil)
 
-// newNative returns the native API's router, to be mounted at NativePrefix.
-func newNative(cfg Config, lm *limitMetrics) http.Handler {
-	a := &nativeAPI{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.NativeIdleTTL}
-	siw := &nativeapi.ServerInterfaceWrapper{
-		Handler: a,
-		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, err.Error()))
-		},
-	}
-	r := chi.NewRouter()
-	r.Use(nativeAuthenticate(cfg.Store, cfg.JWT, a.log), limitTenants(cfg.Limits, lm,
-		func(w http.ResponseWriter, r *http.Request, msg string) {
-			writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrRateLimited, msg))
-		}))
-	for _, rt := range nativeRoutes(siw) {
-		r.With(requireScope(rt.scope, a.log)).Method(rt.method, rt.pattern, rt.handler)
-	}
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrNotFound, "no route "+r.Method+" "+r.URL.Path))
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "method "+r.Method+" is not allowed on "+r.URL.Path))
-	})
-	return r
+// Config configures an API.
+type Config struct {
+	Manager *sandbox.Manager
+	Log     *slog.Logger
+	// IdleTTL is the idle TTL of creates that name none; 0: none.
+	IdleTTL time.Duration
 }
 
-// nativeRoute is one endpoint of the native API with the JWT scope it needs.
-type nativeRoute struct {
-	method, pattern string // pattern is relative to NativePrefix
-	scope           string
-	operation       string // operationId in openapi/native.yaml
-	handler         http.HandlerFunc
+// New returns the native API on cfg.Manager. Routes lists its endpoints;
+// the caller routes them, authenticates (WithScopes) and answers its own
+// errors with WriteError.
+func New(cfg Config) *API {
+	a := &API{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.IdleTTL}
+	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
+	a.client = &http.Client{Transport: a.up.Transport()}
+	// A connection pooled across a pause would hang; see proxy.Upstream.
+	cfg.Manager.OnStop(a.up.CloseSandbox)
+	return a
 }
 
-// nativeRoutes is the route table: every route names its scope here, and
+type scopesKey struct{}
+
+// WithScopes records the scopes granted to the caller in ctx.
+func WithScopes(ctx context.Context, scopes []string) context.Context {
+	return context.WithValue(ctx, scopesKey{}, scopes)
+}
+
+// HasScope reports whether the caller in ctx was granted scope.
+func HasScope(ctx context.Context, scope string) bool {
+	granted, _ := ctx.Value(scopesKey{}).([]string)
+	return slices.Contains(granted, scope)
+}
+
+// Route is one endpoint of the native API with the JWT scope it needs.
+type Route struct {
+	Method, Pattern string // Pattern is relative to where the API is mounted
+	Scope           string
+	Operation       string // operationId in openapi/native.yaml
+	Handler         http.HandlerFunc
+}
+
+// Routes is the route table: every route names its scope here, and
 // TestNativeRouteTable fails if one is empty or the spec has a route that
 // is not in the table.
-func nativeRoutes(siw *nativeapi.ServerInterfaceWrapper) []nativeRoute {
+func Routes(siw *nativeapi.ServerInterfaceWrapper) []Route {
 	const read, write = jwtauth.ScopeRead, jwtauth.ScopeWrite
-	return []nativeRoute{
+	return []Route{
 		{http.MethodPost, "/", write, "CreateSandbox", siw.CreateSandbox},
 		{http.MethodGet, "/", read, "ListSandboxes", siw.ListSandboxes},
 		{http.MethodGet, "/{id}", read, "GetSandbox", siw.GetSandbox},
@@ -117,12 +129,12 @@ func nativeErrorCode(status int) string {
 	return "internal"
 }
 
-// writeNativeError is the native surface's one error writer: statusOf picks
+// WriteError is the native surface's one error writer: httpx.StatusOf picks
 // the status, the body is nativeapi.Error. As on the E2B surface, 5xx causes
 // are logged and not shown unless they are errdefs.Public.
-func writeNativeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	err = envdErr(err)
-	status := statusOf(err)
+	status := httpx.StatusOf(err)
 	msg, public := errdefs.Public(err)
 	reqID := middleware.GetReqID(r.Context())
 	if !public {
@@ -146,7 +158,7 @@ func writeNativeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, 
 	if reqID != "" {
 		body.RequestId = &reqID
 	}
-	writeJSON(w, status, body)
+	httpx.WriteJSON(w, status, body)
 }
 
 // envdErr turns an error from a sandbox's envd (a Connect error or an
@@ -210,44 +222,33 @@ type envdStatusError struct {
 
 func (e *envdStatusError) Error() string { return fmt.Sprintf("envd: %d %s", e.status, e.msg) }
 
-// envdConn reaches one sandbox's envd as one user. Its transport dials
-// through the Manager (the backend's private channel), keeps connections
-// for the session and is closed with close.
+// envdConn reaches one sandbox's envd as one user, through the API's
+// shared client; close ends the activity it counts as.
 type envdConn struct {
-	sb     *store.Sandbox
+	sb     sandbox.View
 	user   string
-	tr     *http.Transport
+	base   string // envd's URL on client's transport
 	client *http.Client
 	done   func() // ends the activity the connection counts as
 }
 
 // envd looks the sandbox up for the caller's tenant (a foreign one is
 // ErrNotFound) and returns a connection to its envd.
-func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error) {
-	sb, err := a.mgr.Get(ctx, id)
+func (a *API) envd(ctx context.Context, id, user string) (*envdConn, error) {
+	sb, err := a.mgr.GetView(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != store.StateRunning {
+	if sb.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", id, sb.State))
-	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return a.mgr.DialSandbox(ctx, id, runtime.EnvdPort)
-		},
-		MaxIdleConnsPerHost: 4,
-		DisableCompression:  true,
 	}
 	// An exec, file or websocket call is activity for the idle TTL, for
 	// as long as it lasts.
 	done := a.mgr.Active(ctx, id)
-	return &envdConn{sb: sb, user: user, tr: tr, client: &http.Client{Transport: tr}, done: done}, nil
+	return &envdConn{sb: sb, user: user, base: a.up.BaseURL(id, runtime.EnvdPort), client: a.client, done: done}, nil
 }
 
-func (c *envdConn) close() {
-	c.tr.CloseIdleConnections()
-	c.done()
-}
+func (c *envdConn) close() { c.done() }
 
 // auth sets envd's headers: the access token and the user (Basic, no
 // password), as E2B's SDKs send them.
@@ -278,10 +279,4 @@ func envdStatus(resp *http.Response) error {
 	return &envdStatusError{status: resp.StatusCode, msg: msg}
 }
 
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
-}
+func ptr[T any](v T) *T { return &v }

@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
@@ -61,7 +62,7 @@ func (c *wsConn) sendErr(err error, fatal bool) {
 	if !ok {
 		msg = err.Error()
 	}
-	_ = c.send(nativews.Frame{Type: nativews.TypeError, Code: nativeErrorCode(statusOf(err)), Error: msg, Fatal: fatal})
+	_ = c.send(nativews.Frame{Type: nativews.TypeError, Code: nativeErrorCode(httpx.StatusOf(err)), Error: msg, Fatal: fatal})
 }
 
 func (c *wsConn) closeWith(code int, text string) {
@@ -70,11 +71,11 @@ func (c *wsConn) closeWith(code int, text string) {
 	_ = c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
 }
 
-func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
 	// The sandbox is looked up before the upgrade, so a missing or foreign
 	// one is a plain 404 answer.
-	if _, err := a.mgr.Get(r.Context(), id); err != nil {
-		writeNativeError(w, r, a.log, err)
+	if _, err := a.mgr.GetView(r.Context(), id); err != nil {
+		WriteError(w, r, a.log, err)
 		return
 	}
 	raw, err := wsUpgrader.Upgrade(w, r, nil)
@@ -92,22 +93,10 @@ func (a *nativeAPI) ExecWebsocket(w http.ResponseWriter, r *http.Request, id str
 
 // wsSession runs one process for one websocket; it returns an error only
 // before the process started.
-func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) error {
-	_ = conn.SetReadDeadline(time.Now().Add(wsStartWait))
-	var start nativews.Frame
-	if err := conn.ReadJSON(&start); err != nil {
-		return errdefs.New(errdefs.ErrInvalidArgument, "expected a start frame: "+err.Error())
-	}
-	_ = conn.SetReadDeadline(time.Time{})
-	if start.Type != nativews.TypeStart {
-		return errdefs.New(errdefs.ErrInvalidArgument, "the first frame must be start, not "+start.Type)
-	}
-	pc, err := processSpec{cmd: start.Cmd, argv: start.Argv, env: start.Env, cwd: start.Cwd}.config()
+func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
+	start, pc, err := readStart(conn)
 	if err != nil {
 		return err
-	}
-	if start.Timeout < 0 {
-		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
 	}
 	c, err := a.envd(ctx, id, start.User)
 	if err != nil {
@@ -162,57 +151,112 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 		defer endSession()
 		a.wsRead(session, conn, c, pid, start.PTY != nil)
 	}()
-	// The pinger keeps proxies from closing an idle websocket; it exits with
-	// the session.
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(wsPingPeriod)
-		defer t.Stop()
-		for {
-			select {
-			case <-session.Done():
-				return
-			case <-t.C:
-				conn.mu.Lock()
-				err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait))
-				conn.mu.Unlock()
-				if err != nil {
-					endSession()
-					return
-				}
-			}
-		}
+		wsPing(session, conn, endSession)
 	}()
 
-	var end *process.ProcessEvent_EndEvent
-	for end == nil && stream.Receive() {
+	end := wsForward(stream, conn, endSession)
+	// envd enforces the timeout too, and its answer can come before our
+	// own deadline fires (as in exec).
+	timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded) ||
+		(start.Timeout > 0 && connect.CodeOf(stream.Err()) == connect.CodeDeadlineExceeded)
+	a.wsFinish(ctx, conn, c, wsOutcome{id: id, pid: pid, start: start, end: end,
+		clientGone: session.Err() != nil && !timedOut, timedOut: timedOut, streamErr: stream.Err()})
+	_ = conn.Close() // unblocks the reader
+	endSession()
+	wg.Wait()
+	return nil
+}
+
+// readStart reads and checks the session's first frame.
+func readStart(conn *wsConn) (nativews.Frame, *process.ProcessConfig, error) {
+	_ = conn.SetReadDeadline(time.Now().Add(wsStartWait))
+	var start nativews.Frame
+	if err := conn.ReadJSON(&start); err != nil {
+		return start, nil, errdefs.New(errdefs.ErrInvalidArgument, "expected a start frame: "+err.Error())
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	if start.Type != nativews.TypeStart {
+		return start, nil, errdefs.New(errdefs.ErrInvalidArgument, "the first frame must be start, not "+start.Type)
+	}
+	pc, err := processSpec{cmd: start.Cmd, argv: start.Argv, env: start.Env, cwd: start.Cwd}.config()
+	if err != nil {
+		return start, nil, err
+	}
+	if start.Timeout < 0 {
+		return start, nil, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+	}
+	return start, pc, nil
+}
+
+// wsPing keeps proxies from closing an idle websocket; it returns with the
+// session, or ends it when a ping fails.
+func wsPing(session context.Context, conn *wsConn, endSession func()) {
+	t := time.NewTicker(wsPingPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-session.Done():
+			return
+		case <-t.C:
+			conn.mu.Lock()
+			err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait))
+			conn.mu.Unlock()
+			if err != nil {
+				endSession()
+				return
+			}
+		}
+	}
+}
+
+// wsForward sends the process's output to the client until its exit event
+// (which it returns), the stream's end (nil), or a failed send (nil, and the
+// session ended).
+func wsForward(stream *connect.ServerStreamForClient[process.StartResponse], conn *wsConn, endSession func()) *process.ProcessEvent_EndEvent {
+	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
+		if end := ev.GetEnd(); end != nil {
+			return end
+		}
+		d := ev.GetData()
 		var f nativews.Frame
 		switch {
-		case ev.GetData() != nil:
-			d := ev.GetData()
-			switch {
-			case d.GetStdout() != nil:
-				f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetStdout()}
-			case d.GetPty() != nil:
-				f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetPty()}
-			case d.GetStderr() != nil:
-				f = nativews.Frame{Type: nativews.TypeStderr, Data: d.GetStderr()}
-			}
-		case ev.GetEnd() != nil:
-			end = ev.GetEnd()
+		case d == nil:
 			continue
-		}
-		if f.Type == "" {
+		case d.GetStdout() != nil:
+			f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetStdout()}
+		case d.GetPty() != nil:
+			f = nativews.Frame{Type: nativews.TypeStdout, Data: d.GetPty()}
+		case d.GetStderr() != nil:
+			f = nativews.Frame{Type: nativews.TypeStderr, Data: d.GetStderr()}
+		default:
 			continue
 		}
 		if err := conn.send(f); err != nil {
 			endSession()
-			break
+			return nil
 		}
 	}
+	return nil
+}
 
-	clientGone := session.Err() != nil && !errors.Is(sctx.Err(), context.DeadlineExceeded)
+// wsOutcome is how a session's process stream ended.
+type wsOutcome struct {
+	id         string
+	pid        uint32
+	start      nativews.Frame
+	end        *process.ProcessEvent_EndEvent // nil: no exit event
+	clientGone bool
+	timedOut   bool
+	streamErr  error
+}
+
+// wsFinish tells the client how the process ended (killing it when the
+// session ends before it does) and closes the websocket normally.
+func (a *API) wsFinish(ctx context.Context, conn *wsConn, c *envdConn, o wsOutcome) {
+	id, pid, start, end, clientGone := o.id, o.pid, o.start, o.end, o.clientGone
 	switch {
 	case end != nil:
 		code := int(end.GetExitCode())
@@ -224,7 +268,7 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 				a.log.Warn("exec ws: kill after disconnect", "sandbox_id", id, "pid", pid, "err", err)
 			}
 		}
-	case errors.Is(sctx.Err(), context.DeadlineExceeded):
+	case o.timedOut:
 		if err := c.kill(ctx, pid); err != nil {
 			a.log.Warn("exec ws: kill after timeout", "sandbox_id", id, "pid", pid, "err", err)
 		}
@@ -234,13 +278,9 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 		if !start.Detached {
 			_ = c.kill(ctx, pid)
 		}
-		conn.sendErr(streamErr(stream.Err()), true)
+		conn.sendErr(streamErr(o.streamErr), true)
 	}
 	conn.closeWith(websocket.CloseNormalClosure, "")
-	_ = conn.Close() // unblocks the reader
-	endSession()
-	wg.Wait()
-	return nil
 }
 
 func streamErr(err error) error {
@@ -252,7 +292,7 @@ func streamErr(err error) error {
 
 // wsRead applies the client's frames to the process, in order. It returns
 // when the websocket fails or closes.
-func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
+func (a *API) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
 	client := c.process()
 	sel := c.selector(pid)
 	for {

@@ -1,11 +1,15 @@
-package server
+// Package proxy is sandboxd's data plane: it forwards requests routed to a
+// sandbox (host `<port>-<id>.<domain>`, or E2B's routing headers) to envd or
+// to another port inside it, over the lifecycle layer's private channel,
+// and answers failures in E2B's proxy error shape. Upstream, its pooled
+// transport into sandboxes, also carries the native API's calls to envd.
+package proxy
 
 import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,17 +18,19 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/envd/tunnel"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
+	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// sandboxDialer is what the proxy needs from the lifecycle layer.
-type sandboxDialer interface {
+// Lifecycle is everything the proxy needs from the lifecycle layer
+// (sandbox.Manager), named here rather than discovered by type assertion.
+type Lifecycle interface {
 	// DialSandbox opens a stream to port inside sandbox id, resuming the sandbox first if it is paused with auto-resume. A missing, killed or (paused without auto-resume) sandbox fails with an error wrapping errdefs.ErrNotFound; a port nobody listens on wraps errdefs.ErrUnavailable.
 	DialSandbox(ctx context.Context, id string, port int) (net.Conn, error)
 	// TrafficToken returns the token that requests to ports other than envd's must carry in `e2b-traffic-access-token`, or "" when the sandbox's traffic is public. Missing sandbox: errdefs.ErrNotFound.
@@ -32,12 +38,11 @@ type sandboxDialer interface {
 	// SignedFileSandbox finds the sandbox whose envd access token signed a
 	// `/files` URL (E2B's uploadUrl/downloadUrl), or "" if none did.
 	SignedFileSandbox(ctx context.Context, q url.Values, op string) string
-}
-
-// activityTracker is implemented by a sandboxDialer that keeps idle TTLs
-// (sandbox.Manager): Active marks the sandbox busy until done is called.
-type activityTracker interface {
+	// Active marks sandbox id busy, for its idle TTL, until done is called.
 	Active(ctx context.Context, id string) (done func())
+	// SandboxTenant is the owner of sandbox id: data-plane requests carry
+	// envd's token, not an API key, so the proxy keys its limit by it.
+	SandboxTenant(ctx context.Context, id string) (tenant.ID, error)
 }
 
 // headerTrafficToken guards ports other than envd's on sandboxes created
@@ -59,33 +64,67 @@ const (
 // public proxy answers them 404 like E2B's does.
 var envdInternalPaths = []string{"/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"}
 
-// upstreamSuffix ends the synthetic host of an upstream URL,
-// `<id>-<port>.sandbox`. The transport pools connections by it, and its
-// dialer decodes the sandbox and port from it; it is never resolved.
-const upstreamSuffix = ".sandbox"
-
-// proxy forwards data-plane requests to envd or to other ports in a sandbox.
+// Proxy forwards data-plane requests to envd or to other ports in a sandbox.
 //
-// One http.Transport carries all of them, so connections to one port of one
+// One upstream carries all of them, so connections to one port of one
 // sandbox are kept alive and reused. Because a pooled connection to a
 // sandbox that was paused would hang rather than fail (and so never trigger
 // auto-resume), the lifecycle layer should call CloseSandbox when it pauses
 // or kills a sandbox.
-type proxy struct {
-	d      sandboxDialer
+type Proxy struct {
+	d      Lifecycle
 	domain string
 	log    *slog.Logger
-	m      *Metrics
-	tr     *http.Transport
+	m      Metrics
+	up     *Upstream
 	rp     *httputil.ReverseProxy
 	// limits, when set, rate-limits the data plane per sandbox owner
-	// (class tenant.DataPlane); lm counts its rejections.
+	// (class tenant.DataPlane).
 	limits *ratelimit.Tenants
-	lm     *limitMetrics
-
-	mu    sync.Mutex
-	conns map[string]map[*proxyConn]struct{} // by sandbox id; every open upstream connection
 }
+
+// Config configures a Proxy.
+type Config struct {
+	// Domain enables host routing (`<port>-<id>.<domain>`); "": headers only.
+	Domain string
+	Log    *slog.Logger
+	// Metrics observes the proxy; nil: none.
+	Metrics Metrics
+	// Limits rate-limits the data plane per sandbox owner (class
+	// tenant.DataPlane); nil: no limits.
+	Limits *ratelimit.Tenants
+}
+
+// Labels the proxy reports its requests and bytes by.
+const (
+	PortEnvd = "envd" // requests to envd's port
+	PortUser = "port" // requests to any other port in the sandbox
+	PortNone = "none" // requests refused before a port was known
+
+	DirectionIn  = "in"  // client to sandbox
+	DirectionOut = "out" // sandbox to client
+)
+
+// Metrics is what the proxy reports (the server's Prometheus metrics).
+type Metrics interface {
+	// Request counts a request by port class and status.
+	Request(portClass string, code int)
+	// StreamOpened and StreamClosed bracket a forwarded request.
+	StreamOpened()
+	StreamClosed()
+	// Bytes counts bytes carried in direction.
+	Bytes(direction string, n int)
+	// Rejected counts a request the data-plane limit refused.
+	Rejected(tenant, class string)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) Request(string, int)     {}
+func (noMetrics) StreamOpened()           {}
+func (noMetrics) StreamClosed()           {}
+func (noMetrics) Bytes(string, int)       {}
+func (noMetrics) Rejected(string, string) {}
 
 // proxyTarget is the sandbox and port a request goes to, carried in the
 // request's context from Wrap to Rewrite and the error handler.
@@ -96,27 +135,20 @@ type proxyTarget struct {
 
 type proxyTargetKey struct{}
 
-func newProxy(d sandboxDialer, domain string, log *slog.Logger, m *Metrics) *proxy {
+// New returns a proxy into the sandboxes of lc.
+func New(lc Lifecycle, cfg Config) *Proxy {
+	log, m := cfg.Log, cfg.Metrics
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &proxy{d: d, domain: domain, log: log, m: m, conns: map[string]map[*proxyConn]struct{}{}}
-	var protocols http.Protocols
-	protocols.SetHTTP1(true) // envd and user ports are spoken to in HTTP/1.1
-	p.tr = &http.Transport{
-		DialContext: p.dialUpstream,
-		Protocols:   &protocols,
-		// Pass bodies through untouched: transparent gzip would change
-		// them and buffer streams.
-		DisableCompression:    true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
+	if m == nil {
+		m = noMetrics{}
 	}
+	p := &Proxy{d: lc, domain: cfg.Domain, log: log, m: m, limits: cfg.Limits}
+	p.up = NewUpstream(lc.DialSandbox, m.Bytes)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
-		Transport:     p.tr,
+		Transport:     p.up.Transport(),
 		FlushInterval: -1, // every chunk at once: Connect server streams, SSE
 		ErrorHandler:  p.upstreamError,
 		// Client disconnects mid-body are routine; keep them out of the
@@ -129,7 +161,7 @@ func newProxy(d sandboxDialer, domain string, log *slog.Logger, m *Metrics) *pro
 // Wrap sends data-plane requests (host `<port>-<id>.<domain>`, or the
 // E2b-Sandbox-Id/E2b-Sandbox-Port headers) to the sandbox and everything
 // else to api.
-func (p *proxy) Wrap(api http.Handler) http.Handler {
+func (p *Proxy) Wrap(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, port, ok, err := dataPlaneTarget(r, p.domain)
 		if !ok && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
@@ -156,21 +188,21 @@ func (p *proxy) Wrap(api http.Handler) http.Handler {
 	})
 }
 
-func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, routeErr error) {
-	class := portClassNone
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, routeErr error) {
+	class := PortNone
 	if routeErr == nil {
-		class = portClassPort
+		class = PortUser
 		if port == EnvdPort {
-			class = portClassEnvd
+			class = PortEnvd
 		}
 	}
-	rec := &statusRecorder{ResponseWriter: w}
+	rec := &httpx.StatusRecorder{ResponseWriter: w}
 	defer func() {
-		code := rec.status
+		code := rec.Status
 		if code == 0 {
 			code = http.StatusOK
 		}
-		p.m.proxyRequest(class, code)
+		p.m.Request(class, code)
 	}()
 
 	switch {
@@ -179,15 +211,15 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		if !errors.Is(routeErr, errBadRoute) {
 			msg = routeErr.Error()
 		}
-		writeProxyError(rec, http.StatusBadRequest, "", msg)
+		WriteError(rec, http.StatusBadRequest, "", msg)
 		return
 	case r.Method == http.MethodConnect:
 		// envd answers CONNECT with a tunnel to any port: that must not be
 		// reachable from outside, past the traffic token.
-		writeProxyError(rec, http.StatusMethodNotAllowed, id, msgConnectMethod)
+		WriteError(rec, http.StatusMethodNotAllowed, id, msgConnectMethod)
 		return
 	case port == EnvdPort && isEnvdInternalPath(r.URL.Path):
-		writeProxyError(rec, http.StatusNotFound, id, msgInternalPath)
+		WriteError(rec, http.StatusNotFound, id, msgInternalPath)
 		return
 	case !p.allowDataPlane(rec, r, id):
 		return
@@ -199,18 +231,16 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 			return
 		}
 		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
-			writeProxyError(rec, http.StatusForbidden, id, msgBadTrafficToken)
+			WriteError(rec, http.StatusForbidden, id, msgBadTrafficToken)
 			return
 		}
 	}
 
-	if a, ok := p.d.(activityTracker); ok {
-		// Any data-plane request is activity for the idle TTL, for as long
-		// as it lasts (streams and websockets included).
-		defer a.Active(r.Context(), id)()
-	}
-	p.m.proxyStreamOpened()
-	defer p.m.proxyStreamClosed()
+	// Any data-plane request is activity for the idle TTL, for as long as
+	// it lasts (streams and websockets included).
+	defer p.d.Active(r.Context(), id)()
+	p.m.StreamOpened()
+	defer p.m.StreamClosed()
 	if r.ProtoMajor == 1 {
 		// Let the response flow while the request body still does (client
 		// streams, bidirectional protocols); HTTP/2 always can.
@@ -223,7 +253,7 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 // rewrite points the outbound request at the sandbox. ReverseProxy has
 // already removed hop-by-hop headers (keeping Upgrade for websockets) and
 // X-Forwarded-*.
-func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(proxyTargetKey{}).(proxyTarget)
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = upstreamHost(t.id, t.port)
@@ -241,126 +271,25 @@ func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del(headerTrafficToken)
 }
 
-func upstreamHost(id string, port int) string {
-	return id + "-" + strconv.Itoa(port) + upstreamSuffix
-}
-
-// parseUpstreamHost decodes upstreamHost's output, with or without a port.
-func parseUpstreamHost(addr string) (id string, port int, ok bool) {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		addr = h
-	}
-	label, ok := strings.CutSuffix(addr, upstreamSuffix)
-	if !ok {
-		return "", 0, false
-	}
-	id, ps, ok := strings.Cut(label, "-")
-	if !ok || !validSandboxID(id) {
-		return "", 0, false
-	}
-	port, err := parsePort(ps)
-	if err != nil {
-		return "", 0, false
-	}
-	return id, port, true
-}
-
-// dialUpstream is the transport's dialer: it opens a connection into the
-// sandbox named by the synthetic host.
-func (p *proxy) dialUpstream(ctx context.Context, _, addr string) (net.Conn, error) {
-	id, port, ok := parseUpstreamHost(addr)
-	if !ok {
-		return nil, fmt.Errorf("proxy: unexpected upstream address %q", addr)
-	}
-	c, err := p.d.DialSandbox(ctx, id, port)
-	if err != nil {
-		return nil, err
-	}
-	pc := &proxyConn{Conn: c, p: p, id: id}
-	p.mu.Lock()
-	set := p.conns[id]
-	if set == nil {
-		set = map[*proxyConn]struct{}{}
-		p.conns[id] = set
-	}
-	set[pc] = struct{}{}
-	p.mu.Unlock()
-	return pc, nil
-}
-
 // CloseSandbox closes every upstream connection to sandbox id, idle or in
 // use: requests and streams through them fail, and the next request dials
 // afresh (and so resumes a paused sandbox, or answers 502 for a dead one).
 // The lifecycle layer calls it when it pauses or kills a sandbox.
-func (p *proxy) CloseSandbox(id string) {
-	p.mu.Lock()
-	set := p.conns[id]
-	delete(p.conns, id)
-	p.mu.Unlock()
-	for c := range set {
-		_ = c.Close()
-	}
-}
+func (p *Proxy) CloseSandbox(id string) { p.up.CloseSandbox(id) }
 
 // Close closes all upstream connections, including upgraded ones that
 // http.Server.Shutdown does not see.
-func (p *proxy) Close() {
-	p.tr.CloseIdleConnections()
-	p.mu.Lock()
-	all := p.conns
-	p.conns = map[string]map[*proxyConn]struct{}{}
-	p.mu.Unlock()
-	for _, set := range all {
-		for c := range set {
-			_ = c.Close()
-		}
-	}
-}
-
-// proxyConn is an upstream connection: it counts the bytes it carries and
-// leaves the proxy's set when closed.
-type proxyConn struct {
-	net.Conn
-	p    *proxy
-	id   string
-	once sync.Once
-}
-
-func (c *proxyConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.p.m.proxyBytesAdd(directionOut, n)
-	return n, err
-}
-
-func (c *proxyConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	c.p.m.proxyBytesAdd(directionIn, n)
-	return n, err
-}
-
-func (c *proxyConn) Close() error {
-	c.once.Do(func() {
-		c.p.mu.Lock()
-		if set := c.p.conns[c.id]; set != nil {
-			delete(set, c)
-			if len(set) == 0 {
-				delete(c.p.conns, c.id)
-			}
-		}
-		c.p.mu.Unlock()
-	})
-	return c.Conn.Close()
-}
+func (p *Proxy) Close() { p.up.Close() }
 
 // upstreamError is the ReverseProxy's error handler: the dial or the round
 // trip failed before a response was written.
-func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	t, _ := r.Context().Value(proxyTargetKey{}).(proxyTarget)
 	p.writeUpstreamError(w, r, t, err)
 }
 
 // writeUpstreamError answers a failure to reach the sandbox, by error kind.
-func (p *proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t proxyTarget, err error) {
+func (p *Proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t proxyTarget, err error) {
 	if r.Context().Err() != nil {
 		// The client went away; nobody reads this answer.
 		p.log.Debug("proxy: client gone", "sandbox_id", t.id, "port", t.port, "err", err)
@@ -386,7 +315,7 @@ func (p *proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t pro
 	}
 	p.log.Log(r.Context(), level, "proxy: cannot reach sandbox", "sandbox_id", t.id, "port", t.port,
 		"method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	writeProxyError(w, status, t.id, msg)
+	WriteError(w, status, t.id, msg)
 }
 
 // classifyUpstreamError maps an error kind to the proxy's status and message;
@@ -410,15 +339,16 @@ func classifyUpstreamError(err error) (int, string) {
 	return 0, ""
 }
 
-// proxyError is E2B's proxy error body (wire doc §5).
-type proxyError struct {
+// Error is E2B's proxy error body (wire doc §5).
+type Error struct {
 	SandboxID string `json:"sandboxId,omitempty"`
 	Message   string `json:"message"`
 	Code      int    `json:"code"`
 }
 
-func writeProxyError(w http.ResponseWriter, status int, id, msg string) {
-	b, _ := json.Marshal(proxyError{SandboxID: id, Message: msg, Code: status})
+// WriteError answers status in the proxy's error shape.
+func WriteError(w http.ResponseWriter, status int, id, msg string) {
+	b, _ := json.Marshal(Error{SandboxID: id, Message: msg, Code: status})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
@@ -465,4 +395,26 @@ func writePreflight(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Headers", strings.Join(r.Header.Values("Access-Control-Request-Headers"), ", "))
 	h.Set("Access-Control-Max-Age", "7200")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// allowDataPlane applies the data-plane class of the owner of sandbox id.
+// Over the limit it answers 429 in the proxy's error shape, with
+// Retry-After and X-RateLimit-*, and reports false. An unknown sandbox
+// passes: the dial answers for it.
+func (p *Proxy) allowDataPlane(w http.ResponseWriter, r *http.Request, id string) bool {
+	if p.limits == nil || p.limits.Policy.Limit("", tenant.DataPlane).Unlimited() {
+		return true
+	}
+	t, err := p.d.SandboxTenant(r.Context(), id)
+	if err != nil {
+		return true
+	}
+	d := p.limits.Allow(t, tenant.DataPlane)
+	if d.Allowed || d.Limit.Unlimited() {
+		return true
+	}
+	retry := httpx.LimitHeaders(w, d)
+	WriteError(w, http.StatusTooManyRequests, id, httpx.LimitMessage(d, "data-plane", retry))
+	p.m.Rejected(string(t), string(tenant.DataPlane))
+	return false
 }

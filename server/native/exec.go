@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 const (
@@ -22,6 +23,8 @@ const (
 	execMaxOutput      = 16 << 20
 	// killTimeout bounds the SIGKILL sent after a client went away.
 	killTimeout = 5 * time.Second
+	// drainTimeout bounds the read of a process stream past its exit event.
+	drainTimeout = time.Second
 )
 
 // processSpec is a command to start, from either surface (REST or websocket).
@@ -54,7 +57,7 @@ func (s processSpec) config() (*process.ProcessConfig, error) {
 }
 
 func (c *envdConn) process() processconnect.ProcessClient {
-	return processconnect.NewProcessClient(c.client, "http://envd", connectOpts()...)
+	return processconnect.NewProcessClient(c.client, c.base, connectOpts()...)
 }
 
 func (c *envdConn) selector(pid uint32) *process.ProcessSelector {
@@ -127,44 +130,32 @@ func (c *capped) write(p []byte) {
 // Exec runs a command to completion and answers its output, each stream
 // capped at max_output_bytes (reported as truncated). The process is killed
 // when the timeout passes or the client goes away.
-func (a *nativeAPI) Exec(w http.ResponseWriter, r *http.Request, id string) {
+func (a *API) Exec(w http.ResponseWriter, r *http.Request, id string) {
 	var b nativeapi.ExecPost
-	if err := decodeJSON(r, &b); err != nil {
-		writeNativeError(w, r, a.log, err)
+	if err := httpx.DecodeJSON(r, &b); err != nil {
+		WriteError(w, r, a.log, err)
 		return
 	}
 	res, err := a.exec(r.Context(), id, b)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	httpx.WriteJSON(w, http.StatusOK, res)
 }
 
-func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativeapi.ExecResult, error) {
-	spec := processSpec{cmd: deref(b.Cmd), argv: deref(b.Argv), env: deref(b.Env), cwd: deref(b.Cwd)}
+func (a *API) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativeapi.ExecResult, error) {
+	spec := processSpec{cmd: httpx.Deref(b.Cmd), argv: httpx.Deref(b.Argv), env: httpx.Deref(b.Env), cwd: httpx.Deref(b.Cwd)}
 	pc, err := spec.config()
 	if err != nil {
 		return nil, err
 	}
-	timeout := time.Duration(deref(b.Timeout)) * time.Second
-	switch {
-	case timeout < 0:
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
-	case timeout == 0:
-		timeout = execDefaultTimeout
+	timeout, limit, err := execBounds(b)
+	if err != nil {
+		return nil, err
 	}
-	timeout = min(timeout, execMaxTimeout)
-	limit := deref(b.MaxOutputBytes)
-	switch {
-	case limit < 0:
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "max_output_bytes must not be negative")
-	case limit == 0:
-		limit = execDefaultOutput
-	}
-	limit = min(limit, execMaxOutput)
 
-	c, err := a.envd(ctx, id, deref(b.User))
+	c, err := a.envd(ctx, id, httpx.Deref(b.User))
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +201,9 @@ func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (
 			end = ev.GetEnd()
 		}
 	}
+	if end != nil {
+		drain(stream, cancel)
+	}
 	res := &nativeapi.ExecResult{
 		Stdout:    string(out.buf),
 		Stderr:    string(errOut.buf),
@@ -237,16 +231,51 @@ func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (
 			return nil, errdefs.New(errdefs.ErrUnavailable, "envd ended the stream without an exit event")
 		}
 	} else {
-		res.ExitCode = int(end.GetExitCode())
-		if s := endSignal(end); s != "" {
-			res.Signal = &s
-		}
-		if e := endError(end); e != "" {
-			res.Error = &e
-		}
+		setExit(res, end)
 	}
 	res.DurationMs = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// drain reads a process stream to its end, so that its connection goes back
+// to the pool: envd ends it right after the exit event, and cancel (the
+// stream's) bounds one that does not.
+func drain(stream *connect.ServerStreamForClient[process.StartResponse], cancel context.CancelFunc) {
+	t := time.AfterFunc(drainTimeout, cancel)
+	defer t.Stop()
+	for stream.Receive() {
+	}
+}
+
+// setExit reports how the process ended.
+func setExit(res *nativeapi.ExecResult, end *process.ProcessEvent_EndEvent) {
+	res.ExitCode = int(end.GetExitCode())
+	if s := endSignal(end); s != "" {
+		res.Signal = &s
+	}
+	if e := endError(end); e != "" {
+		res.Error = &e
+	}
+}
+
+// execBounds is an exec's timeout and output cap, defaults and maxima
+// applied.
+func execBounds(b nativeapi.ExecPost) (timeout time.Duration, limit int, err error) {
+	timeout = time.Duration(httpx.Deref(b.Timeout)) * time.Second
+	switch {
+	case timeout < 0:
+		return 0, 0, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+	case timeout == 0:
+		timeout = execDefaultTimeout
+	}
+	limit = httpx.Deref(b.MaxOutputBytes)
+	switch {
+	case limit < 0:
+		return 0, 0, errdefs.New(errdefs.ErrInvalidArgument, "max_output_bytes must not be negative")
+	case limit == 0:
+		limit = execDefaultOutput
+	}
+	return min(timeout, execMaxTimeout), min(limit, execMaxOutput), nil
 }
 
 // writeStdin sends data to a process's stdin, then EOF if closeAfter.

@@ -1,4 +1,4 @@
-package server
+package proxy
 
 import (
 	"bufio"
@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -26,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/process"
 	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // fakeSandboxDialer maps sandboxes and their ports to loopback addresses.
@@ -75,6 +77,15 @@ func (f *fakeSandboxDialer) TrafficToken(_ context.Context, id string) (string, 
 
 func (f *fakeSandboxDialer) SignedFileSandbox(context.Context, url.Values, string) string { return "" }
 
+func (f *fakeSandboxDialer) Active(context.Context, string) func() { return func() {} }
+
+func (f *fakeSandboxDialer) SandboxTenant(_ context.Context, id string) (tenant.ID, error) {
+	if _, err := f.TrafficToken(context.Background(), id); err != nil {
+		return "", err
+	}
+	return "acme", nil
+}
+
 func (f *fakeSandboxDialer) set(id string, sb *fakeProxySandbox) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -83,10 +94,45 @@ func (f *fakeSandboxDialer) set(id string, sb *fakeProxySandbox) {
 
 const proxyTestDomain = "sbx.test"
 
+// testMetrics records what the proxy reports, by the series names the
+// server exports it under.
+type testMetrics struct {
+	mu     sync.Mutex
+	series map[string]float64
+}
+
+func (m *testMetrics) add(series string, v float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.series[series] += v
+}
+
+func (m *testMetrics) Request(portClass string, code int) {
+	m.add(fmt.Sprintf(`sandboxd_proxy_requests_total{code="%d",port_class="%s"}`, code, portClass), 1)
+}
+func (m *testMetrics) StreamOpened() { m.add("sandboxd_proxy_open_streams", 1) }
+func (m *testMetrics) StreamClosed() { m.add("sandboxd_proxy_open_streams", -1) }
+func (m *testMetrics) Bytes(direction string, n int) {
+	m.add(fmt.Sprintf(`sandboxd_proxy_bytes_total{direction="%s"}`, direction), float64(n))
+}
+func (m *testMetrics) Rejected(tenant, class string) {
+	m.add(fmt.Sprintf(`sandboxd_rate_limited_total{class="%s",tenant="%s"}`, class, tenant), 1)
+}
+
+func scrapeMetrics(_ *testing.T, m *testMetrics) map[string]float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.series)
+}
+
+func scrapeMetricsText(t *testing.T, m *testMetrics) string {
+	return fmt.Sprint(scrapeMetrics(t, m))
+}
+
 type proxyEnv struct {
 	d    *fakeSandboxDialer
-	m    *Metrics
-	p    *proxy
+	m    *testMetrics
+	p    *Proxy
 	srv  *httptest.Server // sandboxd: proxy in front of a stub API
 	envd *httptest.Server // the envd of sandbox "sbx1"
 }
@@ -101,8 +147,8 @@ func newProxyEnv(t *testing.T) *proxyEnv {
 	d := &fakeSandboxDialer{sbx: map[string]*fakeProxySandbox{
 		"sbx1": {ports: map[int]string{EnvdPort: ets.Listener.Addr().String()}},
 	}}
-	m := NewMetrics()
-	p := newProxy(d, proxyTestDomain, slog.New(slog.DiscardHandler), m)
+	m := &testMetrics{series: map[string]float64{}}
+	p := New(d, Config{Domain: proxyTestDomain, Log: slog.New(slog.DiscardHandler), Metrics: m})
 	t.Cleanup(p.Close)
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Test-Api", "1")
@@ -175,7 +221,7 @@ func checkProxyError(t *testing.T, resp *http.Response, body string, status int)
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Fatalf("Content-Type %q, want application/json", ct)
 	}
-	var e proxyError
+	var e Error
 	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Code != status || e.Message == "" {
 		t.Fatalf("body %q: want {sandboxId, message, code: %d}", body, status)
 	}
@@ -223,9 +269,9 @@ func TestProxyPoolsConnections(t *testing.T) {
 	}
 	// CloseSandbox drops the pooled connection; the next request dials.
 	env.p.CloseSandbox("sbx1")
-	env.p.mu.Lock()
-	left := len(env.p.conns["sbx1"])
-	env.p.mu.Unlock()
+	env.p.up.mu.Lock()
+	left := len(env.p.up.conns["sbx1"])
+	env.p.up.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d connections left after CloseSandbox", left)
 	}

@@ -1,4 +1,4 @@
-package server
+package native
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
 // Files go through envd's /files (streamed both ways, never buffered here)
@@ -22,11 +23,11 @@ func (c *envdConn) filesURL(path string) string {
 	if c.user != "" {
 		q.Set("username", c.user)
 	}
-	return "http://envd/files?" + q.Encode()
+	return c.base + "/files?" + q.Encode()
 }
 
 func (c *envdConn) filesystem() filesystemconnect.FilesystemClient {
-	return filesystemconnect.NewFilesystemClient(c.client, "http://envd", connectOpts()...)
+	return filesystemconnect.NewFilesystemClient(c.client, c.base, connectOpts()...)
 }
 
 func requirePath(p string) error {
@@ -38,14 +39,14 @@ func requirePath(p string) error {
 
 // filesEnvd checks the path and connects to the sandbox's envd as user; on
 // failure it answers the client itself and returns nil.
-func (a *nativeAPI) filesEnvd(w http.ResponseWriter, r *http.Request, id, path string, user *string) *envdConn {
+func (a *API) filesEnvd(w http.ResponseWriter, r *http.Request, id, path string, user *string) *envdConn {
 	if err := requirePath(path); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return nil
 	}
-	c, err := a.envd(r.Context(), id, deref(user))
+	c, err := a.envd(r.Context(), id, httpx.Deref(user))
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return nil
 	}
 	return c
@@ -54,14 +55,14 @@ func (a *nativeAPI) filesEnvd(w http.ResponseWriter, r *http.Request, id, path s
 // filesDo sends one request to envd's /files, with r's body when upload is
 // set; on failure, a non-200 answer included, it answers the client itself
 // and returns nil. The caller closes the response's body.
-func (a *nativeAPI) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path string, upload bool) *http.Response {
+func (a *API) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path string, upload bool) *http.Response {
 	method, body := http.MethodGet, io.Reader(nil)
 	if upload {
 		method, body = http.MethodPost, r.Body
 	}
 	req, err := http.NewRequestWithContext(r.Context(), method, c.filesURL(path), body)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return nil
 	}
 	if upload {
@@ -72,18 +73,18 @@ func (a *nativeAPI) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn,
 	req.Header.Del("Authorization") // /files takes the user from ?username
 	resp, err := c.client.Do(req)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return nil
 	}
 	if resp.StatusCode != http.StatusOK {
-		writeNativeError(w, r, a.log, envdStatus(resp))
+		WriteError(w, r, a.log, envdStatus(resp))
 		resp.Body.Close()
 		return nil
 	}
 	return resp
 }
 
-func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.UploadFileParams) {
+func (a *API) UploadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.UploadFileParams) {
 	c := a.filesEnvd(w, r, id, p.Path, p.User)
 	if c == nil {
 		return
@@ -98,11 +99,11 @@ func (a *nativeAPI) UploadFile(w http.ResponseWriter, r *http.Request, id string
 		Path, Name, Type string
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&entries); err != nil || len(entries) == 0 {
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrUnavailable, "envd answered the upload without an entry"))
+		WriteError(w, r, a.log, errdefs.New(errdefs.ErrUnavailable, "envd answered the upload without an entry"))
 		return
 	}
 	e := entries[0]
-	writeJSON(w, http.StatusOK, nativeapi.FileEntry{Name: e.Name, Path: e.Path, Type: fileType(e.Type)})
+	httpx.WriteJSON(w, http.StatusOK, nativeapi.FileEntry{Name: e.Name, Path: e.Path, Type: fileType(e.Type)})
 }
 
 func fileType(t string) nativeapi.FileEntryType {
@@ -115,7 +116,7 @@ func fileType(t string) nativeapi.FileEntryType {
 	return "other"
 }
 
-func (a *nativeAPI) DownloadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DownloadFileParams) {
+func (a *API) DownloadFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DownloadFileParams) {
 	c := a.filesEnvd(w, r, id, p.Path, p.User)
 	if c == nil {
 		return
@@ -139,7 +140,7 @@ func (a *nativeAPI) DownloadFile(w http.ResponseWriter, r *http.Request, id stri
 	}
 }
 
-func (a *nativeAPI) DeleteFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DeleteFileParams) {
+func (a *API) DeleteFile(w http.ResponseWriter, r *http.Request, id string, p nativeapi.DeleteFileParams) {
 	c := a.filesEnvd(w, r, id, p.Path, p.User)
 	if c == nil {
 		return
@@ -148,21 +149,21 @@ func (a *nativeAPI) DeleteFile(w http.ResponseWriter, r *http.Request, id string
 	req := connect.NewRequest(&filesystem.RemoveRequest{Path: p.Path})
 	c.auth(req.Header())
 	if _, err := c.filesystem().Remove(r.Context(), req); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string, p nativeapi.ListFilesParams) {
+func (a *API) ListFiles(w http.ResponseWriter, r *http.Request, id string, p nativeapi.ListFilesParams) {
 	if err := requirePath(p.Path); err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
-	depth := deref(p.Depth)
+	depth := httpx.Deref(p.Depth)
 	switch {
 	case depth < 0 || depth > 64:
-		writeNativeError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "depth must be between 1 and 64"))
+		WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "depth must be between 1 and 64"))
 		return
 	case depth == 0:
 		depth = 1
@@ -176,7 +177,7 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 	c.auth(req.Header())
 	resp, err := c.filesystem().ListDir(r.Context(), req)
 	if err != nil {
-		writeNativeError(w, r, a.log, err)
+		WriteError(w, r, a.log, err)
 		return
 	}
 	out := nativeapi.FileList{Entries: make([]nativeapi.FileEntry, 0, len(resp.Msg.GetEntries()))}
@@ -200,5 +201,5 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 		}
 		out.Entries = append(out.Entries, fe)
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpx.WriteJSON(w, http.StatusOK, out)
 }

@@ -1,4 +1,7 @@
-package server
+// Package e2b implements E2B's control-plane REST API (openapi/e2b.yaml,
+// generated into e2bapi) on the lifecycle manager: it renders sandbox views
+// into E2B's wire types. Routing, auth and error answers are the server's.
+package e2b
 
 import (
 	"context"
@@ -15,12 +18,12 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/e2bapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
-// e2bAPI implements E2B's control-plane REST surface on the lifecycle
+// API implements E2B's control-plane REST surface on the lifecycle
 // manager. Wire types stop here: nothing below sees e2bapi.
-type e2bAPI struct {
+type API struct {
 	notImplemented
 	mgr         *sandbox.Manager
 	templates   runtime.TemplateLister // nil if the backend cannot list
@@ -30,14 +33,33 @@ type e2bAPI struct {
 	cpu         sync.Map // sandbox id -> cpuSample, the previous metrics call's
 }
 
-var _ e2bapi.StrictServerInterface = (*e2bAPI)(nil)
+var _ e2bapi.StrictServerInterface = (*API)(nil)
+
+// Config configures an API.
+type Config struct {
+	Manager     *sandbox.Manager
+	Templates   runtime.TemplateLister // optional
+	EnvdVersion string
+	// Domain is returned to SDKs as the sandbox domain; "": the client's own.
+	Domain string
+	Log    *slog.Logger
+}
+
+// New returns E2B's API on cfg.Manager. The caller calls Forget when a
+// sandbox stops.
+func New(cfg Config) *API {
+	return &API{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log}
+}
+
+// Forget drops what the API keeps of sandbox id (its last CPU sample).
+func (a *API) Forget(id string) { a.cpu.Delete(id) }
 
 // clientID is a dead field E2B's Python SDK still requires.
 const clientID = "sandboxd"
 
 func ptr[T any](v T) *T { return &v }
 
-func (a *e2bAPI) sandboxBody(sb *store.Sandbox) e2bapi.Sandbox {
+func (a *API) sandboxBody(sb sandbox.View) e2bapi.Sandbox {
 	out := e2bapi.Sandbox{
 		SandboxID:   sb.ID,
 		TemplateID:  sb.Template,
@@ -50,7 +72,7 @@ func (a *e2bAPI) sandboxBody(sb *store.Sandbox) e2bapi.Sandbox {
 	if sb.EnvdAccessToken != "" {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
-	if tok := sandbox.Network(sb).TrafficAccessToken; tok != "" {
+	if tok := sb.TrafficAccessToken(); tok != "" {
 		out.TrafficAccessToken = ptr(tok)
 	}
 	if a.domain != "" {
@@ -74,12 +96,12 @@ type newSandbox struct {
 	mcp, volumes  bool
 }
 
-func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, error) {
+func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 	if n.mcp {
-		return nil, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
+		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
 	}
 	if n.volumes {
-		return nil, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
+		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
 	}
 	req := sandbox.CreateRequest{
 		Template:      n.template,
@@ -88,7 +110,7 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 	}
 	if n.timeout != nil {
 		if *n.timeout < 0 {
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
+			return sandbox.View{}, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative")
 		}
 		req.Timeout = time.Duration(*n.timeout) * time.Second
 	}
@@ -99,33 +121,33 @@ func (a *e2bAPI) create(ctx context.Context, n newSandbox) (*store.Sandbox, erro
 		req.EnvVars = *n.envVars
 	}
 	if n.autoPause != nil && *n.autoPause {
-		req.Lifecycle.OnTimeout = store.OnTimeoutPause
+		req.Lifecycle.OnTimeout = sandbox.OnTimeoutPause
 		if n.autoPauseMem != nil && !*n.autoPauseMem {
-			req.Lifecycle.OnTimeout = store.OnTimeoutPauseDisk
+			req.Lifecycle.OnTimeout = sandbox.OnTimeoutPauseDisk
 		}
 	}
 	if n.autoResume != nil {
 		req.Lifecycle.AutoResume = n.autoResume.Enabled
 	}
 	if nw := n.network; nw != nil {
-		allowOut, denyOut := deref(nw.AllowOut), deref(nw.DenyOut)
+		allowOut, denyOut := httpx.Deref(nw.AllowOut), httpx.Deref(nw.DenyOut)
 		switch {
 		case len(allowOut) == 0 && len(denyOut) == 1 && denyOut[0] == "0.0.0.0/0":
 			// E2B's spelling of allow_internet_access=false.
 			req.AllowInternet = false
 		case len(allowOut) > 0 || len(denyOut) > 0 || (nw.Rules != nil && len(*nw.Rules) > 0):
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
 		case nw.EgressProxy != nil:
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
 		case nw.MaskRequestHost != nil && *nw.MaskRequestHost != "":
-			return nil, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
 		}
 		req.Network = &sandbox.NetworkConfig{AllowPublicTraffic: nw.AllowPublicTraffic, DenyOut: denyOut}
 	}
-	return a.mgr.Create(ctx, req)
+	return a.mgr.CreateView(ctx, req)
 }
 
-func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
+func (a *API) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequestObject) (e2bapi.CreateSandboxResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -144,7 +166,7 @@ func (a *e2bAPI) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequ
 
 // CreateSandboxV2 is the current SDKs' create. Its body has no `secure`:
 // every v2 sandbox gets an envd access token, as on E2B.
-func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2RequestObject) (e2bapi.CreateSandboxV2ResponseObject, error) {
+func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2RequestObject) (e2bapi.CreateSandboxV2ResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -161,7 +183,7 @@ func (a *e2bAPI) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2
 	return e2bapi.CreateSandboxV2201JSONResponse(a.sandboxBody(sb)), nil
 }
 
-func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
+func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	d := e2bapi.SandboxDetail{
 		SandboxID:           sb.ID,
 		TemplateID:          sb.Template,
@@ -180,7 +202,7 @@ func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
 			AutoResume: sb.Lifecycle.AutoResume,
 		},
 	}
-	if sb.Lifecycle.OnTimeout == store.OnTimeoutPause || sb.Lifecycle.OnTimeout == store.OnTimeoutPauseDisk {
+	if sb.Lifecycle.OnTimeout == sandbox.OnTimeoutPause || sb.Lifecycle.OnTimeout == sandbox.OnTimeoutPauseDisk {
 		d.Lifecycle.OnTimeout = e2bapi.SandboxOnTimeoutPause
 	}
 	if sb.Alias != "" {
@@ -192,8 +214,7 @@ func (a *e2bAPI) detail(sb *store.Sandbox) e2bapi.SandboxDetail {
 	if a.domain != "" {
 		d.Domain = ptr(a.domain)
 	}
-	if len(sb.Network) > 0 {
-		n := sandbox.Network(sb)
+	if n := sb.Network; n != nil {
 		nc := &e2bapi.SandboxNetworkConfig{AllowPublicTraffic: n.AllowPublicTraffic}
 		if len(n.AllowOut) > 0 {
 			nc.AllowOut = ptr(n.AllowOut)
@@ -234,23 +255,23 @@ func nonNil(m map[string]string) map[string]string {
 // else crashes the Python SDK). A resuming sandbox is not reachable until
 // its envd has its /init, and a connect settles one a failure left so: it
 // reads as paused.
-func apiState(s store.State) e2bapi.SandboxState {
+func apiState(s sandbox.State) e2bapi.SandboxState {
 	switch s {
-	case store.StatePaused, store.StatePausing, store.StateResuming:
+	case sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming:
 		return e2bapi.SandboxStatePaused
 	}
 	return e2bapi.SandboxStateRunning
 }
 
-func (a *e2bAPI) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
-	sb, err := a.mgr.Get(ctx, req.SandboxID)
+func (a *API) GetSandbox(ctx context.Context, req e2bapi.GetSandboxRequestObject) (e2bapi.GetSandboxResponseObject, error) {
+	sb, err := a.mgr.GetView(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandbox200JSONResponse(a.detail(sb)), nil
 }
 
-func (a *e2bAPI) KillSandbox(ctx context.Context, req e2bapi.KillSandboxRequestObject) (e2bapi.KillSandboxResponseObject, error) {
+func (a *API) KillSandbox(ctx context.Context, req e2bapi.KillSandboxRequestObject) (e2bapi.KillSandboxResponseObject, error) {
 	if err := a.mgr.Kill(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
@@ -284,20 +305,20 @@ func parseMetadataFilter(q *string) (map[string]string, error) {
 	return out, nil
 }
 
-func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequestObject) (e2bapi.ListSandboxesResponseObject, error) {
+func (a *API) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequestObject) (e2bapi.ListSandboxesResponseObject, error) {
 	md, err := parseMetadataFilter(req.Params.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	out := e2bapi.ListSandboxes200JSONResponse{}
-	f := store.ListFilter{Metadata: md, States: []store.State{store.StateRunning}, Limit: 100}
+	f := sandbox.ListFilter{Metadata: md, States: []sandbox.State{sandbox.StateRunning}, Limit: 100}
 	for {
-		page, next, err := a.mgr.List(ctx, f)
+		page, next, err := a.mgr.ListViews(ctx, f)
 		if err != nil {
 			return nil, err
 		}
 		for i := range page {
-			out = append(out, listed(a.detail(&page[i])))
+			out = append(out, listed(a.detail(page[i])))
 		}
 		if next == "" {
 			return out, nil
@@ -306,28 +327,28 @@ func (a *e2bAPI) ListSandboxes(ctx context.Context, req e2bapi.ListSandboxesRequ
 	}
 }
 
-func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2RequestObject) (e2bapi.ListSandboxesV2ResponseObject, error) {
+func (a *API) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2RequestObject) (e2bapi.ListSandboxesV2ResponseObject, error) {
 	p := req.Params
 	md, err := parseMetadataFilter(p.Metadata)
 	if err != nil {
 		return nil, err
 	}
-	f := store.ListFilter{Metadata: md, Order: store.OrderDesc}
+	f := sandbox.ListFilter{Metadata: md, Order: sandbox.OrderDesc}
 	if p.State != nil {
 		for _, s := range *p.State {
 			switch s {
 			case e2bapi.SandboxStateRunning:
-				f.States = append(f.States, store.StateRunning)
+				f.States = append(f.States, sandbox.StateRunning)
 			case e2bapi.SandboxStatePaused:
 				// What apiState shows as paused.
-				f.States = append(f.States, store.StatePaused, store.StatePausing, store.StateResuming)
+				f.States = append(f.States, sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming)
 			default:
 				return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("state %q: want running or paused", s))
 			}
 		}
 	}
 	if len(f.States) == 0 {
-		f.States = []store.State{store.StateRunning, store.StatePaused, store.StatePausing, store.StateResuming}
+		f.States = []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StatePausing, sandbox.StateResuming}
 	}
 	if p.StartedAfter != nil {
 		f.StartedAfter = *p.StartedAfter
@@ -338,7 +359,7 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 	if p.Order != nil {
 		switch *p.Order {
 		case e2bapi.OrderDirectionAsc:
-			f.Order = store.OrderAsc
+			f.Order = sandbox.OrderAsc
 		case e2bapi.OrderDirectionDesc:
 		default:
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "order: want asc or desc")
@@ -354,13 +375,13 @@ func (a *e2bAPI) ListSandboxesV2(ctx context.Context, req e2bapi.ListSandboxesV2
 	if p.NextToken != nil {
 		f.Cursor = *p.NextToken
 	}
-	page, next, err := a.mgr.List(ctx, f)
+	page, next, err := a.mgr.ListViews(ctx, f)
 	if err != nil {
 		return nil, err
 	}
 	resp := e2bapi.ListSandboxesV2200JSONResponse{Body: []e2bapi.ListedSandbox{}}
 	for i := range page {
-		resp.Body = append(resp.Body, listed(a.detail(&page[i])))
+		resp.Body = append(resp.Body, listed(a.detail(page[i])))
 	}
 	if next != "" {
 		resp.Headers.XNextToken = ptr(next)
@@ -378,19 +399,19 @@ func timeoutOf(t *int32, def time.Duration) (time.Duration, error) {
 	return time.Duration(*t) * time.Second, nil
 }
 
-func (a *e2bAPI) connect(ctx context.Context, id string, timeout *int32) (e2bapi.Sandbox, bool, error) {
+func (a *API) connect(ctx context.Context, id string, timeout *int32) (e2bapi.Sandbox, bool, error) {
 	d, err := timeoutOf(timeout, 0)
 	if err != nil {
 		return e2bapi.Sandbox{}, false, err
 	}
-	sb, resumed, err := a.mgr.Connect(ctx, id, d)
+	sb, resumed, err := a.mgr.ConnectView(ctx, id, d)
 	if err != nil {
 		return e2bapi.Sandbox{}, false, err
 	}
 	return a.sandboxBody(sb), resumed, nil
 }
 
-func (a *e2bAPI) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRequestObject) (e2bapi.ConnectSandboxResponseObject, error) {
+func (a *API) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRequestObject) (e2bapi.ConnectSandboxResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = &req.Body.Timeout
@@ -405,7 +426,7 @@ func (a *e2bAPI) ConnectSandbox(ctx context.Context, req e2bapi.ConnectSandboxRe
 	return e2bapi.ConnectSandbox200JSONResponse(sb), nil
 }
 
-func (a *e2bAPI) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandboxV2RequestObject) (e2bapi.ConnectSandboxV2ResponseObject, error) {
+func (a *API) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandboxV2RequestObject) (e2bapi.ConnectSandboxV2ResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = req.Body.Timeout
@@ -420,7 +441,7 @@ func (a *e2bAPI) ConnectSandboxV2(ctx context.Context, req e2bapi.ConnectSandbox
 	return e2bapi.ConnectSandboxV2200JSONResponse(sb), nil
 }
 
-func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequestObject) (e2bapi.ResumeSandboxResponseObject, error) {
+func (a *API) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequestObject) (e2bapi.ResumeSandboxResponseObject, error) {
 	var t *int32
 	if req.Body != nil {
 		t = req.Body.Timeout
@@ -429,14 +450,14 @@ func (a *e2bAPI) ResumeSandbox(ctx context.Context, req e2bapi.ResumeSandboxRequ
 	if err != nil {
 		return nil, err
 	}
-	sb, err := a.mgr.Resume(ctx, req.SandboxID, d)
+	sb, err := a.mgr.ResumeView(ctx, req.SandboxID, d)
 	if err != nil {
 		return nil, err
 	}
 	return e2bapi.ResumeSandbox201JSONResponse(a.sandboxBody(sb)), nil
 }
 
-func (a *e2bAPI) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxRequestObject) (e2bapi.PauseSandboxResponseObject, error) {
+func (a *API) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxRequestObject) (e2bapi.PauseSandboxResponseObject, error) {
 	memory := true
 	if req.Body != nil && req.Body.Memory != nil {
 		memory = *req.Body.Memory
@@ -447,7 +468,7 @@ func (a *e2bAPI) PauseSandbox(ctx context.Context, req e2bapi.PauseSandboxReques
 	return e2bapi.PauseSandbox204Response{}, nil
 }
 
-func (a *e2bAPI) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeoutRequestObject) (e2bapi.SetSandboxTimeoutResponseObject, error) {
+func (a *API) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeoutRequestObject) (e2bapi.SetSandboxTimeoutResponseObject, error) {
 	if req.Body == nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "missing body")
 	}
@@ -457,7 +478,7 @@ func (a *e2bAPI) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTim
 	return e2bapi.SetSandboxTimeout204Response{}, nil
 }
 
-func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
+func (a *API) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
 	var d time.Duration
 	if req.Body != nil && req.Body.Duration != nil {
 		if *req.Body.Duration < 0 || *req.Body.Duration > 3600 {
@@ -471,7 +492,7 @@ func (a *e2bAPI) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRe
 	return e2bapi.RefreshSandbox204Response{}, nil
 }
 
-func (a *e2bAPI) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
+func (a *API) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
 	var allow *bool
 	unsupported := ""
 	if b := req.Body; b != nil {
@@ -515,8 +536,8 @@ const firstSampleWindow = 100 * time.Millisecond
 
 // sample measures a sandbox now, with its CPU utilisation since the previous
 // call (E2B's cpuUsedPct: percent of the sandbox's CPUs, 0..100).
-func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
-	_, st, err := a.mgr.Stats(ctx, id)
+func (a *API) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
+	_, st, err := a.mgr.StatsView(ctx, id)
 	if err != nil {
 		return e2bapi.SandboxMetric{}, err
 	}
@@ -529,7 +550,7 @@ func (a *e2bAPI) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, e
 		case <-time.After(firstSampleWindow):
 		}
 		prev = cpuSample{at: now, cpu: st.CPUTime}
-		if _, st, err = a.mgr.Stats(ctx, id); err != nil {
+		if _, st, err = a.mgr.StatsView(ctx, id); err != nil {
 			return e2bapi.SandboxMetric{}, err
 		}
 		now = time.Now()
@@ -550,7 +571,7 @@ func cpuPercent(prev, cur cpuSample, cpus int) float64 {
 
 // GetSandboxMetrics answers with the current sample: sandboxd keeps no
 // metric history, so a window yields at most one point (the latest).
-func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
+func (a *API) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
 	m, err := a.sample(ctx, req.SandboxID)
 	if err != nil {
 		return nil, err
@@ -561,7 +582,7 @@ func (a *e2bAPI) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMet
 	return e2bapi.GetSandboxMetrics200JSONResponse{m}, nil
 }
 
-func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
+func (a *API) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
 	if len(req.Params.SandboxIds) > 100 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most 100")
 	}
@@ -578,28 +599,28 @@ func (a *e2bAPI) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandbo
 
 // Logs: sandboxd does not collect a sandbox's system logs (E2B streams its
 // VM's journal); the routes answer an empty, well-formed list.
-func (a *e2bAPI) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
-	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+func (a *API) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
+	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogs200JSONResponse{Logs: []e2bapi.SandboxLog{}, LogEntries: []e2bapi.SandboxLogEntry{}}, nil
 }
 
-func (a *e2bAPI) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
-	if _, err := a.mgr.Get(ctx, req.SandboxID); err != nil {
+func (a *API) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
+	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil
 }
 
-func (a *e2bAPI) templateNames(ctx context.Context) ([]string, error) {
+func (a *API) templateNames(ctx context.Context) ([]string, error) {
 	if a.templates == nil {
 		return nil, nil
 	}
 	return a.templates.Templates(ctx)
 }
 
-func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
+func (a *API) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
 	names, err := a.templateNames(ctx)
 	if err != nil {
 		return nil, err
@@ -616,7 +637,7 @@ func (a *e2bAPI) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesReques
 	return out, nil
 }
 
-func (a *e2bAPI) findTemplate(ctx context.Context, name string) error {
+func (a *API) findTemplate(ctx context.Context, name string) error {
 	names, err := a.templateNames(ctx)
 	if err != nil {
 		return err
@@ -629,7 +650,7 @@ func (a *e2bAPI) findTemplate(ctx context.Context, name string) error {
 	return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("template %q not found", name))
 }
 
-func (a *e2bAPI) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
+func (a *API) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
 	if err := a.findTemplate(ctx, req.TemplateID); err != nil {
 		return nil, err
 	}
@@ -639,7 +660,7 @@ func (a *e2bAPI) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestO
 	}}, nil
 }
 
-func (a *e2bAPI) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
+func (a *API) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
 	if err := a.findTemplate(ctx, req.Alias); err != nil {
 		return nil, err
 	}
