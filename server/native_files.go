@@ -8,8 +8,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
-	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/envd/api/filesystem"
+	"github.com/sandboxd/sandboxd/envd/api/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 )

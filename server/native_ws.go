@@ -12,7 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
+	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/server/nativews"
 )

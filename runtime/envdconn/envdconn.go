@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/envd/tunnel"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
@@ -65,8 +65,8 @@ func CheckPort(id string, port int) error {
 
 // Dial connects to port on the loopback of sandbox id, whose envd dialEnvd
 // reaches: runtime.EnvdPort is envd itself; other ports go through envd's
-// CONNECT tunnel (envd/tunnel) with accessToken, so a closed port fails with
-// an error that errors.Is tunnel.ErrPortNotOpen, and an envd without the
+// CONNECT tunnel (envdapi.Dial) with accessToken, so a closed port fails
+// with an error that errors.Is envdapi.ErrPortNotOpen, and an envd without the
 // tunnel with runtime.ErrUnsupported.
 func Dial(ctx context.Context, dialEnvd DialFunc, accessToken, id string, port int) (net.Conn, error) {
 	if port == runtime.EnvdPort {
@@ -76,9 +76,9 @@ func Dial(ctx context.Context, dialEnvd DialFunc, accessToken, id string, port i
 		}
 		return c, nil
 	}
-	c, err := tunnel.Dial(ctx, dialEnvd, accessToken, port)
+	c, err := envdapi.Dial(ctx, dialEnvd, accessToken, port)
 	if err != nil {
-		var se *tunnel.StatusError
+		var se *envdapi.StatusError
 		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
 			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
 		}

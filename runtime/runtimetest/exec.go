@@ -15,8 +15,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	rpc "github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	rpc "github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
