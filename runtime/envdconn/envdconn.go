@@ -1,9 +1,12 @@
-// Package envdconn is what the runtime backends (runtime/local, incus) share
-// to reach a sandbox's envd from the host: dialling envd's unix socket in a
-// directory the sandbox can write to without being led to another socket
+// Package envdconn is the control plane's one client of envd, over envd's
+// wire contract (envd/api). The runtime backends (runtime/local, incus) use
+// it to reach a sandbox's envd from the host: dialling envd's unix socket in
+// a directory the sandbox can write to without being led to another socket
 // (DialSocket), waiting for envd to answer /health after a create
 // (WaitHealthy), and connecting to a port on the sandbox's loopback: envd
-// itself or, through envd's CONNECT tunnel, any other port (Dial).
+// itself or, through envd's CONNECT tunnel, any other port (Dial). Above a
+// backend's dial, the sandbox manager sends single control requests (Ask:
+// /init) and the API serves exec and files through a Client.
 package envdconn
 
 import (
@@ -197,7 +200,7 @@ func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
-	req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
