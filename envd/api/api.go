@@ -5,6 +5,42 @@
 // generated under it from envd/api/spec (process, filesystem and their
 // *connect packages; `make generate`). envd itself lives in package envd and
 // envd/internal.
+//
+// # Tunnel
+//
+// sandboxd opens a connection to envd (its unix socket or TCP port) and
+// sends an HTTP/1.1 CONNECT request whose authority is the target:
+//
+//	CONNECT 127.0.0.1:8080 HTTP/1.1
+//	Host: 127.0.0.1:8080
+//	X-Access-Token: <token>            (only when envd has one)
+//
+// envd's outer middleware checks X-Access-Token like on any other route
+// (401 JSON when wrong). envd then answers:
+//
+//   - 400 {"code":400,"message":...} for a malformed authority or a port
+//     outside 1-65535 (decimal, no sign, no leading zeros);
+//   - 403 for any host other than 127.0.0.1, ::1 (written [::1]) or localhost
+//     (which is dialled as 127.0.0.1, then ::1; it is never resolved);
+//   - 502 {"code":502,"message":"127.0.0.1:8080: port is not open"} when
+//     nothing accepts the connection;
+//   - "HTTP/1.1 200 OK" and an empty line, after which the connection carries
+//     the target's bytes both ways, unframed. Bytes the client sent right
+//     after its request (before reading the 200) are forwarded too.
+//
+// Half-close is preserved: when one side shuts down its write half (EOF), the
+// other side's write half is shut down (CloseWrite) and the opposite direction
+// keeps flowing, so request/response protocols that signal the end of a
+// request with EOF work, as do HTTP keep-alive and websockets. When both
+// directions have ended, or either fails, both connections are closed and
+// the handler returns; no goroutine outlives it.
+//
+// Over HTTP/2 (h2c or TLS), CONNECT is served as a stream instead of a
+// hijacked connection: the request body is the client-to-target direction
+// and the response body the other. There the client's END_STREAM is passed
+// on as a half-close, but the target's EOF ends the whole stream.
+//
+// Dial is the client side.
 package envdapi
 
 import (

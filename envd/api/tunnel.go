@@ -38,11 +38,11 @@ func (e *StatusError) Is(target error) bool {
 // maxErrorBody bounds how much of a refusal Dial reads.
 const maxErrorBody = 64 << 10
 
-// Dial is the client side of envd's tunnel (the protocol is described in
-// envd/internal/tunnel, its server side). It opens a tunnel to 127.0.0.1:port inside the sandbox: it connects to
-// envd with dialEnvd, performs the CONNECT handshake (with accessToken as
-// X-Access-Token when non-empty) and returns the connection, now carrying the
-// target's bytes. ctx bounds the connect and the handshake only, not the
+// Dial is the client side of envd's tunnel (see the package doc; the
+// server side is envd/internal/tunnel). It opens a tunnel to 127.0.0.1:port
+// inside the sandbox: it connects to envd with dialEnvd, performs the
+// CONNECT handshake (with accessToken as X-Access-Token when non-empty) and
+// returns the connection, now carrying the target's bytes. ctx bounds the connect and the handshake only, not the
 // returned connection's life.
 //
 // The returned conn supports CloseWrite when the connection from dialEnvd
