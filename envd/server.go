@@ -2,6 +2,10 @@
 // envd protocol (Connect RPC process.Process and filesystem.Filesystem in JSON,
 // plus /files, /health, /init, /envs and /metrics) and tunnels TCP to ports on
 // the sandbox's loopback for sandboxd's proxy.
+//
+// This package assembles the server, for cmd/envd and for tests that run a
+// real envd in-process; its parts are in envd/internal. The protocol itself,
+// the one part the control plane imports, is envd/api (package envdapi).
 package envd
 
 import (
