@@ -40,8 +40,13 @@ func TestNativeFiles(t *testing.T) {
 	if r := e.do(http.MethodPut, base+"?path=rel.txt&user=root", tok, []byte("r")); r.status != 200 || !json.Valid(r.body) {
 		t.Errorf("put relative = %s; want 200", r)
 	}
-	if r := e.do(http.MethodGet, base+"?path=/root/rel.txt", tok, nil); r.status != 200 || string(r.body) != "r" {
-		t.Errorf("get /root/rel.txt = %s; want r", r)
+	if r := e.do(http.MethodGet, base+"?path=/root/rel.txt&user=root", tok, nil); r.status != 200 || string(r.body) != "r" {
+		t.Errorf("get /root/rel.txt as root = %s; want r", r)
+	}
+	// Files are read with the user's rights: the default user may not read
+	// root's home.
+	if r := e.do(http.MethodGet, base+"?path=/root/rel.txt", tok, nil); r.status != http.StatusForbidden {
+		t.Errorf("get /root/rel.txt as the default user = %s; want 403", r)
 	}
 
 	r = e.do(http.MethodGet, base+"/list?path=/tmp/dir&depth=2", tok, nil)

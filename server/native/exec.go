@@ -9,8 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/server/httpx"
@@ -56,10 +55,6 @@ func (s processSpec) config() (*process.ProcessConfig, error) {
 	return &pc, nil
 }
 
-func (c *envdConn) process() processconnect.ProcessClient {
-	return processconnect.NewProcessClient(c.client, c.base, connectOpts()...)
-}
-
 func (c *envdConn) selector(pid uint32) *process.ProcessSelector {
 	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
 }
@@ -70,8 +65,8 @@ func (c *envdConn) kill(ctx context.Context, pid uint32) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
 	defer cancel()
 	req := connect.NewRequest(&process.SendSignalRequest{Process: c.selector(pid), Signal: process.Signal_SIGNAL_SIGKILL})
-	c.auth(req.Header())
-	_, err := c.process().SendSignal(ctx, req)
+	c.Auth(req.Header())
+	_, err := c.Process().SendSignal(ctx, req)
 	if connect.CodeOf(err) == connect.CodeNotFound {
 		return nil // already gone
 	}
@@ -167,8 +162,8 @@ func (a *API) exec(ctx context.Context, id string, b nativeapi.ExecPost) (*nativ
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req := connect.NewRequest(&process.StartRequest{Process: pc, Stdin: ptr(b.Stdin != nil)})
-	c.auth(req.Header())
-	stream, err := c.process().Start(sctx, req)
+	c.Auth(req.Header())
+	stream, err := c.Process().Start(sctx, req)
 	if err != nil {
 		return nil, startErr(err)
 	}
@@ -285,8 +280,8 @@ func (c *envdConn) writeStdin(ctx context.Context, pid uint32, data []byte, clos
 			Process: c.selector(pid),
 			Input:   &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: data}},
 		})
-		c.auth(req.Header())
-		if _, err := c.process().SendInput(ctx, req); err != nil {
+		c.Auth(req.Header())
+		if _, err := c.Process().SendInput(ctx, req); err != nil {
 			return err
 		}
 	}
@@ -294,7 +289,7 @@ func (c *envdConn) writeStdin(ctx context.Context, pid uint32, data []byte, clos
 		return nil
 	}
 	req := connect.NewRequest(&process.CloseStdinRequest{Process: c.selector(pid)})
-	c.auth(req.Header())
-	_, err := c.process().CloseStdin(ctx, req)
+	c.Auth(req.Header())
+	_, err := c.Process().CloseStdin(ctx, req)
 	return err
 }

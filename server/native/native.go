@@ -6,7 +6,6 @@ package native
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/proxy"
@@ -222,14 +222,11 @@ type envdStatusError struct {
 
 func (e *envdStatusError) Error() string { return fmt.Sprintf("envd: %d %s", e.status, e.msg) }
 
-// envdConn reaches one sandbox's envd as one user, through the API's
-// shared client; close ends the activity it counts as.
+// envdConn reaches one sandbox's envd as one user, through the API's shared
+// client; close ends the activity it counts as.
 type envdConn struct {
-	sb     sandbox.View
-	user   string
-	base   string // envd's URL on client's transport
-	client *http.Client
-	done   func() // ends the activity the connection counts as
+	*envdconn.Client
+	done func() // ends the activity the connection counts as
 }
 
 // envd looks the sandbox up for the caller's tenant (a foreign one is
@@ -245,26 +242,11 @@ func (a *API) envd(ctx context.Context, id, user string) (*envdConn, error) {
 	// An exec, file or websocket call is activity for the idle TTL, for
 	// as long as it lasts.
 	done := a.mgr.Active(ctx, id)
-	return &envdConn{sb: sb, user: user, base: a.up.BaseURL(id, runtime.EnvdPort), client: a.client, done: done}, nil
+	c := envdconn.NewSharedClient(a.client, a.up.BaseURL(id, runtime.EnvdPort), sb.EnvdAccessToken, user)
+	return &envdConn{Client: c, done: done}, nil
 }
 
 func (c *envdConn) close() { c.done() }
-
-// auth sets envd's headers: the access token and the user (Basic, no
-// password), as E2B's SDKs send them.
-func (c *envdConn) auth(h http.Header) {
-	if c.sb.EnvdAccessToken != "" {
-		h.Set("X-Access-Token", c.sb.EnvdAccessToken)
-	}
-	if c.user != "" {
-		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.user+":")))
-	}
-}
-
-// connectOpts are the client options of every envd RPC.
-func connectOpts() []connect.ClientOption {
-	return []connect.ClientOption{connect.WithProtoJSON()}
-}
 
 // envdStatus reads a failed /files answer into an envdStatusError.
 func envdStatus(resp *http.Response) error {
