@@ -1,4 +1,5 @@
-// Command bench is sandboxd's reproducible benchmark suite (issue 8).
+// Command bench is sandboxd's reproducible benchmark suite: every row a user-facing
+// number with its floor and goal (BENCHMARKS.md).
 //
 // It starts its own sandboxd (a free loopback port, a throw-away data dir and
 // run dir) and its own standalone envd, runs the scenarios, prints a markdown

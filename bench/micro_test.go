@@ -10,7 +10,7 @@ package main
 // socket; the sandboxd handler (API, auth, SQLite store, proxy) is the real
 // one. Each proxied benchmark has a twin that talks to the same envd on its
 // socket, so the difference is the proxy's cost. The pool claim and the
-// limiter (issue 5) are benchmarked through their exported APIs: Pools
+// limiter are benchmarked through their exported APIs: Pools
 // over sandboxtest's in-memory backend, and ratelimit's Limiter/Tenants.
 //
 // These are benchmarks only: `go test ./...` compiles them and runs none.

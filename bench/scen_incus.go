@@ -21,7 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/incus"
 )
 
-// Scenario 9 of issue 8: a raw `incus launch --ephemeral` of the image the
+// The Incus scenario: a raw `incus launch --ephemeral` of the image the
 // Incus backend uses, against sandboxd's cold create on the Incus backend
 // (a second sandboxd with --backend incus), interleaved, on the same image
 // and storage pool. Both sides are network-less: the raw launch runs with
@@ -124,7 +124,7 @@ func (a *incusAPI) waitGone(ctx context.Context, name string, within time.Durati
 // incusUnavailable says why the scenario cannot run here, or "".
 func (b *Bench) incusUnavailable(ctx context.Context, a *incusAPI) string {
 	if !b.flags["backend"] {
-		return "this build's `sandboxd serve` has no --backend flag (the Incus backend, issue 7)"
+		return "this build's `sandboxd serve` has no --backend flag (the Incus backend)"
 	}
 	if _, err := exec.LookPath("incus"); err != nil {
 		return "the incus CLI is not installed (scripts/incus-setup.sh)"
@@ -394,7 +394,7 @@ func incusScenario(ctx context.Context, b *Bench) error {
 		cr.Compare = fmt.Sprintf("p50 %.2f×, p99 %.2f× raw incus launch; paired median %.2f×",
 			*cr.P50 / *rl.P50, *cr.P99 / *rl.P99, median(pairRatio))
 	}
-	cr.Goal = "≤ 1.1× raw incus launch (issue 7)"
+	cr.Goal = "≤ 1.1× raw incus launch"
 	b.add(
 		rl,
 		cr,
@@ -418,7 +418,7 @@ func incusScenario(ctx context.Context, b *Bench) error {
 func incusWarm(ctx context.Context, b *Bench, a *incusAPI, start func(...string) (*Harness, error), stop func(*Harness), coldP50 *float64) error {
 	const measure = "warm claim → 201 on the Incus backend (POST /v2/sandboxes, pool of 2, full)"
 	if !b.flags["pool"] || !b.flags["min-warm"] {
-		b.add(unavailable("incus", measure, "warm pools (issue 5) are not implemented in this build"))
+		b.add(unavailable("incus", measure, "warm pools are not implemented in this build"))
 		return nil
 	}
 	const size = 2
@@ -475,7 +475,7 @@ func incusWarm(ctx context.Context, b *Bench, a *incusAPI, start func(...string)
 	})
 	h1, m1 := h.poolClaims(ctx)
 	c := durDist("incus", measure, claim, errs)
-	c.Goal = "≤ 15 ms (issue 7)"
+	c.Goal = "≤ 15 ms"
 	c.Compare = fmt.Sprintf("%.0f hits, %.0f misses (pool metrics)", h1-h0, m1-m0)
 	if coldP50 != nil && c.P50 != nil {
 		c.Compare += fmt.Sprintf("; p50 %.0f× faster than cold create on Incus", *coldP50 / *c.P50)

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Warm pools and rate limits (issue 5) are measured only when this build's
+// Warm pools and rate limits are measured only when this build's
 // `sandboxd serve` has their flags; otherwise their rows say "not
 // available". Each of these scenarios runs a sandboxd of its own, so that
 // the cold scenarios never meet a pool or a limiter.
@@ -113,10 +113,10 @@ func (b *Bench) coldP50() *float64 {
 // a time against a full pool (each claim waits for the refill of the one
 // before, so that it meets a full pool and no refill in flight); the SDKs'
 // Sandbox.create() against the same pool; and a burst of concurrent creates
-// against a pool of fixed size (issue 8: 200 against 50).
+// against a pool of fixed size (200 against 50).
 func warmScenario(ctx context.Context, b *Bench) error {
 	if !b.flags["pool"] || !b.flags["min-warm"] {
-		why := "warm pools (issue 5) are not implemented in this build"
+		why := "warm pools are not implemented in this build"
 		b.add(
 			unavailable("warm", "warm claim through POST /v2/sandboxes with a pool", why),
 			unavailable("warm", "SDK-observed Sandbox.create() from a pool", why),
@@ -347,7 +347,7 @@ func warmBurstOnce(ctx context.Context, b *Bench, variant, flag string) error {
 func fairnessScenario(ctx context.Context, b *Bench) error {
 	if !b.flags["create-rate"] {
 		b.add(unavailable("fairness", "tenant B's create latency while tenant A floods, vs B alone",
-			"per-tenant rate limits (issue 5) are not implemented in this build"))
+			"per-tenant rate limits are not implemented in this build"))
 		return nil
 	}
 	// With the build's default rate limits, A's flood is held to a few

@@ -147,7 +147,7 @@ func (b *Bench) addSDKRows(scenario, label string, res []sdkIter, runErr error) 
 	t := dist(scenario, label+": Sandbox.create() → first commands.run('true') done", "ms", total, 0)
 	f := dist(scenario, label+": first commands.run('true') on a new sandbox", "ms", first, 0)
 	r := dist(scenario, label+": commands.run('true') via proxy", "ms", runs, 0)
-	r.Goal = "≤ 5 ms (issue 8), proxy adds ≤ 1 ms p50"
+	r.Goal = "≤ 5 ms, proxy adds ≤ 1 ms p50"
 	d := dist(scenario, label+": commands.run('true') straight to a standalone envd (same SDK)", "ms", direct, 0)
 	if len(runs) > 0 && len(direct) > 0 {
 		r.Compare = fmt.Sprintf("%+.2f ms p50 vs straight to a standalone envd (includes the sandbox vs host bash difference)", median(runs)-median(direct))

@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// TestTenantFlood is issue 5's proof on the real local backend: tenant a
+// TestTenantFlood proves per-tenant rate limits on the real local backend: tenant a
 // floods creates at 10× its create rate for 10 s while tenant b creates at
 // its own rate. a gets 429s with Retry-After, X-RateLimit-* and E2B's error
 // body; b gets no 429 and every create of b succeeds; a never gets more

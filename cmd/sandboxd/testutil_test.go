@@ -989,7 +989,7 @@ func e2eIDs(ds []e2eDetail) []string {
 }
 
 // e2eMetadataQuery encodes a metadata filter byte for byte as E2B's JS SDK
-// does (wire §2.5): every key and value through encodeURIComponent, the
+// does for Sandbox.list({query: {metadata}}): every key and value through encodeURIComponent, the
 // pairs through URLSearchParams (form encoding), and that string once more
 // through encodeURIComponent as the query value.
 func e2eMetadataQuery(md map[string]string) string {
@@ -1181,7 +1181,7 @@ func (s *e2eServer) readFile(t *testing.T, id, token, path string) []byte {
 }
 
 // wantProxyNotFound checks the proxy's answer for an unknown or dead
-// sandbox (wire §5): 502 and exactly {"sandboxId": id, "message": "The
+// sandbox, as E2B's client proxy answers it: 502 and exactly {"sandboxId": id, "message": "The
 // sandbox was not found", "code": 502}; the SDKs read 502 as "gone".
 func wantProxyNotFound(t *testing.T, what string, r e2eResponse, id string) {
 	t.Helper()

@@ -53,7 +53,7 @@ import (
 const Port = 49983
 
 // Version is the envd protocol version envd reports. E2B's SDKs gate
-// features on it (wire doc §4); 0.6.13 turns all of them on, and envd
+// features on it (watch recursion, metadata, signed URLs, ...); 0.6.13 turns all of them on, and envd
 // implements every one of them.
 const Version = "0.6.13"
 

@@ -140,7 +140,7 @@ func TestErrorResponses(t *testing.T) {
 }
 
 // TestStatuses pins the success statuses the SDKs accept and the error statuses they parse
-// (shared/reference/e2b-wire.md §2.1, plus what the newest Python client lists).
+// (those E2B's spec declares for each route, plus what the newest Python client lists).
 func TestStatuses(t *testing.T) {
 	doc := loadSpec(t)
 	cases := []struct {

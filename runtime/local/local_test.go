@@ -741,7 +741,7 @@ func benchCreateDestroy(b *testing.B, env testEnv, opts local.Options, internet 
 		{name: "envd-alone", run: func() (time.Duration, error) { return envdAlone(b.TempDir()) }},
 	}
 	if _, err := exec.LookPath("bwrap"); err != nil {
-		// Loud: the bwrap floor is what issue 3's goal is stated against.
+		// Loud: the bwrap floor is what the cold-create goal is stated against.
 		b.Logf("bwrap is not installed (scripts/deps.sh installs it): no bwrap floor, no ratio to it")
 		floors = floors[2:]
 	}

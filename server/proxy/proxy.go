@@ -46,7 +46,7 @@ type Lifecycle interface {
 }
 
 // headerTrafficToken guards ports other than envd's on sandboxes created
-// with network.allowPublicTraffic false (wire doc §5).
+// with network.allowPublicTraffic false, as E2B's client proxy does.
 const headerTrafficToken = "E2b-Traffic-Access-Token"
 
 // The proxy's own error messages. The first two are E2B's, word for word:
@@ -339,7 +339,8 @@ func classifyUpstreamError(err error) (int, string) {
 	return 0, ""
 }
 
-// Error is E2B's proxy error body (wire doc §5).
+// Error is E2B's client-proxy error body: the SDKs read a 502 with it as
+// "the sandbox is gone".
 type Error struct {
 	SandboxID string `json:"sandboxId,omitempty"`
 	Message   string `json:"message"`

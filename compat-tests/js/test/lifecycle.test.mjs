@@ -693,7 +693,7 @@ test('lifecycle: signed uploadUrl/downloadUrl with the routing headers', S, asyn
 test('lifecycle: signed uploadUrl/downloadUrl work through E2B_SANDBOX_URL as given (no headers)', S, async () => {
   // What a user does with the URLs: hand them to a plain HTTP client. With
   // E2B_SANDBOX_URL the SDK builds them on that origin and they carry no
-  // sandbox id (reference/e2b-wire.md §1.3).
+  // sandbox id, so the proxy routes them by the headers the SDK sends.
   const path = `${HOME}/compat-plain-${RUN}.txt`
   const up = await sbx.uploadUrl(path)
   assert.ok(up.startsWith(`${ENVD_URL}/files?`), up)

@@ -1,4 +1,4 @@
-// A few contract points (reference/e2b-wire.md §3.1-§3.2) that the SDKs rely
+// A few contract points of envd's Connect protocol that the SDKs rely
 // on but that a short SDK test cannot reach: keepalive events at the interval
 // the client asks for, the framing of server streams, the unary error shape.
 // Raw Connect-JSON over plain fetch, exactly as the SDKs put it on the wire.

@@ -504,7 +504,7 @@ def test_signed_urls_with_routing_headers(main: Sandbox):
 def test_signed_urls_work_through_sandbox_url_as_given(main: Sandbox):
     """What a user does with the URLs: hand them to a plain HTTP client. With
     E2B_SANDBOX_URL the SDK builds them on that origin and they carry no
-    sandbox id (reference/e2b-wire.md §1.3)."""
+    sandbox id, so the proxy routes them by the headers the SDK sends."""
     path = f"{HOME}/compat-py-plain-{RUN}.txt"
     up = main.upload_url(path)
     assert up.startswith(f"{ENVD_URL}/files?"), up

@@ -1,7 +1,7 @@
 // Package files serves envd's GET and POST /files: downloads and uploads as a
 // chosen user, authorised by the access token or a v1 URL signature.
 //
-// The contract is E2B's (wire doc §3.4-3.6): `path` and `username` query
+// The contract is E2B's envd's `/files`: `path` and `username` query
 // parameters, raw bytes out (Range, conditional requests, optional gzip),
 // multipart/form-data or application/octet-stream in, a JSON array of
 // written entries back, and errors as {"code": status, "message": ...}.
@@ -83,7 +83,8 @@ func (h *Handler) authorize(r *http.Request, q url.Values, op string) error {
 }
 
 // unauthorized answers a failed authorize. Every such failure is 401 by
-// contract (wire doc §3.5), whatever the reason.
+// E2B's contract (its SDKs read 401 as an authentication error), whatever
+// the reason.
 func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, err error) {
 	h.log.Warn("unauthorized /files request", "method", r.Method, "err", err)
 	rpcerr.WriteJSON(w, http.StatusUnauthorized, err.Error())

@@ -18,7 +18,7 @@ import (
 )
 
 // metadataHeaderPrefix marks upload headers that carry file metadata:
-// `X-Metadata-<key>: <value>`, key lower-cased (wire doc §3.4).
+// `X-Metadata-<key>: <value>`, key lower-cased, as E2B's envd reads them.
 const metadataHeaderPrefix = "X-Metadata-"
 
 // entry is one written file in the upload response, E2B's EntryInfo subset
