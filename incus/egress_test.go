@@ -51,7 +51,7 @@ func TestEgress(t *testing.T) {
 	if err := egress.HaveNft(); err != nil {
 		t.Skip(err)
 	}
-	server, inetHost := egresstest.FakeInternet(t, "it", 19)
+	server, inetHost := egresstest.FakeInternet(t, "it", 1)
 	subnet := egressSubnet()
 	ns := randHex()
 	opts := options(t, ns)

@@ -43,7 +43,7 @@ func testEgress(t *testing.T, mode local.UserNSMode) {
 	// ip_forward stays on afterwards, as with any egress user (Docker too):
 	// turning it off again could cut the egress of sandboxes that another
 	// sandboxd on this machine runs.
-	server, inetHost := egresstest.FakeInternet(t, "rt", 18)
+	server, inetHost := egresstest.FakeInternet(t, "rt", 0)
 
 	b := env.openMode(t, mode)
 	ctx := t.Context()

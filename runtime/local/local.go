@@ -154,6 +154,10 @@ type Options struct {
 	// EgressSubnet is where sandboxes with AllowInternet get their address;
 	// its first address is every sandbox's gateway. Default 10.133.0.0/16.
 	EgressSubnet netip.Prefix
+	// EgressAllow are blocks of egress.DefaultDeny (private and
+	// special-purpose ranges: the operator's LAN) that sandboxes with
+	// internet access may reach nonetheless.
+	EgressAllow []netip.Prefix
 	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates are read through idmapped mounts; that needs
@@ -328,7 +332,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			b.log.Info("local backend: cgroup favordynmods", "state", what)
 		}
 	}
-	if b.egress, err = newEgress(opts.EgressSubnet); err != nil {
+	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	// Limit memory+swap to the memory limit (no swap) where the kernel
