@@ -11,7 +11,11 @@
 //     host itself (sandboxd's port, or anything bound to 0.0.0.0);
 //   - forwarding between sandbox veths is dropped: sandboxes do not reach
 //     each other;
-//   - link-local destinations (cloud metadata) are dropped;
+//   - private and special-purpose destinations (DefaultDeny: the
+//     operator's LAN, CGNAT, link-local cloud metadata, ...) are dropped,
+//     except those the operator allows (New's allow) and the sandboxes'
+//     resolvers on port 53 (ResolvConf);
+//   - IPv6 is dropped (sandboxes get no IPv6 address);
 //   - new connections into a sandbox are dropped; replies pass.
 //
 // The host end is named HostPrefix+12 hex digits of a hash of the
@@ -19,7 +23,8 @@
 // network namespace (CreateVethIn, local) or by Incus (a p2p NIC). Every
 // backend must name its host ends so: the rules match nothing else.
 // (PeerPrefix+the same digits named the sandbox end while it was made in
-// the host's namespace and moved; DeleteLinks still removes such leftovers.) When the sandbox's network namespace goes, the pair
+// the host's namespace and moved; DeleteLinks still removes such
+// leftovers.) When the sandbox's network namespace goes, the pair
 // goes with it, and the host end's address and route with the link.
 package egress
 

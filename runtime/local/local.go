@@ -18,7 +18,8 @@
 // bind-mounted into the sandbox, so no network is needed. The network
 // namespace has loopback only, unless the spec allows internet access: then
 // a veth pair, routing and nftables masquerading give it egress (see
-// net.go), never to the host itself or to other sandboxes.
+// net.go), never to the host itself, to other sandboxes or, unless
+// Options.EgressAllow says so, to private and special-purpose ranges.
 //
 // Everything a sandbox holds on the host lives under one directory,
 // <Root>/sandboxes/<id>, plus its cgroup <CgroupParent>/<id> and, with
