@@ -4,8 +4,9 @@
 // from the egress subnet (/32) and a default route to the gateway address,
 // which every host end carries (/32, like Calico). The host routes the
 // sandbox's address to its veth, forwards its traffic and masquerades it.
-// One nftables table, created once, holds all rules; they match the
-// interface prefix, so there is nothing to add or remove per sandbox:
+// One nftables table per egress subnet, created once, holds all rules;
+// they match the interface prefix and the subnet, so there is nothing to
+// add or remove per sandbox:
 //
 //   - input from a sandbox veth is dropped: a sandbox never reaches the
 //     host itself (sandboxd's port, or anything bound to 0.0.0.0);
@@ -52,7 +53,8 @@ import (
 const (
 	HostPrefix = "sbx"
 	PeerPrefix = "sbp"
-	// Table is the nftables table (family inet) that holds the rules.
+	// Table starts the name of the nftables table (family inet) that
+	// holds the rules of an egress subnet: sandboxd_10_133_0_0_16.
 	Table = "sandboxd"
 )
 
@@ -95,6 +97,13 @@ var DefaultDeny = []netip.Prefix{
 // deny4 covers them (a resolver on the host's LAN) or on the host itself.
 // auto-merge takes overlapping blocks (240.0.0.0/4 and the broadcast
 // address; an operator's 10.1.0.0/16 and 10.1.2.0/24).
+//
+// Each egress subnet has a table of its own, whose exceptions apply to its
+// sandboxes only (ip saddr): a packet passes the host only if no table
+// drops it, so sandboxd instances with different allow lists, or an older
+// sandboxd's table (inet sandboxd, without the deny list), cannot open
+// what another's table closes. The reverse-path check (fib) keeps a
+// sandbox from borrowing another subnet's exceptions with a forged source.
 const rulesetTemplate = `table inet {{.Table}} {
 	set deny4 {
 		type ipv4_addr; flags interval; auto-merge;
@@ -110,13 +119,17 @@ const rulesetTemplate = `table inet {{.Table}} {
 	}
 	chain input {
 		type filter hook input priority -10; policy accept;
-		iifname "{{.Prefix}}*" ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
+		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
+		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
 		iifname "{{.Prefix}}*" drop
 	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
 		iifname "{{.Prefix}}*" oifname "{{.Prefix}}*" drop
 		iifname "{{.Prefix}}*" meta nfproto ipv6 drop
+		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
 		iifname "{{.Prefix}}*" ip daddr @allow4 accept
 		iifname "{{.Prefix}}*" ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
 		iifname "{{.Prefix}}*" ip daddr @deny4 drop
@@ -126,7 +139,7 @@ const rulesetTemplate = `table inet {{.Table}} {
 	}
 	chain postrouting {
 		type nat hook postrouting priority 100; policy accept;
-		iifname "{{.Prefix}}*" oifname != "{{.Prefix}}*" masquerade
+		iifname "{{.Prefix}}*" oifname != "{{.Prefix}}*" ip saddr {{.Subnet}} masquerade
 	}
 }
 `
@@ -152,7 +165,7 @@ var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
 func (e *Egress) ruleset() string {
 	var b strings.Builder
 	if err := rulesetTmpl.Execute(&b, map[string]any{
-		"Table": e.table, "Prefix": e.prefix, "Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
+		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
 	}); err != nil {
 		panic(err) // the template and its data are ours
 	}
@@ -205,7 +218,7 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	if !subnet.Addr().Is4() || subnet.Bits() > 28 {
 		return nil, fmt.Errorf("egress subnet %s: want IPv4, /28 or larger", subnet)
 	}
-	e := &Egress{subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), table: Table, prefix: HostPrefix}
+	e := &Egress{subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet)}
 	for _, p := range allow {
 		if !p.IsValid() || !p.Addr().Is4() {
 			return nil, fmt.Errorf("egress allow %s: want an IPv4 CIDR", p)
@@ -226,9 +239,9 @@ func (e *Egress) Ready() bool { return e.ready.Load() }
 
 // Setup enables forwarding and installs the nftables table, once per
 // process. The table is replaced whole, so a changed ruleset takes effect
-// and repeated runs do not stack rules. The table is the host's: every
-// sandboxd on it must be given the same allow list, or the last one
-// started decides for all. Until it has run, a missing nft is
+// and repeated runs do not stack rules. The table is the subnet's: two
+// sandboxd sharing a subnet (which ErrAddressInUse refuses anyway) would
+// share it. Until it has run, a missing nft is
 // ErrNoNft, not remembered: installing nftables later is enough.
 func (e *Egress) Setup() error {
 	if e.ready.Load() {
@@ -252,6 +265,20 @@ func (e *Egress) Setup() error {
 		e.ready.Store(true)
 	})
 	return e.initErr
+}
+
+func tableName(subnet netip.Prefix) string {
+	return Table + "_" + strings.NewReplacer(".", "_", "/", "_").Replace(subnet.Masked().String())
+}
+
+// DeleteTable removes the rules of egress subnet subnet, which Setup
+// leaves in place when sandboxd exits (its sandboxes may outlive it): for
+// tests, and for an operator retiring a subnet.
+func DeleteTable(subnet netip.Prefix) error {
+	if out, err := exec.Command("nft", "delete", "table", "inet", tableName(subnet)).CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // Allocate picks a free address in the subnet, skipping the network,

@@ -41,7 +41,8 @@ func TestRules(t *testing.T) {
 	hostDNS := listenHost(t, net.JoinHostPort(lan.Host, "53"))
 
 	pid := netnsProcess(t)
-	first := testEgress(t, nil, nil)
+	subnet := netip.MustParsePrefix("10.139.251.0/24")
+	first := testEgress(t, subnet, nil, nil)
 	info, err := first.CreateVethIn("egress-rules-"+strconv.Itoa(os.Getpid()), netip.MustParseAddr("10.139.251.2"), pid)
 	if err != nil {
 		t.Fatalf("CreateVethIn = %v", err)
@@ -52,6 +53,9 @@ func TestRules(t *testing.T) {
 		name      string
 		allow     []netip.Prefix
 		resolvers []netip.Addr
+		// neighbour: another subnet's table, allowing 10.0.0.0/8, is
+		// there too (another sandboxd); its exceptions are not ours.
+		neighbour bool
 		reach     map[string]string // address → the source the server must see
 		noReach   []string
 	}{
@@ -59,6 +63,12 @@ func TestRules(t *testing.T) {
 			name:    "default",
 			reach:   map[string]string{inet: inetHost},
 			noReach: []string{lan.Server, lan.DNS, onHost, hostDNS},
+		},
+		{
+			name:      "another subnet allows the LAN",
+			neighbour: true,
+			reach:     map[string]string{inet: inetHost},
+			noReach:   []string{lan.Server, lan.DNS, onHost, hostDNS},
 		},
 		{
 			name:    "LAN allowed",
@@ -80,7 +90,13 @@ func TestRules(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := testEgress(t, tc.allow, tc.resolvers).Setup(); err != nil {
+			if tc.neighbour {
+				other := testEgress(t, netip.MustParsePrefix("10.139.252.0/24"), []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, nil)
+				if err := other.Setup(); err != nil {
+					t.Fatalf("Setup(neighbour) = %v", err)
+				}
+			}
+			if err := testEgress(t, subnet, tc.allow, tc.resolvers).Setup(); err != nil {
 				t.Fatalf("Setup = %v", err)
 			}
 			for addr, src := range tc.reach {
@@ -99,13 +115,15 @@ func TestRules(t *testing.T) {
 
 // testEgress is an Egress for the test's own table and link prefix, not
 // set up yet: each Setup replaces the table with its rules.
-func testEgress(t *testing.T, allow []netip.Prefix, resolvers []netip.Addr) *Egress {
+func testEgress(t *testing.T, subnet netip.Prefix, allow []netip.Prefix, resolvers []netip.Addr) *Egress {
 	t.Helper()
-	e, err := New(netip.MustParsePrefix("10.139.251.0/24"), allow...)
+	e, err := New(subnet, allow...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.table, e.prefix, e.resolvers = "sandboxd_test", "sbt", resolvers
+	// Still a table per subnet, under a name of the test's own (so not
+	// DeleteTable).
+	e.table, e.prefix, e.resolvers = "test_"+e.table, "sbt", resolvers
 	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", e.table).Run() })
 	return e
 }

@@ -281,10 +281,23 @@ sys.exit("nothing listens on 127.0.0.1:8000")
 // does not reach the fake internet's server.
 func CheckNoInternet(t testing.TB, b runtime.Backend, id, server string) {
 	t.Helper()
-	res := Connect(t, b, id, server)
-	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
+	checkUnreachable(t, b, id, server, "without internet")
+}
+
+// CheckNoLAN checks that sandbox id (with internet access, and no
+// exception for the LAN) reaches neither of lan's servers.
+func CheckNoLAN(t testing.TB, b runtime.Backend, id string, lan LAN) {
+	t.Helper()
+	checkUnreachable(t, b, id, lan.Server, "LAN")
+	checkUnreachable(t, b, id, lan.DNS, "LAN")
+}
+
+func checkUnreachable(t testing.TB, b runtime.Backend, id, addr, what string) {
+	t.Helper()
+	res := Connect(t, b, id, addr)
+	t.Logf("sandbox (%s) → %s: %s", what, addr, lastLine(res.Stderr))
 	if res.ExitCode == 0 {
-		t.Errorf("without internet: GET %s succeeded: %v", server, res)
+		t.Errorf("%s: GET %s succeeded: %v", what, addr, res)
 	}
 }
 
