@@ -9,7 +9,11 @@
 // add or remove per sandbox:
 //
 //   - input from a sandbox veth is dropped: a sandbox never reaches the
-//     host itself (sandboxd's port, or anything bound to 0.0.0.0);
+//     host itself, on any of its addresses (sandboxd's port, or anything
+//     bound to 0.0.0.0), but for DNS to a resolver of its resolv.conf
+//     that is the host's;
+//   - a source address not routed back to the veth it came from is
+//     dropped;
 //   - forwarding between sandbox veths is dropped: sandboxes do not reach
 //     each other;
 //   - private and special-purpose destinations (DefaultDeny: the
