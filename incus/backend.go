@@ -116,6 +116,10 @@ type Options struct {
 	// 10.134.0.0/16 (runtime/local's is 10.133.0.0/16): each sandboxd on a
 	// host needs a subnet of its own.
 	EgressSubnet netip.Prefix
+	// EgressAllow are blocks of egress.DefaultDeny (private and
+	// special-purpose ranges: the operator's LAN) that sandboxes with
+	// internet access may reach nonetheless.
+	EgressAllow []netip.Prefix
 	// EnvdLogLevel is envd's --log-level. Default "warn".
 	EnvdLogLevel string
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
@@ -207,7 +211,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if !opts.EgressSubnet.IsValid() {
 		opts.EgressSubnet = netip.MustParsePrefix("10.134.0.0/16")
 	}
-	eg, err := egress.New(opts.EgressSubnet)
+	eg, err := egress.New(opts.EgressSubnet, opts.EgressAllow...)
 	if err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
@@ -241,7 +245,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	// Written whole and renamed: running sandboxes keep the file they have.
 	resolv := filepath.Join(opts.Root, "resolv.conf")
-	if err := os.WriteFile(resolv+".tmp", egress.ResolvConf(), 0o644); err != nil {
+	if err := os.WriteFile(resolv+".tmp", eg.ResolvConf(), 0o644); err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
 	if err := os.Rename(resolv+".tmp", resolv); err != nil {

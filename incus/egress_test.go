@@ -20,12 +20,16 @@ import (
 // egressSubnet is a random /24 of the Incus default 10.134.0.0/16, never
 // 10.134.0.0/24 (which compat-tests/run.sh gives its sandboxd), so that
 // tests running side by side do not share addresses.
-func egressSubnet() netip.Prefix {
+func egressSubnet(t testing.TB) netip.Prefix {
 	var b [1]byte
 	for b[0] == 0 {
 		_, _ = rand.Read(b[:])
 	}
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 134, b[0], 0}), 24)
+	p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 134, b[0], 0}), 24)
+	// The rules of a subnet stay when the backend goes, for sandboxes
+	// that outlive sandboxd; the test's go with the test.
+	t.Cleanup(func() { _ = egress.DeleteTable(p) })
+	return p
 }
 
 // ifaceScript prints eth0's IPv4 address and the default gateway, read
@@ -51,8 +55,9 @@ func TestEgress(t *testing.T) {
 	if err := egress.HaveNft(); err != nil {
 		t.Skip(err)
 	}
-	server, inetHost := egresstest.FakeInternet(t, "it", 19)
-	subnet := egressSubnet()
+	server, inetHost := egresstest.FakeInternet(t, "it", 1)
+	lan := egresstest.FakeLAN(t, "il")
+	subnet := egressSubnet(t)
 	ns := randHex()
 	opts := options(t, ns)
 	opts.EgressSubnet = subnet
@@ -105,10 +110,11 @@ func TestEgress(t *testing.T) {
 		t.Errorf("interfaces without internet: %v; want lo only", res)
 	}
 
-	// The fake internet, through the masquerade; never the host, never
-	// another sandbox.
+	// The fake internet, through the masquerade; never the LAN, the host
+	// or another sandbox.
 	egresstest.CheckReaches(t, b, on, server, inetHost)
 	egresstest.CheckNoInternet(t, b, off, server)
+	egresstest.CheckNoLAN(t, b, on, lan)
 	egresstest.CheckNoHost(t, b, on, gateway)
 	egresstest.CheckNoNeighbour(t, b, on, other, addrOf[other], hostIf(other))
 

@@ -285,7 +285,7 @@ func TestTiming(t *testing.T) {
 	}
 	ns := randHex()
 	opts := options(t, ns)
-	opts.EgressSubnet = egressSubnet()
+	opts.EgressSubnet = egressSubnet(t)
 	b := newBackendWith(t, ns, opts)
 	ctx := t.Context()
 	n := 11
@@ -528,7 +528,7 @@ func TestPauseToDisk(t *testing.T) {
 			}
 			ns := randHex()
 			opts := options(t, ns)
-			opts.EgressSubnet = egressSubnet()
+			opts.EgressSubnet = egressSubnet(t)
 			b := newBackendWith(t, ns, opts)
 			ctx := t.Context()
 			c := b.Client()

@@ -16,6 +16,7 @@ import (
 // backendOpts are serve's flags that configure a backend beyond its name.
 type backendOpts struct {
 	egressSubnet string
+	egressAllow  cidrFlag
 	incusImages  imageFlag
 	userNS       userNSFlag
 	pauseReserve int
@@ -25,6 +26,7 @@ type backendOpts struct {
 
 func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
+	fs.Var(&o.egressAllow, "egress-allow-cidr", "IPv4 CIDR that sandboxes with internet access may reach although it is private or special-purpose (RFC 1918, CGNAT 100.64.0.0/10, link-local, ...: denied by default, see runtime/egress); repeatable, or comma-separated. The rules are the host's: give every sandboxd on a host the same list")
 	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
@@ -43,6 +45,27 @@ func (o *backendOpts) subnet() (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("--egress-subnet: %w", err)
 	}
 	return p, nil
+}
+
+// cidrFlag collects repeated --egress-allow-cidr flags. One may list
+// several, comma-separated: the form SANDBOXD_EGRESS_ALLOW_CIDR and a
+// --config file can give.
+type cidrFlag []netip.Prefix
+
+func (f *cidrFlag) String() string { return fmt.Sprint([]netip.Prefix(*f)) }
+
+func (f *cidrFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		if !p.Addr().Is4() {
+			return fmt.Errorf("%s: want IPv4 (sandboxes have no IPv6)", s)
+		}
+		*f = append(*f, p.Masked())
+	}
+	return nil
 }
 
 // images is the Incus backend's template → image map: base → sandboxd-base

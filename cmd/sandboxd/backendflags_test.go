@@ -14,6 +14,7 @@ func TestBackendOpts(t *testing.T) {
 		args    []string
 		images  map[string]string
 		subnet  string
+		allow   string
 		userNS  string
 		wantErr bool
 	}{
@@ -33,6 +34,10 @@ func TestBackendOpts(t *testing.T) {
 		{name: "no name", args: []string{"--incus-image", "=x"}, wantErr: true},
 		{name: "twice", args: []string{"--incus-image", "py=a", "--incus-image", "py=b"}, wantErr: true},
 		{name: "bad subnet", args: []string{"--egress-subnet", "10.140.0.0"}, wantErr: true},
+		{name: "allow twice", args: []string{"--egress-allow-cidr", "192.168.1.7/24", "--egress-allow-cidr", "10.0.0.0/8"}, allow: "[192.168.1.0/24 10.0.0.0/8]"},
+		{name: "allow a list", args: []string{"--egress-allow-cidr", "192.168.1.0/24, 172.16.0.0/12"}, allow: "[192.168.1.0/24 172.16.0.0/12]"},
+		{name: "allow bad", args: []string{"--egress-allow-cidr", "192.168.1.7"}, wantErr: true},
+		{name: "allow IPv6", args: []string{"--egress-allow-cidr", "fd00::/8"}, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -62,6 +67,12 @@ func TestBackendOpts(t *testing.T) {
 			}
 			if got := bo.images(); !maps.Equal(got, tc.images) {
 				t.Errorf("images = %v; want %v", got, tc.images)
+			}
+			if tc.allow == "" {
+				tc.allow = "[]"
+			}
+			if got := bo.egressAllow.String(); got != tc.allow {
+				t.Errorf("egress allow = %s; want %s", got, tc.allow)
 			}
 			if sub != tc.subnet {
 				t.Errorf("subnet = %q; want %q", sub, tc.subnet)

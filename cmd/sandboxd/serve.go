@@ -281,7 +281,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 			InitPath: initPath,
 			Root:     runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
+			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			Log: log.With("component", "local"),
 		})
 		if err != nil {
@@ -289,7 +289,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		}
 		return be, nil
 	case "incus":
-		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet,
+		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow,
 			Images: bo.images(), Log: log.With("component", "incus")}
 		if runDir != defaultRunDir {
 			opts.Root = runDir

@@ -4,14 +4,23 @@
 // from the egress subnet (/32) and a default route to the gateway address,
 // which every host end carries (/32, like Calico). The host routes the
 // sandbox's address to its veth, forwards its traffic and masquerades it.
-// One nftables table, created once, holds all rules; they match the
-// interface prefix, so there is nothing to add or remove per sandbox:
+// One nftables table per egress subnet, created once, holds all rules;
+// they match the interface prefix and the subnet, so there is nothing to
+// add or remove per sandbox:
 //
 //   - input from a sandbox veth is dropped: a sandbox never reaches the
-//     host itself (sandboxd's port, or anything bound to 0.0.0.0);
+//     host itself, on any of its addresses (sandboxd's port, or anything
+//     bound to 0.0.0.0), but for DNS to a resolver of its resolv.conf
+//     that is the host's;
+//   - a source address not routed back to the veth it came from is
+//     dropped;
 //   - forwarding between sandbox veths is dropped: sandboxes do not reach
 //     each other;
-//   - link-local destinations (cloud metadata) are dropped;
+//   - private and special-purpose destinations (DefaultDeny: the
+//     operator's LAN, CGNAT, link-local cloud metadata, ...) are dropped,
+//     except those the operator allows (New's allow) and the sandboxes'
+//     resolvers on port 53 (ResolvConf);
+//   - IPv6 is dropped (sandboxes get no IPv6 address);
 //   - new connections into a sandbox are dropped; replies pass.
 //
 // The host end is named HostPrefix+12 hex digits of a hash of the
@@ -19,7 +28,8 @@
 // network namespace (CreateVethIn, local) or by Incus (a p2p NIC). Every
 // backend must name its host ends so: the rules match nothing else.
 // (PeerPrefix+the same digits named the sandbox end while it was made in
-// the host's namespace and moved; DeleteLinks still removes such leftovers.) When the sandbox's network namespace goes, the pair
+// the host's namespace and moved; DeleteLinks still removes such
+// leftovers.) When the sandbox's network namespace goes, the pair
 // goes with it, and the host end's address and route with the link.
 package egress
 
@@ -37,6 +47,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"text/template"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -46,30 +57,124 @@ import (
 const (
 	HostPrefix = "sbx"
 	PeerPrefix = "sbp"
-	// Table is the nftables table (family inet) that holds the rules.
+	// Table starts the name of the nftables table (family inet) that
+	// holds the rules of an egress subnet: sandboxd_10_133_0_0_16.
 	Table = "sandboxd"
 )
 
-const ruleset = `table inet sandboxd {
+// DefaultDeny are the destinations a sandbox does not reach unless the
+// operator allows them (New's allow): every block of IANA's IPv4
+// Special-Purpose Address Registry (RFC 6890 and its updates) that is not
+// globally reachable, the deprecated 6to4 relay anycast block (RFC 7526)
+// and multicast (RFC 5771). That covers the operator's LAN (RFC 1918),
+// carrier-grade NAT (RFC 6598), loopback, link-local (cloud metadata) and
+// the documentation and benchmarking nets some hosts use as LANs. The
+// registry's globally reachable blocks are left alone: 192.31.196.0/24 and
+// 192.175.48.0/24 (AS112) and 192.52.193.0/24 (AMT) are the internet's;
+// 192.0.0.9/32 and 192.0.0.10/32 (anycast PCP and TURN, never deployed)
+// go with the rest of 192.0.0.0/24. The host's own addresses, whatever
+// their range, are not forwarded at all: the input chain drops everything
+// from a sandbox.
+var DefaultDeny = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),          // "this network", RFC 791
+	netip.MustParsePrefix("10.0.0.0/8"),         // private, RFC 1918
+	netip.MustParsePrefix("100.64.0.0/10"),      // shared (CGNAT), RFC 6598
+	netip.MustParsePrefix("127.0.0.0/8"),        // loopback, RFC 1122
+	netip.MustParsePrefix("169.254.0.0/16"),     // link-local, cloud metadata, RFC 3927
+	netip.MustParsePrefix("172.16.0.0/12"),      // private, RFC 1918
+	netip.MustParsePrefix("192.0.0.0/24"),       // IETF protocol assignments, RFC 6890
+	netip.MustParsePrefix("192.0.2.0/24"),       // TEST-NET-1, RFC 5737
+	netip.MustParsePrefix("192.88.99.0/24"),     // 6to4 relay anycast, deprecated by RFC 7526
+	netip.MustParsePrefix("192.168.0.0/16"),     // private, RFC 1918
+	netip.MustParsePrefix("198.18.0.0/15"),      // benchmarking, RFC 2544
+	netip.MustParsePrefix("198.51.100.0/24"),    // TEST-NET-2, RFC 5737
+	netip.MustParsePrefix("203.0.113.0/24"),     // TEST-NET-3, RFC 5737
+	netip.MustParsePrefix("224.0.0.0/4"),        // multicast, RFC 5771
+	netip.MustParsePrefix("240.0.0.0/4"),        // reserved, RFC 1112
+	netip.MustParsePrefix("255.255.255.255/32"), // limited broadcast, RFC 919
+}
+
+// The rules keep addresses in nftables sets, so that later rules (such as
+// per-sandbox policies) add elements or sets rather than rewrite chains:
+// deny4 is DefaultDeny, allow4 the operator's exceptions to it, dns4 the
+// resolvers of the sandboxes' resolv.conf, reachable on port 53 even where
+// deny4 covers them (a resolver on the host's LAN) or on the host itself.
+// auto-merge takes overlapping blocks (240.0.0.0/4 and the broadcast
+// address; an operator's 10.1.0.0/16 and 10.1.2.0/24).
+//
+// Each egress subnet has a table of its own, whose exceptions apply to its
+// sandboxes only (ip saddr): a packet passes the host only if no table
+// drops it, so sandboxd instances with different allow lists, or an older
+// sandboxd's table (inet sandboxd, without the deny list), cannot open
+// what another's table closes. The reverse-path check (fib) keeps a
+// sandbox from borrowing another subnet's exceptions with a forged source.
+const rulesetTemplate = `table inet {{.Table}} {
+	set deny4 {
+		type ipv4_addr; flags interval; auto-merge;
+		elements = { {{join .Deny}} }
+	}
+	set allow4 {
+		type ipv4_addr; flags interval; auto-merge;{{if .Allow}}
+		elements = { {{join .Allow}} }{{end}}
+	}
+	set dns4 {
+		type ipv4_addr; flags interval; auto-merge;{{if .DNS}}
+		elements = { {{join .DNS}} }{{end}}
+	}
 	chain input {
 		type filter hook input priority -10; policy accept;
-		iifname "sbx*" drop
+		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
+		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
+		iifname "{{.Prefix}}*" drop
 	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
-		iifname "sbx*" oifname "sbx*" drop
-		iifname "sbx*" ip daddr 169.254.0.0/16 drop
-		iifname "sbx*" meta nfproto ipv6 drop
-		iifname "sbx*" accept
-		oifname "sbx*" ct state established,related accept
-		oifname "sbx*" drop
+		iifname "{{.Prefix}}*" oifname "{{.Prefix}}*" drop
+		iifname "{{.Prefix}}*" meta nfproto ipv6 drop
+		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
+		iifname "{{.Prefix}}*" ip daddr @allow4 accept
+		iifname "{{.Prefix}}*" ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
+		iifname "{{.Prefix}}*" ip daddr @deny4 drop
+		iifname "{{.Prefix}}*" accept
+		oifname "{{.Prefix}}*" ct state established,related accept
+		oifname "{{.Prefix}}*" drop
 	}
 	chain postrouting {
 		type nat hook postrouting priority 100; policy accept;
-		iifname "sbx*" oifname != "sbx*" masquerade
+		iifname "{{.Prefix}}*" oifname != "{{.Prefix}}*" ip saddr {{.Subnet}} masquerade
 	}
 }
 `
+
+var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
+	"join": func(v any) string {
+		var parts []string
+		switch v := v.(type) {
+		case []netip.Prefix:
+			for _, p := range v {
+				parts = append(parts, p.String())
+			}
+		case []netip.Addr:
+			for _, a := range v {
+				parts = append(parts, a.String())
+			}
+		}
+		return strings.Join(parts, ", ")
+	},
+}).Parse(rulesetTemplate))
+
+// ruleset is the nft script of e's table.
+func (e *Egress) ruleset() string {
+	var b strings.Builder
+	if err := rulesetTmpl.Execute(&b, map[string]any{
+		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
+	}); err != nil {
+		panic(err) // the template and its data are ours
+	}
+	return b.String()
+}
 
 // ErrAddressInUse: the sandbox's address is routed to another interface
 // already, by another sandboxd sharing the egress subnet.
@@ -93,8 +198,14 @@ func LinkNames(key string) (host, peer string) {
 // Egress holds the state shared by all sandboxes of a backend with internet
 // access.
 type Egress struct {
-	subnet  netip.Prefix
-	gateway netip.Addr
+	subnet    netip.Prefix
+	gateway   netip.Addr
+	allow     []netip.Prefix // exceptions to DefaultDeny
+	resolvers []netip.Addr   // of the sandboxes' resolv.conf
+	// table and prefix are Table and HostPrefix; tests use their own, so
+	// that they do not fight a sandboxd (or another package's tests) on
+	// this host over the rules.
+	table, prefix string
 
 	once    sync.Once
 	initErr error
@@ -102,13 +213,23 @@ type Egress struct {
 }
 
 // New checks subnet: IPv4, /28 or larger. Its first address is every
-// sandbox's gateway.
-func New(subnet netip.Prefix) (*Egress, error) {
+// sandbox's gateway. allow are the blocks of DefaultDeny that sandboxes
+// may reach nonetheless (IPv4: sandboxes have no IPv6). The resolvers of
+// the host's /etc/resolv.conf are read now: sandboxes get them
+// (ResolvConf) and reach them on port 53.
+func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	subnet = subnet.Masked()
 	if !subnet.Addr().Is4() || subnet.Bits() > 28 {
 		return nil, fmt.Errorf("egress subnet %s: want IPv4, /28 or larger", subnet)
 	}
-	return &Egress{subnet: subnet, gateway: subnet.Addr().Next()}, nil
+	e := &Egress{subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet)}
+	for _, p := range allow {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return nil, fmt.Errorf("egress allow %s: want an IPv4 CIDR", p)
+		}
+		e.allow = append(e.allow, p.Masked())
+	}
+	return e, nil
 }
 
 // Subnet is where sandbox addresses come from.
@@ -122,7 +243,9 @@ func (e *Egress) Ready() bool { return e.ready.Load() }
 
 // Setup enables forwarding and installs the nftables table, once per
 // process. The table is replaced whole, so a changed ruleset takes effect
-// and repeated runs do not stack rules. Until it has run, a missing nft is
+// and repeated runs do not stack rules. The table is the subnet's: two
+// sandboxd sharing a subnet (which ErrAddressInUse refuses anyway) would
+// share it. Until it has run, a missing nft is
 // ErrNoNft, not remembered: installing nftables later is enough.
 func (e *Egress) Setup() error {
 	if e.ready.Load() {
@@ -136,7 +259,7 @@ func (e *Egress) Setup() error {
 			e.initErr = fmt.Errorf("enable ip_forward: %w", err)
 			return
 		}
-		script := "table inet " + Table + "\ndelete table inet " + Table + "\n" + ruleset
+		script := "table inet " + e.table + "\ndelete table inet " + e.table + "\n" + e.ruleset()
 		cmd := exec.Command("nft", "-f", "-")
 		cmd.Stdin = strings.NewReader(script)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -146,6 +269,20 @@ func (e *Egress) Setup() error {
 		e.ready.Store(true)
 	})
 	return e.initErr
+}
+
+func tableName(subnet netip.Prefix) string {
+	return Table + "_" + strings.NewReplacer(".", "_", "/", "_").Replace(subnet.Masked().String())
+}
+
+// DeleteTable removes the rules of egress subnet subnet, which Setup
+// leaves in place when sandboxd exits (its sandboxes may outlive it): for
+// tests, and for an operator retiring a subnet.
+func DeleteTable(subnet netip.Prefix) error {
+	if out, err := exec.Command("nft", "delete", "table", "inet", tableName(subnet)).CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // Allocate picks a free address in the subnet, skipping the network,
@@ -175,6 +312,7 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // create on this kernel, and as much again when the sandbox goes).
 func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) {
 	host, _ := LinkNames(key)
+	host = e.prefix + host[len(HostPrefix):]
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host},
 		PeerName:      "eth0",
@@ -200,8 +338,8 @@ func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) 
 // ConfigureHost sets up host end hostIf of a sandbox's veth: the gateway
 // address, forwarding, link up and the route to the sandbox's address ip.
 func (e *Egress) ConfigureHost(hostIf string, ip netip.Addr) error {
-	if !strings.HasPrefix(hostIf, HostPrefix) {
-		return fmt.Errorf("host end %q: the egress rules only cover %s* interfaces", hostIf, HostPrefix)
+	if !strings.HasPrefix(hostIf, e.prefix) {
+		return fmt.Errorf("host end %q: the egress rules only cover %s* interfaces", hostIf, e.prefix)
 	}
 	hl, err := netlink.LinkByName(hostIf)
 	if err != nil {
@@ -293,27 +431,34 @@ func ipNet(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
 }
 
-// ResolvConf is the /etc/resolv.conf of a sandbox with egress: the host's
-// nameservers, except loopback ones the sandbox cannot reach, or public
-// resolvers if none is left.
-func ResolvConf() []byte {
-	var servers []string
+// hostResolvers are the host's IPv4 nameservers, except loopback ones the
+// sandbox cannot reach, or public resolvers if none is left.
+func hostResolvers() []netip.Addr {
+	var servers []netip.Addr
 	if raw, err := os.ReadFile("/etc/resolv.conf"); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(raw))
 		for sc.Scan() {
 			f := strings.Fields(sc.Text())
 			if len(f) >= 2 && f[0] == "nameserver" {
 				if a, err := netip.ParseAddr(f[1]); err == nil && a.Is4() && !a.IsLoopback() {
-					servers = append(servers, f[1])
+					servers = append(servers, a)
 				}
 			}
 		}
 	}
 	if len(servers) == 0 {
-		servers = []string{"8.8.8.8", "1.1.1.1"}
+		servers = []netip.Addr{netip.AddrFrom4([4]byte{8, 8, 8, 8}), netip.AddrFrom4([4]byte{1, 1, 1, 1})}
 	}
+	return servers
+}
+
+// ResolvConf is the /etc/resolv.conf of a sandbox with egress: the host's
+// nameservers as New found them, which the rules let sandboxes reach on
+// port 53 even in a private range (a resolver on the host's LAN, such as
+// a cloud's VPC resolver) or on the host itself.
+func (e *Egress) ResolvConf() []byte {
 	var b bytes.Buffer
-	for _, s := range servers {
+	for _, s := range e.resolvers {
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
 	return b.Bytes()

@@ -127,3 +127,54 @@ func netnsProcess(t *testing.T) int {
 	t.Fatal("unshare --net did not make a namespace")
 	return 0
 }
+
+// TestDefaultDeny pins down the list's edges: the operator's networks and
+// the special-purpose blocks are in, the internet (including the
+// special-purpose blocks IANA marks globally reachable) is out.
+func TestDefaultDeny(t *testing.T) {
+	for _, tc := range []struct {
+		addr   string
+		denied bool
+	}{
+		{"10.1.2.3", true},
+		{"172.31.255.255", true},
+		{"172.32.0.1", false},
+		{"192.168.1.1", true},
+		{"100.64.0.1", true},
+		{"100.128.0.1", false},
+		{"169.254.169.254", true}, // cloud metadata
+		{"127.0.0.53", true},
+		{"198.19.255.1", true},
+		{"224.0.0.251", true}, // mDNS
+		{"255.255.255.255", true},
+		{"8.8.8.8", false},
+		{"1.1.1.1", false},
+		{"192.52.193.2", false}, // AMT, globally reachable: the tests' fake internet
+		{"192.175.48.1", false}, // AS112, globally reachable
+		{"192.0.0.170", true},   // NAT64 discovery, in 192.0.0.0/24
+		{"11.0.0.1", false},
+	} {
+		a := netip.MustParseAddr(tc.addr)
+		denied := false
+		for _, p := range DefaultDeny {
+			denied = denied || p.Contains(a)
+		}
+		if denied != tc.denied {
+			t.Errorf("%s in DefaultDeny = %v; want %v", a, denied, tc.denied)
+		}
+	}
+}
+
+func TestNewAllow(t *testing.T) {
+	sub := netip.MustParsePrefix("10.133.0.0/16")
+	e, err := New(sub, netip.MustParsePrefix("192.168.1.9/24"))
+	if err != nil || len(e.allow) != 1 || e.allow[0].String() != "192.168.1.0/24" {
+		t.Errorf("New(allow 192.168.1.9/24) = %v, %v; want it masked to 192.168.1.0/24", e, err)
+	}
+	if _, err := New(sub, netip.MustParsePrefix("fd00::/8")); err == nil {
+		t.Error("New(allow fd00::/8) succeeded; want an error: sandboxes have no IPv6")
+	}
+	if e.table != "sandboxd_10_133_0_0_16" {
+		t.Errorf("table = %s; want sandboxd_10_133_0_0_16", e.table)
+	}
+}

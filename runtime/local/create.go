@@ -234,7 +234,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	var resolv string
 	if ip.IsValid() {
 		resolv = filepath.Join(dir, "resolv.conf")
-		if err := os.WriteFile(resolv, resolvConf(), 0o644); err != nil {
+		if err := os.WriteFile(resolv, b.egress.ResolvConf(), 0o644); err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
 	}

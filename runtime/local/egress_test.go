@@ -43,7 +43,8 @@ func testEgress(t *testing.T, mode local.UserNSMode) {
 	// ip_forward stays on afterwards, as with any egress user (Docker too):
 	// turning it off again could cut the egress of sandboxes that another
 	// sandboxd on this machine runs.
-	server, inetHost := egresstest.FakeInternet(t, "rt", 18)
+	server, inetHost := egresstest.FakeInternet(t, "rt", 0)
+	lan := egresstest.FakeLAN(t, "rl")
 
 	b := env.openMode(t, mode)
 	ctx := t.Context()
@@ -79,6 +80,7 @@ func testEgress(t *testing.T, mode local.UserNSMode) {
 	egresstest.CheckReaches(t, b, on, server, inetHost) // after a pause to disk
 
 	egresstest.CheckNoInternet(t, b, off, server)
+	egresstest.CheckNoLAN(t, b, on, lan)
 	egresstest.CheckNoHost(t, b, on, env.egress.Addr().Next())
 	otherIP := strings.TrimSpace(mustExec(t, b, other, "ip -o -4 addr show dev eth0 | awk '{print $4}' | cut -d/ -f1"))
 	if otherIP == "" {

@@ -18,7 +18,8 @@
 // bind-mounted into the sandbox, so no network is needed. The network
 // namespace has loopback only, unless the spec allows internet access: then
 // a veth pair, routing and nftables masquerading give it egress (see
-// net.go), never to the host itself or to other sandboxes.
+// net.go), never to the host itself, to other sandboxes or, unless
+// Options.EgressAllow says so, to private and special-purpose ranges.
 //
 // Everything a sandbox holds on the host lives under one directory,
 // <Root>/sandboxes/<id>, plus its cgroup <CgroupParent>/<id> and, with
@@ -150,6 +151,10 @@ type Options struct {
 	// EgressSubnet is where sandboxes with AllowInternet get their address;
 	// its first address is every sandbox's gateway. Default 10.133.0.0/16.
 	EgressSubnet netip.Prefix
+	// EgressAllow are blocks of egress.DefaultDeny (private and
+	// special-purpose ranges: the operator's LAN) that sandboxes with
+	// internet access may reach nonetheless.
+	EgressAllow []netip.Prefix
 	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates are read through idmapped mounts; that needs
@@ -321,7 +326,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			b.log.Info("local backend: cgroup favordynmods", "state", what)
 		}
 	}
-	if b.egress, err = newEgress(opts.EgressSubnet); err != nil {
+	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	// Limit memory+swap to the memory limit (no swap) where the kernel

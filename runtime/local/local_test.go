@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 	"golang.org/x/sys/unix"
@@ -99,6 +100,10 @@ func newEnv(t testing.TB) testEnv {
 		cgroupParent: "/sandboxd-test-" + randHex(),
 		egress:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 133, x[0], 0}), 24),
 	}
+	// Last, after remove (whose New installs them again): the rules of a
+	// subnet stay when the backend goes, for sandboxes that outlive
+	// sandboxd.
+	t.Cleanup(func() { _ = egress.DeleteTable(e.egress) })
 	t.Cleanup(func() { e.remove(t) })
 	return e
 }

@@ -20,8 +20,8 @@ func linkNames(id string) (host, peer string) { return egresspkg.LinkNames(id) }
 // egress holds the state shared by all sandboxes with internet access.
 type egress struct{ *egresspkg.Egress }
 
-func newEgress(subnet netip.Prefix) (*egress, error) {
-	e, err := egresspkg.New(subnet)
+func newEgress(subnet netip.Prefix, allow []netip.Prefix) (*egress, error) {
+	e, err := egresspkg.New(subnet, allow...)
 	if err != nil {
 		return nil, err
 	}
@@ -44,5 +44,3 @@ func linkExists(name string) bool {
 	_, err := os.Lstat("/sys/class/net/" + name)
 	return err == nil
 }
-
-func resolvConf() []byte { return egresspkg.ResolvConf() }

@@ -1,9 +1,12 @@
-// Package egresstest gives the backends' egress tests their stand-in for
-// the internet: a network namespace of the test's own, reached from the
-// host through a veth, in a random /24 of 198.18.0.0/15 (a range reserved
-// for testing), with an HTTP server in it that answers with the address it
-// saw. No packet leaves the machine: the route to the server is checked
-// before anything is sent.
+// Package egresstest gives the egress tests their stand-ins for the
+// internet and for the operator's LAN: network namespaces of the test's
+// own, each reached from the host through a veth, with an HTTP server in
+// it that answers with the address it saw. The internet is a random /30
+// of 192.52.193.0/24: a block IANA's special-purpose registry marks
+// globally reachable (AMT relays, RFC 7450), so the egress rules must let
+// it through, and one no host here talks to. The LAN is a random /30 of
+// 10.0.0.0/8 that no route of the host covers. No packet leaves the
+// machine: the route to each server is checked before anything is sent.
 package egresstest
 
 import (
@@ -28,44 +31,110 @@ import (
 // address as the server saw it (after the host's masquerade).
 const Reply = "from-inet "
 
-// FakeInternet sets up the namespace and serves HTTP in it; it returns the
-// server's address and the host's address towards it. tag (two letters)
-// names the namespace and links, and second (18 or 19) picks the /16 of
-// 198.18.0.0/15, so that the suites of two packages running at once do not
-// meet.
-func FakeInternet(t testing.TB, tag string, second byte) (server, inetHost string) {
+// FakeInternet sets up the internet's namespace and serves HTTP in it; it
+// returns the server's address and the host's address towards it. tag
+// (two letters) names the namespace and links, and slot (0-3) picks a
+// quarter of 192.52.193.0/24, so that the suites of packages running at
+// once do not meet.
+func FakeInternet(t testing.TB, tag string, slot byte) (server, inetHost string) {
+	t.Helper()
+	var rnd [1]byte
+	_, _ = rand.Read(rnd[:])
+	base := 64*(slot%4) + 4*(rnd[0]%16)
+	host, srv := netip.AddrFrom4([4]byte{192, 52, 193, base + 1}), netip.AddrFrom4([4]byte{192, 52, 193, base + 2})
+	ns := fakeNet(t, tag+"inet", host, srv)
+	return serveHTTP(t, ns, srv, 0), host.String()
+}
+
+// LAN is the operator's network as FakeLAN makes it.
+type LAN struct {
+	Server string // the HTTP server's address:port
+	DNS    string // the same server on port 53, a stand-in for a resolver
+	Host   string // the host's address on the LAN's veth
+}
+
+// FakeLAN sets up a namespace on a private address (RFC 1918) that no
+// route of the host covers, with HTTP served on a random port and on port
+// 53; tag (two letters) names the namespace and links.
+func FakeLAN(t testing.TB, tag string) LAN {
+	t.Helper()
+	for range 20 {
+		var rnd [3]byte
+		_, _ = rand.Read(rnd[:])
+		base := rnd[2] &^ 3
+		host, srv := netip.AddrFrom4([4]byte{10, rnd[0], rnd[1], base + 1}), netip.AddrFrom4([4]byte{10, rnd[0], rnd[1], base + 2})
+		if !onlyDefaultRoute(t, srv) {
+			continue // the host knows this net: leave it alone
+		}
+		ns := fakeNet(t, tag+"lan", host, srv)
+		return LAN{Server: serveHTTP(t, ns, srv, 0), DNS: serveHTTP(t, ns, srv, 53), Host: host.String()}
+	}
+	t.Fatal("no /30 of 10.0.0.0/8 free of the host's routes in 20 tries")
+	return LAN{}
+}
+
+// onlyDefaultRoute reports whether no route but the default covers a.
+func onlyDefaultRoute(t testing.TB, a netip.Addr) bool {
+	t.Helper()
+	out, err := exec.Command("ip", "-4", "route", "show", "match", a.String()).Output()
+	if err != nil {
+		t.Fatalf("ip route show match %s: %v", a, err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if line != "" && !strings.HasPrefix(line, "default ") {
+			return false
+		}
+	}
+	return true
+}
+
+// fakeNet makes namespace name+random suffix and a veth to it, host on the
+// host's end and server on the namespace's (a /30), and returns the
+// namespace's name.
+func fakeNet(t testing.TB, name string, host, server netip.Addr) string {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs ip (iproute2) for the fake internet")
+		t.Skip("needs ip (iproute2) for the fake networks")
 	}
-	var rnd [4]byte
+	var rnd [3]byte
 	_, _ = rand.Read(rnd[:])
-	inetHost = fmt.Sprintf("198.%d.%d.1", second, rnd[0])
-	inetServer := fmt.Sprintf("198.%d.%d.2", second, rnd[0])
-	suffix := hex.EncodeToString(rnd[1:])
-	name, hostIf, nsIf := tag+"inet-"+suffix, tag+"i"+suffix, tag+"o"+suffix
+	suffix := hex.EncodeToString(rnd[:])
+	tag := name[:2]
+	name, hostIf, nsIf := name+"-"+suffix, tag+"i"+suffix, tag+"o"+suffix
 	ipCmd(t, "netns", "add", name)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	ipCmd(t, "link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
 	ipCmd(t, "link", "set", nsIf, "netns", name)
-	ipCmd(t, "-n", name, "addr", "add", inetServer+"/24", "dev", nsIf)
+	ipCmd(t, "-n", name, "addr", "add", server.String()+"/30", "dev", nsIf)
 	ipCmd(t, "-n", name, "link", "set", nsIf, "up")
 	ipCmd(t, "-n", name, "link", "set", "lo", "up")
-	ipCmd(t, "-n", name, "route", "add", "default", "via", inetHost)
-	ipCmd(t, "addr", "add", inetHost+"/24", "dev", hostIf)
+	ipCmd(t, "-n", name, "route", "add", "default", "via", host.String())
+	ipCmd(t, "addr", "add", host.String()+"/30", "dev", hostIf)
 	ipCmd(t, "link", "set", hostIf, "up")
-	out, err := exec.Command("ip", "route", "get", inetServer).CombinedOutput()
+	out, err := exec.Command("ip", "route", "get", server.String()).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "dev "+hostIf) {
-		t.Fatalf("route to %s is not via %s (%s, %v): refusing to send anything", inetServer, hostIf, out, err)
+		t.Fatalf("route to %s is not via %s (%s, %v): refusing to send anything", server, hostIf, out, err)
 	}
-	ln := listenIn(t, name, inetServer+":0")
+	return name
+}
+
+// serveHTTP serves HTTP (ServeHTTP) on addr:port in namespace ns (port 0:
+// any) and returns the listener's address.
+func serveHTTP(t testing.TB, ns string, addr netip.Addr, port uint16) string {
+	t.Helper()
+	return ServeHTTP(t, listenIn(t, ns, netip.AddrPortFrom(addr, port).String()))
+}
+
+// ServeHTTP serves on ln what the fake networks' servers answer: Reply and
+// the client's address as the server saw it. It returns ln's address.
+func ServeHTTP(t testing.TB, ln net.Listener) string {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s%s", Reply, r.RemoteAddr)
 	})}
 	go func() { _ = srv.Serve(ln) }() // ends on Close
 	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().String(), inetHost
+	return ln.Addr().String()
 }
 
 // listenIn listens on addr inside network namespace name: the socket stays
@@ -212,10 +281,23 @@ sys.exit("nothing listens on 127.0.0.1:8000")
 // does not reach the fake internet's server.
 func CheckNoInternet(t testing.TB, b runtime.Backend, id, server string) {
 	t.Helper()
-	res := Connect(t, b, id, server)
-	t.Logf("sandbox without internet → %s: %s", server, lastLine(res.Stderr))
+	checkUnreachable(t, b, id, server, "without internet")
+}
+
+// CheckNoLAN checks that sandbox id (with internet access, and no
+// exception for the LAN) reaches neither of lan's servers.
+func CheckNoLAN(t testing.TB, b runtime.Backend, id string, lan LAN) {
+	t.Helper()
+	checkUnreachable(t, b, id, lan.Server, "LAN")
+	checkUnreachable(t, b, id, lan.DNS, "LAN")
+}
+
+func checkUnreachable(t testing.TB, b runtime.Backend, id, addr, what string) {
+	t.Helper()
+	res := Connect(t, b, id, addr)
+	t.Logf("sandbox (%s) → %s: %s", what, addr, lastLine(res.Stderr))
 	if res.ExitCode == 0 {
-		t.Errorf("without internet: GET %s succeeded: %v", server, res)
+		t.Errorf("%s: GET %s succeeded: %v", what, addr, res)
 	}
 }
 
