@@ -86,7 +86,13 @@ func TestClient(t *testing.T) {
 		t.Errorf("the process ran as %q; want %q", got, me)
 	}
 
-	dir := t.TempDir()
+	// envd reads and writes files with the user's rights, so the directory
+	// must be reachable by nobody: t.TempDir's parent is root's alone.
+	dir, err := os.MkdirTemp("", "envdconn-client-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
