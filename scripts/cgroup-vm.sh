@@ -187,18 +187,17 @@ exec 9>&-
 work=$(mktemp -d "$cache/run.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# What the guest runs, built here unless SANDBOXD_VM_BIN has it: the guest
-# sees $work and the repository through the shared root.
-bindir=${SANDBOXD_VM_BIN:-}
-if [[ -n $bindir ]]; then
-  bindir=$(cd "$bindir" && pwd)
+# What the guest runs, in $work, which the guest sees through the shared
+# root: built here, or copied from SANDBOXD_VM_BIN (the guest has fresh
+# tmpfs on /tmp, /run and /var/tmp, and a copy cannot change under it).
+if [[ -n ${SANDBOXD_VM_BIN:-} ]]; then
   for f in local.test envd sandboxd-init; do
-    [[ -x $bindir/$f ]] || { say "$bindir/$f is missing (make vm-bin)"; exit 1; }
+    [[ -x $SANDBOXD_VM_BIN/$f ]] || { say "$SANDBOXD_VM_BIN/$f is missing (make vm-bin)"; exit 1; }
+    cp "$SANDBOXD_VM_BIN/$f" "$work/$f"
   done
 else
   say "building the runtime/local test binary, envd and sandboxd-init"
-  bindir=$work
-  build "$bindir"
+  build "$work"
 fi
 
 # The initramfs: busybox, the modules that reach the shared root (virtio-pci,
@@ -240,7 +239,6 @@ cat >"$ir/vm.env" <<EOF
 KVER='$kver'
 KMODS='$kmods'
 WORK='$work'
-BIN='$bindir'
 PKGDIR='$repo/runtime/local'
 LAYOUT='$layout'
 RUN_PATTERN='$run_pattern'
@@ -331,8 +329,8 @@ set -- "$@" $EXTRA_ARGS
 # envd from the guest's memory: every backend the tests open copies it
 # (runtime/local's copyEnvd), and over 9p in an emulated guest a copy took
 # the better part of a second, each time.
-$bb cp "$BIN/envd" /run/sandboxd-vm/envd
-SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$BIN/sandboxd-init "$BIN/local.test" "$@" 2>&1
+$bb cp "$WORK/envd" /run/sandboxd-vm/envd
+SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
 rc=$?
 echo "SANDBOXD-VM-RESULT $rc"
 sync
