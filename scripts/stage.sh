@@ -8,8 +8,9 @@
 #
 # CMD's output passes through unchanged; its exit status is this script's.
 # When STAGE_LOG names a file, a line for the stage is appended to it:
-# name, seconds, exit status, and the passed and failed counts read from the
-# output. The counts are those of the last summary CMD printed:
+# name, seconds, exit status, the passed and failed counts read from the
+# output, whether it is nested in another stage or has stages nested in it,
+# and what was counted (tests, or go test's packages). The counts are those of the last summary CMD printed:
 #   `N passed, N failed`          compat-tests/run.sh's closing line
 #   `ok  pkg` / `FAIL pkg`        go test's packages
 #   `--- PASS: T` / `--- FAIL: T` a cgroup VM's top-level tests, from the
@@ -26,7 +27,7 @@ table() { # table FILE [SECS]
     }
     {
       status = $3 == 0 ? "ok" : "FAIL(" $3 ")"
-      tests = $4 == "" ? "-" : $4 " passed, " $5 " failed"
+      tests = $4 == "" ? "-" : $4 " passed, " $5 " failed" ($8 == "" ? "" : " (" $8 ")")
       printf "%-18s %7d  %-8s %s\n", ($6 ? "  " : "") $1, $2, status, tests
       if (!$6) sum += $2
       pass += $4; fail += $5
@@ -64,7 +65,7 @@ took=$((SECONDS - start))
 echo "stage $name: $took s, exit status $rc" >&2
 
 [[ -n ${STAGE_LOG:-} ]] || exit "$rc"
-pass= fail= parent=0
+pass= fail= parent=0 unit=tests
 after=$(wc -l <"$STAGE_LOG" 2>/dev/null || echo 0)
 line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n1)
 if ((after != before)); then
@@ -74,9 +75,11 @@ elif [[ -n $line ]]; then
 elif grep -aqE '^(ok|FAIL)[[:space:]]+[^[:space:]]+/' "$out"; then
   pass=$(grep -acE '^ok[[:space:]]' "$out")
   fail=$(grep -acE '^FAIL[[:space:]]+[^[:space:]]+/' "$out")
+  unit=packages
 elif grep -aqE '^=== cgroup-vm .* summary' "$out"; then
   pass=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- PASS: ')
   fail=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- FAIL: ')
 fi
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" >>"$STAGE_LOG"
+[[ -n $pass ]] || unit=
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" >>"$STAGE_LOG"
 exit "$rc"
