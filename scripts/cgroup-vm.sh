@@ -23,21 +23,23 @@
 #
 # What runs: by default only the tests whose outcome depends on the cgroup
 # layout (SANDBOXD_VM_TESTS=cgroup, the patterns below): every sandbox's
-# cgroup set up and removed, limits (memory/OOM, pids, cpu, disk on tmpfs
-# charged to memory), stats read from the cgroup files, pause (freezer) and
+# cgroup set up and removed, limits (memory/OOM, pids, disk on tmpfs
+# charged to memory), stats read from the cgroup files (memory, pids, CPU
+# time and count), pause (freezer) and
 # pause to disk, adoption of live and paused sandboxes by a new backend, the
 # cgroup parent, favordynmods, failed and cancelled creates leaving no
 # cgroup, and libcontainer's cgroup manager in sandboxd's own process.
 # Everything else (OCI import, egress, seccomp, mounts, user-namespace
-# mapping, the conformance suite's isolation and exec cases) does not touch
-# the cgroup layout and runs on the host in `make test-go`, whose hybrid
+# mapping, the conformance suite's isolation, error and port cases) does not
+# touch the cgroup layout and runs on the host in `make test-go`, whose hybrid
 # layout drives the v1 controllers. SANDBOXD_VM_TESTS=all runs every test.
 #
 # Output: the test binary's -test.v output on the serial console, then its
 # top-level PASS/FAIL lines. Exit status: the tests', or 1 when the guest
 # never reported one (boot failure, timeout). Without a KVM that boots a
-# stock kernel, qemu emulates the CPU (TCG): 9-20 minutes on 2 cores,
-# depending on the host's speed that day.
+# stock kernel, qemu emulates the CPU (TCG): every test of the package took
+# 9-20 minutes on 2 cores, depending on the host's speed that day; the
+# cgroup-dependent ones are about half of that (README, "Testing").
 #
 # Environment:
 #   SANDBOXD_VM_TESTS    cgroup (default) or all, see above
