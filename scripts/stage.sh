@@ -66,7 +66,8 @@ echo "stage $name: $took s, exit status $rc" >&2
 
 [[ -n ${STAGE_LOG:-} ]] || exit "$rc"
 pass= fail= parent=0 unit=tests
-after=$(wc -l <"$STAGE_LOG" 2>/dev/null || echo 0)
+after=0
+[[ -f $STAGE_LOG ]] && after=$(wc -l <"$STAGE_LOG")
 line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n1)
 if ((after != before)); then
   parent=1
