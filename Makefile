@@ -90,8 +90,9 @@ test-compat-incus: build
 vm-bin: envd sandboxd-init
 	CGO_ENABLED=1 $(GO) test -c -tags seccomp -o $(BIN)/local.test ./runtime/local/
 
-# Both layouts side by side: an emulated guest runs these tests on about one
-# host core, so two of them take little longer than the slower one alone.
+# Both layouts side by side: the tests run one at a time, so an emulated
+# guest keeps mostly one vCPU thread, one host core, busy, and two of them
+# take little longer than the slower one alone.
 # -O: each guest's output comes whole, when it is done.
 test-cgroup: vm-bin
 	$(STAGE) cgroup-vms $(MAKE) --no-print-directory -k -j2 -O cgroup-vm-v2 cgroup-vm-v1
