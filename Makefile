@@ -91,8 +91,8 @@ vm-bin: envd sandboxd-init
 	CGO_ENABLED=1 $(GO) test -c -tags seccomp -o $(BIN)/local.test ./runtime/local/
 
 # Both layouts side by side: the tests run one at a time, so an emulated
-# guest keeps mostly one vCPU thread, one host core, busy, and two of them
-# take little longer than the slower one alone.
+# guest often keeps only one of its two vCPU threads busy, and the other
+# guest uses the second host core meanwhile.
 # -O: each guest's output comes whole, when it is done.
 test-cgroup: vm-bin
 	$(STAGE) cgroup-vms $(MAKE) --no-print-directory -k -j2 -O cgroup-vm-v2 cgroup-vm-v1
