@@ -3,7 +3,12 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: all build deps envd sandboxd sandboxd-init generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup2 test-cgroup1 vet fmt bench clean
+# Each test target runs under scripts/stage.sh, which times it and, when
+# STAGE_LOG names a file (.ci/run sets it), records its duration and result
+# there for the table at the end of a CI run.
+STAGE := ./scripts/stage.sh
+
+.PHONY: all build deps envd sandboxd sandboxd-init vm-bin generate run run-envd test test-go test-compat test-compat-latest test-compat-incus test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
@@ -45,40 +50,59 @@ run: build
 run-envd: envd
 	./scripts/run-envd.sh
 
-test: build test-go test-cgroup2 test-cgroup1 test-compat test-compat-latest test-compat-incus
+# One command for everything; with -k every stage runs even after a failure,
+# and the exit status is still non-zero. The cgroup VMs run side by side
+# (test-cgroup); the other stages one after another, since each of them
+# keeps both cores busy or measures latency.
+test: build test-go test-cgroup test-compat test-compat-latest test-compat-incus
 
 test-go:
-	$(GO) test -race -tags seccomp -count=1 ./...
+	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 ./...
 
 test-compat: build
-	./compat-tests/run.sh
+	$(STAGE) compat-pinned ./compat-tests/run.sh
 
 # The same suites against sandboxd with the newest SDKs the registries serve,
 # so a new E2B release that breaks compatibility shows up here first.
 test-compat-latest: build
-	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest ./compat-tests/run.sh
+	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest $(STAGE) compat-latest ./compat-tests/run.sh
 
 # The same suites against sandboxd on the Incus backend (issue 7), when Incus
 # answers (scripts/incus-setup.sh). Without Incus this says so loudly and
 # passes, except in CI (CI=true), where it fails.
 test-compat-incus: build
 	@if incus query /1.0 >/dev/null 2>&1; then \
-		COMPAT_TARGET=incus ./compat-tests/run.sh; \
+		COMPAT_TARGET=incus $(STAGE) compat-incus ./compat-tests/run.sh; \
 	else \
 		echo "!!! test-compat-incus: Incus does not answer (incus query /1.0): the SDK suites did NOT run on the Incus backend; run scripts/incus-setup.sh" >&2; \
 		if [[ "$${CI:-}" == true ]]; then echo "!!! CI=true: failing" >&2; exit 1; fi; \
 	fi
 
-# runtime/local's tests in a VM that mounts only cgroup v2, or only v1 (this
-# machine is hybrid): a Debian kernel from apt, the host's root read-only
-# over 9p, no network device. Emulated (TCG) where /dev/kvm cannot boot a
-# stock kernel, as on our 2-core machines: 9-20 minutes each there. See
-# scripts/cgroup-vm.sh.
-test-cgroup2:
-	./scripts/cgroup-vm.sh v2
+# runtime/local's cgroup-dependent tests in a VM that mounts only cgroup v2,
+# or only v1 (this machine is hybrid): a Debian kernel from apt, the host's
+# root read-only over 9p, no network device. Emulated (TCG) where /dev/kvm
+# cannot boot a stock kernel, as on our 2-core machines. See
+# scripts/cgroup-vm.sh (SANDBOXD_VM_TESTS=all runs every test of the
+# package in the guest).
+#
+# vm-bin: the guests' test binary (runtime/local without -race), built once
+# for both layouts, beside the envd and sandboxd-init they run.
+vm-bin: envd sandboxd-init
+	CGO_ENABLED=1 $(GO) test -c -tags seccomp -o $(BIN)/local.test ./runtime/local/
 
-test-cgroup1:
-	./scripts/cgroup-vm.sh v1
+# Both layouts side by side: the tests run one at a time, so an emulated
+# guest often keeps only one of its two vCPU threads busy, and the other
+# guest uses the second host core meanwhile.
+# -O: each guest's output comes whole, when it is done.
+test-cgroup: vm-bin
+	$(STAGE) cgroup-vms $(MAKE) --no-print-directory -k -j2 -O cgroup-vm-v2 cgroup-vm-v1
+
+test-cgroup2 test-cgroup1: test-cgroup%: vm-bin
+	@$(MAKE) --no-print-directory cgroup-vm-v$*
+
+# Without a prerequisite, so that test-cgroup's sub-make does not build again.
+cgroup-vm-v2 cgroup-vm-v1: cgroup-vm-%:
+	SANDBOXD_VM_BIN=$(BIN) $(STAGE) cgroup-$* ./scripts/cgroup-vm.sh $*
 
 vet:
 	$(GO) vet ./...

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One stage of a test run, timed:
+#
+#   scripts/stage.sh NAME CMD [ARG...]   run CMD, print how long it took
+#   scripts/stage.sh --table FILE [SECS] the stages recorded in FILE as a table
+#                                        (SECS: the whole run's wall clock),
+#                                        then one line `N passed, N failed`
+#
+# CMD's output passes through unchanged; its exit status is this script's.
+# When STAGE_LOG names a file, a line for the stage is appended to it:
+# name, seconds, exit status, the passed and failed counts read from the
+# output, whether it is nested in another stage or has stages nested in it,
+# and what was counted (tests, or go test's packages). The counts are those of the last summary CMD printed:
+#   `N passed, N failed`          compat-tests/run.sh's closing line
+#   `ok  pkg` / `FAIL pkg`        go test's packages
+#   `--- PASS: T` / `--- FAIL: T` a cgroup VM's top-level tests, from the
+#                                 summary after its `=== cgroup-vm` line
+# A stage that runs stages itself (the two cgroup VMs side by side) records
+# its time and status only, so that no test is counted twice.
+set -uo pipefail
+
+table() { # table FILE [SECS]
+  awk -F'\t' -v wall="${2:-}" '
+    BEGIN {
+      printf "\n=== stages (seconds of wall clock; an indented stage ran inside the next one) ===\n"
+      printf "%-18s %7s  %-8s %s\n", "stage", "seconds", "status", "tests"
+    }
+    {
+      status = $3 == 0 ? "ok" : "FAIL(" $3 ")"
+      tests = $4 == "" ? "-" : $4 " passed, " $5 " failed" ($8 == "" ? "" : " (" $8 ")")
+      printf "%-18s %7d  %-8s %s\n", ($6 ? "  " : "") $1, $2, status, tests
+      if (!$6) sum += $2
+      pass += $4; fail += $5
+      # A failed stage without a failed test of its own (a build or boot
+      # failure, a runner that died) still counts as one failure.
+      if ($3 != 0 && $5 + 0 == 0 && !$7) fail++
+    }
+    END {
+      printf "%-18s %7d\n", "sum of stages", sum
+      if (wall != "") printf "%-18s %7d\n", "whole run", wall
+      printf "%d passed, %d failed\n", pass, fail
+    }' "$1"
+}
+
+if [[ ${1:-} == --table ]]; then
+  [[ -n ${2:-} ]] || { echo "usage: $0 --table FILE [SECS]" >&2; exit 2; }
+  table "$2" "${3:-}"
+  exit
+fi
+(($# >= 2)) || { echo "usage: $0 NAME CMD [ARG...] | --table FILE" >&2; exit 2; }
+name=$1
+shift
+
+out=$(mktemp -t "stage-$name.XXXXXX")
+trap 'rm -f "$out"' EXIT
+before=0
+[[ -n ${STAGE_LOG:-} && -f $STAGE_LOG ]] && before=$(wc -l <"$STAGE_LOG")
+# Nested stages (the cgroup VMs run by test-cgroup) report that they are
+# nested, so the table's total adds up only the outer one.
+nested=${STAGE_NESTED:-0}
+start=$SECONDS
+STAGE_NESTED=1 "$@" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+took=$((SECONDS - start))
+echo "stage $name: $took s, exit status $rc" >&2
+
+[[ -n ${STAGE_LOG:-} ]] || exit "$rc"
+pass= fail= parent=0 unit=tests
+after=0
+[[ -f $STAGE_LOG ]] && after=$(wc -l <"$STAGE_LOG")
+line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n1)
+if ((after != before)); then
+  parent=1
+elif [[ -n $line ]]; then
+  read -r pass _ fail _ <<<"$line"
+elif grep -aqE '^(ok|FAIL)[[:space:]]+[^[:space:]]+/' "$out"; then
+  pass=$(grep -acE '^ok[[:space:]]' "$out")
+  fail=$(grep -acE '^FAIL[[:space:]]+[^[:space:]]+/' "$out")
+  unit=packages
+elif grep -aqE '^=== cgroup-vm .* summary' "$out"; then
+  pass=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- PASS: ')
+  fail=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- FAIL: ')
+fi
+[[ -n $pass ]] || unit=
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" >>"$STAGE_LOG"
+exit "$rc"
