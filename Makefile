@@ -67,7 +67,7 @@ test-compat: build
 test-compat-latest: build
 	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest $(STAGE) compat-latest ./compat-tests/run.sh
 
-# The same suites against sandboxd on the Incus backend (issue 7), when Incus
+# The same suites against sandboxd on the Incus backend, when Incus
 # answers (scripts/incus-setup.sh). Without Incus this says so loudly and
 # passes, except in CI (CI=true), where it fails.
 test-compat-incus: build

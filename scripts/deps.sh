@@ -12,7 +12,7 @@
 #                   need: passwd (useradd), coreutils and procps for the
 #                   tests, python3-venv where Python has no ensurepip, and
 #                   bubblewrap (the floor that the create benchmarks compare
-#                   against, issue 3's goal); the account `user`, the E2B
+#                   against); the account `user`, the E2B
 #                   templates' default user, as which the standalone envd of
 #                   the compat suites and of the bench runs commands on the
 #                   host; and the E2B SDKs of the compat suites: `npm ci` in
