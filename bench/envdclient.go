@@ -14,8 +14,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 )
 
 // envdTarget is one way to reach an envd, with the headers the E2B SDKs

@@ -19,13 +19,15 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 // apiPrefix is where sandboxd serves E2B's REST API.
 const apiPrefix = "/v1/sandboxes/e2b"
 
 // envdPort is the port the SDKs name in E2b-Sandbox-Port for envd.
-const envdPort = 49983
+const envdPort = envdapi.Port
 
 // Harness owns everything the run starts: a sandboxd on a free loopback
 // port with a throw-away data dir and run dir, a standalone envd, and every

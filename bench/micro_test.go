@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/envd"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/pool"
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime"
@@ -173,8 +174,8 @@ func newMicroEnv(b *testing.B) *microEnv {
 	}
 	be := &fakeBackend{dir: dir, sbx: map[string]*fakeSandbox{}}
 	log := slog.New(slog.DiscardHandler)
-	mgr := sandbox.New(sandbox.Config{Store: st, Backend: be, BackendName: "fake", Log: log, EnvdVersion: envd.Version})
-	handler := server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: envd.Version, Ready: func() bool { return true }})
+	mgr := sandbox.New(sandbox.Config{Store: st, Backend: be, BackendName: "fake", Log: log, EnvdVersion: envdapi.Version})
+	handler := server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: envdapi.Version, Ready: func() bool { return true }})
 	srv := httptest.NewServer(handler)
 	h := &Harness{addr: srv.Listener.Addr().String(), key: key, keys: map[string]string{"bench": key}, live: map[string]bool{}, api: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	e := &microEnv{be: be, mgr: mgr, srv: srv, key: key, h: h}

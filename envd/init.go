@@ -5,30 +5,18 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/sandboxd/sandboxd/envd/auth"
-	"github.com/sandboxd/sandboxd/envd/permissions"
-	"github.com/sandboxd/sandboxd/envd/rpcerr"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
+	"github.com/sandboxd/sandboxd/envd/internal/permissions"
+	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
 )
-
-// InitRequest is the body of POST /init, which the control plane sends once a
-// sandbox is up (and again when a warm sandbox is claimed). Field names are
-// E2B's; fields E2B's orchestrator uses for Firecracker (volume mounts,
-// hyperloop, CA bundle) are accepted and ignored.
-type InitRequest struct {
-	EnvVars        map[string]string `json:"envVars,omitempty"`
-	AccessToken    *string           `json:"accessToken,omitempty"`
-	Timestamp      string            `json:"timestamp,omitempty"`
-	DefaultUser    string            `json:"defaultUser,omitempty"`
-	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
-}
 
 const maxInitBody = 1 << 20
 
-// init applies /init. The first call may set the access token freely; once a
+// init applies /init (envdapi.InitRequest). The first call may set the access token freely; once a
 // token is set, a caller must prove it knows it (header or body), so a process
 // inside the sandbox cannot take envd over by re-initialising it.
 func (s *Server) init(w http.ResponseWriter, r *http.Request) {
-	var req InitRequest
+	var req envdapi.InitRequest
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxInitBody+1))
 	if err != nil {
 		rpcerr.WriteJSON(w, http.StatusBadRequest, "read body: "+err.Error())
@@ -45,7 +33,7 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if s.token.IsSet() {
-		header := r.Header.Get(auth.Header)
+		header := r.Header.Get(envdapi.AccessTokenHeader)
 		bodyToken := ""
 		if req.AccessToken != nil {
 			bodyToken = *req.AccessToken

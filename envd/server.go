@@ -5,6 +5,7 @@
 package envd
 
 import (
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -12,21 +13,16 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/auth"
-	"github.com/sandboxd/sandboxd/envd/execctx"
-	"github.com/sandboxd/sandboxd/envd/files"
-	"github.com/sandboxd/sandboxd/envd/filesystem"
-	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
-	"github.com/sandboxd/sandboxd/envd/process"
-	"github.com/sandboxd/sandboxd/envd/rpcerr"
-	"github.com/sandboxd/sandboxd/envd/tunnel"
+	"github.com/sandboxd/sandboxd/envd/api/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/internal/auth"
+	"github.com/sandboxd/sandboxd/envd/internal/execctx"
+	"github.com/sandboxd/sandboxd/envd/internal/files"
+	"github.com/sandboxd/sandboxd/envd/internal/filesystem"
+	"github.com/sandboxd/sandboxd/envd/internal/process"
+	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
+	"github.com/sandboxd/sandboxd/envd/internal/tunnel"
 )
-
-// Version is the envd protocol version this agent reports. E2B's SDKs gate
-// features on it (wire doc §4); 0.6.13 turns all of them on, and this agent
-// implements every one of them.
-const Version = "0.6.13"
 
 // maxMessageBytes bounds one Connect request message, so a hostile client
 // cannot make envd buffer an arbitrarily large frame.
@@ -172,7 +168,7 @@ func (s *Server) withAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") ||
 			r.URL.Path == "/files" || (r.Method == http.MethodPost && r.URL.Path == "/init")
-		if !exempt && s.token.IsSet() && !s.token.Equal(r.Header.Get(auth.Header)) {
+		if !exempt && s.token.IsSet() && !s.token.Equal(r.Header.Get(envdapi.AccessTokenHeader)) {
 			s.log.Warn("request without a valid access token", "method", r.Method, "path", r.URL.Path)
 			rpcerr.WriteJSON(w, http.StatusUnauthorized,
 				"unauthorized access, please provide a valid access token or method signing if supported")

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/envd/pid1"
+	"github.com/sandboxd/sandboxd/internal/loopback"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
@@ -328,8 +328,8 @@ func (b *Backend) gone(s *sandbox) bool {
 
 // Dial connects to port on the sandbox's loopback: EnvdPort is envd's unix
 // socket in the shared socket directory; other ports go through envd's
-// CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
-// errors.Is tunnel.ErrPortNotOpen.
+// CONNECT tunnel (envdapi.Dial), so a closed port fails with an error that
+// errors.Is envdapi.ErrPortNotOpen.
 func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
 	if err := envdconn.CheckPort(id, port); err != nil {
 		return nil, err
@@ -495,7 +495,7 @@ func loopbackUp(pid int) error {
 			errc <- fmt.Errorf("setns: %w", err)
 			return
 		}
-		err = pid1.LoopbackUp()
+		err = loopback.Up()
 		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
 			goruntime.UnlockOSThread()
 		} // else the locked thread ends with this goroutine

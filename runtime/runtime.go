@@ -21,11 +21,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 // EnvdPort is the TCP port envd serves on inside every sandbox. Dial with
 // this port reaches envd itself, by whatever path the backend prefers.
-const EnvdPort = 49983
+const EnvdPort = envdapi.Port
 
 // Backend is what sandboxd needs from an isolation backend. All methods are
 // safe for concurrent use; calls for different sandboxes do not serialize on

@@ -7,18 +7,11 @@ import (
 	"net/http"
 	"time"
 
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/store"
 )
-
-// envdInit is POST /init's body, in E2B's field names.
-type envdInit struct {
-	EnvVars     map[string]string `json:"envVars,omitempty"`
-	AccessToken *string           `json:"accessToken,omitempty"`
-	DefaultUser string            `json:"defaultUser,omitempty"`
-	Timestamp   string            `json:"timestamp"`
-}
 
 // initEnvd hands a new sandbox its env vars, access token and default user.
 // It is the control plane's only write to envd, over the backend's private
@@ -39,7 +32,7 @@ func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
 
 // envdInitBody is the body of envd's /init for sb.
 func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
-	body := envdInit{
+	body := envdapi.InitRequest{
 		EnvVars:     sb.EnvVars,
 		DefaultUser: m.cfg.DefaultUser,
 		Timestamp:   m.now().UTC().Format(time.RFC3339Nano),

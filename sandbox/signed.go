@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/url"
 
-	"github.com/sandboxd/sandboxd/envd/auth"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 // SignedFileSandbox finds the sandbox a pre-signed envd `/files` URL belongs
@@ -28,10 +28,8 @@ func (m *Manager) SignedFileSandbox(ctx context.Context, q url.Values, op string
 		if sb.EnvdAccessToken == "" {
 			continue
 		}
-		var tok auth.Token
-		tok.Set(sb.EnvdAccessToken)
-		err := tok.VerifySignature(sig, q.Get("path"), op, q.Get("username"), q.Get("signature_expiration"), now)
-		if err == nil || err == auth.ErrExpiredSignature {
+		err := envdapi.VerifySignature(sig, q.Get("path"), op, q.Get("username"), sb.EnvdAccessToken, q.Get("signature_expiration"), now)
+		if err == nil || err == envdapi.ErrExpiredSignature {
 			// An expired signature still names its sandbox: envd answers
 			// it with the proper 401.
 			return sb.ID

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"testing/synctest"
 
-	"github.com/sandboxd/sandboxd/envd/auth"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 func TestSignedFileSandbox(t *testing.T) {
@@ -24,7 +24,7 @@ func TestSignedFileSandbox(t *testing.T) {
 		exp := strconv.FormatInt(e.m.now().Unix()+60, 10)
 		q := func(path, op, user, token, exp string) url.Values {
 			n, _ := strconv.ParseInt(exp, 10, 64)
-			v := url.Values{"path": {path}, "signature": {auth.Sign(path, op, user, token, n)}}
+			v := url.Values{"path": {path}, "signature": {envdapi.Sign(path, op, user, token, n)}}
 			if user != "" {
 				v.Set("username", user)
 			}

@@ -8,15 +8,16 @@ trap 'rm -rf "$plugins"' EXIT
 go build -o "$plugins/protoc-gen-go" google.golang.org/protobuf/cmd/protoc-gen-go
 go build -o "$plugins/protoc-gen-connect-go" connectrpc.com/connect/cmd/protoc-gen-connect-go
 
-rm -rf envd/gen
-mkdir -p envd/gen
-for proto in envd/spec/process/process.proto envd/spec/filesystem/filesystem.proto; do
-  protoc -I envd/spec -I /usr/include \
+# envd's wire contract: envd/api/spec/*.proto -> envd/api/<service> (messages) and
+# envd/api/<service>/<service>connect (Connect clients and handlers).
+rm -rf envd/api/process envd/api/filesystem
+for proto in envd/api/spec/process/process.proto envd/api/spec/filesystem/filesystem.proto; do
+  protoc -I envd/api/spec -I /usr/include \
     --plugin=protoc-gen-go="$plugins/protoc-gen-go" \
     --plugin=protoc-gen-connect-go="$plugins/protoc-gen-connect-go" \
-    --go_out=envd/gen --go_opt=module=github.com/sandboxd/sandboxd/envd/gen \
-    --connect-go_out=envd/gen --connect-go_opt=module=github.com/sandboxd/sandboxd/envd/gen \
-    "${proto#envd/spec/}"
+    --go_out=envd/api --go_opt=module=github.com/sandboxd/sandboxd/envd/api \
+    --connect-go_out=envd/api --connect-go_opt=module=github.com/sandboxd/sandboxd/envd/api \
+    "${proto#envd/api/spec/}"
 done
 
 # E2B control-plane REST server: openapi/e2b.yaml -> openapi/e2bapi/e2b.gen.go (chi + strict

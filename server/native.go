@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/jwtauth"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/store"
 )
@@ -210,15 +210,11 @@ type envdStatusError struct {
 
 func (e *envdStatusError) Error() string { return fmt.Sprintf("envd: %d %s", e.status, e.msg) }
 
-// envdConn reaches one sandbox's envd as one user. Its transport dials
-// through the Manager (the backend's private channel), keeps connections
-// for the session and is closed with close.
+// envdConn reaches one sandbox's envd as one user, through the Manager (the
+// backend's private channel), for the session; it is closed with close.
 type envdConn struct {
-	sb     *store.Sandbox
-	user   string
-	tr     *http.Transport
-	client *http.Client
-	done   func() // ends the activity the connection counts as
+	*envdconn.Client
+	done func() // ends the activity the connection counts as
 }
 
 // envd looks the sandbox up for the caller's tenant (a foreign one is
@@ -231,38 +227,16 @@ func (a *nativeAPI) envd(ctx context.Context, id, user string) (*envdConn, error
 	if sb.State != store.StateRunning {
 		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", id, sb.State))
 	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return a.mgr.DialSandbox(ctx, id, runtime.EnvdPort)
-		},
-		MaxIdleConnsPerHost: 4,
-		DisableCompression:  true,
-	}
+	dial := func(ctx context.Context) (net.Conn, error) { return a.mgr.DialSandbox(ctx, id, runtime.EnvdPort) }
 	// An exec, file or websocket call is activity for the idle TTL, for
 	// as long as it lasts.
 	done := a.mgr.Active(ctx, id)
-	return &envdConn{sb: sb, user: user, tr: tr, client: &http.Client{Transport: tr}, done: done}, nil
+	return &envdConn{Client: envdconn.NewClient(dial, sb.EnvdAccessToken, user), done: done}, nil
 }
 
 func (c *envdConn) close() {
-	c.tr.CloseIdleConnections()
+	c.Close()
 	c.done()
-}
-
-// auth sets envd's headers: the access token and the user (Basic, no
-// password), as E2B's SDKs send them.
-func (c *envdConn) auth(h http.Header) {
-	if c.sb.EnvdAccessToken != "" {
-		h.Set("X-Access-Token", c.sb.EnvdAccessToken)
-	}
-	if c.user != "" {
-		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.user+":")))
-	}
-}
-
-// connectOpts are the client options of every envd RPC.
-func connectOpts() []connect.ClientOption {
-	return []connect.ClientOption{connect.WithProtoJSON()}
 }
 
 // envdStatus reads a failed /files answer into an envdStatusError.

@@ -9,8 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 )
@@ -53,10 +52,6 @@ func (s processSpec) config() (*process.ProcessConfig, error) {
 	return &pc, nil
 }
 
-func (c *envdConn) process() processconnect.ProcessClient {
-	return processconnect.NewProcessClient(c.client, "http://envd", connectOpts()...)
-}
-
 func (c *envdConn) selector(pid uint32) *process.ProcessSelector {
 	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
 }
@@ -67,8 +62,8 @@ func (c *envdConn) kill(ctx context.Context, pid uint32) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
 	defer cancel()
 	req := connect.NewRequest(&process.SendSignalRequest{Process: c.selector(pid), Signal: process.Signal_SIGNAL_SIGKILL})
-	c.auth(req.Header())
-	_, err := c.process().SendSignal(ctx, req)
+	c.Auth(req.Header())
+	_, err := c.Process().SendSignal(ctx, req)
 	if connect.CodeOf(err) == connect.CodeNotFound {
 		return nil // already gone
 	}
@@ -176,8 +171,8 @@ func (a *nativeAPI) exec(ctx context.Context, id string, b nativeapi.ExecPost) (
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req := connect.NewRequest(&process.StartRequest{Process: pc, Stdin: ptr(b.Stdin != nil)})
-	c.auth(req.Header())
-	stream, err := c.process().Start(sctx, req)
+	c.Auth(req.Header())
+	stream, err := c.Process().Start(sctx, req)
 	if err != nil {
 		return nil, startErr(err)
 	}
@@ -256,8 +251,8 @@ func (c *envdConn) writeStdin(ctx context.Context, pid uint32, data []byte, clos
 			Process: c.selector(pid),
 			Input:   &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: data}},
 		})
-		c.auth(req.Header())
-		if _, err := c.process().SendInput(ctx, req); err != nil {
+		c.Auth(req.Header())
+		if _, err := c.Process().SendInput(ctx, req); err != nil {
 			return err
 		}
 	}
@@ -265,7 +260,7 @@ func (c *envdConn) writeStdin(ctx context.Context, pid uint32, data []byte, clos
 		return nil
 	}
 	req := connect.NewRequest(&process.CloseStdinRequest{Process: c.selector(pid)})
-	c.auth(req.Header())
-	_, err := c.process().CloseStdin(ctx, req)
+	c.Auth(req.Header())
+	_, err := c.Process().CloseStdin(ctx, req)
 	return err
 }

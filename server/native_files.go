@@ -4,30 +4,16 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/filesystem"
-	"github.com/sandboxd/sandboxd/envd/gen/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/envd/api/filesystem"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 )
 
 // Files go through envd's /files (streamed both ways, never buffered here)
 // and its Filesystem service (list, remove).
-
-func (c *envdConn) filesURL(path string) string {
-	q := url.Values{"path": {path}}
-	if c.user != "" {
-		q.Set("username", c.user)
-	}
-	return "http://envd/files?" + q.Encode()
-}
-
-func (c *envdConn) filesystem() filesystemconnect.FilesystemClient {
-	return filesystemconnect.NewFilesystemClient(c.client, "http://envd", connectOpts()...)
-}
 
 func requirePath(p string) error {
 	if p == "" {
@@ -55,22 +41,11 @@ func (a *nativeAPI) filesEnvd(w http.ResponseWriter, r *http.Request, id, path s
 // set; on failure, a non-200 answer included, it answers the client itself
 // and returns nil. The caller closes the response's body.
 func (a *nativeAPI) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path string, upload bool) *http.Response {
-	method, body := http.MethodGet, io.Reader(nil)
+	method, body, size := http.MethodGet, io.Reader(nil), int64(0)
 	if upload {
-		method, body = http.MethodPost, r.Body
+		method, body, size = http.MethodPost, r.Body, r.ContentLength
 	}
-	req, err := http.NewRequestWithContext(r.Context(), method, c.filesURL(path), body)
-	if err != nil {
-		writeNativeError(w, r, a.log, err)
-		return nil
-	}
-	if upload {
-		req.ContentLength = r.ContentLength
-		req.Header.Set("Content-Type", "application/octet-stream")
-	}
-	c.auth(req.Header)
-	req.Header.Del("Authorization") // /files takes the user from ?username
-	resp, err := c.client.Do(req)
+	resp, err := c.Files(r.Context(), method, path, body, size)
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
 		return nil
@@ -146,8 +121,8 @@ func (a *nativeAPI) DeleteFile(w http.ResponseWriter, r *http.Request, id string
 	}
 	defer c.close()
 	req := connect.NewRequest(&filesystem.RemoveRequest{Path: p.Path})
-	c.auth(req.Header())
-	if _, err := c.filesystem().Remove(r.Context(), req); err != nil {
+	c.Auth(req.Header())
+	if _, err := c.Filesystem().Remove(r.Context(), req); err != nil {
 		writeNativeError(w, r, a.log, err)
 		return
 	}
@@ -173,8 +148,8 @@ func (a *nativeAPI) ListFiles(w http.ResponseWriter, r *http.Request, id string,
 	}
 	defer c.close()
 	req := connect.NewRequest(&filesystem.ListDirRequest{Path: p.Path, Depth: uint32(depth)})
-	c.auth(req.Header())
-	resp, err := c.filesystem().ListDir(r.Context(), req)
+	c.Auth(req.Header())
+	resp, err := c.Filesystem().ListDir(r.Context(), req)
 	if err != nil {
 		writeNativeError(w, r, a.log, err)
 		return

@@ -12,7 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
+	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/server/nativews"
 )
@@ -130,8 +130,8 @@ func (a *nativeAPI) wsSession(ctx context.Context, conn *wsConn, id string) erro
 		sreq.Pty = &process.PTY{Size: &process.PTY_Size{Cols: start.PTY.Cols, Rows: start.PTY.Rows}}
 	}
 	req := connect.NewRequest(sreq)
-	c.auth(req.Header())
-	stream, err := c.process().Start(sctx, req)
+	c.Auth(req.Header())
+	stream, err := c.Process().Start(sctx, req)
 	if err != nil {
 		return startErr(err)
 	}
@@ -253,7 +253,7 @@ func streamErr(err error) error {
 // wsRead applies the client's frames to the process, in order. It returns
 // when the websocket fails or closes.
 func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid uint32, pty bool) {
-	client := c.process()
+	client := c.Process()
 	sel := c.selector(pid)
 	for {
 		var f nativews.Frame
@@ -272,16 +272,16 @@ func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid u
 				in.Input = &process.ProcessInput_Pty{Pty: f.Data}
 			}
 			req := connect.NewRequest(&process.SendInputRequest{Process: sel, Input: in})
-			c.auth(req.Header())
+			c.Auth(req.Header())
 			_, err = client.SendInput(ctx, req)
 		case nativews.TypeCloseStdin:
 			req := connect.NewRequest(&process.CloseStdinRequest{Process: sel})
-			c.auth(req.Header())
+			c.Auth(req.Header())
 			_, err = client.CloseStdin(ctx, req)
 		case nativews.TypeResize:
 			req := connect.NewRequest(&process.UpdateRequest{Process: sel,
 				Pty: &process.PTY{Size: &process.PTY_Size{Cols: f.Cols, Rows: f.Rows}}})
-			c.auth(req.Header())
+			c.Auth(req.Header())
 			_, err = client.Update(ctx, req)
 		case nativews.TypeSignal:
 			var sig process.Signal
@@ -295,7 +295,7 @@ func (a *nativeAPI) wsRead(ctx context.Context, conn *wsConn, c *envdConn, pid u
 			}
 			if err == nil {
 				req := connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: sig})
-				c.auth(req.Header())
+				c.Auth(req.Header())
 				_, err = client.SendSignal(ctx, req)
 			}
 		default:

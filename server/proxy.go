@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/envd/tunnel"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
 )
@@ -395,7 +395,7 @@ func classifyUpstreamError(err error) (int, string) {
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		return http.StatusBadGateway, msgSandboxNotFound
-	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, tunnel.ErrPortNotOpen),
+	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, envdapi.ErrPortNotOpen),
 		errors.Is(err, syscall.ECONNREFUSED):
 		return http.StatusBadGateway, msgPortNotOpen
 	case errors.Is(err, errdefs.ErrPermissionDenied):

@@ -23,8 +23,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/envd"
-	"github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 	"github.com/sandboxd/sandboxd/errdefs"
 )
 

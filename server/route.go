@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 // Headers E2B's SDKs put on every envd request when E2B_SANDBOX_URL points
@@ -16,7 +18,7 @@ const (
 )
 
 // EnvdPort is the port envd serves on inside a sandbox, in E2B's addressing.
-const EnvdPort = 49983
+const EnvdPort = envdapi.Port
 
 var errBadRoute = errors.New("bad sandbox route")
 

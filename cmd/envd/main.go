@@ -15,8 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/envd"
-	"github.com/sandboxd/sandboxd/envd/permissions"
-	"github.com/sandboxd/sandboxd/envd/pid1"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 )
 
 func main() {
@@ -36,13 +35,12 @@ func run() int {
 	)
 	flag.Parse()
 	if *version {
-		fmt.Println(envd.Version)
+		fmt.Println(envdapi.Version)
 		return 0
 	}
 	if *initMode {
-		// Before anything can fork: see package pid1.
-		pid1.Reap()
-		if err := pid1.LoopbackUp(); err != nil {
+		// Before anything can fork.
+		if err := envd.BecomeInit(); err != nil {
 			fmt.Fprintf(os.Stderr, "envd init: loopback: %v\n", err)
 		}
 	}
@@ -58,7 +56,7 @@ func run() int {
 		return 2
 	}
 	user := *defaultUser
-	if _, err := permissions.Lookup(user); err != nil {
+	if err := envd.LookupUser(user); err != nil {
 		log.Warn("default user missing, using root", "user", user)
 		user = "root"
 	}
@@ -66,7 +64,7 @@ func run() int {
 	cfg := envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk}
 	if *initMode {
 		// Off the start-up path, which is the way to sandboxd's first request.
-		cfg.AfterFirstAnswer = func() { pid1.SpareThreads(4) }
+		cfg.AfterFirstAnswer = envd.SpareInitThreads
 	}
 	srv := envd.New(cfg)
 	defer srv.Close()
@@ -87,7 +85,7 @@ func run() int {
 	// TCP listener is still being set up.
 	errs := make(chan error, 2)
 	serve := func(l net.Listener, addr string) {
-		log.Info("envd serving", "addr", addr, "version", envd.Version, "default_user", user)
+		log.Info("envd serving", "addr", addr, "version", envdapi.Version, "default_user", user)
 		go func() { errs <- hs.Serve(l) }()
 	}
 	if *socket != "" {

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/envd"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/incus"
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
@@ -131,7 +131,7 @@ func serve(args []string) error {
 	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
-		EnvdVersion: envd.Version, MaxTimeout: *maxTimeout,
+		EnvdVersion: envdapi.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel,
@@ -141,7 +141,7 @@ func serve(args []string) error {
 	var ready atomic.Bool
 	handler := server.New(server.Config{
 		Manager: mgr, Store: st, Templates: be, Metrics: metrics, Log: log,
-		EnvdVersion: envd.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
+		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 		NativeIdleTTL: lim.nativeIdleTTL,
 	})

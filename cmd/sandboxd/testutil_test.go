@@ -51,8 +51,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 )
 
 // e2eAPIPrefix is where sandboxd mounts E2B's REST API (server.E2BPrefix,

@@ -1,9 +1,12 @@
-// Package envdconn is what the runtime backends (runtime/local, incus) share
-// to reach a sandbox's envd from the host: dialling envd's unix socket in a
-// directory the sandbox can write to without being led to another socket
+// Package envdconn is the control plane's one client of envd, over envd's
+// wire contract (envd/api). The runtime backends (runtime/local, incus) use
+// it to reach a sandbox's envd from the host: dialling envd's unix socket in
+// a directory the sandbox can write to without being led to another socket
 // (DialSocket), waiting for envd to answer /health after a create
 // (WaitHealthy), and connecting to a port on the sandbox's loopback: envd
-// itself or, through envd's CONNECT tunnel, any other port (Dial).
+// itself or, through envd's CONNECT tunnel, any other port (Dial). Above a
+// backend's dial, the sandbox manager sends single control requests (Ask:
+// /init) and the API serves exec and files through a Client.
 package envdconn
 
 import (
@@ -24,7 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/envd/tunnel"
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
@@ -65,8 +68,8 @@ func CheckPort(id string, port int) error {
 
 // Dial connects to port on the loopback of sandbox id, whose envd dialEnvd
 // reaches: runtime.EnvdPort is envd itself; other ports go through envd's
-// CONNECT tunnel (envd/tunnel) with accessToken, so a closed port fails with
-// an error that errors.Is tunnel.ErrPortNotOpen, and an envd without the
+// CONNECT tunnel (envdapi.Dial) with accessToken, so a closed port fails
+// with an error that errors.Is envdapi.ErrPortNotOpen, and an envd without the
 // tunnel with runtime.ErrUnsupported.
 func Dial(ctx context.Context, dialEnvd DialFunc, accessToken, id string, port int) (net.Conn, error) {
 	if port == runtime.EnvdPort {
@@ -76,9 +79,9 @@ func Dial(ctx context.Context, dialEnvd DialFunc, accessToken, id string, port i
 		}
 		return c, nil
 	}
-	c, err := tunnel.Dial(ctx, dialEnvd, accessToken, port)
+	c, err := envdapi.Dial(ctx, dialEnvd, accessToken, port)
 	if err != nil {
-		var se *tunnel.StatusError
+		var se *envdapi.StatusError
 		if errors.As(err, &se) && se.StatusCode == http.StatusNotImplemented {
 			err = fmt.Errorf("%w: %w", runtime.ErrUnsupported, err)
 		}
@@ -197,7 +200,7 @@ func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
-	req, err := http.NewRequestWithContext(ctx, method, "http://envd"+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}

@@ -172,8 +172,8 @@ func (b *Backend) cleanup(id, dir string) error {
 
 // Dial connects to port on the sandbox's loopback. EnvdPort is envd's unix
 // socket in the sandbox's socket directory; other ports go through envd's
-// CONNECT tunnel (envd/tunnel), so a closed port fails with an error that
-// errors.Is tunnel.ErrPortNotOpen.
+// CONNECT tunnel (envdapi.Dial), so a closed port fails with an error that
+// errors.Is envdapi.ErrPortNotOpen.
 func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
 	if err := envdconn.CheckPort(id, port); err != nil {
 		return nil, err

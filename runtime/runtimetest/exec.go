@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -15,9 +14,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	rpc "github.com/sandboxd/sandboxd/envd/gen/process"
-	"github.com/sandboxd/sandboxd/envd/gen/process/processconnect"
+	rpc "github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
 // Result is what a command run through envd produced.
@@ -55,14 +54,11 @@ func EnvdClient(b runtime.Backend, id string) *http.Client {
 // Exec runs name with args in sandbox id as user (empty: envd's default
 // user) through envd's Process service, and waits for it to end.
 func Exec(ctx context.Context, b runtime.Backend, id, user, name string, args ...string) (Result, error) {
-	hc := EnvdClient(b, id)
-	defer hc.CloseIdleConnections()
-	client := processconnect.NewProcessClient(hc, "http://envd", connect.WithProtoJSON())
+	c := envdconn.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id, runtime.EnvdPort) }, "", user)
+	defer c.Close()
 	req := connect.NewRequest(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: name, Args: args}})
-	if user != "" {
-		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-	}
-	stream, err := client.Start(ctx, req)
+	c.Auth(req.Header())
+	stream, err := c.Process().Start(ctx, req)
 	if err != nil {
 		return Result{}, err
 	}

@@ -1,0 +1,145 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	rpc "github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/internal/permissions"
+	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
+)
+
+// timeoutHeader is the Connect deadline header. On Start, E2B's envd (and so
+// its SDKs, whose commands.run defaults to 60 s) also uses it as the lifetime
+// of the process, background or not.
+const timeoutHeader = "Connect-Timeout-Ms"
+
+// Start runs a process and streams its events: start, data..., end.
+func (s *Service) Start(ctx context.Context, req *connect.Request[rpc.StartRequest], stream *connect.ServerStream[rpc.StartResponse]) error {
+	p, sub, err := s.start(req.Msg, req.Header())
+	if err != nil {
+		return rpcerr.Connect(err)
+	}
+	return s.stream(ctx, req.Header(), p, sub, func(ev *rpc.ProcessEvent) error {
+		return stream.Send(&rpc.StartResponse{Event: ev})
+	})
+}
+
+// start spawns the process of msg and returns it with a subscription that
+// has seen nothing yet, so the caller's stream misses none of the output.
+func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscription[*rpc.ProcessEvent], error) {
+	spec, err := s.spawnSpec(msg, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	timeout, err := lifetime(h)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	p := newProcess(s.base, timeout, spec)
+	if err := s.admit(p); err != nil {
+		p.cancel()
+		return nil, nil, err
+	}
+	// Before the child exists: nothing is missed. The starting client applies
+	// backpressure: while it is attached and behind, the process waits for it.
+	sub, _ := p.events.subscribeBlocking()
+	outs, err := p.spawn(spec)
+	if err != nil {
+		sub.cancel()
+		p.cancel()
+		s.abandon(p)
+		return nil, nil, err
+	}
+	s.register(p)
+	s.log.Info("process started", "pid", p.pid, "cmd", spec.cfg.GetCmd(), "user", spec.user.Name,
+		"pty", spec.pty != nil, "tag", msg.GetTag(), "timeout", timeout)
+
+	go func() {
+		defer s.wg.Done()
+		p.run(outs)
+		s.retire(p)
+		s.log.Info("process ended", "pid", p.pid, "status", p.end.GetStatus())
+	}()
+	return p, sub, nil
+}
+
+// spawnSpec validates msg and resolves who runs what, where, with which
+// environment.
+func (s *Service) spawnSpec(msg *rpc.StartRequest, h http.Header) (*spawnSpec, error) {
+	cfg := msg.GetProcess()
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: process config is required", rpcerr.ErrInvalidArgument)
+	}
+	if cfg.GetCmd() == "" {
+		return nil, fmt.Errorf("%w: process cmd is required", rpcerr.ErrInvalidArgument)
+	}
+	for _, a := range cfg.GetArgs() {
+		if strings.ContainsRune(a, 0) {
+			return nil, fmt.Errorf("%w: argument contains a NUL byte", rpcerr.ErrInvalidArgument)
+		}
+	}
+	u, err := permissions.RequestUser(h, s.defaults)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := permissions.ResolvePath(cfg.GetCwd(), u, s.defaults.Workdir())
+	if err != nil {
+		return nil, err
+	}
+	switch fi, err := os.Stat(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("%w: cwd %q does not exist", rpcerr.ErrInvalidArgument, dir)
+	case err != nil:
+		return nil, fmt.Errorf("cwd %q: %w", dir, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("%w: cwd %q is not a directory", rpcerr.ErrInvalidArgument, dir)
+	}
+	env, err := buildEnv(u, s.defaults.Envs(), cfg.GetEnvs())
+	if err != nil {
+		return nil, err
+	}
+	path, err := lookPath(cfg.GetCmd(), envValue(env, "PATH"), dir)
+	if err != nil {
+		return nil, err
+	}
+	spec := &spawnSpec{
+		cfg:  cfg,
+		path: path,
+		env:  env,
+		dir:  dir,
+		user: u,
+		pty:  msg.GetPty(),
+		// Absent means true: clients older than envd 0.3.0 expect an open stdin.
+		stdin: msg.Stdin == nil || msg.GetStdin(),
+	}
+	if msg.GetTag() != "" {
+		tag := msg.GetTag()
+		spec.tag = &tag
+	}
+	return spec, nil
+}
+
+// lifetime reads the process lifetime from Connect-Timeout-Ms; zero means
+// unlimited.
+func lifetime(h http.Header) (time.Duration, error) {
+	v := h.Get(timeoutHeader)
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 || ms > int64(time.Duration(1<<63-1)/time.Millisecond) {
+		return 0, fmt.Errorf("%w: %s %q", rpcerr.ErrInvalidArgument, timeoutHeader, v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
