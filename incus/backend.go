@@ -486,7 +486,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}
 	}
-	spec.CPUCount = min(orDefault(spec.CPUCount, b.opts.CPUCount), goruntime.NumCPU())
+	// All but one of the host's CPUs at most, as on the local backend: a
+	// busy sandbox (a fork bomb) must leave the host a CPU to answer with.
+	spec.CPUCount = min(orDefault(spec.CPUCount, b.opts.CPUCount), max(1, goruntime.NumCPU()-1))
 	spec.MemoryMB = orDefault(spec.MemoryMB, b.opts.MemoryMB)
 	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, b.opts.DiskSizeMB)
 	if _, ok := ctx.Deadline(); !ok {

@@ -48,7 +48,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	spec.MemoryMB = orDefault(spec.MemoryMB, orDefault(def.MemoryMB, b.opts.MemoryMB))
 	spec.DiskSizeMB = orDefault(spec.DiskSizeMB, orDefault(def.DiskSizeMB, b.opts.DiskSizeMB))
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
-		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
+		spec.CPUCount = ncpu // the host keeps one; report what holds
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
