@@ -482,7 +482,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}
 	}
-	spec.CPUCount = min(spec.CPUCount, goruntime.NumCPU()) // a quota above the machine is no limit; report what holds
+	// All but one of the host's CPUs at most, as on the local backend: a
+	// busy sandbox (a fork bomb) must leave the host a CPU to answer with.
+	spec.CPUCount = min(spec.CPUCount, max(1, goruntime.NumCPU()-1))
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)

@@ -752,3 +752,15 @@ func TestReconcileUnmarksLiveInstance(t *testing.T) {
 		t.Errorf("exec after Reconcile: %v", err)
 	}
 }
+
+// TestForkBomb: a fork bomb that ends (at its timeout) leaves its container
+// usable (runtimetest.ForkBomb).
+func TestForkBomb(t *testing.T) {
+	b, _ := newBackend(t)
+	id := runtimetest.NewID()
+	if _, err := b.Create(t.Context(), runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1}); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	runtimetest.ForkBomb(t, b, id)
+}

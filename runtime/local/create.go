@@ -41,7 +41,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
-		spec.CPUCount = ncpu // a quota above the machine is no limit; report what holds
+		spec.CPUCount = ncpu // the host keeps one; report what holds
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -1911,3 +1911,13 @@ func TestPauseDiskNewBootID(t *testing.T) {
 		})
 	}
 }
+
+// TestForkBomb: a fork bomb that ends (at its timeout) leaves its sandbox
+// usable (runtimetest.ForkBomb).
+func TestForkBomb(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	id := mustCreate(t, b, runtime.Spec{})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	runtimetest.ForkBomb(t, b, id)
+}

@@ -18,7 +18,11 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
-func numCPU() int { return goruntime.NumCPU() }
+// numCPU is the most CPUs a sandbox may use: all but one of the host's, so
+// that however busy its sandboxes are (a fork bomb burns all it is given),
+// the host keeps a CPU for sandboxd, envd's answers and ssh. A one-CPU host
+// gives it all.
+func numCPU() int { return max(1, goruntime.NumCPU()-1) }
 
 // Destroy kills the sandbox and removes everything it held. It is
 // idempotent, and also removes the leftovers of a sandbox whose init died.

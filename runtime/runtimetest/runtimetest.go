@@ -623,8 +623,9 @@ func testNoLeaks(t *testing.T, b runtime.Backend) {
 	if _, err := b.Create(ctx, spec(id)); err != nil {
 		t.Fatal(err)
 	}
-	// Leave files, a background process and a paused state behind.
-	mustSh(t, b, id, "user", "echo x > /home/user/f; mkdir -p /tmp/d; (sleep 600 >/dev/null 2>&1 &)")
+	// Leave files, a background process and a paused state behind (setsid:
+	// envd ends what a command leaves in its session).
+	mustSh(t, b, id, "user", "echo x > /home/user/f; mkdir -p /tmp/d; (setsid sleep 600 >/dev/null 2>&1 &)")
 	if err := b.Pause(ctx, id, runtime.PauseMemory); err != nil {
 		t.Fatal(err)
 	}
@@ -683,8 +684,9 @@ func testDialPort(t *testing.T, b runtime.Backend) {
 	if !hasCommand(t, b, sb.ID, "python3") {
 		t.Skip("needs python3 in the template for a server")
 	}
+	// setsid: the server outlives its command only in a session of its own.
 	mustSh(t, b, sb.ID, "user", "cd /tmp && echo served > index.html && "+
-		"(nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &) && "+
+		"(setsid python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &) && "+
 		"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8123))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1")
 	ctx := ctxFor(t)
 	c, err := b.Dial(ctx, sb.ID, 8123)

@@ -369,6 +369,9 @@ func (p *process) run(outs []output) {
 		}
 		<-drained
 	}
+	// The command has ended: so does what it left running, daemonised or
+	// not, or a fork bomb's survivors would hold the sandbox's pids and CPU.
+	endSession(int(p.pid))
 	close(settled)
 	helpers.Wait()
 	if p.tty != nil {

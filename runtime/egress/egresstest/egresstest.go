@@ -250,7 +250,7 @@ func CheckNoNeighbour(t testing.TB, b runtime.Backend, from, to, toIP, toHostIf 
 	// starts slowly (an emulated CPU takes seconds), and the check below
 	// would then pass for want of a listener.
 	res, err := runtimetest.Exec(t.Context(), b, to, "user", "/bin/sh", "-c",
-		"cd /tmp && (nohup python3 -m http.server 8000 >/tmp/http-server.log 2>&1 &) && python3 -c '"+awaitListener+"' || { cat /tmp/http-server.log; exit 1; }")
+		"cd /tmp && (setsid python3 -m http.server 8000 >/tmp/http-server.log 2>&1 &) && python3 -c '"+awaitListener+"' || { cat /tmp/http-server.log; exit 1; }")
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("start a server in sandbox %s: %v, %v", to, res, err)
 	}
