@@ -137,6 +137,7 @@ type Manager struct {
 	now     func() time.Time
 
 	sweeps atomic.Int64
+	wake   chan struct{} // a sweep is due before the next tick (cap 1)
 
 	hookMu    sync.Mutex
 	stopHooks []func(id string)
@@ -196,7 +197,7 @@ func New(cfg Config) *Manager {
 	if cfg.TouchInterval == 0 {
 		cfg.TouchInterval = TouchInterval
 	}
-	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now}
+	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now, wake: make(chan struct{}, 1)}
 	m.adm = &Admitter{
 		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
 		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB, memAvailable: cfg.MemAvailable,
@@ -775,12 +776,12 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	return err
 }
 
-// SetTimeout sets the end time to now+timeout, shorter or longer.
+// SetTimeout sets the end time to now+timeout, shorter or longer. As in
+// E2B, zero means now and a negative timeout is zero: the sandbox's
+// on-timeout action (kill, or pause under auto-pause) runs at once, as the
+// SDKs rely on to force an auto-pause, so the sweeper is woken for it.
 func (m *Manager) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
-	if timeout <= 0 {
-		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must be positive")
-	}
-	timeout = min(timeout, m.cfg.MaxTimeout)
+	timeout = min(max(timeout, 0), m.cfg.MaxTimeout)
 	unlock := m.lock(id)
 	defer unlock()
 	sb, err := m.Get(ctx, id)
@@ -790,6 +791,9 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, timeout time.Durati
 	sb.EndAt = m.now().Add(timeout).UTC()
 	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, "set_timeout", sb, err, "timeout_s", int(timeout.Seconds()))
+	if err == nil && timeout == 0 {
+		m.wakeSweeper()
+	}
 	return err
 }
 

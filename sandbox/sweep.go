@@ -11,8 +11,9 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 )
 
-// Run sweeps until ctx ends: every interval it enforces end times and purges
-// old killed rows. It returns when ctx is done.
+// Run sweeps until ctx ends: every interval, and when woken by an end time
+// set to now, it enforces end times and purges old killed rows. It returns
+// when ctx is done.
 func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -22,7 +23,17 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			m.Sweep(ctx)
+		case <-m.wake:
+			m.Sweep(ctx)
 		}
+	}
+}
+
+// wakeSweeper has Run sweep now; a wake already pending covers this one.
+func (m *Manager) wakeSweeper() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
 	}
 }
 

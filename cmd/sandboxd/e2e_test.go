@@ -386,7 +386,6 @@ func TestErrors(t *testing.T) {
 			{"POST", "/sandboxes/" + id + "/connect", `{"timeout":-1}`},
 			{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":-1}`},
 			{"POST", "/sandboxes/" + id + "/resume", `{"timeout":-1}`},
-			{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":-1}`},
 			{"POST", "/sandboxes/" + id + "/refreshes", `{"duration":-1}`},
 		} {
 			wantError(t, rt.method+" "+rt.path+" "+rt.body, s.api(t, rt.method, rt.path, key, rt.body), http.StatusBadRequest)

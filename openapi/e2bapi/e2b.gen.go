@@ -691,7 +691,7 @@ type SandboxState string
 
 // SandboxTimeoutRequest defines model for SandboxTimeoutRequest.
 type SandboxTimeoutRequest struct {
-	// Timeout Seconds from now.
+	// Timeout Seconds from now. 0 expires the sandbox now (its on-timeout action, a kill or an auto-pause, runs at once); a negative value is 0.
 	Timeout int32 `json:"timeout"`
 }
 

@@ -15,12 +15,22 @@ func unimplemented(what string) error {
 	return errdefs.New(errdefs.ErrNotImplemented, what+" is not implemented by sandboxd")
 }
 
-func (notImplemented) ForkSandbox(context.Context, e2bapi.ForkSandboxRequestObject) (e2bapi.ForkSandboxResponseObject, error) {
-	return nil, unimplemented("ForkSandbox")
+// unimplementedOn answers a route that names a sandbox as E2B would before
+// it gets to the work: 404 for a sandbox that does not exist, is gone, or
+// belongs to another tenant; 501 only for one the caller could act on.
+func (a *API) unimplementedOn(ctx context.Context, id, what string) error {
+	if _, err := a.mgr.GetView(ctx, id); err != nil {
+		return err
+	}
+	return unimplemented(what)
 }
 
-func (notImplemented) CreateSnapshot(context.Context, e2bapi.CreateSnapshotRequestObject) (e2bapi.CreateSnapshotResponseObject, error) {
-	return nil, unimplemented("CreateSnapshot")
+func (a *API) ForkSandbox(ctx context.Context, req e2bapi.ForkSandboxRequestObject) (e2bapi.ForkSandboxResponseObject, error) {
+	return nil, a.unimplementedOn(ctx, req.SandboxID, "ForkSandbox")
+}
+
+func (a *API) CreateSnapshot(ctx context.Context, req e2bapi.CreateSnapshotRequestObject) (e2bapi.CreateSnapshotResponseObject, error) {
+	return nil, a.unimplementedOn(ctx, req.SandboxID, "CreateSnapshot")
 }
 
 func (notImplemented) ListSnapshots(context.Context, e2bapi.ListSnapshotsRequestObject) (e2bapi.ListSnapshotsResponseObject, error) {

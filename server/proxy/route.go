@@ -45,13 +45,13 @@ func dataPlaneTarget(r *http.Request, domain string) (id string, port int, ok bo
 	return hid, port, true, nil
 }
 
-// parseSandboxHost parses `<port>-<id>.<domain>[:listenport]`.
+// parseSandboxHost parses `<port>-<id>.<domain>[:listenport]`. The domain
+// may carry a port too (`--domain HOST:PORT`, needed whenever the listener
+// is not on 443 because the SDKs build sandbox URLs from it); ports are
+// compared on neither side, since the listener that got the request already
+// chose the port.
 func parseSandboxHost(host, domain string) (id string, port int, ok bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	label, ok := strings.CutSuffix(host, "."+strings.ToLower(domain))
+	label, ok := strings.CutSuffix(hostname(host), "."+hostname(domain))
 	if !ok || strings.Contains(label, ".") {
 		return "", 0, false
 	}
@@ -64,6 +64,14 @@ func parseSandboxHost(host, domain string) (id string, port int, ok bool) {
 		return "", 0, false
 	}
 	return id, port, true
+}
+
+// hostname lowercases host and drops its port and trailing dot.
+func hostname(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.ToLower(strings.TrimSuffix(host, "."))
 }
 
 func parsePort(s string) (int, error) {

@@ -24,6 +24,11 @@ func TestParseSandboxHost(t *testing.T) {
 		{"80-ab_c.sbx.local", "sbx.local", "", 0, false},
 		{"80-abc.other.local", "sbx.local", "", 0, false},
 		{"80-abc-def.sbx.local", "sbx.local", "", 0, false},
+		{"49983-abc123.localhost:3000", "localhost:3000", "abc123", 49983, true},
+		{"49983-abc123.localhost", "localhost:3000", "abc123", 49983, true},
+		{"49983-abc123.sbx.local:8443", "SBX.local.:8443", "abc123", 49983, true},
+		{"localhost:3000", "localhost:3000", "", 0, false},
+		{"49983-abc123.other:3000", "localhost:3000", "", 0, false},
 	}
 	for _, tt := range tests {
 		id, port, ok := parseSandboxHost(tt.host, tt.domain)
