@@ -758,7 +758,7 @@ func TestReconcileUnmarksLiveInstance(t *testing.T) {
 func TestForkBomb(t *testing.T) {
 	b, _ := newBackend(t)
 	id := runtimetest.NewID()
-	if _, err := b.Create(t.Context(), runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1}); err != nil {
+	if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
