@@ -205,11 +205,11 @@ func TestHostBudget(t *testing.T) {
 
 func TestParseMemAvailable(t *testing.T) {
 	raw := []byte("MemTotal:       16303452 kB\nMemFree:         1234 kB\nMemAvailable:    8151726 kB\n")
-	got, err := parseMemAvailable(raw)
+	got, err := parseMeminfo(raw, "MemAvailable")
 	if err != nil || got != 7960 {
 		t.Fatalf("parse = %d, %v; want 7960", got, err)
 	}
-	if _, err := parseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
+	if _, err := parseMeminfo([]byte("MemTotal: 1 kB\n"), "MemAvailable"); err == nil {
 		t.Fatal("no MemAvailable: want an error")
 	}
 	if n, err := MemAvailableMB(); err != nil || n <= 0 {
