@@ -411,11 +411,11 @@ func (a *Admitter) AdmitMember(ctx context.Context, key pool.Key, members, memor
 			return err
 		}
 		mem += ts.pendingMB
-		if mem+memoryMB+a.keyMB(key) > eff.MaxMemoryMB {
+		if mem+memoryMB+a.MemberMB(key) > eff.MaxMemoryMB {
 			return fmt.Errorf("tenant quota: %d MiB live + %d MiB warm of max %d MiB", mem, memoryMB, eff.MaxMemoryMB)
 		}
 	}
-	return a.checkHost(ctx, a.keyMB(key))
+	return a.checkHost(ctx, a.MemberMB(key))
 }
 
 // AdmitResume is the host guard for sandbox sb coming back from disk: it
@@ -535,7 +535,9 @@ func (a *Admitter) chargeMB(memoryMB, diskMB int) int {
 
 func (a *Admitter) sandboxMB(sb *store.Sandbox) int { return a.chargeMB(sb.MemoryMB, sb.DiskMB) }
 
-func (a *Admitter) keyMB(k pool.Key) int { return a.chargeMB(k.MemoryMB, k.DiskMB) }
+// MemberMB is what a sandbox (or warm member) of key takes of the host's
+// memory: pool.Config.MemberMB.
+func (a *Admitter) MemberMB(k pool.Key) int { return a.chargeMB(k.MemoryMB, k.DiskMB) }
 
 // diskNote tells a refused client why its disk counts as memory.
 func (a *Admitter) diskNote() string {
@@ -570,7 +572,7 @@ func (a *Admitter) tenantMB(ctx context.Context, t tenant.ID) (int, error) {
 // reserve. Those would otherwise answer 429 or 503, which clients retry
 // forever.
 func (a *Admitter) checkFits(key pool.Key) error {
-	charge := a.keyMB(key)
+	charge := a.MemberMB(key)
 	asked := fmt.Sprintf("%d MiB memory", key.MemoryMB)
 	if a.diskInMemory {
 		asked = fmt.Sprintf("%d MiB memory + %d MiB disk (a sandbox's disk lives in RAM)", key.MemoryMB, key.DiskMB)

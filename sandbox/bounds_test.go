@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -121,4 +123,23 @@ func TestDiskInMemoryCounts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Warm members' disks count too: with 512 MiB + 1024 MiB of disk each, a
+// quota of 3000 MiB holds one member, not the five memory alone would fit.
+func TestPoolCountsDiskInMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, func(c *Config) { c.DiskInMemory = true })
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(5); s.MaxMemoryMB = tenant.Of(3000) })
+		p := e.startPools(t)
+		waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
+		time.Sleep(time.Second) // many ticks: still one
+		synctest.Wait()
+		if got := ready(p, "a"); got != 1 {
+			t.Fatalf("%d members, want 1 (memory and disk within the quota)", got)
+		}
+		if got, want := p.ReservedMB(), 512+1024; got != want {
+			t.Fatalf("reserved %d MiB, want %d", got, want)
+		}
+	})
 }

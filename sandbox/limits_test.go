@@ -221,7 +221,8 @@ func TestParseMemAvailable(t *testing.T) {
 func (e *testEnv) startPools(t *testing.T) *pool.Pools {
 	t.Helper()
 	p := pool.New(pool.Config{
-		Backend: e.m.backend, Health: e.m.EnvdHealth, Admission: e.m.Admission(), NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
+		Backend: e.m.backend, Health: e.m.EnvdHealth, Admission: e.m.Admission(), MemberMB: e.m.Admission().MemberMB,
+		NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
 		Tick: 20 * time.Millisecond,
 	})
 	e.m.UsePool(p)
