@@ -87,6 +87,10 @@ func TestDefaultsClampedToCaps(t *testing.T) {
 	if spec := e.be.Get(sb.ID).Spec; spec.CPUCount != 3 || spec.DiskSizeMB != 2048 {
 		t.Fatalf("backend got %d CPUs, %d MiB disk; want 3 and 2048", spec.CPUCount, spec.DiskSizeMB)
 	}
+	// The template list (GET /templates) reports the same.
+	if r := e.m.TemplateResources(DefaultTemplate); r.CPUCount != 3 || r.DiskSizeMB != 2048 {
+		t.Fatalf("template resources %+v; want 3 CPUs, 2048 MiB disk", r)
+	}
 }
 
 // With the disk in RAM, its size counts in the tenant's memory quota and

@@ -29,14 +29,11 @@ func (m *Manager) Admission() *Admitter { return m.adm }
 func (m *Manager) PoolKey(t tenant.ID, req CreateRequest) pool.Key {
 	tmpl := cmp.Or(req.Template, DefaultTemplate)
 	def := m.TemplateResources(tmpl)
-	// A default above a per-sandbox cap is clamped, so the row (and what
-	// the API reports) says what is in force; a request above one never
-	// gets here (validateCreate refuses it).
 	return pool.Key{
 		Tenant: t, Template: tmpl,
-		CPUCount:      min(cmpOr(req.CPUCount, def.CPUCount), m.cfg.MaxCPU),
+		CPUCount:      cmpOr(req.CPUCount, def.CPUCount),
 		MemoryMB:      cmpOr(req.MemoryMB, def.MemoryMB),
-		DiskMB:        min(cmpOr(req.DiskMB, def.DiskSizeMB), m.cfg.MaxDiskMB),
+		DiskMB:        cmpOr(req.DiskMB, def.DiskSizeMB),
 		AllowInternet: req.AllowInternet,
 	}
 }

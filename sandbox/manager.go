@@ -499,16 +499,19 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 
 // TemplateResources returns the resources a sandbox of template gets when
 // its create names none: the template's own (runtime.TemplateResourcer),
-// else the configured defaults.
+// else the configured defaults, lowered to the per-sandbox caps. Clamped
+// here, the row and what the API reports (getInfo, the template list) say
+// what is in force; a request above a cap never gets this far
+// (validateCreate refuses it).
 func (m *Manager) TemplateResources(template string) runtime.Resources {
 	var r runtime.Resources
 	if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
 		r, _ = tr.TemplateResources(template)
 	}
 	return runtime.Resources{
-		CPUCount:   cmpOr(r.CPUCount, m.cfg.DefaultCPU),
+		CPUCount:   min(cmpOr(r.CPUCount, m.cfg.DefaultCPU), m.cfg.MaxCPU),
 		MemoryMB:   cmpOr(r.MemoryMB, m.cfg.DefaultMemoryMB),
-		DiskSizeMB: cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB),
+		DiskSizeMB: min(cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB), m.cfg.MaxDiskMB),
 	}
 }
 
