@@ -494,8 +494,8 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 			a.log.Warn("host guard: read MemAvailable", "err", err)
 		} else if avail-a.hostReserveMB < memoryMB {
 			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
-				"host is short of memory: %d MiB available, %d MiB reserved, %d MiB asked; retry later",
-				avail, a.hostReserveMB, memoryMB))
+				"host is short of memory: %d MiB available, %d MiB reserved, %d MiB asked%s; retry later",
+				avail, a.hostReserveMB, memoryMB, a.diskNote()))
 		}
 	}
 	if a.hostMemoryMB > 0 {
@@ -516,8 +516,8 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 		used += int(a.pendingMB.Load())
 		if used+memoryMB > a.hostMemoryMB {
 			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
-				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB; retry later",
-				used, memoryMB, a.hostMemoryMB))
+				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB%s; retry later",
+				used, memoryMB, a.hostMemoryMB, a.diskNote()))
 		}
 	}
 	return nil
