@@ -98,6 +98,10 @@ type Config struct {
 	// whether one more member fits. nil: no seeds, no min_warm, every
 	// member admitted.
 	Admission Admission
+	// MemberMB is what one member of key takes of the host's memory, for
+	// the quota and the budget (its disk too where that is RAM). nil:
+	// key.MemoryMB.
+	MemberMB func(key Key) int
 	// NewID and NewToken mint member ids and access tokens.
 	NewID, NewToken func() string
 	Log             *slog.Logger
@@ -204,6 +208,9 @@ func New(cfg Config) *Pools {
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
+	}
+	if cfg.MemberMB == nil {
+		cfg.MemberMB = func(k Key) int { return k.MemoryMB }
 	}
 	if cfg.Admission == nil {
 		cfg.Admission = admitAll{}
@@ -433,7 +440,7 @@ func (p *Pools) tenantMembersLocked(t tenant.ID) (n, memMB int) {
 		if pl.key.Tenant == t {
 			c := len(pl.ready) + pl.starting
 			n += c
-			memMB += c * pl.key.MemoryMB
+			memMB += c * p.cfg.MemberMB(pl.key)
 		}
 	}
 	return n, memMB
@@ -536,7 +543,7 @@ func (p *Pools) ReservedMB() int {
 	defer p.mu.Unlock()
 	n := 0
 	for _, pl := range p.pools {
-		n += (len(pl.ready) + pl.starting) * pl.key.MemoryMB
+		n += (len(pl.ready) + pl.starting) * p.cfg.MemberMB(pl.key)
 	}
 	return n
 }

@@ -49,6 +49,11 @@ type Admitter struct {
 
 	hostMemoryMB, hostReserveMB int
 	memAvailable                func() (int, error)
+	memTotal                    func() (int, error)
+	// diskInMemory: a sandbox's disk is a tmpfs (the local backend), so
+	// its pages are RAM and its size counts with its memory everywhere
+	// memory is counted (chargeMB).
+	diskInMemory bool
 
 	// lock takes a sandbox's lifecycle lock (the Manager's): a ticket holds
 	// it from before its row is visible until Release.
@@ -210,8 +215,8 @@ func (tk *Ticket) Release() {
 func (tk *Ticket) pendLocked() {
 	tk.pending = true
 	tk.ts.pending++
-	tk.ts.pendingMB += tk.sb.MemoryMB
-	tk.a.pendingMB.Add(int64(tk.sb.MemoryMB))
+	tk.ts.pendingMB += tk.a.sandboxMB(tk.sb)
+	tk.a.pendingMB.Add(int64(tk.a.sandboxMB(tk.sb)))
 }
 
 // unpendLocked undoes pendLocked, once. ts.mu is held.
@@ -221,8 +226,8 @@ func (tk *Ticket) unpendLocked() {
 	}
 	tk.pending = false
 	tk.ts.pending--
-	tk.ts.pendingMB -= tk.sb.MemoryMB
-	tk.a.pendingMB.Add(-int64(tk.sb.MemoryMB))
+	tk.ts.pendingMB -= tk.a.sandboxMB(tk.sb)
+	tk.a.pendingMB.Add(-int64(tk.a.sandboxMB(tk.sb)))
 }
 
 // Admit checks the tenant's quota, then claims a warm member or waits for
@@ -261,18 +266,19 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		}
 	}
 	defer unlockTenant()
-	if err := a.checkQuota(ctx, sb.Tenant, sb.MemoryMB, ts); err != nil {
+	charge := a.sandboxMB(sb)
+	if err := a.checkQuota(ctx, sb.Tenant, charge, ts); err != nil {
 		return nil, err
 	}
 	if a.pool != nil {
 		tk.member, _ = a.pool.Claim(req.Key)
 	}
 	if tk.member == nil && a.gate != nil {
-		if err := a.checkHost(ctx, sb.MemoryMB); err != nil {
+		if err := a.checkHost(ctx, charge); err != nil {
 			return nil, err // short of memory: say so now, not after the wait
 		}
 		ts.pending++
-		ts.pendingMB += sb.MemoryMB
+		ts.pendingMB += charge
 		unlockTenant()
 		t0 := time.Now()
 		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key)
@@ -280,7 +286,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		ts.mu.Lock()
 		locked = true
 		ts.pending--
-		ts.pendingMB -= sb.MemoryMB
+		ts.pendingMB -= charge
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox: waiting for a cold-create slot: %w", err)
 		}
@@ -318,7 +324,7 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 	}
 	// A warm member's memory is already committed; only a cold create adds
 	// to the host's load.
-	if err := a.checkHost(ctx, tk.sb.MemoryMB); err != nil {
+	if err := a.checkHost(ctx, a.sandboxMB(tk.sb)); err != nil {
 		return err
 	}
 	tk.unlock = a.lock(tk.sb.ID)
@@ -400,28 +406,29 @@ func (a *Admitter) AdmitMember(ctx context.Context, key pool.Key, members, memor
 		}
 	}
 	if eff.MaxMemoryMB > 0 {
-		mem, err := a.store.SumMemoryMB(ctx, key.Tenant)
+		mem, err := a.tenantMB(ctx, key.Tenant)
 		if err != nil {
 			return err
 		}
 		mem += ts.pendingMB
-		if mem+memoryMB+key.MemoryMB > eff.MaxMemoryMB {
+		if mem+memoryMB+a.MemberMB(key) > eff.MaxMemoryMB {
 			return fmt.Errorf("tenant quota: %d MiB live + %d MiB warm of max %d MiB", mem, memoryMB, eff.MaxMemoryMB)
 		}
 	}
-	return a.checkHost(ctx, key.MemoryMB)
+	return a.checkHost(ctx, a.MemberMB(key))
 }
 
-// AdmitResume is the host guard for sandbox id (of memoryMB) coming back
-// from disk: it passes the same host checks as a create (ErrUnavailable:
-// 503 + Retry-After), and from then on counts in the host budget. Its
-// tenant's quota counted it all along (paused sandboxes count).
-func (a *Admitter) AdmitResume(ctx context.Context, id string, memoryMB int) error {
+// AdmitResume is the host guard for sandbox sb coming back from disk: it
+// passes the same host checks as a create (ErrUnavailable: 503 +
+// Retry-After), and from then on counts in the host budget. Its tenant's
+// quota counted it all along (paused sandboxes count).
+func (a *Admitter) AdmitResume(ctx context.Context, sb *store.Sandbox) error {
 	if a.hostMemoryMB > 0 {
 		a.hostMu.Lock()
 		defer a.hostMu.Unlock()
 	}
-	if err := a.checkHost(ctx, memoryMB); err != nil {
+	id := sb.ID
+	if err := a.checkHost(ctx, a.sandboxMB(sb)); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	a.diskPaused.Delete(id)
@@ -457,14 +464,14 @@ func (a *Admitter) checkQuota(ctx context.Context, t tenant.ID, memoryMB int, ts
 		}
 	}
 	if eff.MaxMemoryMB > 0 {
-		mem, err := a.store.SumMemoryMB(ctx, t)
+		mem, err := a.tenantMB(ctx, t)
 		if err != nil {
 			return err
 		}
 		mem += ts.pendingMB
 		if mem+memoryMB > eff.MaxMemoryMB {
 			return errdefs.New(errdefs.ErrResourceExhausted, fmt.Sprintf(
-				"memory quota reached: %d MiB live + %d MiB asked exceeds the quota of %d MiB", mem, memoryMB, eff.MaxMemoryMB))
+				"memory quota reached: %d MiB live + %d MiB asked exceeds the quota of %d MiB%s", mem, memoryMB, eff.MaxMemoryMB, a.diskNote()))
 		}
 	}
 	return nil
@@ -487,8 +494,8 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 			a.log.Warn("host guard: read MemAvailable", "err", err)
 		} else if avail-a.hostReserveMB < memoryMB {
 			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
-				"host is short of memory: %d MiB available, %d MiB reserved, %d MiB asked; retry later",
-				avail, a.hostReserveMB, memoryMB))
+				"host is short of memory: %d MiB available, %d MiB reserved, %d MiB asked%s; retry later",
+				avail, a.hostReserveMB, memoryMB, a.diskNote()))
 		}
 	}
 	if a.hostMemoryMB > 0 {
@@ -501,7 +508,7 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 			if a.onDisk(sb.ID) && sb.State == store.StatePaused {
 				continue // its memory was given back
 			}
-			used += sb.MemoryMB
+			used += a.sandboxMB(&sb)
 		}
 		if a.pool != nil {
 			used += a.pool.ReservedMB()
@@ -509,9 +516,84 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 		used += int(a.pendingMB.Load())
 		if used+memoryMB > a.hostMemoryMB {
 			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
-				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB; retry later",
-				used, memoryMB, a.hostMemoryMB))
+				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB%s; retry later",
+				used, memoryMB, a.hostMemoryMB, a.diskNote()))
 		}
+	}
+	return nil
+}
+
+// chargeMB is what a sandbox of memoryMB and diskMB takes of the host's
+// RAM, and so of every memory budget: its memory limit, plus its disk when
+// the disk is a tmpfs (its pages are RAM, charged to the sandbox's cgroup).
+func (a *Admitter) chargeMB(memoryMB, diskMB int) int {
+	if a.diskInMemory {
+		return memoryMB + diskMB
+	}
+	return memoryMB
+}
+
+func (a *Admitter) sandboxMB(sb *store.Sandbox) int { return a.chargeMB(sb.MemoryMB, sb.DiskMB) }
+
+// MemberMB is what a sandbox (or warm member) of key takes of the host's
+// memory: pool.Config.MemberMB.
+func (a *Admitter) MemberMB(k pool.Key) int { return a.chargeMB(k.MemoryMB, k.DiskMB) }
+
+// diskNote tells a refused client why its disk counts as memory.
+func (a *Admitter) diskNote() string {
+	if a.diskInMemory {
+		return " (memory and disk: a sandbox's disk lives in RAM)"
+	}
+	return ""
+}
+
+// tenantMB is the charge (chargeMB) of tenant t's live sandboxes, paused
+// and in-progress states included.
+func (a *Admitter) tenantMB(ctx context.Context, t tenant.ID) (int, error) {
+	if !a.diskInMemory {
+		return a.store.SumMemoryMB(ctx, t)
+	}
+	live, err := a.store.ListLive(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("sum memory of %s: %w", t, err)
+	}
+	n := 0
+	for i := range live {
+		if live[i].Tenant == t {
+			n += a.sandboxMB(&live[i])
+		}
+	}
+	return n, nil
+}
+
+// checkFits refuses (ErrInvalidArgument: 400) a create of key that no
+// amount of waiting could admit: its charge alone is above the tenant's
+// memory quota, the host's memory budget, or the host's RAM less the
+// reserve. Those would otherwise answer 429 or 503, which clients retry
+// forever.
+func (a *Admitter) checkFits(key pool.Key) error {
+	charge := a.MemberMB(key)
+	asked := fmt.Sprintf("%d MiB memory", key.MemoryMB)
+	if a.diskInMemory {
+		asked = fmt.Sprintf("%d MiB memory + %d MiB disk (a sandbox's disk lives in RAM)", key.MemoryMB, key.DiskMB)
+	}
+	refuse := func(limit string, mb int) error {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
+			"sandbox too large: %s exceeds %s of %d MiB", asked, limit, mb))
+	}
+	if q := a.settings.Get(key.Tenant).MaxMemoryMB; q > 0 && charge > q {
+		return refuse("the tenant's memory quota", q)
+	}
+	if a.hostMemoryMB > 0 && charge > a.hostMemoryMB {
+		return refuse("the host's sandbox memory budget", a.hostMemoryMB)
+	}
+	total, err := a.memTotal()
+	if err != nil {
+		a.log.Warn("host guard: read MemTotal", "err", err)
+		return nil
+	}
+	if room := total - a.hostReserveMB; charge > room {
+		return refuse("the host's memory (MemTotal less the reserve)", room)
 	}
 	return nil
 }

@@ -48,19 +48,24 @@ func (m *Manager) EnvdHealth(ctx context.Context, id string) error {
 }
 
 // MemAvailableMB reads MemAvailable from /proc/meminfo, in MiB.
-func MemAvailableMB() (int, error) {
+func MemAvailableMB() (int, error) { return meminfoMB("MemAvailable") }
+
+// MemTotalMB reads MemTotal from /proc/meminfo, in MiB.
+func MemTotalMB() (int, error) { return meminfoMB("MemTotal") }
+
+func meminfoMB(field string) (int, error) {
 	raw, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0, err
 	}
-	return parseMemAvailable(raw)
+	return parseMeminfo(raw, field)
 }
 
-func parseMemAvailable(raw []byte) (int, error) {
+func parseMeminfo(raw []byte, field string) (int, error) {
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	for sc.Scan() {
 		f := bytes.Fields(sc.Bytes())
-		if len(f) >= 2 && string(f[0]) == "MemAvailable:" {
+		if len(f) >= 2 && string(f[0]) == field+":" {
 			kb, err := strconv.Atoi(string(f[1]))
 			if err != nil {
 				return 0, fmt.Errorf("meminfo: %w", err)
@@ -68,7 +73,7 @@ func parseMemAvailable(raw []byte) (int, error) {
 			return kb / 1024, nil
 		}
 	}
-	return 0, fmt.Errorf("meminfo: no MemAvailable")
+	return 0, fmt.Errorf("meminfo: no %s", field)
 }
 
 // NewID mints a sandbox id (for warm pool members, whose id becomes the

@@ -205,11 +205,11 @@ func TestHostBudget(t *testing.T) {
 
 func TestParseMemAvailable(t *testing.T) {
 	raw := []byte("MemTotal:       16303452 kB\nMemFree:         1234 kB\nMemAvailable:    8151726 kB\n")
-	got, err := parseMemAvailable(raw)
+	got, err := parseMeminfo(raw, "MemAvailable")
 	if err != nil || got != 7960 {
 		t.Fatalf("parse = %d, %v; want 7960", got, err)
 	}
-	if _, err := parseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
+	if _, err := parseMeminfo([]byte("MemTotal: 1 kB\n"), "MemAvailable"); err == nil {
 		t.Fatal("no MemAvailable: want an error")
 	}
 	if n, err := MemAvailableMB(); err != nil || n <= 0 {
@@ -221,7 +221,8 @@ func TestParseMemAvailable(t *testing.T) {
 func (e *testEnv) startPools(t *testing.T) *pool.Pools {
 	t.Helper()
 	p := pool.New(pool.Config{
-		Backend: e.m.backend, Health: e.m.EnvdHealth, Admission: e.m.Admission(), NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
+		Backend: e.m.backend, Health: e.m.EnvdHealth, Admission: e.m.Admission(), MemberMB: e.m.Admission().MemberMB,
+		NewID: NewID, NewToken: NewToken, Log: slog.New(slog.DiscardHandler),
 		Tick: 20 * time.Millisecond,
 	})
 	e.m.UsePool(p)

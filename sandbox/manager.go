@@ -83,6 +83,15 @@ type Config struct {
 	// whose template declares none: 2 CPUs, 512 MiB, 1024 MiB disk. They
 	// are resolved here, once (PoolKey); a backend gets a finished Spec.
 	DefaultCPU, DefaultMemoryMB, DefaultDiskMB int
+	// MaxCPU and MaxDiskMB cap one sandbox: a create asking for more is
+	// refused (ErrInvalidArgument, 400, as E2B does past a plan's limit);
+	// a template's or the configured default above them is clamped. 0:
+	// DefaultMaxCPU and DefaultMaxDiskMB.
+	MaxCPU, MaxDiskMB int
+	// DiskInMemory says a sandbox's disk is a tmpfs (the local backend):
+	// its size then counts with its memory in the tenant's memory quota,
+	// the host budget and the MemAvailable guard, since the pages are RAM.
+	DiskInMemory bool
 	// KilledRetention is how long killed sandboxes stay in the store.
 	KilledRetention time.Duration
 	// OnCreate, when set, observes every successful create (metrics).
@@ -107,6 +116,9 @@ type Config struct {
 	// MemAvailable reports the host's MemAvailable in MiB; nil reads
 	// /proc/meminfo.
 	MemAvailable func() (int, error)
+	// MemTotal reports the host's MemTotal in MiB, the most any one
+	// sandbox could ever get; nil reads /proc/meminfo.
+	MemTotal func() (int, error)
 	// TouchInterval throttles the store writes of sandbox activity (idle
 	// TTLs): at most one per sandbox per interval. 0: TouchInterval.
 	TouchInterval time.Duration
@@ -119,6 +131,17 @@ type Config struct {
 
 // DefaultTemplate is the template of a create that names none.
 const DefaultTemplate = "base"
+
+// DefaultMaxDiskMB is the default cap on one sandbox's disk. On the local
+// backend the disk is RAM (a tmpfs), so a cap in tens of GiB would let one
+// create take the host's memory.
+const DefaultMaxDiskMB = 10240
+
+// DefaultMaxCPU is the default cap on one sandbox's CPUs: all but one of
+// the host's (at least one), so that no sandbox can starve sandboxd and
+// the host. The backends clamp to the same as a safety net; resolving it
+// here makes the CPU count the API reports the one in force.
+func DefaultMaxCPU() int { return max(goruntime.NumCPU()-1, 1) }
 
 // DefaultColdParallel is the default bound on cold creates in flight: one
 // per CPU (at least 2) for any one tenant, plus one kept for the others. A
@@ -191,6 +214,12 @@ func New(cfg Config) *Manager {
 	if cfg.DefaultDiskMB == 0 {
 		cfg.DefaultDiskMB = 1024
 	}
+	if cfg.MaxCPU == 0 {
+		cfg.MaxCPU = DefaultMaxCPU()
+	}
+	if cfg.MaxDiskMB == 0 {
+		cfg.MaxDiskMB = DefaultMaxDiskMB
+	}
 	if cfg.KilledRetention == 0 {
 		cfg.KilledRetention = time.Hour
 	}
@@ -200,12 +229,16 @@ func New(cfg Config) *Manager {
 	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now, wake: make(chan struct{}, 1)}
 	m.adm = &Admitter{
 		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
-		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB, memAvailable: cfg.MemAvailable,
+		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB,
+		memAvailable: cfg.MemAvailable, memTotal: cfg.MemTotal, diskInMemory: cfg.DiskInMemory,
 		lock:       m.lock,
 		defaultKey: func(t tenant.ID) pool.Key { return m.PoolKey(t, CreateRequest{AllowInternet: true}) },
 	}
 	if m.adm.memAvailable == nil {
 		m.adm.memAvailable = MemAvailableMB
+	}
+	if m.adm.memTotal == nil {
+		m.adm.memTotal = MemTotalMB
 	}
 	switch {
 	case cfg.ColdParallel == 0:
@@ -320,10 +353,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	if err := validateCreate(req); err != nil {
+	if err := m.validateCreate(req); err != nil {
 		return nil, err
 	}
 	key := m.PoolKey(t, req)
+	if err := m.adm.checkFits(key); err != nil {
+		return nil, err
+	}
 	sb, err := m.newRow(key, req, start, timeout)
 	if err != nil {
 		return nil, err
@@ -335,9 +371,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	return sb, nil
 }
 
-func validateCreate(req CreateRequest) error {
+func (m *Manager) validateCreate(req CreateRequest) error {
 	if req.CPUCount < 0 || req.MemoryMB < 0 || req.DiskMB < 0 {
 		return errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
+	}
+	if req.CPUCount > m.cfg.MaxCPU {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
+			"CPU count %d exceeds the limit of %d CPUs per sandbox", req.CPUCount, m.cfg.MaxCPU))
+	}
+	if req.DiskMB > m.cfg.MaxDiskMB {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
+			"disk size %d MiB exceeds the limit of %d MiB per sandbox", req.DiskMB, m.cfg.MaxDiskMB))
 	}
 	if err := validateEnv(req.EnvVars); err != nil {
 		return err
@@ -456,16 +500,19 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 
 // TemplateResources returns the resources a sandbox of template gets when
 // its create names none: the template's own (runtime.TemplateResourcer),
-// else the configured defaults.
+// else the configured defaults, lowered to the per-sandbox caps. Clamped
+// here, the row and what the API reports (getInfo, the template list) say
+// what is in force; a request above a cap never gets this far
+// (validateCreate refuses it).
 func (m *Manager) TemplateResources(template string) runtime.Resources {
 	var r runtime.Resources
 	if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
 		r, _ = tr.TemplateResources(template)
 	}
 	return runtime.Resources{
-		CPUCount:   cmpOr(r.CPUCount, m.cfg.DefaultCPU),
+		CPUCount:   min(cmpOr(r.CPUCount, m.cfg.DefaultCPU), m.cfg.MaxCPU),
 		MemoryMB:   cmpOr(r.MemoryMB, m.cfg.DefaultMemoryMB),
-		DiskSizeMB: cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB),
+		DiskSizeMB: min(cmpOr(r.DiskSizeMB, m.cfg.DefaultDiskMB), m.cfg.MaxDiskMB),
 	}
 }
 
@@ -706,7 +753,7 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	onDisk := m.adm.onDisk(sb.ID)
 	if onDisk {
 		// On disk it held no memory: it must fit again, as a create must.
-		if err := m.adm.AdmitResume(ctx, sb.ID, sb.MemoryMB); err != nil {
+		if err := m.adm.AdmitResume(ctx, sb); err != nil {
 			m.audit(ctx, reason, sb, err)
 			return err
 		}

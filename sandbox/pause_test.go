@@ -88,7 +88,9 @@ func TestResumeInitFails(t *testing.T) {
 // template's, where the backend declares them, else the configured
 // defaults; the pool key follows the same rule.
 func TestTemplateResources(t *testing.T) {
-	e := newTestEnv(t, nil)
+	// A cap above every count here, so the test does not depend on the
+	// host's CPUs (TestDefaultsClampedToCaps covers the cap).
+	e := newTestEnv(t, func(c *Config) { c.MaxCPU = 8 })
 	e.be.Resources = map[string]runtime.Resources{"big": {CPUCount: 4, MemoryMB: 2048}}
 	for _, tc := range []struct {
 		name          string

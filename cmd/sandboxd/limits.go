@@ -25,6 +25,7 @@ type limitOpts struct {
 	dataplaneBurst                                  int
 	maxSandboxes, maxMemoryMB, minWarm              int
 	hostMemoryMB, hostReserveMB                     int
+	maxCPU, maxDiskMB                               int
 	settingsPoll                                    time.Duration
 	nativeIdleTTL                                   time.Duration
 
@@ -51,6 +52,8 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.minWarm, "min-warm", 0, "default warm sandboxes kept per tenant's default pool")
 	fs.IntVar(&o.hostMemoryMB, "host-memory-mb", 0, "budget (MiB) for the memory limits of all live sandboxes (not those paused to disk) plus warm members; 0: no budget")
 	fs.IntVar(&o.hostReserveMB, "host-memory-reserve-mb", 512, "refuse creates (503) when MemAvailable minus this is below the sandbox's memory; 0: off")
+	fs.IntVar(&o.maxCPU, "max-cpu", 0, "most CPUs one sandbox may ask for; a create asking more is refused (400), a template's or the default count above it is lowered to it; 0: all but one of the host's (at least 1)")
+	fs.IntVar(&o.maxDiskMB, "max-disk-mb", sandbox.DefaultMaxDiskMB, "largest disk (MiB) one sandbox may ask for; a create asking more is refused (400), a template's or the default size above it is lowered to it. With --backend local the disk is a tmpfs: it is RAM, and counts with memory in quotas and the host guard")
 	fs.DurationVar(&o.nativeIdleTTL, "native-idle-ttl", 5*time.Minute, "kill a native-API sandbox after this long without activity, unless its create names an idle_ttl; 0: off (E2B sandboxes never have one)")
 	fs.DurationVar(&o.settingsPoll, "settings-poll", 2*time.Second, "how often tenant settings are re-read from the store")
 	fs.BoolVar(&o.pool, "pool", true, "keep warm pools (min_warm and adaptive)")
@@ -100,7 +103,7 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *s
 		return nil
 	}
 	p := pool.New(pool.Config{
-		Backend: be, Health: mgr.EnvdHealth, Admission: mgr.Admission(),
+		Backend: be, Health: mgr.EnvdHealth, Admission: mgr.Admission(), MemberMB: mgr.Admission().MemberMB,
 		NewID: sandbox.NewID, NewToken: sandbox.NewToken,
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,

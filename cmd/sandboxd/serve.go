@@ -135,6 +135,8 @@ func serve(args []string) error {
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel,
+		MaxCPU:       lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
+		DiskInMemory: *backend == "local", // its disk is a tmpfs
 	})
 	pools := lim.newPools(mgr, be, log)
 	ipLimiter, ipLimit := lim.ipLimiter()
