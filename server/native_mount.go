@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/native"
 )
 
@@ -37,7 +38,7 @@ func newNative(cfg Config, lm *limitMetrics) http.Handler {
 		native.WriteError(w, r, log, errdefs.New(errdefs.ErrNotFound, "no route "+r.Method+" "+r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		native.WriteError(w, r, log, errdefs.New(errdefs.ErrInvalidArgument, "method "+r.Method+" is not allowed on "+r.URL.Path))
+		native.WriteError(w, r, log, errdefs.New(httpx.ErrMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
 	})
 	return r
 }
