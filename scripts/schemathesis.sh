@@ -11,6 +11,8 @@
 #   SCHEMA_TIMEOUT=S        seconds per spec (default 240)
 #   SCHEMA_SANDBOXD=PATH    sandboxd binary (default bin/sandboxd)
 #   SCHEMA_ENVD=PATH        envd binary (default bin/envd)
+#   SCHEMA_ARGS="..."       more `schemathesis run` flags (e.g. -D all for
+#                           negative examples too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -72,7 +74,7 @@ run() {
     --hypothesis-max-examples "$max_examples" --hypothesis-deadline 5000 \
     --hypothesis-database none --hypothesis-suppress-health-check all \
     --request-timeout 10000 --stateful none --workers 1 \
-    --junit-xml "$work/$1.xml" --sanitize-output false || true
+    --junit-xml "$work/$1.xml" --sanitize-output false ${SCHEMA_ARGS:-} || true
 }
 run e2b openapi/e2b.yaml "$base/v1/sandboxes/e2b"
 run native openapi/native.yaml "$base"

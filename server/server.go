@@ -92,6 +92,7 @@ func New(cfg Config) http.Handler {
 	}
 	e2bRouter.NotFound(notImpl)
 	e2bRouter.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		httpx.SetAllow(w, r, e2bRouter)
 		httpx.WriteError(w, r, log, errdefs.New(httpx.ErrMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
 	})
 	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2bRouter, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})

@@ -41,20 +41,21 @@ func TestStrictInput(t *testing.T) {
 		status       int
 		native       bool
 		msg          string // a substring of the message
+		allow        string // the Allow header
 	}{
-		{"e2b trailing garbage", "POST", "/sandboxes", key, `{"templateID":"base"}xyz`, 400, false, "after the JSON value"},
-		{"e2b two values", "POST", "/v2/sandboxes", key, `{"templateID":"base"} {}`, 400, false, "after the JSON value"},
-		{"e2b empty templateID", "POST", "/sandboxes", key, `{"templateID":""}`, 400, false, "templateID must not be empty"},
-		{"e2b v2 empty templateID", "POST", "/v2/sandboxes", key, `{"templateID":""}`, 400, false, "templateID must not be empty"},
-		{"e2b body too large", "POST", "/sandboxes", key, bigMetadata(2 << 20), 413, false, "larger than"},
-		{"e2b metadata value too long", "POST", "/sandboxes", key, bigMetadata(5000), 400, false, "metadata: value"},
-		{"e2b too many metadata entries", "POST", "/sandboxes", key, manyMetadata(101), 400, false, "101 entries"},
-		{"e2b refresh duration null", "POST", "/sandboxes/nosuchsandbox0000000/refreshes", key, `{"duration":null}`, 400, false, "duration: must not be null"},
-		{"e2b method not allowed", "PATCH", "/sandboxes", key, ``, 405, false, "not allowed"},
-		{"native trailing garbage", "POST", "/v1/sandboxes", tok, `{"template":"base"}xyz`, 400, true, "after the JSON value"},
-		{"native body too large", "POST", "/v1/sandboxes", tok, `{"metadata":{"k":"` + strings.Repeat("x", httpx.MaxJSONBody) + `"}}`, 413, true, "larger than"},
-		{"native metadata value too long", "POST", "/v1/sandboxes", tok, `{"metadata":{"k":"` + strings.Repeat("x", 5000) + `"}}`, 400, true, "metadata: value"},
-		{"native method not allowed", "PATCH", "/v1/sandboxes", tok, ``, 405, true, "not allowed"},
+		{"e2b trailing garbage", "POST", "/sandboxes", key, `{"templateID":"base"}xyz`, 400, false, "after the JSON value", ""},
+		{"e2b two values", "POST", "/v2/sandboxes", key, `{"templateID":"base"} {}`, 400, false, "after the JSON value", ""},
+		{"e2b empty templateID", "POST", "/sandboxes", key, `{"templateID":""}`, 400, false, "templateID must not be empty", ""},
+		{"e2b v2 empty templateID", "POST", "/v2/sandboxes", key, `{"templateID":""}`, 400, false, "templateID must not be empty", ""},
+		{"e2b body too large", "POST", "/sandboxes", key, bigMetadata(2 << 20), 413, false, "larger than", ""},
+		{"e2b metadata value too long", "POST", "/sandboxes", key, bigMetadata(5000), 400, false, "metadata: value", ""},
+		{"e2b too many metadata entries", "POST", "/sandboxes", key, manyMetadata(101), 400, false, "101 entries", ""},
+		{"e2b refresh duration null", "POST", "/sandboxes/nosuchsandbox0000000/refreshes", key, `{"duration":null}`, 400, false, "duration: must not be null", ""},
+		{"e2b method not allowed", "PATCH", "/sandboxes", key, ``, 405, false, "not allowed", "GET, POST"},
+		{"native trailing garbage", "POST", "/v1/sandboxes", tok, `{"template":"base"}xyz`, 400, true, "after the JSON value", ""},
+		{"native body too large", "POST", "/v1/sandboxes", tok, `{"metadata":{"k":"` + strings.Repeat("x", httpx.MaxJSONBody) + `"}}`, 413, true, "larger than", ""},
+		{"native metadata value too long", "POST", "/v1/sandboxes", tok, `{"metadata":{"k":"` + strings.Repeat("x", 5000) + `"}}`, 400, true, "metadata: value", ""},
+		{"native method not allowed", "PATCH", "/v1/sandboxes/abc", tok, ``, 405, true, "not allowed", "GET, DELETE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,6 +80,9 @@ func TestStrictInput(t *testing.T) {
 					t.Errorf("body %s is not E2B's error shape with code %d", r, tt.status)
 				}
 				msg = b.Message
+			}
+			if got := r.header.Get("Allow"); got != tt.allow {
+				t.Errorf("Allow = %q; want %q", got, tt.allow)
 			}
 			if !strings.Contains(msg, tt.msg) {
 				t.Errorf("message %q; want it to contain %q", msg, tt.msg)

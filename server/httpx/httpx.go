@@ -16,8 +16,10 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -231,6 +233,23 @@ func CheckMap(name string, m map[string]string, lim MapLimits) error {
 		}
 	}
 	return nil
+}
+
+// SetAllow sets the Allow header of a 405 answer (which must carry it) to
+// the methods routes serves at r's path; chi hands a custom 405 handler
+// no list of its own.
+func SetAllow(w http.ResponseWriter, r *http.Request, routes chi.Routes) {
+	path := r.URL.Path
+	if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePath != "" {
+		path = rctx.RoutePath // below the mount point
+	}
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if routes.Match(chi.NewRouteContext(), m, path) {
+			allow = append(allow, m)
+		}
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
 }
 
 // Deref is *p, or the zero value when p is nil (an absent optional field).
