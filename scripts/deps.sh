@@ -46,6 +46,8 @@ if [[ $mode == all ]]; then
   command -v timeout >/dev/null 2>&1 || need+=(coreutils)
   command -v ps >/dev/null 2>&1 || need+=(procps)
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+fi
+if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 fi
 if ((${#need[@]})); then
