@@ -11,6 +11,7 @@
 #   SCHEMA_TIMEOUT=S        seconds per spec (default 240)
 #   SCHEMA_SANDBOXD=PATH    sandboxd binary (default bin/sandboxd)
 #   SCHEMA_ENVD=PATH        envd binary (default bin/envd)
+#   SCHEMA_KEEP=1           keep the work dir (sandboxd.log, JUnit reports)
 #   SCHEMA_ARGS="..."       more `schemathesis run` flags (e.g. -D all for
 #                           negative examples too)
 set -euo pipefail
@@ -36,7 +37,7 @@ cleanup() {
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
-  rm -rf "$work"
+  [[ -n ${SCHEMA_KEEP:-} ]] && echo "schemathesis: kept $work" >&2 || rm -rf "$work"
 }
 trap cleanup EXIT
 
