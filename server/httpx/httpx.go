@@ -170,7 +170,9 @@ func LimitJSONBody(limit int64, onErr func(http.ResponseWriter, *http.Request, e
 				next.ServeHTTP(w, r)
 				return
 			}
-			raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
+			// With w, the server closes the connection after a 413 instead
+			// of reading the rest of an oversize body.
+			raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 			if err != nil {
 				onErr(w, r, bodyErr(err, limit))
 				return
