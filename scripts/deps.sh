@@ -8,6 +8,8 @@
 #                   the static sandboxd-init, libseccomp-dev + pkg-config for
 #                   -tags seccomp, nftables and iproute2 for sandboxes with
 #                   internet egress. `make build` (so `make run`) calls this.
+#   deps.sh schema  only schemathesis's venv (below); scripts/schemathesis.sh
+#                   calls this.
 #   deps.sh         (all) the above, plus what `make test` and `make bench`
 #                   need: passwd (useradd), coreutils and procps for the
 #                   tests, python3-venv where Python has no ensurepip, and
@@ -18,7 +20,8 @@
 #                   host; and the E2B SDKs of the compat suites: `npm ci` in
 #                   compat-tests/js from the committed package-lock.json, and
 #                   a venv in compat-tests/python with requirements.txt
-#                   (pinned by constraints.txt).
+#                   (pinned by constraints.txt); and schemathesis, for
+#                   `make test-schema`, in a venv in compat-tests/schema.
 #
 # Packages come from apt-get, as root. Without root or apt-get it names what
 # is missing and fails, rather than letting a build fail later on a cryptic
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 
 log() { echo "deps: $*" >&2; }
 mode=${1:-all}
-case $mode in build | all) ;; *) log "usage: $0 [build|all]"; exit 2 ;; esac
+case $mode in build | schema | all) ;; *) log "usage: $0 [build|schema|all]"; exit 2 ;; esac
 
 # --- Debian packages ---------------------------------------------------------
 need=()
@@ -43,6 +46,8 @@ if [[ $mode == all ]]; then
   command -v timeout >/dev/null 2>&1 || need+=(coreutils)
   command -v ps >/dev/null 2>&1 || need+=(procps)
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+fi
+if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 fi
 if ((${#need[@]})); then
@@ -57,16 +62,32 @@ if ((${#need[@]})); then
 fi
 [[ $mode == build ]] && exit 0
 
+# A stamp of the inputs, kept inside what it describes, so a changed lock file
+# or a deleted install directory re-runs the step.
+stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
+
+# venv DIR STAMPED-FILE...: DIR/.venv with DIR/requirements.txt installed.
+venv() {
+  local dir=$1; shift
+  local want; want=$(stamp_of "$@" <(python3 --version))
+  if [[ $(cat "$dir/.venv/.deps-stamp" 2>/dev/null) != "$want" ]]; then
+    log "python venv + pip install in $dir/.venv"
+    rm -rf "$dir/.venv"
+    python3 -m venv "$dir/.venv"
+    "$dir/.venv/bin/pip" install -q --disable-pip-version-check -r "$dir/requirements.txt"
+    echo "$want" >"$dir/.venv/.deps-stamp"
+  fi
+}
+
+venv compat-tests/schema compat-tests/schema/requirements.txt
+[[ $mode == schema ]] && { log "ok"; exit 0; }
+
 # --- The E2B templates' default user, on the host ------------------------------
 if ! id user >/dev/null 2>&1; then
   [[ $(id -u) == 0 ]] || { log "missing: the account 'user'; run this as root to create it"; exit 1; }
   log "useradd user"
   useradd -m -s /bin/bash user
 fi
-
-# A stamp of the inputs, kept inside what it describes, so a changed lock file
-# or a deleted install directory re-runs the step.
-stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
 # --- JS compat suite -----------------------------------------------------------
 js=compat-tests/js
@@ -78,13 +99,6 @@ if [[ $(cat "$js/node_modules/.deps-stamp" 2>/dev/null) != "$want" ]]; then
 fi
 
 # --- Python compat suite -------------------------------------------------------
-py=compat-tests/python
-want=$(stamp_of "$py/requirements.txt" "$py/constraints.txt" <(python3 --version))
-if [[ $(cat "$py/.venv/.deps-stamp" 2>/dev/null) != "$want" ]]; then
-  log "python venv + pip install in $py/.venv"
-  rm -rf "$py/.venv"
-  python3 -m venv "$py/.venv"
-  "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
-  echo "$want" >"$py/.venv/.deps-stamp"
-fi
+venv compat-tests/python compat-tests/python/requirements.txt compat-tests/python/constraints.txt
+venv compat-tests/schema compat-tests/schema/requirements.txt
 log "ok"

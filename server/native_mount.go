@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/native"
 )
 
@@ -36,8 +37,9 @@ func newNative(cfg Config, lm *limitMetrics) http.Handler {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		native.WriteError(w, r, log, errdefs.New(errdefs.ErrNotFound, "no route "+r.Method+" "+r.URL.Path))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		native.WriteError(w, r, log, errdefs.New(errdefs.ErrInvalidArgument, "method "+r.Method+" is not allowed on "+r.URL.Path))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		httpx.SetAllow(w, req, r)
+		native.WriteError(w, req, log, errdefs.New(httpx.ErrMethodNotAllowed, "method "+req.Method+" is not allowed on "+req.URL.Path))
 	})
 	return r
 }

@@ -85,12 +85,16 @@ func New(cfg Config) http.Handler {
 	})
 	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
 	e2bRouter := chi.NewRouter()
-	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B))
+	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B),
+		httpx.LimitJSONBody(e2b.MaxBody, jsonErr(http.StatusInternalServerError)))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}
 	e2bRouter.NotFound(notImpl)
-	e2bRouter.MethodNotAllowed(notImpl)
+	e2bRouter.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		httpx.SetAllow(w, r, e2bRouter)
+		httpx.WriteError(w, r, log, errdefs.New(httpx.ErrMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
+	})
 	e2bapi.HandlerWithOptions(strict, e2bapi.ChiServerOptions{BaseRouter: e2bRouter, ErrorHandlerFunc: jsonErr(http.StatusBadRequest)})
 
 	root := chi.NewRouter()

@@ -271,7 +271,7 @@ type DeleteTemplateTagsRequest struct {
 // DiskSizeMB Disk size in MiB.
 type DiskSizeMB = int32
 
-// EnvVars Environment variables every process in the sandbox starts with.
+// EnvVars Environment variables every process in the sandbox starts with; at most 1000, keys of 1..256 bytes, values of at most 32 KiB (sandboxd's bounds).
 type EnvVars map[string]string
 
 // EnvdVersion Version of the envd agent in the sandbox, plain semver. The SDKs gate features on it and
@@ -334,7 +334,7 @@ type ListedSandbox struct {
 	// MemoryMB Memory in MiB.
 	MemoryMB MemoryMB `json:"memoryMB"`
 
-	// Metadata User metadata, string to string.
+	// Metadata User metadata, string to string. sandboxd's bounds (E2B publishes none) are at most 100 entries, keys of 1..256 bytes and values of at most 4096 bytes; more is a 400.
 	Metadata     *SandboxMetadata      `json:"metadata,omitempty"`
 	SandboxID    string                `json:"sandboxID"`
 	StartedAt    time.Time             `json:"startedAt"`
@@ -367,14 +367,14 @@ type NewSandbox struct {
 	AutoPauseMemory *bool                    `json:"autoPauseMemory,omitempty"`
 	AutoResume      *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
 
-	// EnvVars Environment variables every process in the sandbox starts with.
+	// EnvVars Environment variables every process in the sandbox starts with; at most 1000, keys of 1..256 bytes, values of at most 32 KiB (sandboxd's bounds).
 	EnvVars *EnvVars    `json:"envVars,omitempty"`
 	Iam     *SandboxIam `json:"iam,omitempty"`
 
 	// Mcp MCP gateway configuration, opaque to the API (the SDK starts the gateway through envd).
 	Mcp *Mcp `json:"mcp,omitempty"`
 
-	// Metadata User metadata, string to string.
+	// Metadata User metadata, string to string. sandboxd's bounds (E2B publishes none) are at most 100 entries, keys of 1..256 bytes and values of at most 4096 bytes; more is a 400.
 	Metadata *SandboxMetadata      `json:"metadata,omitempty"`
 	Network  *SandboxNetworkConfig `json:"network,omitempty"`
 
@@ -396,14 +396,14 @@ type NewSandboxV2 struct {
 	AutoPauseMemory     *bool                    `json:"autoPauseMemory,omitempty"`
 	AutoResume          *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
 
-	// EnvVars Environment variables every process in the sandbox starts with.
+	// EnvVars Environment variables every process in the sandbox starts with; at most 1000, keys of 1..256 bytes, values of at most 32 KiB (sandboxd's bounds).
 	EnvVars *EnvVars    `json:"envVars,omitempty"`
 	Iam     *SandboxIam `json:"iam,omitempty"`
 
 	// Mcp MCP gateway configuration, opaque to the API (the SDK starts the gateway through envd).
 	Mcp *Mcp `json:"mcp,omitempty"`
 
-	// Metadata User metadata, string to string.
+	// Metadata User metadata, string to string. sandboxd's bounds (E2B publishes none) are at most 100 entries, keys of 1..256 bytes and values of at most 4096 bytes; more is a 400.
 	Metadata *SandboxMetadata      `json:"metadata,omitempty"`
 	Network  *SandboxNetworkConfig `json:"network,omitempty"`
 
@@ -487,7 +487,7 @@ type SandboxDetail struct {
 	// MemoryMB Memory in MiB.
 	MemoryMB MemoryMB `json:"memoryMB"`
 
-	// Metadata User metadata, string to string.
+	// Metadata User metadata, string to string. sandboxd's bounds (E2B publishes none) are at most 100 entries, keys of 1..256 bytes and values of at most 4096 bytes; more is a 400.
 	Metadata *SandboxMetadata      `json:"metadata,omitempty"`
 	Network  *SandboxNetworkConfig `json:"network,omitempty"`
 
@@ -577,7 +577,7 @@ type SandboxLogsV2Response struct {
 	Logs []SandboxLogEntry `json:"logs"`
 }
 
-// SandboxMetadata User metadata, string to string.
+// SandboxMetadata User metadata, string to string. sandboxd's bounds (E2B publishes none) are at most 100 entries, keys of 1..256 bytes and values of at most 4096 bytes; more is a 400.
 type SandboxMetadata map[string]string
 
 // SandboxMetric defines model for SandboxMetric.
@@ -677,7 +677,7 @@ type SandboxPauseRequest struct {
 
 // SandboxRefreshRequest defines model for SandboxRefreshRequest.
 type SandboxRefreshRequest struct {
-	// Duration Seconds from now.
+	// Duration Seconds from now; absent means 0, null is a 400.
 	Duration *int `json:"duration,omitempty"`
 }
 
@@ -959,6 +959,9 @@ type NotFound = Error
 
 // NotImplemented defines model for NotImplemented.
 type NotImplemented = Error
+
+// PayloadTooLarge defines model for PayloadTooLarge.
+type PayloadTooLarge = Error
 
 // ServiceUnavailable defines model for ServiceUnavailable.
 type ServiceUnavailable = Error
@@ -2996,6 +2999,8 @@ type NotFoundJSONResponse Error
 
 type NotImplementedJSONResponse Error
 
+type PayloadTooLargeJSONResponse Error
+
 type ServiceUnavailableJSONResponse Error
 
 type TooManyRequestsResponseHeaders struct {
@@ -3152,6 +3157,20 @@ func (response CreateSandbox404JSONResponse) VisitCreateSandboxResponse(w http.R
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSandbox413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateSandbox413JSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5800,6 +5819,20 @@ func (response CreateSandboxV2409JSONResponse) VisitCreateSandboxV2Response(w ht
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSandboxV2413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateSandboxV2413JSONResponse) VisitCreateSandboxV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }

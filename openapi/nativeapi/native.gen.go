@@ -67,7 +67,7 @@ func (e SandboxState) Valid() bool {
 // Error defines model for Error.
 type Error struct {
 	Error struct {
-		// Code Stable machine code: invalid_argument, unauthenticated, permission_denied, not_found, conflict, resource_exhausted, not_implemented, unavailable, deadline_exceeded, internal.
+		// Code Stable machine code: invalid_argument, unauthenticated, permission_denied, not_found, method_not_allowed, conflict, resource_exhausted, not_implemented, unavailable, deadline_exceeded, internal.
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
@@ -153,7 +153,7 @@ type Sandbox struct {
 	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
 	MemoryMb     int        `json:"memory_mb"`
 
-	// Metadata Free-form labels. Example: {"owner": "ci"}
+	// Metadata Free-form labels: at most 100, keys of 1..256 bytes, values of at most 4096 bytes. Example: {"owner": "ci"}
 	Metadata  *map[string]string `json:"metadata,omitempty"`
 	StartedAt time.Time          `json:"started_at"`
 	State     SandboxState       `json:"state"`
@@ -178,7 +178,7 @@ type SandboxPost struct {
 	// DiskMb Disk size in MiB, 0 = default. Example: 1024
 	DiskMb *int `json:"disk_mb,omitempty"`
 
-	// Env Sandbox-wide environment variables. Example: {"LANG": "C.UTF-8"}
+	// Env Sandbox-wide environment variables: at most 1000, keys of 1..256 bytes, values of at most 32 KiB. Example: {"LANG": "C.UTF-8"}
 	Env *map[string]string `json:"env,omitempty"`
 
 	// IdleTtl Kill after this many seconds without activity (exec, files, websocket, or any request through the E2B data-plane proxy); 0 or absent = server default (5 minutes unless configured; none if the server turns idle TTLs off). Example: 600
@@ -187,7 +187,7 @@ type SandboxPost struct {
 	// MemoryMb Memory limit in MiB, 0 = default. Example: 512
 	MemoryMb *int `json:"memory_mb,omitempty"`
 
-	// Metadata Free-form labels. Example: {"owner": "ci"}
+	// Metadata Free-form labels: at most 100, keys of 1..256 bytes, values of at most 4096 bytes. Example: {"owner": "ci"}
 	Metadata *map[string]string `json:"metadata,omitempty"`
 
 	// Template Template id or alias. Example: base
@@ -199,7 +199,7 @@ type SandboxPost struct {
 
 // SandboxPut What a client may set on a sandbox.
 type SandboxPut struct {
-	// Metadata Free-form labels. Example: {"owner": "ci"}
+	// Metadata Free-form labels: at most 100, keys of 1..256 bytes, values of at most 4096 bytes. Example: {"owner": "ci"}
 	Metadata *map[string]string `json:"metadata,omitempty"`
 }
 

@@ -96,7 +96,20 @@ type newSandbox struct {
 	mcp, volumes  bool
 }
 
+// MaxBody bounds every E2B request body (openapi/e2b.yaml states it): E2B
+// publishes none, and no control-plane call needs more.
+const MaxBody = 1 << 20
+
 func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
+	if n.template == "" {
+		return sandbox.View{}, errdefs.New(errdefs.ErrInvalidArgument, "templateID must not be empty")
+	}
+	if err := httpx.CheckMap("metadata", httpx.Deref(n.metadata), httpx.MetadataLimits); err != nil {
+		return sandbox.View{}, err
+	}
+	if err := httpx.CheckMap("envVars", httpx.Deref(n.envVars), httpx.EnvLimits); err != nil {
+		return sandbox.View{}, err
+	}
 	if n.mcp {
 		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
 	}
@@ -479,6 +492,9 @@ func (a *API) SetSandboxTimeout(ctx context.Context, req e2bapi.SetSandboxTimeou
 }
 
 func (a *API) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxRequestObject) (e2bapi.RefreshSandboxResponseObject, error) {
+	if err := rejectNull(ctx, "duration"); err != nil {
+		return nil, err
+	}
 	var d time.Duration
 	if req.Body != nil && req.Body.Duration != nil {
 		if *req.Body.Duration < 0 || *req.Body.Duration > 3600 {
@@ -490,6 +506,20 @@ func (a *API) RefreshSandbox(ctx context.Context, req e2bapi.RefreshSandboxReque
 		return nil, err
 	}
 	return e2bapi.RefreshSandbox204Response{}, nil
+}
+
+// rejectNull refuses a body whose field is JSON null: the generated
+// decoder reads null as absent, but the spec has no nullable field, and an
+// explicit null is more likely a client bug than a wish for the default.
+func rejectNull(ctx context.Context, field string) error {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(httpx.RawBody(ctx), &fields) != nil {
+		return nil // no body, or not an object: the decoder has answered
+	}
+	if v, ok := fields[field]; ok && string(v) == "null" {
+		return errdefs.New(errdefs.ErrInvalidArgument, field+": must not be null")
+	}
+	return nil
 }
 
 func (a *API) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {

@@ -5,6 +5,8 @@ package httpx
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,18 +16,30 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
 )
 
+// Kinds that exist only at the HTTP layer; errdefs.New gives them a message.
+var (
+	ErrBodyTooLarge     = errors.New("request body too large")
+	ErrMethodNotAllowed = errors.New("method not allowed")
+)
+
 // StatusOf is the one place an error kind becomes an HTTP status on the
 // REST surfaces.
 func StatusOf(err error) int {
 	switch {
+	case errors.Is(err, ErrBodyTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrMethodNotAllowed):
+		return http.StatusMethodNotAllowed
 	case errors.Is(err, errdefs.ErrInvalidArgument):
 		return http.StatusBadRequest
 	case errors.Is(err, errdefs.ErrUnauthenticated):
@@ -99,18 +113,145 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 // MaxJSONBody bounds JSON bodies; an exec body carries its stdin.
 const MaxJSONBody = 16 << 20
 
-// DecodeJSON reads a JSON body strictly (unknown fields are errors, so a
-// typo does not silently fall back to a default).
+// DecodeJSON reads a JSON body of at most MaxJSONBody bytes strictly:
+// unknown fields are errors (a typo does not silently fall back to a
+// default), and so is anything after the one JSON value.
 func DecodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, MaxJSONBody))
+	return DecodeJSONLimit(r, v, MaxJSONBody)
+}
+
+// DecodeJSONLimit is DecodeJSON with a limit of limit bytes; a larger body
+// is ErrBodyTooLarge.
+func DecodeJSONLimit(r *http.Request, v any, limit int64) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errdefs.New(errdefs.ErrInvalidArgument, "missing JSON body")
+		return bodyErr(err, limit)
+	}
+	return trailing(dec, limit)
+}
+
+// trailing fails unless dec is at the end of its input: `{...}xyz` or two
+// values are not one JSON body.
+func trailing(dec *json.Decoder, limit int64) error {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err != nil && isTooLarge(err) {
+			return bodyErr(err, limit)
 		}
-		return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: "+err.Error())
+		return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: unexpected data after the JSON value")
 	}
 	return nil
+}
+
+func isTooLarge(err error) bool {
+	var mbe *http.MaxBytesError
+	return errors.As(err, &mbe)
+}
+
+// bodyErr says what is wrong with a body that did not decode.
+func bodyErr(err error, limit int64) error {
+	switch {
+	case isTooLarge(err):
+		return errdefs.New(ErrBodyTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
+	case errors.Is(err, io.EOF):
+		return errdefs.New(errdefs.ErrInvalidArgument, "missing JSON body")
+	}
+	return errdefs.New(errdefs.ErrInvalidArgument, "invalid JSON body: "+err.Error())
+}
+
+// LimitJSONBody is middleware for handlers that decode their own body (the
+// generated E2B server): it reads a body of at most limit bytes, refuses a
+// larger one or one that is not a single JSON value, and hands the handler
+// the bytes it read. onErr answers the refusal in the surface's error shape.
+func LimitJSONBody(limit int64, onErr func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Body == nil || r.Body == http.NoBody {
+				next.ServeHTTP(w, r)
+				return
+			}
+			// With w, the server closes the connection after a 413 instead
+			// of reading the rest of an oversize body.
+			raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+			if err != nil {
+				onErr(w, r, bodyErr(err, limit))
+				return
+			}
+			if len(bytes.TrimSpace(raw)) > 0 {
+				dec := json.NewDecoder(bytes.NewReader(raw))
+				var v json.RawMessage
+				if err := dec.Decode(&v); err != nil {
+					onErr(w, r, bodyErr(err, limit))
+					return
+				}
+				if err := trailing(dec, limit); err != nil {
+					onErr(w, r, err)
+					return
+				}
+			}
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), rawBodyKey{}, raw)))
+		})
+	}
+}
+
+type rawBodyKey struct{}
+
+// RawBody is the body LimitJSONBody read, for the checks a generated
+// decoder cannot make (a JSON null where the spec has no nullable field).
+func RawBody(ctx context.Context) []byte {
+	b, _ := ctx.Value(rawBodyKey{}).([]byte)
+	return b
+}
+
+// MapLimits bounds a string-to-string map of a request (metadata, env).
+type MapLimits struct {
+	Entries          int // most entries
+	KeyLen, ValueLen int // longest key and value, in bytes
+}
+
+// The bounds of a sandbox's metadata and environment on both APIs, stated
+// in their specs. E2B publishes none, so these are sandboxd's: room for any
+// real use, while metadata, which every list and get returns, stays small.
+var (
+	MetadataLimits = MapLimits{Entries: 100, KeyLen: 256, ValueLen: 4096}
+	EnvLimits      = MapLimits{Entries: 1000, KeyLen: 256, ValueLen: 32 << 10}
+)
+
+// CheckMap refuses m (named name in the message) when it exceeds lim or has
+// an empty key.
+func CheckMap(name string, m map[string]string, lim MapLimits) error {
+	if len(m) > lim.Entries {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s: %d entries; at most %d", name, len(m), lim.Entries))
+	}
+	for k, v := range m {
+		switch {
+		case k == "":
+			return errdefs.New(errdefs.ErrInvalidArgument, name+": empty key")
+		case len(k) > lim.KeyLen:
+			return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s: key %.32q... is %d bytes; at most %d", name, k, len(k), lim.KeyLen))
+		case len(v) > lim.ValueLen:
+			return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s: value of %.32q is %d bytes; at most %d", name, k, len(v), lim.ValueLen))
+		}
+	}
+	return nil
+}
+
+// SetAllow sets the Allow header of a 405 answer (which must carry it) to
+// the methods routes serves at r's path; chi hands a custom 405 handler
+// no list of its own.
+func SetAllow(w http.ResponseWriter, r *http.Request, routes chi.Routes) {
+	path := r.URL.Path
+	if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePath != "" {
+		path = rctx.RoutePath // below the mount point
+	}
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if routes.Match(chi.NewRouteContext(), m, path) {
+			allow = append(allow, m)
+		}
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
 }
 
 // Deref is *p, or the zero value when p is nil (an absent optional field).

@@ -115,6 +115,8 @@ func nativeErrorCode(status int) string {
 		return "permission_denied"
 	case http.StatusNotFound:
 		return "not_found"
+	case http.StatusMethodNotAllowed:
+		return "method_not_allowed"
 	case http.StatusConflict:
 		return "conflict"
 	case http.StatusRequestEntityTooLarge, http.StatusTooManyRequests:

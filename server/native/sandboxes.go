@@ -67,6 +67,16 @@ func (a *API) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	for _, m := range []struct {
+		name string
+		m    map[string]string
+		lim  httpx.MapLimits
+	}{{"metadata", httpx.Deref(b.Metadata), httpx.MetadataLimits}, {"env", httpx.Deref(b.Env), httpx.EnvLimits}} {
+		if err := httpx.CheckMap(m.name, m.m, m.lim); err != nil {
+			WriteError(w, r, a.log, err)
+			return
+		}
+	}
 	idleTTL := a.idleTTL // 0 or absent: the server's default
 	if n := httpx.Deref(b.IdleTtl); n > 0 {
 		idleTTL = time.Duration(n) * time.Second

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/nativews"
 )
@@ -41,6 +42,12 @@ var wsUpgrader = websocket.Upgrader{
 	// Credentials travel in headers, never in cookies, so a foreign origin
 	// gains nothing a plain script would not have.
 	CheckOrigin: func(*http.Request) bool { return true },
+	Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
+		var body nativeapi.Error
+		body.Error.Code = nativeErrorCode(status)
+		body.Error.Message = reason.Error()
+		httpx.WriteJSON(w, status, body)
+	},
 }
 
 // wsConn serialises writes to one websocket.
@@ -76,6 +83,11 @@ func (a *API) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
 	// one is a plain 404 answer.
 	if _, err := a.mgr.GetView(r.Context(), id); err != nil {
 		WriteError(w, r, a.log, err)
+		return
+	}
+	// The upgrader's own refusals are text/plain; the API's errors are JSON.
+	if !websocket.IsWebSocketUpgrade(r) {
+		WriteError(w, r, a.log, errdefs.New(errdefs.ErrInvalidArgument, "exec/ws needs a websocket upgrade (Connection: Upgrade, Upgrade: websocket)"))
 		return
 	}
 	raw, err := wsUpgrader.Upgrade(w, r, nil)

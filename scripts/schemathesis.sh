@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# `make test-schema`: schemathesis over openapi/e2b.yaml and openapi/native.yaml
+# against a real bin/sandboxd (local backend) on a free loopback port, with a
+# fresh data dir, run dir and API key. Checks: no 5xx other than 501 (the
+# routes and features the specs declare as not served yet; hooks in
+# compat-tests/schema/hooks.py) and every response conforming to its spec.
+# Bounded: a few examples per operation, a deadline per example, a timeout
+# per spec. Derandomized (the same examples every run), so that make test
+# does not pass or fail by chance; randomized runs (edit the flag) found what
+# the fixed examples may not. Prints `N passed, N failed` (operations) and fails on any failure.
+#
+#   SCHEMA_MAX_EXAMPLES=N   examples per operation (default 10)
+#   SCHEMA_TIMEOUT=S        seconds per spec (default 240)
+#   SCHEMA_SANDBOXD=PATH    sandboxd binary (default bin/sandboxd)
+#   SCHEMA_ENVD=PATH        envd binary (default bin/envd)
+#   SCHEMA_KEEP=1           keep the work dir (sandboxd.log, JUnit reports)
+#   SCHEMA_ARGS="..."       more `schemathesis run` flags (e.g. -D all for
+#                           negative examples too)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+./scripts/deps.sh schema # the schemathesis venv (idempotent)
+venv=$root/compat-tests/schema/.venv
+sandboxd=${SCHEMA_SANDBOXD:-$root/bin/sandboxd}
+envd=${SCHEMA_ENVD:-$root/bin/envd}
+max_examples=${SCHEMA_MAX_EXAMPLES:-10}
+per_spec=${SCHEMA_TIMEOUT:-240}
+[[ -x $sandboxd && -x $envd ]] || { echo "schemathesis: $sandboxd or $envd missing; run make build" >&2; exit 1; }
+
+work=$(mktemp -d -t schemathesis.XXXXXX)
+run_dir=/run/sandboxd/schema-$(date +%s)-$$
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+base=http://127.0.0.1:$port
+pid=
+cleanup() {
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    reap || true
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  # The run dir, unless something is still mounted below it.
+  grep -q " $run_dir" /proc/mounts || rm -rf --one-file-system "$run_dir"
+  [[ -n ${SCHEMA_KEEP:-} ]] && echo "schemathesis: kept $work" >&2 || rm -rf "$work"
+}
+trap cleanup EXIT
+
+# reap kills, through the native API, every sandbox the run created.
+reap() {
+  "$venv/bin/python" - "$base" "$key" <<'PY'
+import json, sys, urllib.request
+base, key = sys.argv[1:]
+hdr = {"Authorization": "Bearer " + key}
+with urllib.request.urlopen(urllib.request.Request(base + "/v1/sandboxes", headers=hdr), timeout=30) as r:
+    ids = [s["id"] for s in json.load(r)["sandboxes"]]
+for i in ids:
+    urllib.request.urlopen(urllib.request.Request(f"{base}/v1/sandboxes/{i}", method="DELETE", headers=hdr), timeout=30)
+print(f"schemathesis: killed the {len(ids)} sandbox(es) the run created", file=sys.stderr)
+PY
+}
+
+key=$("$sandboxd" keys create --data-dir "$work/data" --tenant schema 2>>"$work/sandboxd.log")
+setsid "$sandboxd" serve --listen "127.0.0.1:$port" --data-dir "$work/data" --run-dir "$run_dir" \
+  --envd "$envd" >>"$work/sandboxd.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  curl -fsS "$base/health" >/dev/null 2>&1 && break
+  kill -0 "$pid" 2>/dev/null || { tail -n 30 "$work/sandboxd.log" >&2; echo "schemathesis: sandboxd exited" >&2; exit 1; }
+  sleep 0.1
+done
+
+# run NAME SPEC BASE_URL: one spec; its JUnit report is $work/NAME.xml.
+run() {
+  echo "schemathesis: $1 ($2) against $3" >&2
+  SCHEMATHESIS_HOOKS=hooks SCHEMATHESIS_TELEMETRY=false PYTHONPATH=$root/compat-tests/schema \
+    timeout --kill-after=10 "$per_spec" "$venv/bin/schemathesis" run "$2" --base-url "$3" \
+    -H "Authorization: Bearer $key" \
+    --checks not_a_server_error_but_501,response_schema_conformance \
+    --hypothesis-max-examples "$max_examples" --hypothesis-deadline 5000 \
+    --hypothesis-derandomize --hypothesis-suppress-health-check all \
+    --request-timeout 10000 --stateful none --workers 1 \
+    --junit-xml "$work/$1.xml" --sanitize-output false ${SCHEMA_ARGS:-} || true
+}
+run e2b openapi/e2b.yaml "$base/v1/sandboxes/e2b"
+run native openapi/native.yaml "$base"
+
+# One line for both specs, from the JUnit reports (a spec that timed out has
+# none: that is a failure).
+"$venv/bin/python" - "$work/e2b.xml" "$work/native.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+passed = failed = 0
+for path in sys.argv[1:]:
+    try:
+        cases = ET.parse(path).getroot().iter("testcase")
+    except (OSError, ET.ParseError):
+        print(f"schemathesis: no report {path} (the run timed out or crashed)", file=sys.stderr)
+        failed += 1
+        continue
+    for c in cases:
+        bad = c.find("failure") is not None or c.find("error") is not None
+        failed += bad
+        passed += not bad
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY
