@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"context"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/tenant"
@@ -137,14 +136,4 @@ func (g *coldGate) waiting() int {
 		n += len(q)
 	}
 	return n
-}
-
-// wait waits until w holds a slot or ctx ends.
-func (w *gateWaiter) wait(ctx context.Context) error {
-	select {
-	case <-w.granted:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -115,12 +115,6 @@ func HTTPStatus(err error) int {
 	return http.StatusInternalServerError
 }
 
-// WriteHTTP writes err as envd's plain-HTTP error body {"code","message"}
-// with the mapped status.
-func WriteHTTP(w http.ResponseWriter, err error) {
-	WriteJSON(w, HTTPStatus(err), err.Error())
-}
-
 // WriteJSON writes an error body whose code equals the HTTP status, as E2B's
 // SDKs expect.
 func WriteJSON(w http.ResponseWriter, status int, message string) {
