@@ -17,8 +17,9 @@ import (
 //
 // The bomb's processes are reparented to envd (PID 1) as their parents die,
 // and timeout runs them in a process group of its own: only envd's sweep of
-// the command's session at its end takes them. Without it they hold the
-// sandbox's pids (every start fails with EAGAIN) and burn its CPU.
+// the command's session takes them (a runaway left by a leader that exited,
+// or a start that found no pid). Without it they hold the sandbox's pids
+// (every start fails with EAGAIN) and burn its CPU.
 func ForkBomb(t *testing.T, b runtime.Backend, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -369,9 +369,17 @@ func (p *process) run(outs []output) {
 		}
 		<-drained
 	}
-	// The command has ended: so does what it left running, daemonised or
-	// not, or a fork bomb's survivors would hold the sandbox's pids and CPU.
-	endSession(int(p.pid))
+	// A command told to stop (kill, SIGTERM, timeout) ends with everything
+	// it left running in its session. One whose leader exited on its own
+	// keeps what it started in the background (`server &`), as on E2B; its
+	// session is remembered, so that if the sandbox runs out of pids (a
+	// fork bomb's survivors) the next start can end it (leftovers).
+	select {
+	case <-p.stopping:
+		endSession(int(p.pid))
+	default:
+		leftovers.add(int(p.pid))
+	}
 	close(settled)
 	helpers.Wait()
 	if p.tty != nil {

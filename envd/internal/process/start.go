@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,7 +55,13 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 	// Before the child exists: nothing is missed. The starting client applies
 	// backpressure: while it is attached and behind, the process waits for it.
 	sub, _ := p.events.subscribeBlocking()
+	leftovers.check()
 	outs, err := p.spawn(spec)
+	if errors.Is(err, syscall.EAGAIN) && leftovers.sweep() > 0 {
+		// Out of pids: what ended commands left running (a fork bomb's
+		// survivors, most likely) goes, and envd can start commands again.
+		outs, err = p.spawn(spec)
+	}
 	if err != nil {
 		sub.cancel()
 		p.cancel()
@@ -62,6 +69,7 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 		return nil, nil, err
 	}
 	s.register(p)
+	leftovers.forget(int(p.pid))
 	s.log.Info("process started", "pid", p.pid, "cmd", spec.cfg.GetCmd(), "user", spec.user.Name,
 		"pty", spec.pty != nil, "tag", msg.GetTag(), "timeout", timeout)
 

@@ -3,10 +3,95 @@ package process
 import (
 	"bytes"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
+
+// maxLeftovers bounds the sessions remembered: the oldest are forgotten
+// first (their processes are left alone, not killed).
+const maxLeftovers = 1024
+
+// leftovers are the sessions of commands whose leader exited on its own
+// while processes of theirs lived on. Sessions are the kernel's, one
+// numbering for the whole sandbox, hence one list for envd.
+var leftovers sessions
+
+type sessions struct {
+	mu   sync.Mutex
+	sids []int
+}
+
+// runawayMembers is how many processes a command may leave running when its
+// leader exits on its own. More is a runaway (a fork bomb's survivors hold
+// nearly all of the sandbox's pids), ended at once; servers and their
+// workers stay far below it.
+const runawayMembers = 256
+
+// add remembers sid if anything of it is still alive, and ends it at once
+// if that is a runaway.
+func (l *sessions) add(sid int) {
+	if !keep(sid) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.sids) == maxLeftovers {
+		l.sids = l.sids[1:]
+	}
+	l.sids = append(l.sids, sid)
+}
+
+// check ends the remembered sessions that have become runaways since their
+// leader exited (a bomb keeps forking) and forgets those that are gone. A
+// start calls it, so a sandbox a bomb's survivors fill up is usable again
+// at the next command.
+func (l *sessions) check() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sids = slices.DeleteFunc(l.sids, func(sid int) bool { return !keep(sid) })
+}
+
+// keep says whether session sid is worth remembering: it has live members,
+// and not so many that it is a runaway, which keep ends.
+func keep(sid int) bool {
+	live, zombies := sessionMembers(sid)
+	switch {
+	case len(live) == 0:
+		return false
+	case len(live)+zombies > runawayMembers: // zombies hold pids too
+		endSession(sid)
+		return false
+	}
+	return true
+}
+
+// forget drops sid: its number now belongs to a new command's session (the
+// kernel reuses a session's number once its last member is gone), which a
+// sweep must not end.
+func (l *sessions) forget(sid int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sids = slices.DeleteFunc(l.sids, func(s int) bool { return s == sid })
+}
+
+// sweep ends every remembered session and forgets them all; it returns how
+// many still had members.
+func (l *sessions) sweep() (ended int) {
+	l.mu.Lock()
+	sids := l.sids
+	l.sids = nil
+	l.mu.Unlock()
+	for _, sid := range sids {
+		if live, _ := sessionMembers(sid); len(live) > 0 {
+			endSession(sid)
+			ended++
+		}
+	}
+	return ended
+}
 
 // sweepPasses bounds endSession: each pass kills every member it finds, so
 // only children forked between a pass's scan and its kills are left for the
@@ -24,7 +109,7 @@ const sweepPasses = 200
 // number while a member lives, so no later command can be hit.
 func endSession(sid int) {
 	for range sweepPasses {
-		pids := sessionMembers(sid)
+		pids, _ := sessionMembers(sid)
 		if len(pids) == 0 {
 			return
 		}
@@ -35,20 +120,19 @@ func endSession(sid int) {
 	}
 }
 
-// sessionMembers lists the live (not zombie) processes of session sid from
-// /proc. Processes that vanish while it reads are skipped.
-func sessionMembers(sid int) []int {
+// sessionMembers lists the live processes of session sid from /proc, and
+// counts its zombies. Processes that vanish while it reads are skipped.
+func sessionMembers(sid int) (live []int, zombies int) {
 	d, err := os.Open("/proc")
 	if err != nil {
-		return nil
+		return nil, 0
 	}
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return nil
+		return nil, 0
 	}
 	want := []byte(strconv.Itoa(sid))
-	var out []int
 	for _, name := range names {
 		pid, err := strconv.Atoi(name)
 		if err != nil {
@@ -60,9 +144,13 @@ func sessionMembers(sid int) []int {
 		}
 		// After the parenthesised command: state, ppid, pgrp, session.
 		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
-		if len(f) > 3 && !bytes.Equal(f[0], []byte("Z")) && bytes.Equal(f[3], want) {
-			out = append(out, pid)
+		switch {
+		case len(f) <= 3 || !bytes.Equal(f[3], want):
+		case bytes.Equal(f[0], []byte("Z")):
+			zombies++
+		default:
+			live = append(live, pid)
 		}
 	}
-	return out
+	return live, zombies
 }
