@@ -378,7 +378,7 @@ func (p *process) run(outs []output) {
 	case <-p.stopping:
 		endSession(int(p.pid))
 	default:
-		leftovers.add(int(p.pid))
+		go leftovers.add(int(p.pid)) // watches for a second: the end event need not wait
 	}
 	close(settled)
 	helpers.Wait()

@@ -30,11 +30,34 @@ type sessions struct {
 // workers stay far below it.
 const runawayMembers = 256
 
-// add remembers sid if anything of it is still alive, and ends it at once
-// if that is a runaway.
+// Watching a command's leftovers after its leader exited: a bomb churns
+// through hundreds of pids a second, a server started with `&` through
+// a few.
+const (
+	watchSamples  = 10
+	watchInterval = 100 * time.Millisecond
+)
+
+// add watches what session sid left running for a second and then
+// remembers it; a runaway (more than runawayMembers processes seen in that
+// time, or at once) is ended instead.
 func (l *sessions) add(sid int) {
-	if !keep(sid) {
-		return
+	seen := map[int]struct{}{}
+	for i := range watchSamples {
+		live, zombies := sessionMembers(sid)
+		if len(live) == 0 {
+			return
+		}
+		for _, pid := range live {
+			seen[pid] = struct{}{}
+		}
+		if len(seen) > runawayMembers || len(live)+zombies > runawayMembers {
+			endSession(sid)
+			return
+		}
+		if i < watchSamples-1 {
+			time.Sleep(watchInterval)
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -112,6 +135,12 @@ func endSession(sid int) {
 		pids, _ := sessionMembers(sid)
 		if len(pids) == 0 {
 			return
+		}
+		// Stopped first, all of them, then killed: a stopped process cannot
+		// fork, so a bomb stops refilling the pids this pass frees while
+		// the kills go out.
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
 		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
