@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,7 +80,11 @@ func newIncusE2EEnv(t *testing.T, tenants ...string) (*e2eEnv, *incus.Client) {
 	for b[0] == 0 {
 		_, _ = rand.Read(b[:])
 	}
-	e.serveArgs = []string{"--backend", "incus", "--egress-subnet", fmt.Sprintf("10.134.%d.0/24", b[0])}
+	subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 134, b[0], 0}), 24)
+	e.serveArgs = []string{"--backend", "incus", "--egress-subnet", subnet.String()}
+	// sandboxd leaves its subnet's rules when it stops, for sandboxes that
+	// outlive it; the test's go with the test.
+	t.Cleanup(func() { _ = egress.DeleteTable(subnet) })
 	return e, c
 }
 
