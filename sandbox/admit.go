@@ -550,20 +550,7 @@ func (a *Admitter) diskNote() string {
 // tenantMB is the charge (chargeMB) of tenant t's live sandboxes, paused
 // and in-progress states included.
 func (a *Admitter) tenantMB(ctx context.Context, t tenant.ID) (int, error) {
-	if !a.diskInMemory {
-		return a.store.SumMemoryMB(ctx, t)
-	}
-	live, err := a.store.ListLive(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("sum memory of %s: %w", t, err)
-	}
-	n := 0
-	for i := range live {
-		if live[i].Tenant == t {
-			n += a.sandboxMB(&live[i])
-		}
-	}
-	return n, nil
+	return a.store.SumMemoryMB(ctx, t, a.diskInMemory)
 }
 
 // checkFits refuses (ErrInvalidArgument: 400) a create of key that no

@@ -416,12 +416,13 @@ func (s *Store) CountLive(ctx context.Context, t tenant.ID) (int, error) {
 }
 
 // SumMemoryMB returns the total MemoryMB of tenant t's live sandboxes
-// (paused and in-progress states included).
-func (s *Store) SumMemoryMB(ctx context.Context, t tenant.ID) (int, error) {
+// (paused and in-progress states included), plus their DiskMB when withDisk
+// is set (a backend whose disks live in RAM).
+func (s *Store) SumMemoryMB(ctx context.Context, t tenant.ID, withDisk bool) (int, error) {
 	var n int
 	err := s.r.QueryRowContext(ctx,
-		`SELECT COALESCE(SUM(memory_mb), 0) FROM sandboxes WHERE tenant_id = ? AND state != ?`,
-		t, StateKilled).Scan(&n)
+		`SELECT COALESCE(SUM(memory_mb + CASE WHEN ? THEN disk_mb ELSE 0 END), 0) FROM sandboxes WHERE tenant_id = ? AND state != ?`,
+		withDisk, t, StateKilled).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("sum memory of %s: %w", t, err)
 	}

@@ -411,6 +411,7 @@ func TestListExpiredAndLive(t *testing.T) {
 }
 
 func TestCountAndSum(t *testing.T) {
+	const diskMB = 100
 	s := openStore(t, "")
 	ctx := t.Context()
 	a, b := mustTenant(t, s, "a"), mustTenant(t, s, "b")
@@ -426,7 +427,7 @@ func TestCountAndSum(t *testing.T) {
 		{b, StateRunning, 8192},
 	} {
 		sb := newSandbox(fmt.Sprintf("s%d", i), c.tn, i)
-		sb.State, sb.MemoryMB = c.state, c.mem
+		sb.State, sb.MemoryMB, sb.DiskMB = c.state, c.mem, diskMB
 		if err := s.InsertSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
@@ -444,9 +445,13 @@ func TestCountAndSum(t *testing.T) {
 		if err != nil || n != tt.count {
 			t.Errorf("CountLive(%s) = %d, %v; want %d", tt.tn, n, err, tt.count)
 		}
-		m, err := s.SumMemoryMB(ctx, tt.tn)
+		m, err := s.SumMemoryMB(ctx, tt.tn, false)
 		if err != nil || m != tt.memoryMB {
 			t.Errorf("SumMemoryMB(%s) = %d, %v; want %d", tt.tn, m, err, tt.memoryMB)
+		}
+		m, err = s.SumMemoryMB(ctx, tt.tn, true)
+		if want := tt.memoryMB + tt.count*diskMB; err != nil || m != want {
+			t.Errorf("SumMemoryMB(%s, with disk) = %d, %v; want %d", tt.tn, m, err, want)
 		}
 	}
 }
