@@ -74,21 +74,21 @@ func (l *sessions) add(sid int) {
 func (l *sessions) check() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sids = slices.DeleteFunc(l.sids, func(sid int) bool { return !keep(sid) })
-}
-
-// keep says whether session sid is worth remembering: it has live members,
-// and not so many that it is a runaway, which keep ends.
-func keep(sid int) bool {
-	live, zombies := sessionMembers(sid)
-	switch {
-	case len(live) == 0:
-		return false
-	case len(live)+zombies > runawayMembers: // zombies hold pids too
-		endSession(sid)
-		return false
+	if len(l.sids) == 0 {
+		return // the common case: a start pays nothing
 	}
-	return true
+	// One pass over /proc for every remembered session.
+	sizes := sessionSizes()
+	l.sids = slices.DeleteFunc(l.sids, func(sid int) bool {
+		switch n := sizes[sid]; {
+		case n.live == 0:
+			return true
+		case n.live+n.zombies > runawayMembers: // zombies hold pids too
+			endSession(sid)
+			return true
+		}
+		return false
+	})
 }
 
 // forget drops sid: its number now belongs to a new command's session (the
@@ -150,18 +150,50 @@ func endSession(sid int) {
 }
 
 // sessionMembers lists the live processes of session sid from /proc, and
-// counts its zombies. Processes that vanish while it reads are skipped.
+// counts its zombies.
 func sessionMembers(sid int) (live []int, zombies int) {
+	scanProc(func(pid, session int, zombie bool) {
+		switch {
+		case session != sid:
+		case zombie:
+			zombies++
+		default:
+			live = append(live, pid)
+		}
+	})
+	return live, zombies
+}
+
+// size is a session's live and zombie processes.
+type size struct{ live, zombies int }
+
+// sessionSizes counts the processes of every session, in one pass.
+func sessionSizes() map[int]size {
+	m := map[int]size{}
+	scanProc(func(_, session int, zombie bool) {
+		n := m[session]
+		if zombie {
+			n.zombies++
+		} else {
+			n.live++
+		}
+		m[session] = n
+	})
+	return m
+}
+
+// scanProc calls fn for every process in /proc with its session and
+// whether it is a zombie. Processes that vanish while it reads are skipped.
+func scanProc(fn func(pid, session int, zombie bool)) {
 	d, err := os.Open("/proc")
 	if err != nil {
-		return nil, 0
+		return
 	}
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return nil, 0
+		return
 	}
-	want := []byte(strconv.Itoa(sid))
 	for _, name := range names {
 		pid, err := strconv.Atoi(name)
 		if err != nil {
@@ -173,13 +205,13 @@ func sessionMembers(sid int) (live []int, zombies int) {
 		}
 		// After the parenthesised command: state, ppid, pgrp, session.
 		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
-		switch {
-		case len(f) <= 3 || !bytes.Equal(f[3], want):
-		case bytes.Equal(f[0], []byte("Z")):
-			zombies++
-		default:
-			live = append(live, pid)
+		if len(f) <= 3 {
+			continue
 		}
+		session, err := strconv.Atoi(string(f[3]))
+		if err != nil {
+			continue
+		}
+		fn(pid, session, bytes.Equal(f[0], []byte("Z")))
 	}
-	return live, zombies
 }
