@@ -28,4 +28,6 @@ var (
 	// ErrUnsupported: the backend cannot do this (for example a port Dial
 	// before envd has a tunnel).
 	ErrUnsupported = errors.New("not supported by this backend")
+	// ErrInUse: the thing to remove (a layer) is used by a live sandbox.
+	ErrInUse = errors.New("in use by a live sandbox")
 )
