@@ -94,6 +94,9 @@ type Config struct {
 	// Health checks a new member's envd (GET /health over the backend's
 	// private channel). Required.
 	Health func(ctx context.Context, id string) error
+	// Prepare, when set, readies a healthy new member of template before
+	// it can be claimed (a built template's start command, until ready).
+	Prepare func(ctx context.Context, id, template string) error
 	// Admission decides which pools exist, how warm they are kept and
 	// whether one more member fits. nil: no seeds, no min_warm, every
 	// member admitted.
@@ -457,6 +460,10 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	if err == nil {
 		if err = p.cfg.Health(ctx, m.ID); err != nil {
 			err = errors.Join(errors.New("envd health"), err)
+		} else if p.cfg.Prepare != nil {
+			err = p.cfg.Prepare(ctx, m.ID, k.Template)
+		}
+		if err != nil {
 			_ = p.cfg.Backend.Destroy(context.WithoutCancel(ctx), m.ID)
 		}
 	}

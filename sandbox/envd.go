@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/http"
 	"time"
@@ -36,6 +38,18 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 		EnvVars:     sb.EnvVars,
 		DefaultUser: m.cfg.DefaultUser,
 		Timestamp:   m.now().UTC().Format(time.RFC3339Nano),
+	}
+	if cfg, ok := m.templateConfig(sb.Template); ok {
+		// The template's env is under the create's; its user and workdir
+		// are the defaults of every process.
+		env := maps.Clone(cfg.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, sb.EnvVars)
+		body.EnvVars = env
+		body.DefaultUser = cmp.Or(cfg.User, body.DefaultUser)
+		body.DefaultWorkdir = cfg.Workdir
 	}
 	if sb.EnvdAccessToken != "" {
 		body.AccessToken = &sb.EnvdAccessToken

@@ -76,6 +76,9 @@ type Config struct {
 	EnvdVersion string
 	// DefaultUser is the user processes run as when a request names none.
 	DefaultUser string
+	// Templates, when set, resolves the templates tenants built (package
+	// template) and configures their sandboxes.
+	Templates TemplateSource
 	// DefaultTimeout applies when a create gives none; MaxTimeout caps
 	// every timeout.
 	DefaultTimeout, MaxTimeout time.Duration
@@ -356,6 +359,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err := m.validateCreate(req); err != nil {
 		return nil, err
 	}
+	alias := req.Template
+	if m.cfg.Templates != nil && req.Template != "" {
+		backend, ok, err := m.cfg.Templates.Resolve(ctx, t, req.Template)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			req.Template = backend
+		}
+	}
 	key := m.PoolKey(t, req)
 	if err := m.adm.checkFits(key); err != nil {
 		return nil, err
@@ -363,6 +376,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	sb, err := m.newRow(key, req, start, timeout)
 	if err != nil {
 		return nil, err
+	}
+	if alias != sb.Template {
+		sb.Alias = alias
 	}
 	if err := m.create(ctx, sb, key, start); err != nil {
 		m.audit(ctx, "create", sb, err)
@@ -477,6 +493,12 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 			return fmt.Errorf("create sandbox: init envd: %w", err)
 		}
 	}
+	if cfg, ok := m.templateConfig(sb.Template); ok && cfg.StartCmd != "" && tk.Member() == nil {
+		// A warm member ran it before it was claimed.
+		if err := m.startTemplate(ctx, sb.ID, sb.EnvdAccessToken, cfg); err != nil {
+			return fmt.Errorf("create sandbox: %w", err)
+		}
+	}
 	tInit := m.now()
 	sb.State = store.StateRunning
 	if err := tk.Commit(ctx); err != nil {
@@ -506,7 +528,9 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 // (validateCreate refuses it).
 func (m *Manager) TemplateResources(template string) runtime.Resources {
 	var r runtime.Resources
-	if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
+	if cfg, ok := m.templateConfig(template); ok {
+		r = cfg.Resources
+	} else if tr, ok := m.backend.(runtime.TemplateResourcer); ok {
 		r, _ = tr.TemplateResources(template)
 	}
 	return runtime.Resources{

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -38,7 +39,9 @@ type Config struct {
 	Manager     *sandbox.Manager
 	Store       *store.Store
 	Templates   runtime.TemplateLister // optional
-	Metrics     *Metrics
+	// Builds serves E2B's template build API; nil answers it with 501.
+	Builds  *template.Service
+	Metrics *Metrics
 	Log         *slog.Logger
 	EnvdVersion string
 	// Domain enables host routing (`<port>-<id>.<domain>`) and is returned
@@ -69,7 +72,7 @@ func New(cfg Config) http.Handler {
 	}
 	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Manager, log))
 
-	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
+	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, Builds: cfg.Builds, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
 		return func(w http.ResponseWriter, r *http.Request, err error) {
 			if status == http.StatusBadRequest {
@@ -85,7 +88,7 @@ func New(cfg Config) http.Handler {
 	})
 	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
 	e2bRouter := chi.NewRouter()
-	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B),
+	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), e2b.WithAPIBase(E2BPrefix), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B),
 		httpx.LimitJSONBody(e2b.MaxBody, jsonErr(http.StatusInternalServerError)))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
@@ -107,6 +110,14 @@ func New(cfg Config) http.Handler {
 		httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	root.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	// Template files go to signed links, without an API key (the SDKs
+	// PUT them like to a bucket's presigned URL).
+	upload := limitIPs(cfg.IPLimiter, cfg.IPLimit, lm)(api.UploadHandler(
+		func(r *http.Request) string { return chi.URLParam(r, "templateID") },
+		func(r *http.Request) string { return chi.URLParam(r, "hash") }))
+	for _, prefix := range []string{E2BPrefix, ""} {
+		root.Method(http.MethodPut, prefix+"/templates/{templateID}/files/{hash}/upload", upload)
+	}
 	root.Mount(NativePrefix, newNative(cfg, lm)) // E2BPrefix, longer, still routes to e2b
 	root.Mount(E2BPrefix, e2bRouter)
 	root.Mount("/", e2bRouter)

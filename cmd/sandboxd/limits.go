@@ -103,7 +103,7 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *s
 		return nil
 	}
 	p := pool.New(pool.Config{
-		Backend: be, Health: mgr.EnvdHealth, Admission: mgr.Admission(), MemberMB: mgr.Admission().MemberMB,
+		Backend: be, Health: mgr.EnvdHealth, Prepare: mgr.PrepareMember, Admission: mgr.Admission(), MemberMB: mgr.Admission().MemberMB,
 		NewID: sandbox.NewID, NewToken: sandbox.NewToken,
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,

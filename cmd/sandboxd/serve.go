@@ -46,6 +46,11 @@ func serve(args []string) error {
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
+		maxBuilds   = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
+		buildTime   = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded)")
+		buildMemMB  = fs.Int("build-memory-mb", 2048, "memory of a template build's sandbox, MiB, where the template names none")
+		buildDiskMB = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB")
+		plainHTTP   = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
 	)
 	templates := templateFlag{}
 	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
@@ -129,7 +134,14 @@ func serve(args []string) error {
 	if err := settings.Refresh(ctx); err != nil {
 		return fmt.Errorf("tenant settings: %w", err)
 	}
-	mgr := sandbox.New(sandbox.Config{
+	var mgr *sandbox.Manager
+	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, *buildTime, *buildMemMB, *buildDiskMB, *plainHTTP,
+		func() sbxruntime.Resources { return mgr.TemplateResources("") }, log)
+	if err != nil {
+		return err
+	}
+	mgr = sandbox.New(sandbox.Config{
+		Templates: builds,
 		Store: st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
 		EnvdVersion: envdapi.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom: metrics.ObserveCreate,
@@ -142,7 +154,7 @@ func serve(args []string) error {
 	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
 	handler := server.New(server.Config{
-		Manager: mgr, Store: st, Templates: be, Metrics: metrics, Log: log,
+		Manager: mgr, Store: st, Templates: be, Builds: builds, Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 		NativeIdleTTL: lim.nativeIdleTTL,
@@ -178,6 +190,12 @@ func serve(args []string) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		_ = hs.Close()
 		return fmt.Errorf("reconcile: %w", err)
+	}
+	// Builds a crash interrupted are failed; ready ones are defined on the
+	// backend again, before any create can name them.
+	if err := builds.Start(ctx); err != nil {
+		_ = hs.Close()
+		return err
 	}
 	// Settings are polled so `sandboxd tenants set` applies without a
 	// restart. Warm pools start after Reconcile (which destroys members a

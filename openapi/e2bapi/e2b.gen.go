@@ -804,6 +804,11 @@ type TemplateBuildInfo struct {
 	TemplateID string              `json:"templateID"`
 }
 
+// TemplateBuildLogsResponse defines model for TemplateBuildLogsResponse.
+type TemplateBuildLogsResponse struct {
+	Logs []BuildLogEntry `json:"logs"`
+}
+
 // TemplateBuildRequestV2 defines model for TemplateBuildRequestV2.
 type TemplateBuildRequestV2 struct {
 	Alias string `json:"alias"`
@@ -905,6 +910,17 @@ type TemplateTag struct {
 	BuildID   openapi_types.UUID `json:"buildID"`
 	CreatedAt time.Time          `json:"createdAt"`
 	Tag       string             `json:"tag"`
+}
+
+// TemplateUpdateRequest defines model for TemplateUpdateRequest.
+type TemplateUpdateRequest struct {
+	// Public Whether other tenants may start sandboxes from the template.
+	Public *bool `json:"public,omitempty"`
+}
+
+// TemplateUpdateResponse defines model for TemplateUpdateResponse.
+type TemplateUpdateResponse struct {
+	Names []string `json:"names"`
 }
 
 // TemplateWithBuilds defines model for TemplateWithBuilds.
@@ -1037,6 +1053,15 @@ type GetTemplateParams struct {
 	Limit *PaginationLimit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// GetTemplateBuildLogsParams defines parameters for GetTemplateBuildLogs.
+type GetTemplateBuildLogsParams struct {
+	// Cursor Unix milliseconds; entries from (forward) or up to (backward) this time.
+	Cursor    *int64         `form:"cursor,omitempty" json:"cursor,omitempty"`
+	Limit     *int32         `form:"limit,omitempty" json:"limit,omitempty"`
+	Direction *LogsDirection `form:"direction,omitempty" json:"direction,omitempty"`
+	Level     *LogLevel      `form:"level,omitempty" json:"level,omitempty"`
+}
+
 // GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
 type GetTemplateBuildStatusParams struct {
 	// LogsOffset Index of the first log entry to return.
@@ -1144,6 +1169,9 @@ type ConnectSandboxV2JSONRequestBody = ConnectSandboxV2
 //
 // Deprecated: this type has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 type CreateTemplateV2JSONRequestBody = TemplateBuildRequestV2
+
+// UpdateTemplateV2JSONRequestBody defines body for UpdateTemplateV2 for application/json ContentType.
+type UpdateTemplateV2JSONRequestBody = TemplateUpdateRequest
 
 // StartTemplateBuildV2JSONRequestBody defines body for StartTemplateBuildV2 for application/json ContentType.
 type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
@@ -1350,25 +1378,28 @@ type ServerInterface interface {
 	// GetTemplateByAlias Look a template up by alias
 	// (GET /templates/aliases/{alias})
 	GetTemplateByAlias(w http.ResponseWriter, r *http.Request, alias string)
-	// DeleteTemplateTags Remove tags from a template (not implemented, 501)
+	// DeleteTemplateTags Remove tags from a template
 	// (DELETE /templates/tags)
 	DeleteTemplateTags(w http.ResponseWriter, r *http.Request)
-	// AssignTemplateTags Tag a template build (not implemented, 501)
+	// AssignTemplateTags Tag a template build
 	// (POST /templates/tags)
 	AssignTemplateTags(w http.ResponseWriter, r *http.Request)
-	// DeleteTemplate Delete a template or snapshot (not implemented, 501)
+	// DeleteTemplate Delete a template
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID TemplateID)
 	// GetTemplate A template and its builds
 	// (GET /templates/{templateID})
 	GetTemplate(w http.ResponseWriter, r *http.Request, templateID TemplateID, params GetTemplateParams)
-	// GetTemplateBuildStatus Build status and logs (not implemented, 501)
+	// GetTemplateBuildLogs A build's log entries
+	// (GET /templates/{templateID}/builds/{buildID}/logs)
+	GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildLogsParams)
+	// GetTemplateBuildStatus Build status and logs
 	// (GET /templates/{templateID}/builds/{buildID}/status)
 	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildStatusParams)
-	// GetTemplateFilesUploadLink Where to upload a build step's files (not implemented, 501)
+	// GetTemplateFilesUploadLink Where to upload a build step's files
 	// (GET /templates/{templateID}/files/{hash})
 	GetTemplateFilesUploadLink(w http.ResponseWriter, r *http.Request, templateID TemplateID, hash string)
-	// ListTemplateTags A template's tags (not implemented, 501)
+	// ListTemplateTags A template's tags
 	// (GET /templates/{templateID}/tags)
 	ListTemplateTags(w http.ResponseWriter, r *http.Request, templateID TemplateID)
 	// ListSandboxesV2 List sandboxes (v2)
@@ -1383,15 +1414,18 @@ type ServerInterface interface {
 	// GetSandboxLogsV2 Sandbox logs (v2)
 	// (GET /v2/sandboxes/{sandboxID}/logs)
 	GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsV2Params)
-	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5 (not implemented, 501)
+	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5
 	// (POST /v2/templates)
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	CreateTemplateV2(w http.ResponseWriter, r *http.Request)
-	// StartTemplateBuildV2 Start a requested build (not implemented, 501)
+	// UpdateTemplateV2 Change a template's visibility
+	// (PATCH /v2/templates/{templateID})
+	UpdateTemplateV2(w http.ResponseWriter, r *http.Request, templateID TemplateID)
+	// StartTemplateBuildV2 Start a requested build
 	// (POST /v2/templates/{templateID}/builds/{buildID})
 	StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID)
-	// CreateTemplateV3 Request a template build (not implemented, 501)
+	// CreateTemplateV3 Request a template build
 	// (POST /v3/templates)
 	CreateTemplateV3(w http.ResponseWriter, r *http.Request)
 }
@@ -1514,19 +1548,19 @@ func (_ Unimplemented) GetTemplateByAlias(w http.ResponseWriter, r *http.Request
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// DeleteTemplateTags Remove tags from a template (not implemented, 501)
+// DeleteTemplateTags Remove tags from a template
 // (DELETE /templates/tags)
 func (_ Unimplemented) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// AssignTemplateTags Tag a template build (not implemented, 501)
+// AssignTemplateTags Tag a template build
 // (POST /templates/tags)
 func (_ Unimplemented) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// DeleteTemplate Delete a template or snapshot (not implemented, 501)
+// DeleteTemplate Delete a template
 // (DELETE /templates/{templateID})
 func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID TemplateID) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1538,19 +1572,25 @@ func (_ Unimplemented) GetTemplate(w http.ResponseWriter, r *http.Request, templ
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// GetTemplateBuildStatus Build status and logs (not implemented, 501)
+// GetTemplateBuildLogs A build's log entries
+// (GET /templates/{templateID}/builds/{buildID}/logs)
+func (_ Unimplemented) GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetTemplateBuildStatus Build status and logs
 // (GET /templates/{templateID}/builds/{buildID}/status)
 func (_ Unimplemented) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildStatusParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// GetTemplateFilesUploadLink Where to upload a build step's files (not implemented, 501)
+// GetTemplateFilesUploadLink Where to upload a build step's files
 // (GET /templates/{templateID}/files/{hash})
 func (_ Unimplemented) GetTemplateFilesUploadLink(w http.ResponseWriter, r *http.Request, templateID TemplateID, hash string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ListTemplateTags A template's tags (not implemented, 501)
+// ListTemplateTags A template's tags
 // (GET /templates/{templateID}/tags)
 func (_ Unimplemented) ListTemplateTags(w http.ResponseWriter, r *http.Request, templateID TemplateID) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1580,7 +1620,7 @@ func (_ Unimplemented) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// CreateTemplateV2 Request a template build, SDKs 2.1-2.5 (not implemented, 501)
+// CreateTemplateV2 Request a template build, SDKs 2.1-2.5
 // (POST /v2/templates)
 //
 // Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
@@ -1588,13 +1628,19 @@ func (_ Unimplemented) CreateTemplateV2(w http.ResponseWriter, r *http.Request) 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// StartTemplateBuildV2 Start a requested build (not implemented, 501)
+// UpdateTemplateV2 Change a template's visibility
+// (PATCH /v2/templates/{templateID})
+func (_ Unimplemented) UpdateTemplateV2(w http.ResponseWriter, r *http.Request, templateID TemplateID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// StartTemplateBuildV2 Start a requested build
 // (POST /v2/templates/{templateID}/builds/{buildID})
 func (_ Unimplemented) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// CreateTemplateV3 Request a template build (not implemented, 501)
+// CreateTemplateV3 Request a template build
 // (POST /v3/templates)
 func (_ Unimplemented) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -2299,6 +2345,96 @@ func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// GetTemplateBuildLogs operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID BuildID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", chi.URLParam(r, "buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTemplateBuildLogsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "direction" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "direction", r.URL.Query(), &params.Direction, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "direction"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "direction", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "level" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "level", r.URL.Query(), &params.Level, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "level"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "level", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateBuildLogs(w, r, templateID, buildID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetTemplateBuildStatus operation middleware
 func (siw *ServerInterfaceWrapper) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request) {
 
@@ -2723,6 +2859,32 @@ func (siw *ServerInterfaceWrapper) CreateTemplateV2(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// UpdateTemplateV2 operation middleware
+func (siw *ServerInterfaceWrapper) UpdateTemplateV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateTemplateV2(w, r, templateID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // StartTemplateBuildV2 operation middleware
 func (siw *ServerInterfaceWrapper) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request) {
 
@@ -2955,6 +3117,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
 	})
 	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/v2/templates/{templateID}", wrapper.UpdateTemplateV2)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates/aliases/{alias}", wrapper.GetTemplateByAlias)
 	})
 	r.Group(func(r chi.Router) {
@@ -2971,6 +3136,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates/{templateID}/builds/{buildID}/status", wrapper.GetTemplateBuildStatus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/{templateID}/builds/{buildID}/logs", wrapper.GetTemplateBuildLogs)
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/templates/tags", wrapper.DeleteTemplateTags)
@@ -5015,20 +5183,6 @@ func (response DeleteTemplateTags500JSONResponse) VisitDeleteTemplateTagsRespons
 	return err
 }
 
-type DeleteTemplateTags501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response DeleteTemplateTags501JSONResponse) VisitDeleteTemplateTagsResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type AssignTemplateTagsRequestObject struct {
 	Body *AssignTemplateTagsJSONRequestBody
 }
@@ -5124,20 +5278,6 @@ func (response AssignTemplateTags500JSONResponse) VisitAssignTemplateTagsRespons
 	return err
 }
 
-type AssignTemplateTags501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response AssignTemplateTags501JSONResponse) VisitAssignTemplateTagsResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type DeleteTemplateRequestObject struct {
 	TemplateID TemplateID `json:"templateID"`
 }
@@ -5164,6 +5304,20 @@ func (response DeleteTemplate401JSONResponse) VisitDeleteTemplateResponse(w http
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTemplate403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteTemplate403JSONResponse) VisitDeleteTemplateResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5209,20 +5363,6 @@ func (response DeleteTemplate500JSONResponse) VisitDeleteTemplateResponse(w http
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type DeleteTemplate501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response DeleteTemplate501JSONResponse) VisitDeleteTemplateResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5319,6 +5459,89 @@ func (response GetTemplate500JSONResponse) VisitGetTemplateResponse(w http.Respo
 	return err
 }
 
+type GetTemplateBuildLogsRequestObject struct {
+	TemplateID TemplateID `json:"templateID"`
+	BuildID    BuildID    `json:"buildID"`
+	Params     GetTemplateBuildLogsParams
+}
+
+type GetTemplateBuildLogsResponseObject interface {
+	VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error
+}
+
+type GetTemplateBuildLogs200JSONResponse TemplateBuildLogsResponse
+
+func (response GetTemplateBuildLogs200JSONResponse) VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTemplateBuildLogs401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetTemplateBuildLogs401JSONResponse) VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTemplateBuildLogs404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetTemplateBuildLogs404JSONResponse) VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTemplateBuildLogs429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetTemplateBuildLogs429JSONResponse) VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTemplateBuildLogs500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetTemplateBuildLogs500JSONResponse) VisitGetTemplateBuildLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetTemplateBuildStatusRequestObject struct {
 	TemplateID TemplateID `json:"templateID"`
 	BuildID    BuildID    `json:"buildID"`
@@ -5398,20 +5621,6 @@ func (response GetTemplateBuildStatus500JSONResponse) VisitGetTemplateBuildStatu
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetTemplateBuildStatus501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response GetTemplateBuildStatus501JSONResponse) VisitGetTemplateBuildStatusResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5512,20 +5721,6 @@ func (response GetTemplateFilesUploadLink500JSONResponse) VisitGetTemplateFilesU
 	return err
 }
 
-type GetTemplateFilesUploadLink501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response GetTemplateFilesUploadLink501JSONResponse) VisitGetTemplateFilesUploadLinkResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type ListTemplateTagsRequestObject struct {
 	TemplateID TemplateID `json:"templateID"`
 }
@@ -5617,20 +5812,6 @@ func (response ListTemplateTags500JSONResponse) VisitListTemplateTagsResponse(w 
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type ListTemplateTags501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response ListTemplateTags501JSONResponse) VisitListTemplateTagsResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6255,16 +6436,112 @@ func (response CreateTemplateV2500JSONResponse) VisitCreateTemplateV2Response(w 
 	return err
 }
 
-type CreateTemplateV2501JSONResponse struct{ NotImplementedJSONResponse }
+type UpdateTemplateV2RequestObject struct {
+	TemplateID TemplateID `json:"templateID"`
+	Body       *UpdateTemplateV2JSONRequestBody
+}
 
-func (response CreateTemplateV2501JSONResponse) VisitCreateTemplateV2Response(w http.ResponseWriter) error {
+type UpdateTemplateV2ResponseObject interface {
+	VisitUpdateTemplateV2Response(w http.ResponseWriter) error
+}
+
+type UpdateTemplateV2200JSONResponse TemplateUpdateResponse
+
+func (response UpdateTemplateV2200JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateTemplateV2400JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateTemplateV2401JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response UpdateTemplateV2403JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateTemplateV2404JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateTemplateV2429JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateTemplateV2500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateTemplateV2500JSONResponse) VisitUpdateTemplateV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6342,20 +6619,6 @@ func (response StartTemplateBuildV2500JSONResponse) VisitStartTemplateBuildV2Res
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type StartTemplateBuildV2501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response StartTemplateBuildV2501JSONResponse) VisitStartTemplateBuildV2Response(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6469,20 +6732,6 @@ func (response CreateTemplateV3500JSONResponse) VisitCreateTemplateV3Response(w 
 	return err
 }
 
-type CreateTemplateV3501JSONResponse struct{ NotImplementedJSONResponse }
-
-func (response CreateTemplateV3501JSONResponse) VisitCreateTemplateV3Response(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(501)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// ListSandboxes List running sandboxes (v1)
@@ -6545,25 +6794,28 @@ type StrictServerInterface interface {
 	// GetTemplateByAlias Look a template up by alias
 	// (GET /templates/aliases/{alias})
 	GetTemplateByAlias(ctx context.Context, request GetTemplateByAliasRequestObject) (GetTemplateByAliasResponseObject, error)
-	// DeleteTemplateTags Remove tags from a template (not implemented, 501)
+	// DeleteTemplateTags Remove tags from a template
 	// (DELETE /templates/tags)
 	DeleteTemplateTags(ctx context.Context, request DeleteTemplateTagsRequestObject) (DeleteTemplateTagsResponseObject, error)
-	// AssignTemplateTags Tag a template build (not implemented, 501)
+	// AssignTemplateTags Tag a template build
 	// (POST /templates/tags)
 	AssignTemplateTags(ctx context.Context, request AssignTemplateTagsRequestObject) (AssignTemplateTagsResponseObject, error)
-	// DeleteTemplate Delete a template or snapshot (not implemented, 501)
+	// DeleteTemplate Delete a template
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(ctx context.Context, request DeleteTemplateRequestObject) (DeleteTemplateResponseObject, error)
 	// GetTemplate A template and its builds
 	// (GET /templates/{templateID})
 	GetTemplate(ctx context.Context, request GetTemplateRequestObject) (GetTemplateResponseObject, error)
-	// GetTemplateBuildStatus Build status and logs (not implemented, 501)
+	// GetTemplateBuildLogs A build's log entries
+	// (GET /templates/{templateID}/builds/{buildID}/logs)
+	GetTemplateBuildLogs(ctx context.Context, request GetTemplateBuildLogsRequestObject) (GetTemplateBuildLogsResponseObject, error)
+	// GetTemplateBuildStatus Build status and logs
 	// (GET /templates/{templateID}/builds/{buildID}/status)
 	GetTemplateBuildStatus(ctx context.Context, request GetTemplateBuildStatusRequestObject) (GetTemplateBuildStatusResponseObject, error)
-	// GetTemplateFilesUploadLink Where to upload a build step's files (not implemented, 501)
+	// GetTemplateFilesUploadLink Where to upload a build step's files
 	// (GET /templates/{templateID}/files/{hash})
 	GetTemplateFilesUploadLink(ctx context.Context, request GetTemplateFilesUploadLinkRequestObject) (GetTemplateFilesUploadLinkResponseObject, error)
-	// ListTemplateTags A template's tags (not implemented, 501)
+	// ListTemplateTags A template's tags
 	// (GET /templates/{templateID}/tags)
 	ListTemplateTags(ctx context.Context, request ListTemplateTagsRequestObject) (ListTemplateTagsResponseObject, error)
 	// ListSandboxesV2 List sandboxes (v2)
@@ -6578,15 +6830,18 @@ type StrictServerInterface interface {
 	// GetSandboxLogsV2 Sandbox logs (v2)
 	// (GET /v2/sandboxes/{sandboxID}/logs)
 	GetSandboxLogsV2(ctx context.Context, request GetSandboxLogsV2RequestObject) (GetSandboxLogsV2ResponseObject, error)
-	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5 (not implemented, 501)
+	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5
 	// (POST /v2/templates)
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	CreateTemplateV2(ctx context.Context, request CreateTemplateV2RequestObject) (CreateTemplateV2ResponseObject, error)
-	// StartTemplateBuildV2 Start a requested build (not implemented, 501)
+	// UpdateTemplateV2 Change a template's visibility
+	// (PATCH /v2/templates/{templateID})
+	UpdateTemplateV2(ctx context.Context, request UpdateTemplateV2RequestObject) (UpdateTemplateV2ResponseObject, error)
+	// StartTemplateBuildV2 Start a requested build
 	// (POST /v2/templates/{templateID}/builds/{buildID})
 	StartTemplateBuildV2(ctx context.Context, request StartTemplateBuildV2RequestObject) (StartTemplateBuildV2ResponseObject, error)
-	// CreateTemplateV3 Request a template build (not implemented, 501)
+	// CreateTemplateV3 Request a template build
 	// (POST /v3/templates)
 	CreateTemplateV3(ctx context.Context, request CreateTemplateV3RequestObject) (CreateTemplateV3ResponseObject, error)
 }
@@ -7288,6 +7543,34 @@ func (sh *strictHandler) GetTemplate(w http.ResponseWriter, r *http.Request, tem
 	}
 }
 
+// GetTemplateBuildLogs operation middleware
+func (sh *strictHandler) GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildLogsParams) {
+	var request GetTemplateBuildLogsRequestObject
+
+	request.TemplateID = templateID
+	request.BuildID = buildID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetTemplateBuildLogs(ctx, request.(GetTemplateBuildLogsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetTemplateBuildLogs")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetTemplateBuildLogsResponseObject); ok {
+		if err := validResponse.VisitGetTemplateBuildLogsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetTemplateBuildStatus operation middleware
 func (sh *strictHandler) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildStatusParams) {
 	var request GetTemplateBuildStatusRequestObject
@@ -7515,6 +7798,39 @@ func (sh *strictHandler) CreateTemplateV2(w http.ResponseWriter, r *http.Request
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(CreateTemplateV2ResponseObject); ok {
 		if err := validResponse.VisitCreateTemplateV2Response(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateTemplateV2 operation middleware
+func (sh *strictHandler) UpdateTemplateV2(w http.ResponseWriter, r *http.Request, templateID TemplateID) {
+	var request UpdateTemplateV2RequestObject
+
+	request.TemplateID = templateID
+
+	var body UpdateTemplateV2JSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateTemplateV2(ctx, request.(UpdateTemplateV2RequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateTemplateV2")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateTemplateV2ResponseObject); ok {
+		if err := validResponse.VisitUpdateTemplateV2Response(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,9 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
-	rpc "github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
@@ -56,42 +52,13 @@ func EnvdClient(b runtime.Backend, id string) *http.Client {
 func Exec(ctx context.Context, b runtime.Backend, id, user, name string, args ...string) (Result, error) {
 	c := envdconn.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id, runtime.EnvdPort) }, "", user)
 	defer c.Close()
-	req := connect.NewRequest(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: name, Args: args}})
-	c.Auth(req.Header())
-	stream, err := c.Process().Start(ctx, req)
-	if err != nil {
-		return Result{}, err
-	}
-	defer stream.Close()
-	var (
-		res    Result
-		stdout strings.Builder
-		stderr strings.Builder
-		ended  bool
-	)
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			stdout.Write(d.GetStdout())
-			stderr.Write(d.GetStderr())
-		}
-		if e := ev.GetEnd(); e != nil {
-			res.ExitCode = int(e.GetExitCode())
-			res.Status = e.GetStatus()
-			if e.GetError() != "" && res.Status == "" {
-				res.Status = e.GetError()
-			}
-			ended = true
-		}
-	}
-	res.Stdout, res.Stderr = stdout.String(), stderr.String()
-	if err := stream.Err(); err != nil {
-		return res, err
-	}
-	if !ended {
-		return res, errors.New("stream ended without an end event")
-	}
-	return res, nil
+	var stdout, stderr strings.Builder
+	x, err := c.Run(ctx, envdconn.Command{Cmd: name, Args: args}, func(o, e []byte) {
+		stdout.Write(o)
+		stderr.Write(e)
+	})
+	res := Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: x.ExitCode, Status: x.Status}
+	return res, err
 }
 
 // sh runs a shell script in sandbox id as user, with a deadline.

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/template"
 )
 
 // API implements E2B's control-plane REST surface on the lifecycle
@@ -27,6 +28,7 @@ type API struct {
 	notImplemented
 	mgr         *sandbox.Manager
 	templates   runtime.TemplateLister // nil if the backend cannot list
+	tpl         *template.Service      // nil: no template builds
 	envdVersion string
 	domain      string // returned as the sandbox domain; "" = the client's own
 	log         *slog.Logger
@@ -37,8 +39,10 @@ var _ e2bapi.StrictServerInterface = (*API)(nil)
 
 // Config configures an API.
 type Config struct {
-	Manager     *sandbox.Manager
-	Templates   runtime.TemplateLister // optional
+	Manager   *sandbox.Manager
+	Templates runtime.TemplateLister // optional
+	// Builds serves the template build API; nil answers it with 501.
+	Builds      *template.Service
 	EnvdVersion string
 	// Domain is returned to SDKs as the sandbox domain; "": the client's own.
 	Domain string
@@ -48,7 +52,7 @@ type Config struct {
 // New returns E2B's API on cfg.Manager. The caller calls Forget when a
 // sandbox stops.
 func New(cfg Config) *API {
-	return &API{mgr: cfg.Manager, templates: cfg.Templates, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log}
+	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log}
 }
 
 // Forget drops what the API keeps of sandbox id (its last CPU sample).
@@ -641,58 +645,4 @@ func (a *API) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2R
 		return nil, err
 	}
 	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil
-}
-
-func (a *API) templateNames(ctx context.Context) ([]string, error) {
-	if a.templates == nil {
-		return nil, nil
-	}
-	return a.templates.Templates(ctx)
-}
-
-func (a *API) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
-	names, err := a.templateNames(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := e2bapi.ListTemplates200JSONResponse{}
-	for _, n := range names {
-		r := a.mgr.TemplateResources(n)
-		out = append(out, e2bapi.Template{
-			TemplateID: n, BuildID: n, Aliases: []string{n}, Names: []string{n}, Public: true,
-			BuildStatus: "ready", EnvdVersion: a.envdVersion,
-			CpuCount: int32(r.CPUCount), MemoryMB: int32(r.MemoryMB), DiskSizeMB: int32(r.DiskSizeMB),
-		})
-	}
-	return out, nil
-}
-
-func (a *API) findTemplate(ctx context.Context, name string) error {
-	names, err := a.templateNames(ctx)
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if n == name {
-			return nil
-		}
-	}
-	return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("template %q not found", name))
-}
-
-func (a *API) GetTemplate(ctx context.Context, req e2bapi.GetTemplateRequestObject) (e2bapi.GetTemplateResponseObject, error) {
-	if err := a.findTemplate(ctx, req.TemplateID); err != nil {
-		return nil, err
-	}
-	return e2bapi.GetTemplate200JSONResponse{Body: e2bapi.TemplateWithBuilds{
-		TemplateID: req.TemplateID, Aliases: []string{req.TemplateID}, Names: []string{req.TemplateID},
-		Public: true, Builds: []e2bapi.TemplateBuild{},
-	}}, nil
-}
-
-func (a *API) GetTemplateByAlias(ctx context.Context, req e2bapi.GetTemplateByAliasRequestObject) (e2bapi.GetTemplateByAliasResponseObject, error) {
-	if err := a.findTemplate(ctx, req.Alias); err != nil {
-		return nil, err
-	}
-	return e2bapi.GetTemplateByAlias200JSONResponse{TemplateID: req.Alias, Public: true}, nil
 }

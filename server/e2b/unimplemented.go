@@ -36,39 +36,3 @@ func (a *API) CreateSnapshot(ctx context.Context, req e2bapi.CreateSnapshotReque
 func (notImplemented) ListSnapshots(context.Context, e2bapi.ListSnapshotsRequestObject) (e2bapi.ListSnapshotsResponseObject, error) {
 	return nil, unimplemented("ListSnapshots")
 }
-
-func (notImplemented) DeleteTemplateTags(context.Context, e2bapi.DeleteTemplateTagsRequestObject) (e2bapi.DeleteTemplateTagsResponseObject, error) {
-	return nil, unimplemented("DeleteTemplateTags")
-}
-
-func (notImplemented) AssignTemplateTags(context.Context, e2bapi.AssignTemplateTagsRequestObject) (e2bapi.AssignTemplateTagsResponseObject, error) {
-	return nil, unimplemented("AssignTemplateTags")
-}
-
-func (notImplemented) DeleteTemplate(context.Context, e2bapi.DeleteTemplateRequestObject) (e2bapi.DeleteTemplateResponseObject, error) {
-	return nil, unimplemented("DeleteTemplate")
-}
-
-func (notImplemented) GetTemplateBuildStatus(context.Context, e2bapi.GetTemplateBuildStatusRequestObject) (e2bapi.GetTemplateBuildStatusResponseObject, error) {
-	return nil, unimplemented("GetTemplateBuildStatus")
-}
-
-func (notImplemented) GetTemplateFilesUploadLink(context.Context, e2bapi.GetTemplateFilesUploadLinkRequestObject) (e2bapi.GetTemplateFilesUploadLinkResponseObject, error) {
-	return nil, unimplemented("GetTemplateFilesUploadLink")
-}
-
-func (notImplemented) ListTemplateTags(context.Context, e2bapi.ListTemplateTagsRequestObject) (e2bapi.ListTemplateTagsResponseObject, error) {
-	return nil, unimplemented("ListTemplateTags")
-}
-
-func (notImplemented) CreateTemplateV2(context.Context, e2bapi.CreateTemplateV2RequestObject) (e2bapi.CreateTemplateV2ResponseObject, error) {
-	return nil, unimplemented("CreateTemplateV2")
-}
-
-func (notImplemented) StartTemplateBuildV2(context.Context, e2bapi.StartTemplateBuildV2RequestObject) (e2bapi.StartTemplateBuildV2ResponseObject, error) {
-	return nil, unimplemented("StartTemplateBuildV2")
-}
-
-func (notImplemented) CreateTemplateV3(context.Context, e2bapi.CreateTemplateV3RequestObject) (e2bapi.CreateTemplateV3ResponseObject, error) {
-	return nil, unimplemented("CreateTemplateV3")
-}

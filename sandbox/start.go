@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"context"
+
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
+)
+
+// StartTag tags a template's start command among the sandbox's processes.
+const StartTag = "e2b-start-cmd"
+
+// DefaultReadyWait is how long after its start a template without a ready
+// command is taken to be ready (E2B waits 20 s; a warm pool hides either).
+const DefaultReadyWait = 2 * time.Second
+
+// readyAttempt bounds one run of a ready command.
+const readyAttempt = 10 * time.Second
+
+// WaitReady runs cfg's ready command until it succeeds, or until ended
+// reports the start command gone (E2B counts a start command that finished
+// as ready), or ctx ends. Without a ready command it waits
+// DefaultReadyWait.
+func WaitReady(ctx context.Context, c *envdconn.Client, cfg TemplateConfig, ended func(context.Context) bool) error {
+	if cfg.ReadyCmd == "" {
+		select {
+		case <-time.After(DefaultReadyWait):
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("ready wait: %w", ctx.Err())
+		}
+	}
+	delay := 20 * time.Millisecond
+	var last envdconn.Exit
+	for {
+		actx, cancel := context.WithTimeout(ctx, readyAttempt)
+		x, err := c.Run(actx, envdconn.Command{Cmd: "/bin/sh", Args: []string{"-c", cfg.ReadyCmd}, Env: cfg.Env, Cwd: cfg.Workdir}, nil)
+		cancel()
+		if err == nil && x.ExitCode == 0 {
+			return nil
+		}
+		if err == nil {
+			last = x
+		}
+		if ended(ctx) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the ready command %q did not succeed (last: %s): %w", cfg.ReadyCmd, last.Status, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+// startTemplate runs a built template's start command in sandbox id and
+// waits until it is ready: a sandbox is handed out only then, so a warm
+// pool pays the start, not the create. token is envd's access token once
+// /init has set one.
+func (m *Manager) startTemplate(ctx context.Context, id, token string, cfg TemplateConfig) error {
+	c := envdconn.NewClient(func(ctx context.Context) (net.Conn, error) {
+		return m.backend.Dial(ctx, id, runtime.EnvdPort)
+	}, token, "root")
+	defer c.Close()
+	cmd := envdconn.Command{Cmd: "/bin/sh", Args: []string{"-c", cfg.StartCmd}, Env: cfg.Env, Cwd: cfg.Workdir, Tag: StartTag}
+	if _, err := c.Start(ctx, cmd); err != nil {
+		return fmt.Errorf("template start command: %w", err)
+	}
+	ended := func(ctx context.Context) bool {
+		running, err := c.Running(ctx, StartTag)
+		return err == nil && !running
+	}
+	if err := WaitReady(ctx, c, cfg, ended); err != nil {
+		return fmt.Errorf("template start: %w", err)
+	}
+	return nil
+}
+
+// PrepareMember readies a new, healthy warm member of template: a built
+// template's start command runs until the template is ready, so that a
+// claim hands out a sandbox that is.
+func (m *Manager) PrepareMember(ctx context.Context, id, template string) error {
+	cfg, ok := m.templateConfig(template)
+	if !ok || cfg.StartCmd == "" {
+		return nil
+	}
+	return m.startTemplate(ctx, id, "", cfg)
+}
+
+func (m *Manager) templateConfig(template string) (TemplateConfig, bool) {
+	if m.cfg.Templates == nil {
+		return TemplateConfig{}, false
+	}
+	return m.cfg.Templates.Config(template)
+}
