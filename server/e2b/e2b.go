@@ -63,10 +63,21 @@ const clientID = "sandboxd"
 
 func ptr[T any](v T) *T { return &v }
 
+// templateID is the template a sandbox reports: a built template's id
+// rather than the build it runs (which the backend knows it by).
+func (a *API) templateID(sb sandbox.View) string {
+	if a.tpl != nil {
+		if cfg, ok := a.tpl.Config(sb.Template); ok {
+			return cfg.TemplateID
+		}
+	}
+	return sb.Template
+}
+
 func (a *API) sandboxBody(sb sandbox.View) e2bapi.Sandbox {
 	out := e2bapi.Sandbox{
 		SandboxID:   sb.ID,
-		TemplateID:  sb.Template,
+		TemplateID:  a.templateID(sb),
 		ClientID:    clientID,
 		EnvdVersion: a.envdVersion,
 	}
@@ -203,7 +214,7 @@ func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2Req
 func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	d := e2bapi.SandboxDetail{
 		SandboxID:           sb.ID,
-		TemplateID:          sb.Template,
+		TemplateID:          a.templateID(sb),
 		ClientID:            clientID,
 		EnvdVersion:         a.envdVersion,
 		StartedAt:           sb.StartedAt,

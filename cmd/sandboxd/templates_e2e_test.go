@@ -1,0 +1,470 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// The template build API end to end, as E2B's SDKs drive it: request a
+// build, upload COPY files to the link handed out, start the build with its
+// steps, poll status and logs, then create sandboxes from the template.
+
+type e2eBuildStatus struct {
+	TemplateID string `json:"templateID"`
+	BuildID    string `json:"buildID"`
+	Status     string `json:"status"`
+	Logs       []string
+	LogEntries []struct {
+		Message string `json:"message"`
+		Level   string `json:"level"`
+	} `json:"logEntries"`
+	Reason *struct {
+		Message string `json:"message"`
+		Step    string `json:"step"`
+	} `json:"reason"`
+}
+
+type e2eBuild struct {
+	TemplateID, BuildID string
+}
+
+// requestBuild is POST /v3/templates.
+func requestBuild(t *testing.T, s *e2eServer, key, name string, tags []string) e2eBuild {
+	t.Helper()
+	body := map[string]any{"name": name}
+	if tags != nil {
+		body["tags"] = tags
+	}
+	r := s.api(t, http.MethodPost, "/v3/templates", key, body)
+	wantStatus(t, "POST /v3/templates", r, http.StatusAccepted)
+	wantKeys(t, "POST /v3/templates", r.body, "templateID", "buildID", "public", "names", "tags", "aliases")
+	var b e2eBuild
+	e2eDecode(t, "POST /v3/templates", r, &b)
+	return b
+}
+
+// uploadFiles asks for the link of hash and PUTs archive to it unless the
+// server has it; it reports whether it uploaded.
+func uploadFiles(t *testing.T, s *e2eServer, key, templateID, hash string, archive []byte) bool {
+	t.Helper()
+	r := s.api(t, http.MethodGet, "/templates/"+templateID+"/files/"+hash, key, nil)
+	wantStatus(t, "GET files link", r, http.StatusCreated)
+	var link struct {
+		Present bool   `json:"present"`
+		URL     string `json:"url"`
+	}
+	e2eDecode(t, "GET files link", r, &link)
+	if link.Present {
+		return false
+	}
+	req, err := http.NewRequest(http.MethodPut, link.URL, bytes.NewReader(archive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("PUT %s: %v", link.URL, err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT upload: %d %s", resp.StatusCode, msg)
+	}
+	return true
+}
+
+// startBuild posts the steps and waits for the build to finish.
+func startBuild(t *testing.T, s *e2eServer, key string, b e2eBuild, spec map[string]any) e2eBuildStatus {
+	t.Helper()
+	r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, key, spec)
+	wantStatus(t, "start build", r, http.StatusAccepted)
+	if r.header.Get("Content-Length") != "0" {
+		t.Errorf("start build: Content-Length %q, want 0 (the JS SDK parses an empty chunked body as JSON)", r.header.Get("Content-Length"))
+	}
+	return waitBuild(t, s, key, b)
+}
+
+func waitBuild(t *testing.T, s *e2eServer, key string, b e2eBuild) e2eBuildStatus {
+	t.Helper()
+	var st e2eBuildStatus
+	var all []string
+	e2eEventually(t, "build "+b.BuildID, 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
+		r := s.api(t, http.MethodGet, fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d", b.TemplateID, b.BuildID, len(all)), key, nil)
+		wantStatus(t, "build status", r, http.StatusOK)
+		wantKeys(t, "build status", r.body, "logs", "logEntries", "status")
+		st = e2eBuildStatus{}
+		e2eDecode(t, "build status", r, &st)
+		for _, e := range st.LogEntries {
+			all = append(all, e.Message)
+		}
+		return st.Status == "ready" || st.Status == "error", st.Status
+	})
+	st.Logs = all
+	return st
+}
+
+func tarGz(t *testing.T, files map[string]string) ([]byte, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for name, data := range files {
+		if strings.HasSuffix(name, "/") {
+			_ = tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: 0o755})
+			continue
+		}
+		_ = tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))})
+		_, _ = tw.Write([]byte(data))
+	}
+	_ = tw.Close()
+	_ = zw.Close()
+	sum := sha256.Sum256(buf.Bytes())
+	return buf.Bytes(), hex.EncodeToString(sum[:])
+}
+
+func logsContain(st e2eBuildStatus, sub string) bool {
+	for _, l := range st.Logs {
+		if strings.Contains(l, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestTemplateBuildE2E(t *testing.T) {
+	e := newE2EEnv(t, "a", "b")
+	s := e.start()
+	ka, kb := e.keys["a"], e.keys["b"]
+
+	archive, hash := tarGz(t, map[string]string{"app/": "", "app/hello.txt": "hello from COPY\n"})
+	b := requestBuild(t, s, ka, "webapp", []string{"v1"})
+	if !uploadFiles(t, s, ka, b.TemplateID, hash, archive) {
+		t.Fatal("a fresh hash is present before any upload")
+	}
+	if uploadFiles(t, s, ka, b.TemplateID, hash, archive) {
+		t.Error("an uploaded hash is not reported present")
+	}
+	spec := map[string]any{
+		"fromImage": "e2bdev/base",
+		"steps": []map[string]any{
+			{"type": "ENV", "args": []string{"GREETING", "hi there"}},
+			{"type": "WORKDIR", "args": []string{"/home/user/app"}},
+			{"type": "COPY", "args": []string{"app", "./", "", ""}, "filesHash": hash},
+			{"type": "RUN", "args": []string{"echo \"$GREETING\" > built.txt && id -un >> built.txt"}},
+			{"type": "RUN", "args": []string{"touch /root/by-root", "root"}},
+		},
+		"startCmd": "sleep 1; echo up > /tmp/started; sleep 100000",
+		"readyCmd": "test -f /tmp/started",
+	}
+	st := startBuild(t, s, ka, b, spec)
+	if st.Status != "ready" {
+		t.Fatalf("build: %s, reason %+v, logs %q", st.Status, st.Reason, st.Logs)
+	}
+	for _, want := range []string{"[1/5] ENV", "[3/5] COPY", "[4/5] RUN", "Template is ready"} {
+		if !logsContain(st, want) {
+			t.Errorf("build logs lack %q: %q", want, st.Logs)
+		}
+	}
+
+	// A sandbox of the template, by name, name:tag and id: the build's files,
+	// env, workdir and user; its start command already ready.
+	for _, ref := range []string{"webapp", "webapp:v1", b.TemplateID} {
+		sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": ref, "secure": true})
+		tok := *sb.EnvdAccessToken
+		out := s.mustRun(t, sb.SandboxID, tok, "cat /home/user/app/built.txt /home/user/app/hello.txt; pwd; test -f /root/by-root && echo root-ok; cat /tmp/started; echo $GREETING")
+		want := "hi there\nuser\nhello from COPY\n/home/user/app\nroot-ok\nup\nhi there\n"
+		if out.stdout != want {
+			t.Errorf("sandbox of %q: got %q, want %q", ref, out.stdout, want)
+		}
+	}
+
+	// The same steps again: every layer is a cache hit.
+	b2 := requestBuild(t, s, ka, "webapp", nil)
+	uploadFiles(t, s, ka, b2.TemplateID, hash, archive)
+	st = startBuild(t, s, ka, b2, spec)
+	if st.Status != "ready" {
+		t.Fatalf("rebuild: %s, reason %+v", st.Status, st.Reason)
+	}
+	for _, want := range []string{"CACHED [3/5] COPY", "CACHED [4/5] RUN", "CACHED [5/5] RUN"} {
+		if !logsContain(st, want) {
+			t.Errorf("rebuild logs lack %q: %q", want, st.Logs)
+		}
+	}
+
+	// Another tenant sees none of it.
+	if r := s.api(t, http.MethodGet, "/templates/aliases/webapp", kb, nil); r.status != http.StatusNotFound {
+		t.Errorf("tenant b: alias of a's template: %s, want 404", r)
+	}
+	r := s.api(t, http.MethodPost, "/sandboxes", kb, map[string]any{"templateID": "webapp"})
+	if r.status/100 != 4 {
+		t.Errorf("tenant b: create from a's template: %s, want 4xx", r)
+	}
+	if r := s.api(t, http.MethodGet, "/templates/aliases/webapp", ka, nil); r.status != http.StatusOK {
+		t.Errorf("tenant a: alias: %s", r)
+	}
+
+	// A failing step fails the build with its command, code and output.
+	bf := requestBuild(t, s, ka, "broken", nil)
+	st = startBuild(t, s, ka, bf, map[string]any{"steps": []map[string]any{
+		{"type": "RUN", "args": []string{"echo ok"}},
+		{"type": "RUN", "args": []string{"echo doomed >&2; exit 3"}},
+	}})
+	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "2" ||
+		!strings.Contains(st.Reason.Message, "exit code 3") || !strings.Contains(st.Reason.Message, "doomed") {
+		t.Errorf("failing build: %s %+v", st.Status, st.Reason)
+	}
+	r = s.api(t, http.MethodPost, "/sandboxes", ka, map[string]any{"templateID": "broken"})
+	if r.status != http.StatusBadRequest {
+		t.Errorf("create from a template without a ready build: %s, want 400", r)
+	}
+
+	// A COPY of files never uploaded fails the build, not the server.
+	bm := requestBuild(t, s, ka, "missing-files", nil)
+	st = startBuild(t, s, ka, bm, map[string]any{"steps": []map[string]any{
+		{"type": "COPY", "args": []string{"x", "/tmp/x"}, "filesHash": strings.Repeat("ab", 32)},
+	}})
+	if st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, "never uploaded") {
+		t.Errorf("COPY of missing files: %s %+v", st.Status, st.Reason)
+	}
+
+	// Bad requests are 4xx before anything starts.
+	for _, tc := range []struct {
+		what string
+		body map[string]any
+	}{
+		{"unknown step", map[string]any{"steps": []map[string]any{{"type": "FROB"}}}},
+		{"both bases", map[string]any{"fromImage": "x", "fromTemplate": "y"}},
+		{"COPY without hash", map[string]any{"steps": []map[string]any{{"type": "COPY", "args": []string{"a", "b"}}}}},
+	} {
+		bb := requestBuild(t, s, ka, "bad-"+e2eRandHex(3), nil)
+		r := s.api(t, http.MethodPost, "/v2/templates/"+bb.TemplateID+"/builds/"+bb.BuildID, ka, tc.body)
+		wantError(t, tc.what, r, http.StatusBadRequest)
+	}
+	wantError(t, "built-in name", s.api(t, http.MethodPost, "/v3/templates", ka, map[string]any{"name": "base"}), http.StatusConflict)
+
+	// Tags: a new tag on v1's build; delete it again.
+	r = s.api(t, http.MethodPost, "/templates/tags", ka, map[string]any{"target": "webapp:v1", "tags": []string{"stable"}})
+	wantStatus(t, "assign tags", r, http.StatusCreated)
+	r = s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/tags", ka, nil)
+	wantStatus(t, "list tags", r, http.StatusOK)
+	if !strings.Contains(string(r.body), `"stable"`) || !strings.Contains(string(r.body), `"v1"`) {
+		t.Errorf("tags: %s", r)
+	}
+	e.create(t, "/sandboxes", ka, map[string]any{"templateID": "webapp:stable"})
+	r = s.api(t, http.MethodDelete, "/templates/tags", ka, map[string]any{"name": "webapp", "tags": []string{"stable"}})
+	wantStatus(t, "delete tags", r, http.StatusNoContent)
+	r = s.api(t, http.MethodPost, "/sandboxes", ka, map[string]any{"templateID": "webapp:stable"})
+	if r.status/100 != 4 {
+		t.Errorf("create from a deleted tag: %s", r)
+	}
+
+	// Public: tenant b may use it once a makes it so.
+	r = s.api(t, http.MethodPatch, "/v2/templates/"+b.TemplateID, ka, map[string]any{"public": true})
+	wantStatus(t, "publish", r, http.StatusOK)
+	e.create(t, "/sandboxes", kb, map[string]any{"templateID": "webapp"})
+	wantError(t, "delete another tenant's template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, kb, nil), http.StatusForbidden)
+
+	// Deleting a template leaves its running sandboxes alone.
+	keep, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "webapp", "secure": true})
+	r = s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil)
+	wantStatus(t, "delete template", r, http.StatusNoContent)
+	out := s.mustRun(t, keep.SandboxID, *keep.EnvdAccessToken, "cat /home/user/app/hello.txt")
+	if out.stdout != "hello from COPY\n" {
+		t.Errorf("sandbox of a deleted template: %q", out.stdout)
+	}
+	if r := s.api(t, http.MethodGet, "/templates/aliases/webapp", ka, nil); r.status != http.StatusNotFound {
+		t.Errorf("alias of a deleted template: %s", r)
+	}
+}
+
+// testRegistry serves images on loopback (go-containerregistry's registry),
+// behind basic auth when user is set.
+func testRegistry(t *testing.T, user, pass string) string {
+	t.Helper()
+	h := registry.New()
+	if user != "" {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			u, p, ok := r.BasicAuth()
+			if !ok || u != user || p != pass {
+				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			inner.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	return u.Host
+}
+
+// busyboxImage is an image of the host's static busybox: a shell and the
+// tools a build's steps use, in a few hundred KiB, with ENV set.
+func busyboxImage(t *testing.T) v1.Image {
+	t.Helper()
+	bin, err := os.ReadFile("/usr/bin/busybox")
+	if err != nil {
+		t.Skipf("no static busybox on this host: %v", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, d := range []string{"bin/", "etc/", "tmp/", "root/", "home/"} {
+		mode := int64(0o755)
+		if d == "tmp/" {
+			mode = 0o1777
+		}
+		_ = tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: mode})
+	}
+	_ = tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))})
+	_, _ = tw.Write(bin)
+	for _, tool := range []string{"sh", "tar", "cp", "mkdir", "chown", "chmod", "rm", "mktemp", "dirname", "cat", "echo",
+		"test", "sleep", "id", "touch", "ls", "gzip", "[", "env"} {
+		_ = tw.WriteHeader(&tar.Header{Name: "bin/" + tool, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
+	}
+	_ = tw.Close()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+func pushImage(t *testing.T, host, repo, user, pass string, img v1.Image) string {
+	t.Helper()
+	ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []remote.Option{}
+	if user != "" {
+		opts = append(opts, remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
+	}
+	if err := remote.Write(ref, img, opts...); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	return ref.String()
+}
+
+func TestTemplateFromRegistryE2E(t *testing.T) {
+	open := testRegistry(t, "", "")
+	private := testRegistry(t, "builder", "s3cret")
+	img := busyboxImage(t)
+	pub := pushImage(t, open, "test/busybox:1", "", "", img)
+	priv := pushImage(t, private, "team/busybox:1", "builder", "s3cret", img)
+
+	e := newE2EEnv(t, "a")
+	e.serveArgs = append(e.serveArgs, "--plain-http-registries="+open+","+private)
+	s := e.start()
+	ka := e.keys["a"]
+
+	b := requestBuild(t, s, ka, "bb", nil)
+	st := startBuild(t, s, ka, b, map[string]any{
+		"fromImage": pub,
+		"steps": []map[string]any{
+			{"type": "RUN", "args": []string{"echo \"$FROM_IMAGE\" > /home/user/from.txt"}},
+		},
+	})
+	if st.Status != "ready" {
+		t.Fatalf("build from %s: %s %+v %q", pub, st.Status, st.Reason, st.Logs)
+	}
+	sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "bb", "secure": true})
+	out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "cat /home/user/from.txt; id -un; echo $FROM_IMAGE")
+	if out.stdout != "yes\nuser\nyes\n" {
+		t.Errorf("sandbox of an image template: %q", out.stdout)
+	}
+
+	// With credentials; without them the build fails saying why.
+	for _, tc := range []struct {
+		what string
+		reg  map[string]any
+		ok   bool
+	}{
+		{"right credentials", map[string]any{"type": "registry", "username": "builder", "password": "s3cret"}, true},
+		{"wrong credentials", map[string]any{"type": "registry", "username": "builder", "password": "nope"}, false},
+	} {
+		b := requestBuild(t, s, ka, "private-"+e2eRandHex(3), nil)
+		st := startBuild(t, s, ka, b, map[string]any{"fromImage": priv, "fromImageRegistry": tc.reg})
+		if tc.ok && st.Status != "ready" {
+			t.Errorf("%s: %s %+v", tc.what, st.Status, st.Reason)
+		}
+		if !tc.ok && (st.Status != "error" || st.Reason == nil || st.Reason.Step != "base" || !strings.Contains(st.Reason.Message, "refused")) {
+			t.Errorf("%s: %s %+v", tc.what, st.Status, st.Reason)
+		}
+	}
+	b = requestBuild(t, s, ka, "nosuch", nil)
+	st = startBuild(t, s, ka, b, map[string]any{"fromImage": open + "/no/such:image"})
+	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "base" {
+		t.Errorf("missing image: %s %+v", st.Status, st.Reason)
+	}
+}
+
+// A sandboxd killed mid-build fails the build at its next start and leaves
+// no build sandbox behind (the env's cleanup checks the host).
+func TestTemplateBuildCrashE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	s := e.start()
+	ka := e.keys["a"]
+	b := requestBuild(t, s, ka, "slow", nil)
+	r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, map[string]any{
+		"steps": []map[string]any{{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}}},
+	})
+	wantStatus(t, "start build", r, http.StatusAccepted)
+	e2eEventually(t, "build running", time.Minute, 100*time.Millisecond, func() (bool, string) {
+		r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
+		return strings.Contains(string(r.body), "[1/1] RUN"), string(r.body)
+	})
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s = e.start()
+	st := waitBuild(t, s, ka, b)
+	if st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, "restarted") {
+		t.Errorf("build across a crash: %s %+v", st.Status, st.Reason)
+	}
+	var got map[string]any
+	r = s.api(t, http.MethodGet, "/templates/"+b.TemplateID, ka, nil)
+	_ = json.Unmarshal(r.body, &got)
+	if r.status != http.StatusOK {
+		t.Errorf("template after crash: %s", r)
+	}
+}
