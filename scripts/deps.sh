@@ -14,7 +14,8 @@
 #                   need: passwd (useradd), coreutils and procps for the
 #                   tests, python3-venv where Python has no ensurepip, and
 #                   bubblewrap (the floor that the create benchmarks compare
-#                   against); the account `user`, the E2B
+#                   against); busybox-static (the image the template tests
+#                   push to a registry on loopback); the account `user`, the E2B
 #                   templates' default user, as which the standalone envd of
 #                   the compat suites and of the bench runs commands on the
 #                   host; and the E2B SDKs of the compat suites: `npm ci` in
@@ -46,6 +47,8 @@ if [[ $mode == all ]]; then
   command -v timeout >/dev/null 2>&1 || need+=(coreutils)
   command -v ps >/dev/null 2>&1 || need+=(procps)
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+  # The template tests' image: a static busybox in a registry on loopback.
+  [[ -x /bin/busybox && $(ldd /bin/busybox 2>&1) == *"not a dynamic"* ]] || need+=(busybox-static)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

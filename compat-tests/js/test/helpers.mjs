@@ -64,6 +64,13 @@ export async function newSandbox(opts) {
   return sbx
 }
 
+/** A sandbox of template (sandboxd mode), killed after the test file. */
+export async function newSandboxFrom(template, opts) {
+  const sbx = await Sandbox.create(template, { timeoutMs: 600_000, ...opts })
+  created.add(sbx)
+  return sbx
+}
+
 /**
  * Headers a raw HTTP client needs to reach sbx's envd: nothing in debug mode;
  * through sandboxd's proxy the routing headers the SDK sends (E2b-Sandbox-Id,
