@@ -12,6 +12,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // mountTmpfs mounts a tmpfs of sizeMB at dir: the sandbox's whole writable
@@ -25,13 +27,37 @@ func mountTmpfs(dir string, sizeMB int) error {
 	return nil
 }
 
-// mountOverlay mounts lower (read-only) with upper and work at dir.
-func mountOverlay(dir, lower, upper, work string) error {
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+// mountOverlay mounts lowers (read-only, top first) with upper and work at
+// dir.
+func mountOverlay(dir string, lowers []string, upper, work string) error {
+	opts, err := overlayOptions(lowers, upper, work)
+	if err != nil {
+		return err
+	}
 	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount overlay at %s: %w", dir, err)
 	}
 	return nil
+}
+
+// maxLowers is overlayfs's limit on lower layers (OVL_MAX_STACK).
+const maxLowers = 500
+
+// overlayOptions returns the mount options of an overlay of lowers (top
+// first) with upper and work, or runtime.ErrInvalidSpec where overlayfs
+// would refuse them: more lower layers than it stacks, or options longer
+// than the one page mount(2) passes (the kernel cuts them there, so a long
+// stack would lose its bottom layers or fail with a misleading error).
+func overlayOptions(lowers []string, upper, work string) (string, error) {
+	if len(lowers) > maxLowers {
+		return "", fmt.Errorf("%w: %d lower layers; overlayfs stacks at most %d", runtime.ErrInvalidSpec, len(lowers), maxLowers)
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if max := unix.Getpagesize() - 1; len(opts) > max {
+		return "", fmt.Errorf("%w: %d lower layers make overlay mount options of %d bytes; at most %d fit",
+			runtime.ErrInvalidSpec, len(lowers), len(opts), max)
+	}
+	return opts, nil
 }
 
 // unmount unmounts dir if it is a mount point. A busy mount is retried
