@@ -258,7 +258,7 @@ type meta struct {
 	// stacks; read only (see upgrade).
 	Template  string    `json:"templateDir,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
-	Net       *netInfo     `json:"net,omitempty"`
+	Net       *netInfo  `json:"net,omitempty"`
 	// Paused is pausedDisk while the sandbox is paused to disk.
 	Paused string `json:"paused,omitempty"`
 	// UserNS: made with a user namespace; it starts again only with one
@@ -331,10 +331,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 
 	b := &Backend{
-		opts:      opts,
-		log:       opts.Log,
-		seccomp:   seccompEnabled,
-		sbx:       map[string]*sandbox{},
+		opts:       opts,
+		log:        opts.Log,
+		seccomp:    seccompEnabled,
+		sbx:        map[string]*sandbox{},
 		ips:        map[netip.Addr]bool{},
 		templates:  map[string]*template{},
 		views:      map[string]bool{},
