@@ -60,6 +60,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS,
 		},
 	}
+	if !tpl.defined {
+		s.meta.Template = tpl.lower()
+	}
 	s.layers = b.layerKeys(tpl.lowers)
 	if spec.AllowInternet {
 		if err := b.egress.setup(); err != nil {

@@ -255,7 +255,9 @@ type meta struct {
 	// unless that is a stack of layers; "" for a stack with no base.
 	Base string `json:"base,omitempty"`
 	// Template is the one lower directory that metas had before layer
-	// stacks; read only (see upgrade).
+	// stacks (see upgrade), still written for a sandbox of a template of
+	// the backend, so that an earlier sandboxd can adopt it after a
+	// downgrade.
 	Template  string    `json:"templateDir,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	Net       *netInfo  `json:"net,omitempty"`
@@ -273,7 +275,6 @@ func (m *meta) upgrade() {
 		m.Lowers = []string{m.Template}
 		m.Base = m.Spec.Template
 	}
-	m.Template = ""
 }
 
 // New prepares Root (building the base template), re-adopts sandboxes that

@@ -486,6 +486,9 @@ func (b *Backend) templateOf(s *sandbox) *template {
 			"sandbox", s.id, "template", t.base, "was", t.lowers[bottom], "now", cur.lower())
 		t.lowers[bottom] = cur.lower()
 		s.meta.Lowers = slices.Clone(t.lowers)
+		if s.meta.Template != "" {
+			s.meta.Template = cur.lower()
+		}
 	}
 	return &t
 }
