@@ -47,6 +47,17 @@
 // cgroup (so the pages are charged to the sandbox, as before) and starts
 // envd again as init.
 //
+// Templates built by the control plane (runtime.Layered, layers.go) are
+// stacks of layers in <Root>/templates/layers/<key>: an imported image's
+// flattened root, or a copy of what a sandbox changed (its upper layer,
+// whiteouts and opaque directories included, owners unshifted). A
+// sandbox of such a template has the layers, top first, as the overlay's
+// lower directories above its base template's, and gets the base's bind
+// mounts; meta.json records the directories (lowerDirs), so the sandbox
+// keeps them whatever happens to the template. Definitions live in memory
+// only (the control plane defines them again after a restart); layers
+// stay until RemoveLayer, which refuses while a live sandbox has one.
+//
 // With user namespaces, <Root>/templates-idmapped is a read-only, idmapped
 // view of <Root>/templates, made by New, and <Root>/templates-idmapped-<hash>
 // one of each directory template outside Root: the sandboxes' lower layers
@@ -797,9 +808,11 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 
 // Reconcile removes what dead sandboxes left behind: state directories
 // whose init is gone or that an interrupted Create left half-made, with
-// their mounts and cgroups; cgroups under CgroupParent with no directory; and
-// old base templates no live sandbox uses. Live sandboxes and creates in
-// progress in this process are untouched.
+// their mounts and cgroups; cgroups under CgroupParent with no directory;
+// old base templates no live sandbox uses; and temporary directories that
+// interrupted writes and removals of layers left (layers themselves are
+// RemoveLayer's). Live sandboxes and creates in progress in this process
+// are untouched.
 func (b *Backend) Reconcile(ctx context.Context) error {
 	if err := b.adopt(ctx); err != nil {
 		return err
