@@ -441,6 +441,11 @@ func TestLayerStackRestart(t *testing.T) {
 			})
 			sh(t, b1, id, "root", "echo mine > /opt/g")
 
+			// What a crash in the middle of a commit leaves.
+			debris := filepath.Join(env.layersDir(), ".tmp-l2-123456")
+			if err := os.MkdirAll(filepath.Join(debris, "etc"), 0o755); err != nil {
+				t.Fatal(err)
+			}
 			b2, err := local.New(ctx, opts)
 			if err != nil {
 				t.Fatal(err)
@@ -451,6 +456,9 @@ func TestLayerStackRestart(t *testing.T) {
 			}
 			if ok, _ := b2.HasLayer(ctx, "l1"); !ok {
 				t.Fatal("Reconcile of a new backend removed a layer")
+			}
+			if exists(debris) {
+				t.Errorf("Reconcile left %s", debris)
 			}
 			check := func(b runtime.Backend) {
 				t.Helper()
