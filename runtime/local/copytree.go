@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -78,7 +79,7 @@ func copyTreeMain(args []string) {
 	os.Exit(0)
 }
 
-// copyTree copies the tree at src to dst, which must not exist, with all
+// copyTree copies the tree at src to dst, which must be empty or not exist, with all
 // that an overlayfs upper layer holds: file types including the 0/0
 // character devices of whiteouts, ownership, modes, all extended attributes
 // (trusted.overlay.* marks opaque directories and more, security.capability
@@ -90,7 +91,14 @@ func copyTreeMain(args []string) {
 // full paths: a sandbox can make paths longer than PATH_MAX (by relative
 // steps), which must not make its layer impossible to save or restore. It
 // holds two fds per level of depth.
-func copyTree(src, dst string) error {
+func copyTree(src, dst string) error { return copyTreeIDs(src, dst, 0) }
+
+// copyTreeIDs is copyTree that shifts the ids of the sandboxes' user
+// namespace range starting at idBase back by it (owners, and the ids that
+// file capabilities and ACLs hold: see unshiftXattr), making a sandbox's
+// upper layer a layer that reads the same through an idmapped view. An
+// idBase of 0 keeps ids as they are.
+func copyTreeIDs(src, dst string, idBase uint32) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
@@ -98,7 +106,7 @@ func copyTree(src, dst string) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("copy %s: not a directory", src)
 	}
-	if err := os.Mkdir(dst, 0o700); err != nil {
+	if err := os.Mkdir(dst, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	sf, err := openDir(unix.AT_FDCWD, src)
@@ -111,12 +119,12 @@ func copyTree(src, dst string) error {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	defer df.Close()
-	c := &treeCopier{root: df, links: map[fileKey]linkLoc{}}
+	c := &treeCopier{root: df, links: map[fileKey]linkLoc{}, idBase: idBase}
 	if err := c.dir(sf, df, nil); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	// The root's own metadata: what the entries' creation changed last.
-	if err := setMeta(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, &st); err != nil {
+	if err := c.setMeta(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, &st); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	return nil
@@ -132,8 +140,9 @@ type linkLoc struct {
 }
 
 type treeCopier struct {
-	root  *os.File // dst
-	links map[fileKey]linkLoc
+	root   *os.File // dst
+	links  map[fileKey]linkLoc
+	idBase uint32 // see copyTreeIDs
 }
 
 // openDir opens the directory name under dirfd, following no symlink.
@@ -198,7 +207,7 @@ func (c *treeCopier) entry(sfd, dfd int, name string, rel []string) error {
 			return err
 		}
 		// Last: creating its entries changed its times.
-		return setMeta(sfd, name, dfd, name, &st)
+		return c.setMeta(sfd, name, dfd, name, &st)
 	case unix.S_IFREG:
 		k := fileKey{st.Dev, st.Ino}
 		if first, ok := c.links[k]; ok {
@@ -231,7 +240,7 @@ func (c *treeCopier) entry(sfd, dfd int, name string, rel []string) error {
 			return fmt.Errorf("mknod: %w", err)
 		}
 	}
-	return setMeta(sfd, name, dfd, name, &st)
+	return c.setMeta(sfd, name, dfd, name, &st)
 }
 
 // link makes name in dfd a hard link to the first copy at loc, reaching
@@ -284,9 +293,10 @@ func fdPath(dirfd int, name string) string {
 
 // setMeta gives the copy dname in dfd the ownership, mode, extended
 // attributes and times of the original (st, sname in sfd).
-func setMeta(sfd int, sname string, dfd int, dname string, st *unix.Stat_t) error {
+func (c *treeCopier) setMeta(sfd int, sname string, dfd int, dname string, st *unix.Stat_t) error {
 	// chown clears setuid bits and file capabilities: it goes first.
-	if err := unix.Fchownat(dfd, dname, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	uid, gid := unshiftID(st.Uid, c.idBase), unshiftID(st.Gid, c.idBase)
+	if err := unix.Fchownat(dfd, dname, int(uid), int(gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("chown: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
@@ -294,7 +304,7 @@ func setMeta(sfd int, sname string, dfd int, dname string, st *unix.Stat_t) erro
 			return fmt.Errorf("chmod: %w", err)
 		}
 	}
-	if err := copyXattrs(fdPath(sfd, sname), fdPath(dfd, dname)); err != nil {
+	if err := copyXattrs(fdPath(sfd, sname), fdPath(dfd, dname), c.idBase); err != nil {
 		return err
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
@@ -353,8 +363,8 @@ func copyData(in, out *os.File, size int64) error {
 }
 
 // copyXattrs copies every extended attribute of src to dst (neither
-// followed if a symlink).
-func copyXattrs(src, dst string) error {
+// followed if a symlink), with ids unshifted by idBase (copyTreeIDs).
+func copyXattrs(src, dst string, idBase uint32) error {
 	names, err := listXattrs(src)
 	if err != nil {
 		return fmt.Errorf("list xattrs of %s: %w", src, err)
@@ -363,6 +373,9 @@ func copyXattrs(src, dst string) error {
 		val, err := getXattr(src, name)
 		if err != nil {
 			return fmt.Errorf("get xattr %s of %s: %w", name, src, err)
+		}
+		if idBase != 0 {
+			val = unshiftXattr(name, val, idBase)
 		}
 		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
 			return fmt.Errorf("set xattr %s on %s: %w", name, dst, err)

@@ -36,7 +36,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	// the sandbox's kept spec goes without it.
 	init := spec.EnvdInit
 	spec.EnvdInit = nil
-	tpl := b.templates[spec.Template]
+	tpl := b.template(spec.Template)
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
@@ -55,8 +55,15 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		id:    spec.ID,
 		dir:   dir,
 		ready: make(chan struct{}),
-		meta:  meta{Spec: spec, Template: tpl.lower, CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS},
+		meta: meta{
+			Spec: spec, Lowers: tpl.lowers, Base: tpl.base,
+			CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS,
+		},
 	}
+	if !tpl.defined {
+		s.meta.Template = tpl.lower()
+	}
+	s.layers = b.layerKeys(tpl.lowers)
 	if spec.AllowInternet {
 		if err := b.egress.setup(); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
@@ -213,17 +220,17 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	if err := b.startableUserNS(s); err != nil {
 		return err
 	}
-	lower := tpl.lower
+	lowers := tpl.lowers
 	if s.meta.UserNS {
 		if err := chownToMappedRoot(s.upperDir(), sockDir); err != nil {
 			return fmt.Errorf("user namespace: %w", err)
 		}
 		var err error
-		if lower, err = b.idmappedLower(tpl.lower); err != nil {
+		if lowers, err = b.idmappedLowers(tpl.lowers); err != nil {
 			return fmt.Errorf("%w: user namespace: idmapped template: %w", runtime.ErrUnavailable, err)
 		}
 	}
-	if err := mountOverlay(rootfs, lower, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
+	if err := mountOverlay(rootfs, lowers, s.upperDir(), filepath.Join(s.diskDir(), "work")); err != nil {
 		return fmt.Errorf("rootfs: %w", err)
 	}
 	if err := os.Chmod(rootfs, 0o755); err != nil {

@@ -47,6 +47,17 @@
 // cgroup (so the pages are charged to the sandbox, as before) and starts
 // envd again as init.
 //
+// Templates built by the control plane (runtime.Layered, layers.go) are
+// stacks of layers in <Root>/templates/layers/<key>: an imported image's
+// flattened root, or a copy of what a sandbox changed (its upper layer,
+// whiteouts and opaque directories included, owners unshifted). A
+// sandbox of such a template has the layers, top first, as the overlay's
+// lower directories above its base template's, and gets the base's bind
+// mounts; meta.json records the directories (lowerDirs), so the sandbox
+// keeps them whatever happens to the template. Definitions live in memory
+// only (the control plane defines them again after a restart); layers
+// stay until RemoveLayer, which refuses while a live sandbox has one.
+//
 // With user namespaces, <Root>/templates-idmapped is a read-only, idmapped
 // view of <Root>/templates, made by New, and <Root>/templates-idmapped-<hash>
 // one of each directory template outside Root: the sandboxes' lower layers
@@ -200,8 +211,14 @@ type Backend struct {
 	// saving is what pauses to disk in progress claimed of SaveDir's
 	// filesystem (claimSaveRoom).
 	saving struct{ bytes, inodes uint64 }
-	// templates is built once in New.
+	// tplMu guards templates: New's, and those DefineTemplate adds while
+	// creates read them.
+	tplMu     sync.RWMutex
 	templates map[string]*template
+	// layerTemps are the temporary directories of layer writes and
+	// removals in progress (under layersDir), which Reconcile leaves alone;
+	// guarded by mu.
+	layerTemps map[string]bool
 }
 
 var (
@@ -209,6 +226,7 @@ var (
 	_ runtime.Reconciler        = (*Backend)(nil)
 	_ runtime.TemplateLister    = (*Backend)(nil)
 	_ runtime.TemplateResourcer = (*Backend)(nil)
+	_ runtime.Layered           = (*Backend)(nil)
 )
 
 // sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
@@ -231,19 +249,43 @@ type sandbox struct {
 	gone    bool            // destroyed
 	ready   chan struct{}   // closed when Create finished (either way)
 	created bool            // Create succeeded
+	// layers are the keys of the layers its root is made of (none for a
+	// template of the backend): set when s is made, never changed, so
+	// that RemoveLayer reads it under Backend.mu alone.
+	layers []string
 }
 
 // meta is what <dir>/meta.json records.
 type meta struct {
-	Spec      runtime.Spec `json:"spec"`
-	Template  string       `json:"templateDir"`
-	CreatedAt time.Time    `json:"createdAt"`
-	Net       *netInfo     `json:"net,omitempty"`
+	Spec runtime.Spec `json:"spec"`
+	// Lowers are the overlay's lower directories, top first: the
+	// template's directory, or a stack of layers on one (DefineTemplate).
+	Lowers []string `json:"lowerDirs,omitempty"`
+	// Base is the template of the backend whose directory is the bottom
+	// of Lowers and whose bind mounts the sandbox gets: Spec.Template
+	// unless that is a stack of layers; "" for a stack with no base.
+	Base string `json:"base,omitempty"`
+	// Template is the one lower directory that metas had before layer
+	// stacks (see upgrade), still written for a sandbox of a template of
+	// the backend, so that an earlier sandboxd can adopt it after a
+	// downgrade.
+	Template  string    `json:"templateDir,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	Net       *netInfo  `json:"net,omitempty"`
 	// Paused is pausedDisk while the sandbox is paused to disk.
 	Paused string `json:"paused,omitempty"`
 	// UserNS: made with a user namespace; it starts again only with one
 	// (and one made without, only without: see startableUserNS).
 	UserNS bool `json:"userns,omitempty"`
+}
+
+// upgrade turns a meta of an earlier sandboxd (one lower directory,
+// Template, of the template named in its spec) into today's form.
+func (m *meta) upgrade() {
+	if len(m.Lowers) == 0 && m.Template != "" {
+		m.Lowers = []string{m.Template}
+		m.Base = m.Spec.Template
+	}
 }
 
 // New prepares Root (building the base template), re-adopts sandboxes that
@@ -291,7 +333,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w: needs root", runtime.ErrUnavailable)
 	}
 	created := missingDirs(opts.Root)
-	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates"), opts.SaveDir} {
+	for _, d := range []string{opts.Root, filepath.Join(opts.Root, "sandboxes"), filepath.Join(opts.Root, "templates"), layersDir(opts.Root), opts.SaveDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
@@ -301,13 +343,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 
 	b := &Backend{
-		opts:      opts,
-		log:       opts.Log,
-		seccomp:   seccompEnabled,
-		sbx:       map[string]*sandbox{},
-		ips:       map[netip.Addr]bool{},
-		templates: map[string]*template{},
-		views:     map[string]bool{},
+		opts:       opts,
+		log:        opts.Log,
+		seccomp:    seccompEnabled,
+		sbx:        map[string]*sandbox{},
+		ips:        map[netip.Addr]bool{},
+		templates:  map[string]*template{},
+		views:      map[string]bool{},
+		layerTemps: map[string]bool{},
 	}
 	if opts.InitPath != "" {
 		b.starter = starter.New(opts.InitPath)
@@ -346,7 +389,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := writeTemplate(baseDir, ents); err != nil {
 		return nil, fmt.Errorf("local backend: base template: %w", err)
 	}
-	b.templates[BaseTemplate] = &template{name: BaseTemplate, lower: baseDir, mounts: mounts}
+	b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{baseDir}, base: BaseTemplate, mounts: mounts}
 	for name, r := range opts.TemplateResources {
 		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate {
 			return nil, fmt.Errorf("local backend: resources for unknown template %q", name)
@@ -363,7 +406,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("local backend: template %q: %w", name, err)
 		}
-		b.templates[name] = &template{name: name, lower: lower}
+		b.templates[name] = &template{name: name, lowers: []string{lower}, base: name}
 	}
 
 	if err := b.setupUserNS(created); err != nil {
@@ -442,17 +485,31 @@ func orDefault(v, def int) int {
 func (b *Backend) SeccompEnabled() bool { return b.seccomp }
 
 // TemplateResources returns the resources template was given in
-// Options.TemplateResources.
+// Options.TemplateResources; none for one of DefineTemplate.
 func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
-	if b.templates[template] == nil {
+	t := b.template(template)
+	if t == nil {
 		return runtime.Resources{}, false
+	}
+	if t.defined {
+		return runtime.Resources{}, true
 	}
 	return b.opts.TemplateResources[template], true
 }
 
-// Templates lists the template names this backend can create from.
+// Templates lists the template names this backend can create from: its
+// own and those of DefineTemplate.
 func (b *Backend) Templates(context.Context) ([]string, error) {
+	b.tplMu.RLock()
+	defer b.tplMu.RUnlock()
 	return slices.Sorted(maps.Keys(b.templates)), nil
+}
+
+// template returns the template name, or nil.
+func (b *Backend) template(name string) *template {
+	b.tplMu.RLock()
+	defer b.tplMu.RUnlock()
+	return b.templates[name]
 }
 
 func (b *Backend) sandboxesDir() string { return filepath.Join(b.opts.Root, "sandboxes") }
@@ -569,6 +626,7 @@ func (b *Backend) load(id string) (*sandbox, error) {
 		}
 		return nil, err
 	}
+	m.upgrade()
 	ready := make(chan struct{})
 	close(ready)
 	if m.Paused == pausedDisk {
@@ -604,7 +662,10 @@ func (b *Backend) load(id string) (*sandbox, error) {
 			b.log.Warn("adopt: remove the layer of a resumed sandbox", "sandbox", id, "err", err)
 		}
 	}
-	return &sandbox{id: id, dir: dir, meta: m, ctr: ctr, frozen: st == libcontainer.Paused, ready: ready, created: true}, nil
+	return &sandbox{
+		id: id, dir: dir, meta: m, ctr: ctr, frozen: st == libcontainer.Paused, ready: ready, created: true,
+		layers: b.layerKeys(m.Lowers),
+	}, nil
 }
 
 // loadSaved returns the sandbox paused to disk with meta m. What it held
@@ -615,7 +676,7 @@ func (b *Backend) load(id string) (*sandbox, error) {
 func (b *Backend) loadSaved(id, dir string, m meta) *sandbox {
 	ready := make(chan struct{})
 	close(ready)
-	s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true}
+	s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true, layers: b.layerKeys(m.Lowers)}
 	if err := b.releaseStopped(s); err != nil {
 		b.log.Warn("adopt sandbox paused to disk: release", "sandbox", id, "err", err)
 	}
@@ -747,9 +808,11 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 
 // Reconcile removes what dead sandboxes left behind: state directories
 // whose init is gone or that an interrupted Create left half-made, with
-// their mounts and cgroups; cgroups under CgroupParent with no directory; and
-// old base templates no live sandbox uses. Live sandboxes and creates in
-// progress in this process are untouched.
+// their mounts and cgroups; cgroups under CgroupParent with no directory;
+// old base templates no live sandbox uses; and temporary directories that
+// interrupted writes and removals of layers left (layers themselves are
+// RemoveLayer's). Live sandboxes and creates in progress in this process
+// are untouched.
 func (b *Backend) Reconcile(ctx context.Context) error {
 	if err := b.adopt(ctx); err != nil {
 		return err
@@ -762,12 +825,18 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	lowers := map[string]bool{}
 	for id, s := range b.sbx {
 		known[id] = true
-		lowers[s.meta.Template] = true
-	}
-	for _, t := range b.templates {
-		lowers[t.lower] = true
+		for _, l := range s.meta.Lowers {
+			lowers[l] = true
+		}
 	}
 	b.mu.Unlock()
+	b.tplMu.RLock()
+	for _, t := range b.templates {
+		for _, l := range t.lowers {
+			lowers[l] = true
+		}
+	}
+	b.tplMu.RUnlock()
 
 	var errs []error
 	ents, err := os.ReadDir(b.sandboxesDir())
@@ -799,12 +868,15 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	tpls, _ := os.ReadDir(filepath.Join(b.opts.Root, "templates"))
 	for _, e := range tpls {
 		p := filepath.Join(b.opts.Root, "templates", e.Name())
-		if lowers[p] {
-			continue
+		if lowers[p] || p == b.layersDir() {
+			continue // layers are the caller's to remove (RemoveLayer)
 		}
 		if err := removeDir(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if err := b.reconcileLayers(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

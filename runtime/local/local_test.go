@@ -1310,7 +1310,8 @@ func TestPauseDiskSurvivesReboot(t *testing.T) {
 }
 
 // setSavedTemplateDir points the saved meta at path to another template
-// directory.
+// directory, in the form of a meta from before layer stacks (one
+// directory, templateDir), which must be read still.
 func setSavedTemplateDir(t *testing.T, path, dir string) {
 	t.Helper()
 	raw, err := os.ReadFile(path)
@@ -1321,9 +1322,11 @@ func setSavedTemplateDir(t *testing.T, path, dir string) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := m["templateDir"]; !ok {
-		t.Fatalf("no templateDir in %s", raw)
+	if _, ok := m["lowerDirs"]; !ok {
+		t.Fatalf("no lowerDirs in %s", raw)
 	}
+	delete(m, "lowerDirs")
+	delete(m, "base")
 	m["templateDir"] = dir
 	if raw, err = json.Marshal(m); err != nil {
 		t.Fatal(err)

@@ -8,10 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // mountTmpfs mounts a tmpfs of sizeMB at dir: the sandbox's whole writable
@@ -25,11 +28,100 @@ func mountTmpfs(dir string, sizeMB int) error {
 	return nil
 }
 
-// mountOverlay mounts lower (read-only) with upper and work at dir.
-func mountOverlay(dir, lower, upper, work string) error {
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+// mountOverlay mounts lowers (read-only, top first) with upper and work at
+// dir: with mount(2) where the options fit in its page, else one layer at
+// a time (mountOverlayLayers).
+func mountOverlay(dir string, lowers []string, upper, work string) error {
+	opts, err := overlayOptions(lowers, upper, work)
+	if err != nil {
+		return err
+	}
+	if opts == "" {
+		return mountOverlayLayers(dir, lowers, upper, work)
+	}
 	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount overlay at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// maxLowers is overlayfs's limit on lower layers (OVL_MAX_STACK).
+const maxLowers = 500
+
+// overlayOptions returns the mount(2) options of an overlay of lowers (top
+// first) with upper and work, "" when they do not fit in the one page
+// mount(2) passes (the kernel cuts them there) but the kernel takes the
+// layers one at a time, or runtime.ErrInvalidSpec where overlayfs would
+// refuse the stack: more lower layers than it stacks, or options too long
+// for a kernel that cannot.
+func overlayOptions(lowers []string, upper, work string) (string, error) {
+	if len(lowers) > maxLowers {
+		return "", fmt.Errorf("%w: %d lower layers; overlayfs stacks at most %d", runtime.ErrInvalidSpec, len(lowers), maxLowers)
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if len(opts) < unix.Getpagesize() {
+		return opts, nil
+	}
+	if !appendLayers() {
+		return "", fmt.Errorf("%w: %d lower layers make overlay mount options of %d bytes, more than a page: "+
+			"this kernel cannot take them one at a time (Linux 6.8 can)", runtime.ErrInvalidSpec, len(lowers), len(opts))
+	}
+	for _, p := range append([]string{upper, work}, lowers...) {
+		if len(p) > maxFsconfigString {
+			return "", fmt.Errorf("%w: overlay layer path %s longer than %d bytes", runtime.ErrInvalidSpec, p, maxFsconfigString)
+		}
+	}
+	return "", nil
+}
+
+// maxFsconfigString bounds a string value of fsconfig(2): the kernel
+// copies at most 256 bytes with the terminating NUL.
+const maxFsconfigString = 255
+
+// appendLayers reports whether overlayfs takes lower layers one at a time
+// through the new mount API ("lowerdir+", Linux 6.8), with no page limit
+// on the whole.
+var appendLayers = sync.OnceValue(func() bool {
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return unix.FsconfigSetString(fd, "lowerdir+", "/") == nil
+})
+
+// mountOverlayLayers mounts the overlay of mountOverlay with the new mount
+// API, one lower layer per fsconfig call (top first, as in lowerdir=).
+func mountOverlayLayers(dir string, lowers []string, upper, work string) error {
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("mount overlay at %s: fsopen: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	set := func(key, val string) error {
+		if err := unix.FsconfigSetString(fd, key, val); err != nil {
+			return fmt.Errorf("mount overlay at %s: %s %s: %w", dir, key, val, err)
+		}
+		return nil
+	}
+	for _, l := range lowers {
+		if err := set("lowerdir+", l); err != nil {
+			return err
+		}
+	}
+	if err := errors.Join(set("upperdir", upper), set("workdir", work)); err != nil {
+		return err
+	}
+	if err := unix.FsconfigCreate(fd); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", dir, err)
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("mount overlay at %s: fsmount: %w", dir, err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount overlay at %s: move_mount: %w", dir, err)
 	}
 	return nil
 }

@@ -470,27 +470,19 @@ func ociTemplate(ctx context.Context, tplRoot, src string) (string, error) {
 	}
 	sum := sha256.Sum256([]byte(ociImportVersion + "\x00" + key))
 	dst := filepath.Join(tplRoot, "oci-"+hex.EncodeToString(sum[:])[:32])
-	if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
-		return dst, nil
-	}
-	tmp, err := os.MkdirTemp(tplRoot, ".tmp-oci-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	if err := unpackImage(ctx, img, tmp); err != nil {
-		return "", err
-	}
-	if err := ensureUsers(tmp); err != nil {
+	if err := buildDir(dst, tempSibling(dst), func(tmp string) error { return importImage(ctx, img, tmp) }); err != nil {
 		return "", fmt.Errorf("image %s: %w", src, err)
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		if fi, statErr := os.Lstat(dst); statErr == nil && fi.IsDir() {
-			return dst, nil // a concurrent import won
-		}
-		return "", err
-	}
 	return dst, nil
+}
+
+// importImage writes img's root filesystem into the empty directory dir,
+// flattened, with the users E2B's conventions need (ensureUsers).
+func importImage(ctx context.Context, img v1.Image, dir string) error {
+	if err := unpackImage(ctx, img, dir); err != nil {
+		return err
+	}
+	return ensureUsers(dir)
 }
 
 // ensureUsers gives an imported image what envd needs: root and user

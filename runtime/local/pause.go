@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
@@ -56,6 +57,7 @@ func (b *Backend) readSaved(id string) (meta, error) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return m, fmt.Errorf("%s: %w", b.savedMetaPath(id), err)
 	}
+	m.upgrade()
 	if m.Spec.ID != id || m.Paused != pausedDisk {
 		return m, fmt.Errorf("%s: not a sandbox %s paused to disk", b.savedMetaPath(id), id)
 	}
@@ -462,26 +464,31 @@ func restoreTimeout(base time.Duration, diskMB int) time.Duration {
 	return base + time.Duration(diskMB)*40*time.Millisecond
 }
 
-// templateOf returns the template a sandbox was created from, with the
-// lower directory it was created on (Reconcile keeps that directory while
-// the sandbox lives, even if the template has been rebuilt since). Only
-// when that directory is gone (Root was a tmpfs, and the template came
-// back under another digest after a reboot: the base template's holds the
-// host's /etc files) is it the template's current one, as an image update
-// would give a container: without it the sandbox could never run again.
-// The caller holds s.mu.
+// templateOf returns what a sandbox was created from: the lower
+// directories it was created on (Reconcile keeps them while the sandbox
+// lives, whatever happens to its template since) and the mounts of its
+// base template. Only when the base's directory, the bottom one, is gone
+// (Root was a tmpfs, and the template came back under another digest
+// after a reboot: the base template's holds the host's /etc files) is it
+// the base's current one, as an image update would give a container:
+// without it the sandbox could never run again. Layers have no such
+// fallback: their keys name their content. The caller holds s.mu.
 func (b *Backend) templateOf(s *sandbox) *template {
-	t := template{name: s.meta.Spec.Template, lower: s.meta.Template}
-	cur := b.templates[s.meta.Spec.Template]
-	if cur == nil {
+	t := template{name: s.meta.Spec.Template, lowers: slices.Clone(s.meta.Lowers), base: s.meta.Base}
+	cur := b.template(s.meta.Base)
+	if cur == nil || cur.defined || len(t.lowers) == 0 {
 		return &t
 	}
 	t.mounts = cur.mounts
-	if _, err := os.Lstat(t.lower); errors.Is(err, fs.ErrNotExist) && t.lower != cur.lower {
+	bottom := len(t.lowers) - 1
+	if _, err := os.Lstat(t.lowers[bottom]); errors.Is(err, fs.ErrNotExist) && t.lowers[bottom] != cur.lower() {
 		b.log.Warn("template directory of the sandbox is gone: using the template's current one",
-			"sandbox", s.id, "template", t.name, "was", t.lower, "now", cur.lower)
-		t.lower = cur.lower
-		s.meta.Template = cur.lower
+			"sandbox", s.id, "template", t.base, "was", t.lowers[bottom], "now", cur.lower())
+		t.lowers[bottom] = cur.lower()
+		s.meta.Lowers = slices.Clone(t.lowers)
+		if s.meta.Template != "" {
+			s.meta.Template = cur.lower()
+		}
 	}
 	return &t
 }

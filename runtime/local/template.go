@@ -26,17 +26,27 @@ const envdPath = "/opt/sandboxd/envd"
 // the sandbox; envd listens on envdSocketDir/envd.sock.
 const envdSocketDir = "/run/envd"
 
-// template is what a sandbox's root is built from: lower is the read-only
-// overlay lower directory, mounts are bind mounts added on top (for base,
-// the host's /usr).
+// template is what a sandbox's root is built from: lowers are the
+// read-only overlay lower directories, top first (one for a template of
+// the backend; layers on that for one of DefineTemplate), mounts are bind
+// mounts added on top (for base, the host's /usr).
 type template struct {
 	name   string
-	lower  string
+	lowers []string
 	mounts []specs.Mount
-	// userNS: its lower directory can be read idmapped (setupUserNS), so
+	// base is the template of the backend whose directory is the bottom of
+	// lowers and whose mounts these are: name itself for one of the
+	// backend's, "" for a layer stack that is a whole root on its own.
+	base string
+	// defined: made by DefineTemplate, not by New.
+	defined bool
+	// userNS: its lower directories can be read idmapped (setupUserNS), so
 	// its sandboxes get a user namespace when the backend has them.
 	userNS bool
 }
+
+// lower is the one lower directory of a template of the backend.
+func (t *template) lower() string { return t.lowers[len(t.lowers)-1] }
 
 // entry is one file, directory or symlink of a synthesized template.
 type entry struct {
@@ -201,16 +211,50 @@ func digest(ents []entry) string {
 // builds in a temporary sibling and renames it into place, so a crash never
 // leaves a half-written template under the final name.
 func writeTemplate(dst string, ents []entry) error {
-	if _, err := os.Stat(dst); err == nil {
+	return buildDir(dst, tempSibling(dst), func(tmp string) error { return writeEntries(tmp, ents) })
+}
+
+// tempSibling makes the temporary directories buildDir fills for dst:
+// next to it, on the same filesystem, with a name Reconcile knows as debris.
+func tempSibling(dst string) func() (string, func(), error) {
+	return func() (string, func(), error) {
+		tmp, err := os.MkdirTemp(filepath.Dir(dst), ".tmp-"+filepath.Base(dst)+"-")
+		return tmp, func() {}, err
+	}
+}
+
+// buildDir makes the directory dst with fill, unless it exists: fill
+// writes into an empty temporary directory from mkTemp, which is renamed
+// into place once complete, so that a crash never leaves a half-made
+// directory under the final name (what mkTemp made, it removes with its
+// release func after the rename or the failure). A concurrent builder that
+// renamed first wins: its dst is kept, and nil returned.
+func buildDir(dst string, mkTemp func() (tmp string, release func(), err error), fill func(tmp string) error) error {
+	if _, err := os.Lstat(dst); err == nil {
 		return nil
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".tmp-"+filepath.Base(dst)+"-")
+	tmp, release, err := mkTemp()
 	if err != nil {
 		return err
 	}
+	defer release()
 	defer os.RemoveAll(tmp)
+	if err := fill(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		if _, statErr := os.Lstat(dst); statErr == nil {
+			return nil // a concurrent writer won
+		}
+		return err
+	}
+	return nil
+}
+
+// writeEntries materializes ents in the directory dir.
+func writeEntries(dir string, ents []entry) error {
 	for _, e := range ents {
-		p := filepath.Join(tmp, filepath.FromSlash(e.path))
+		p := filepath.Join(dir, filepath.FromSlash(e.path))
 		switch {
 		case e.mode&fs.ModeDir != 0:
 			if err := os.MkdirAll(p, 0o755); err != nil {
@@ -232,12 +276,6 @@ func writeTemplate(dst string, ents []entry) error {
 		if err := os.Chmod(p, e.mode&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid)); err != nil {
 			return err
 		}
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		if _, statErr := os.Stat(dst); statErr == nil {
-			return nil // a concurrent writer won
-		}
-		return err
 	}
 	return nil
 }

@@ -102,11 +102,10 @@ func (b *Backend) idmappedDir() string { return filepath.Join(b.opts.Root, "temp
 // mounted on first use (a directory template outside Root, of this
 // process or of the one that created a sandbox being resumed).
 func (b *Backend) idmappedLower(lower string) (string, error) {
-	if rel, ok := b.inTemplatesDir(lower); ok {
-		return filepath.Join(b.idmappedDir(), rel), nil
+	dst := b.viewPath(lower)
+	if _, ok := b.inTemplatesDir(lower); ok {
+		return dst, nil
 	}
-	sum := sha256.Sum256([]byte(filepath.Clean(lower)))
-	dst := b.idmappedDir() + "-" + hex.EncodeToString(sum[:8])
 	b.viewMu.Lock()
 	defer b.viewMu.Unlock()
 	if b.views[dst] {
@@ -117,6 +116,28 @@ func (b *Backend) idmappedLower(lower string) (string, error) {
 	}
 	b.views[dst] = true
 	return dst, nil
+}
+
+// viewPath is where idmappedLower shows lower.
+func (b *Backend) viewPath(lower string) string {
+	if rel, ok := b.inTemplatesDir(lower); ok {
+		return filepath.Join(b.idmappedDir(), rel)
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(lower)))
+	return b.idmappedDir() + "-" + hex.EncodeToString(sum[:8])
+}
+
+// idmappedLowers returns the idmapped views of lowers (idmappedLower).
+func (b *Backend) idmappedLowers(lowers []string) ([]string, error) {
+	out := make([]string, len(lowers))
+	for i, l := range lowers {
+		v, err := b.idmappedLower(l)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // inTemplatesDir returns lower relative to <Root>/templates, if it is
@@ -167,22 +188,22 @@ func (b *Backend) setupUserNS(created []string) error {
 	b.userNS = true
 	for _, name := range slices.Sorted(maps.Keys(b.templates)) {
 		tpl := b.templates[name]
-		if _, ok := b.inTemplatesDir(tpl.lower); ok {
+		if _, ok := b.inTemplatesDir(tpl.lower()); ok {
 			tpl.userNS = true // the probe above covered it
 			continue
 		}
-		view, err := b.idmappedLower(tpl.lower)
+		view, err := b.idmappedLower(tpl.lower())
 		if err == nil {
-			err = b.probeOverlay(view, tpl.lower)
+			err = b.probeOverlay(view, tpl.lower())
 		}
 		if err != nil {
 			if b.opts.UserNS == UserNSOn {
 				b.detachViews()
 				return fmt.Errorf("%w: user namespaces (--local-userns=on): template %q (%s) cannot be idmapped: %w",
-					runtime.ErrUnavailable, name, tpl.lower, err)
+					runtime.ErrUnavailable, name, tpl.lower(), err)
 			}
 			b.log.Warn("local backend: template's sandboxes run WITHOUT user namespaces: its directory cannot be idmapped",
-				"template", name, "dir", tpl.lower, "err", err)
+				"template", name, "dir", tpl.lower(), "err", err)
 			continue
 		}
 		tpl.userNS = true
