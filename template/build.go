@@ -366,13 +366,13 @@ func (bd *builder) from(ctx context.Context, spec BuildSpec) error {
 	switch {
 	case spec.FromTemplate != "":
 		bd.log.add("info", phaseBase, "FROM TEMPLATE "+spec.FromTemplate)
-		parent, err := bd.s.Find(ctx, bd.tpl.Tenant, spec.FromTemplate)
-		if err != nil {
-			return failStep(phaseBase, "base template %q not found", spec.FromTemplate)
-		}
 		if bd.s.cfg.Builtin(spec.FromTemplate) {
 			bd.st.base, bd.st.chain = spec.FromTemplate, hashKey("template", spec.FromTemplate)
 			return nil
+		}
+		parent, err := bd.s.Find(ctx, bd.tpl.Tenant, spec.FromTemplate)
+		if err != nil {
+			return failStep(phaseBase, "base template %q not found", spec.FromTemplate)
 		}
 		_, tag := splitRef(spec.FromTemplate)
 		build, err := bd.s.taggedBuild(ctx, parent, tag)

@@ -281,6 +281,15 @@ func (s *Service) taggedBuild(ctx context.Context, tpl store.Template, tag strin
 		}
 	}
 	if tag == DefaultTag {
+		// Every build named a tag of its own: the bare name runs the
+		// newest ready one.
+		builds, err := s.cfg.Store.ListBuilds(ctx, tpl.ID, store.BuildReady)
+		if err != nil {
+			return "", err
+		}
+		if len(builds) > 0 {
+			return builds[0].ID, nil
+		}
 		return "", errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("template %q has no ready build", tpl.Name))
 	}
 	return "", errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("template %q has no tag %q", tpl.Name, tag))

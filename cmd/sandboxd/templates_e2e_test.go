@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -174,7 +175,7 @@ func TestTemplateBuildE2E(t *testing.T) {
 			{"type": "WORKDIR", "args": []string{"/home/user/app"}},
 			{"type": "COPY", "args": []string{"app", "./", "", ""}, "filesHash": hash},
 			{"type": "RUN", "args": []string{"echo \"$GREETING\" > built.txt && id -un >> built.txt"}},
-			{"type": "RUN", "args": []string{"touch /root/by-root", "root"}},
+			{"type": "RUN", "args": []string{"touch /opt/by-root", "root"}},
 		},
 		"startCmd": "sleep 1; echo up > /tmp/started; sleep 100000",
 		"readyCmd": "test -f /tmp/started",
@@ -194,8 +195,8 @@ func TestTemplateBuildE2E(t *testing.T) {
 	for _, ref := range []string{"webapp", "webapp:v1", b.TemplateID} {
 		sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": ref, "secure": true})
 		tok := *sb.EnvdAccessToken
-		out := s.mustRun(t, sb.SandboxID, tok, "cat /home/user/app/built.txt /home/user/app/hello.txt; pwd; test -f /root/by-root && echo root-ok; cat /tmp/started; echo $GREETING")
-		want := "hi there\nuser\nhello from COPY\n/home/user/app\nroot-ok\nup\nhi there\n"
+		out := s.mustRun(t, sb.SandboxID, tok, "cat /home/user/app/built.txt /home/user/app/hello.txt; pwd; stat -c %U /opt/by-root; cat /tmp/started; echo $GREETING")
+		want := "hi there\nuser\nhello from COPY\n/home/user/app\nroot\nup\nhi there\n"
 		if out.stdout != want {
 			t.Errorf("sandbox of %q: got %q, want %q", ref, out.stdout, want)
 		}
@@ -304,7 +305,7 @@ func TestTemplateBuildE2E(t *testing.T) {
 // behind basic auth when user is set.
 func testRegistry(t *testing.T, user, pass string) string {
 	t.Helper()
-	h := registry.New()
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	if user != "" {
 		inner := h
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
