@@ -329,8 +329,8 @@ type poolEnv struct {
 // refills held back while frozen.
 func (e *poolEnv) Seeds() []pool.Key { return []pool.Key{benchPoolKey} }
 
-func (e *poolEnv) MinWarm(t tenant.ID) int {
-	if t == benchPoolKey.Tenant {
+func (e *poolEnv) MinWarm(k pool.Key) int {
+	if k.Tenant == benchPoolKey.Tenant {
 		return int(e.minWarm.Load())
 	}
 	return 0
@@ -456,7 +456,7 @@ func BenchmarkPoolClaimMissParallel(b *testing.B) {
 type fixedWarm int
 
 func (fixedWarm) Seeds() []pool.Key                                     { return nil }
-func (n fixedWarm) MinWarm(tenant.ID) int                               { return int(n) }
+func (n fixedWarm) MinWarm(pool.Key) int                               { return int(n) }
 func (fixedWarm) AdmitMember(context.Context, pool.Key, int, int) error { return nil }
 
 // POST /v2/sandboxes + DELETE through the real handler with a warm pool of

@@ -74,7 +74,7 @@ type Admission interface {
 	// (tenants' default pools when their min_warm is above zero).
 	Seeds() []Key
 	// MinWarm is tenant t's min_warm setting.
-	MinWarm(t tenant.ID) int
+	MinWarm(key Key) int
 	// AdmitMember says whether one more member of key may be created, given
 	// that the key's tenant already has members members of memoryMB in
 	// total across its pools: the tenant's quota and the host's capacity.
@@ -85,7 +85,7 @@ type Admission interface {
 type admitAll struct{}
 
 func (admitAll) Seeds() []Key                                     { return nil }
-func (admitAll) MinWarm(tenant.ID) int                            { return 0 }
+func (admitAll) MinWarm(Key) int                                  { return 0 }
 func (admitAll) AdmitMember(context.Context, Key, int, int) error { return nil }
 
 // Config configures Pools.
@@ -320,7 +320,7 @@ func (p *Pools) targetOf(pl *pool, now time.Time) int {
 	recent := !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.ForgetAfter
 	minWarm := 0
 	if pl.seed || recent {
-		minWarm = p.cfg.Admission.MinWarm(pl.key.Tenant)
+		minWarm = p.cfg.Admission.MinWarm(pl.key)
 	}
 	adaptive := 0
 	if p.cfg.Lead > 0 && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {

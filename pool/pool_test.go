@@ -13,7 +13,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
-	"github.com/sandboxd/sandboxd/tenant"
 )
 
 var keyA = Key{Tenant: "a", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024, AllowInternet: true}
@@ -79,7 +78,7 @@ type admission struct {
 }
 
 func (a *admission) Seeds() []Key          { return a.seeds() }
-func (a *admission) MinWarm(tenant.ID) int { return a.minWarm() }
+func (a *admission) MinWarm(Key) int { return a.minWarm() }
 func (a *admission) AdmitMember(ctx context.Context, k Key, members, memMB int) error {
 	if a.admit == nil {
 		return nil

@@ -61,6 +61,9 @@ type Admitter struct {
 	// defaultKey is tenant t's default pool (template "base", default
 	// resources, internet allowed: an SDK's plain Sandbox.create()).
 	defaultKey func(t tenant.ID) pool.Key
+	// slowStart reports whether template has a start command to run
+	// before its sandboxes are ready.
+	slowStart func(template string) bool
 
 	tenants sync.Map   // tenant id -> *tenantState
 	hostMu  sync.Mutex // host budget check + insert, when hostMemoryMB > 0
@@ -381,8 +384,17 @@ func (a *Admitter) Seeds() []pool.Key {
 	return keys
 }
 
-// MinWarm is tenant t's min_warm.
-func (a *Admitter) MinWarm(t tenant.ID) int { return a.settings.Get(t).MinWarm }
+// MinWarm is the min_warm of pool key: its tenant's setting, and at least
+// one for a built template with a start command.
+func (a *Admitter) MinWarm(key pool.Key) int {
+	n := a.settings.Get(key.Tenant).MinWarm
+	if a.slowStart != nil && a.slowStart(key.Template) {
+		// What a warm member hides is the template's start command:
+		// keep one of a template in use even without min_warm.
+		n = max(n, 1)
+	}
+	return n
+}
 
 // AdmitMember says whether the pool may create one more member of key, when
 // key's tenant already has members warm members of memoryMB in total: live

@@ -236,6 +236,10 @@ func New(cfg Config) *Manager {
 		memAvailable: cfg.MemAvailable, memTotal: cfg.MemTotal, diskInMemory: cfg.DiskInMemory,
 		lock:       m.lock,
 		defaultKey: func(t tenant.ID) pool.Key { return m.PoolKey(t, CreateRequest{AllowInternet: true}) },
+		slowStart: func(template string) bool {
+			cfg, ok := m.templateConfig(template)
+			return ok && cfg.StartCmd != ""
+		},
 	}
 	if m.adm.memAvailable == nil {
 		m.adm.memAvailable = MemAvailableMB

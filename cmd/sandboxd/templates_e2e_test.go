@@ -202,6 +202,32 @@ func TestTemplateBuildE2E(t *testing.T) {
 		}
 	}
 
+	// Claims made the template a warm pool: its members ran the start
+	// command before any claim, so a warm sandbox is ready when handed out.
+	e2eEventually(t, "a ready warm member of the template", time.Minute, 100*time.Millisecond, func() (bool, string) {
+		r := s.do(t, http.MethodGet, "/metrics", "", nil)
+		want := `sandboxd_pool_members{state="ready",template="` + b.BuildID + `",tenant="a"}`
+		for _, l := range strings.Split(string(r.body), "\n") {
+			if strings.HasPrefix(l, want+" ") && !strings.HasSuffix(l, " 0") {
+				return true, l
+			}
+		}
+		return false, "no ready member yet"
+	})
+	warm, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "webapp", "secure": true})
+	if out := s.mustRun(t, warm.SandboxID, *warm.EnvdAccessToken, "cat /tmp/started; echo $GREETING"); out.stdout != "up\nhi there\n" {
+		t.Errorf("warm sandbox of the template: %q", out.stdout)
+	}
+	servedFrom := ""
+	for _, l := range s.logLines() {
+		if l["action"] == "create" && l["sandbox_id"] == warm.SandboxID {
+			servedFrom = fmt.Sprint(l["served_from"])
+		}
+	}
+	if servedFrom != "pool" {
+		t.Errorf("the create after the pool filled was served from %q, want pool", servedFrom)
+	}
+
 	// The same steps again: every layer is a cache hit.
 	b2 := requestBuild(t, s, ka, "webapp", nil)
 	uploadFiles(t, s, ka, b2.TemplateID, hash, archive)
