@@ -134,6 +134,23 @@ func TestLayerImportImage(t *testing.T) {
 			}
 		}
 
+		// Its upper layer holds the mount points runc made for envd (the
+		// image has none): kept in a commit, they do no harm to a sandbox
+		// of the stack.
+		commit(t, b, id, "img-1-step")
+		for _, p := range []string{"opt/sandboxd/envd", "run/envd"} {
+			if !exists(filepath.Join(env.layersDir(), "img-1-step", p)) {
+				t.Errorf("commit of a sandbox of the image alone: no %s", p)
+			}
+		}
+		define(t, b, "img-step", "", "img-1", "img-1-step")
+		resp, err := runtimetest.EnvdClient(b, createFrom(t, b, "img-step")).Get("http://envd/files?username=root&path=/marker")
+		if err != nil || resp.StatusCode != 200 {
+			t.Errorf("sandbox of the image and its committed step: GET /marker = %v, %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+
 		id = createFrom(t, b, "img-on-base")
 		got := sh(t, b, id, "root", "cat /marker; echo; ls /opq; test ! -e /gone && echo gone; "+
 			"id -u user; id -u app; stat -c %u:%g:%a /app/owned /home/user; cat /proc/self/uid_map")
