@@ -35,6 +35,25 @@ func sh(t *testing.T, b runtime.Backend, id, user, script string) string {
 	return res.Stdout
 }
 
+// openEnv opens a backend in mode m on a fresh env, closed at cleanup.
+func openEnv(t *testing.T, m local.UserNSMode) (testEnv, *local.Backend) {
+	t.Helper()
+	env := newEnv(t)
+	b := env.openMode(t, m)
+	t.Cleanup(func() { _ = b.Close() })
+	return env, b
+}
+
+// inEachMode runs f as subtests without and with user namespaces.
+func inEachMode(t *testing.T, f func(t *testing.T, env testEnv, b *local.Backend)) {
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) {
+			env, b := openEnv(t, m)
+			f(t, env, b)
+		})
+	}
+}
+
 // createFrom creates a sandbox of template tpl and destroys it at cleanup.
 func createFrom(t *testing.T, b runtime.Backend, tpl string) string {
 	t.Helper()
@@ -64,77 +83,89 @@ func define(t *testing.T, b *local.Backend, name, base string, layers ...string)
 // the image has no shell) and one of it on base (with the host's /usr, so
 // a shell) show its files, without user namespaces and with.
 func TestLayerImportImage(t *testing.T) {
-	for _, m := range userNSModes {
-		t.Run("userns="+m.String(), func(t *testing.T) {
-			env := newEnv(t)
-			b := env.openMode(t, m)
-			t.Cleanup(func() { _ = b.Close() })
-			ctx := t.Context()
-			img := testImage(t,
-				testLayer(t, tdir("etc"), reg("etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/app:/bin/sh\n"),
-					reg("etc/group", "root:x:0:\n"), reg("gone", "deleted above"),
-					tdir("opq"), reg("opq/old", "hidden above"), tdir("app"),
-					tent{name: "app/owned", typ: tar.TypeReg, mode: 0o600, uid: 1234, gid: 1234, data: "app's"}),
-				testLayer(t, reg(".wh.gone", ""), tdir("opq"), reg("opq/.wh..wh..opq", ""), reg("opq/new", "kept"),
-					reg("marker", "from the image")))
-			if err := b.ImportImage(ctx, "img-1", img); err != nil {
+	inEachMode(t, func(t *testing.T, env testEnv, b *local.Backend) {
+		ctx := t.Context()
+		img := testImage(t,
+			testLayer(t, tdir("etc"), reg("etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/app:/bin/sh\n"),
+				reg("etc/group", "root:x:0:\n"), reg("gone", "deleted above"),
+				tdir("opq"), reg("opq/old", "hidden above"), tdir("app"),
+				tent{name: "app/owned", typ: tar.TypeReg, mode: 0o600, uid: 1234, gid: 1234, data: "app's"}),
+			testLayer(t, reg(".wh.gone", ""), tdir("opq"), reg("opq/.wh..wh..opq", ""), reg("opq/new", "kept"),
+				reg("marker", "from the image")))
+		if err := b.ImportImage(ctx, "img-1", img); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.ImportImage(ctx, "img-1", img); err != nil {
+			t.Errorf("ImportImage of an existing key = %v; want nil", err)
+		}
+		if ok, err := b.HasLayer(ctx, "img-1"); !ok || err != nil {
+			t.Errorf("HasLayer = %v, %v; want true", ok, err)
+		}
+		if err := b.ImportImage(ctx, "../escape", img); !errors.Is(err, runtime.ErrInvalidSpec) {
+			t.Errorf("ImportImage with a bad key = %v; want ErrInvalidSpec", err)
+		}
+		if got := treeOf(t, filepath.Join(env.layersDir(), "img-1")); !slices.Equal(got, []string{
+			"app", "app/owned", "etc", "etc/group", "etc/passwd", "home", "home/user", "marker", "opq", "opq/new",
+		}) {
+			t.Errorf("layer = %v", got)
+		}
+
+		define(t, b, "img-alone", "", "img-1")
+		define(t, b, "img-on-base", "base", "img-1")
+		names, err := b.Templates(ctx)
+		if err != nil || !slices.Equal(names, []string{"base", "img-alone", "img-on-base"}) {
+			t.Errorf("Templates() = %v, %v", names, err)
+		}
+		if r, ok := b.TemplateResources("img-alone"); !ok || r != (runtime.Resources{}) {
+			t.Errorf("TemplateResources(img-alone) = %v, %v; want zero, true", r, ok)
+		}
+
+		id := createFrom(t, b, "img-alone")
+		hc := runtimetest.EnvdClient(b, id)
+		for path, want := range map[string]string{"/marker": "from the image", "/opq/new": "kept", "/gone": "", "/opq/old": ""} {
+			resp, err := hc.Get("http://envd/files?username=root&path=" + path)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if err := b.ImportImage(ctx, "img-1", img); err != nil {
-				t.Errorf("ImportImage of an existing key = %v; want nil", err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want == "" && resp.StatusCode == 200 || want != "" && string(body) != want {
+				t.Errorf("GET %s = %s %q; want %q", path, resp.Status, body, want)
 			}
-			if ok, err := b.HasLayer(ctx, "img-1"); !ok || err != nil {
-				t.Errorf("HasLayer = %v, %v; want true", ok, err)
-			}
-			if err := b.ImportImage(ctx, "../escape", img); !errors.Is(err, runtime.ErrInvalidSpec) {
-				t.Errorf("ImportImage with a bad key = %v; want ErrInvalidSpec", err)
-			}
-			if got := treeOf(t, filepath.Join(env.layersDir(), "img-1")); !slices.Equal(got, []string{
-				"app", "app/owned", "etc", "etc/group", "etc/passwd", "home", "home/user", "marker", "opq", "opq/new",
-			}) {
-				t.Errorf("layer = %v", got)
-			}
+		}
 
-			define(t, b, "img-alone", "", "img-1")
-			define(t, b, "img-on-base", "base", "img-1")
-			names, err := b.Templates(ctx)
-			if err != nil || !slices.Equal(names, []string{"base", "img-alone", "img-on-base"}) {
-				t.Errorf("Templates() = %v, %v", names, err)
+		// Its upper layer holds the mount points runc made for envd (the
+		// image has none): kept in a commit, they do no harm to a sandbox
+		// of the stack.
+		commit(t, b, id, "img-1-step")
+		for _, p := range []string{"opt/sandboxd/envd", "run/envd"} {
+			if !exists(filepath.Join(env.layersDir(), "img-1-step", p)) {
+				t.Errorf("commit of a sandbox of the image alone: no %s", p)
 			}
-			if r, ok := b.TemplateResources("img-alone"); !ok || r != (runtime.Resources{}) {
-				t.Errorf("TemplateResources(img-alone) = %v, %v; want zero, true", r, ok)
-			}
+		}
+		define(t, b, "img-step", "", "img-1", "img-1-step")
+		resp, err := runtimetest.EnvdClient(b, createFrom(t, b, "img-step")).Get("http://envd/files?username=root&path=/marker")
+		if err != nil || resp.StatusCode != 200 {
+			t.Errorf("sandbox of the image and its committed step: GET /marker = %v, %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
 
-			id := createFrom(t, b, "img-alone")
-			hc := runtimetest.EnvdClient(b, id)
-			for path, want := range map[string]string{"/marker": "from the image", "/opq/new": "kept", "/gone": "", "/opq/old": ""} {
-				resp, err := hc.Get("http://envd/files?username=root&path=" + path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if want == "" && resp.StatusCode == 200 || want != "" && string(body) != want {
-					t.Errorf("GET %s = %s %q; want %q", path, resp.Status, body, want)
-				}
-			}
-
-			id = createFrom(t, b, "img-on-base")
-			got := sh(t, b, id, "root", "cat /marker; echo; ls /opq; test ! -e /gone && echo gone; "+
-				"id -u user; id -u app; stat -c %u:%g:%a /app/owned /home/user; cat /proc/self/uid_map")
-			wantMap := identityMap
-			if b.UserNS() {
-				wantMap = userNSMap
-			}
-			want := "from the image\nnew\ngone\n1000\n1234\n1234:1234:600\n1000:1000:755\n" + wantMap
-			if strings.Join(strings.Fields(got), " ") != strings.Join(strings.Fields(want), " ") {
-				t.Errorf("sandbox of the image on base sees\n%s\nwant\n%s", got, want)
-			}
-			if got := sh(t, b, id, "app", "cat /app/owned"); got != "app's" {
-				t.Errorf("app reads its file: %q", got)
-			}
-		})
-	}
+		id = createFrom(t, b, "img-on-base")
+		got := sh(t, b, id, "root", "cat /marker; echo; ls /opq; test ! -e /gone && echo gone; "+
+			"id -u user; id -u app; stat -c %u:%g:%a /app/owned /home/user; cat /proc/self/uid_map")
+		wantMap := identityMap
+		if b.UserNS() {
+			wantMap = userNSMap
+		}
+		want := "from the image\nnew\ngone\n1000\n1234\n1234:1234:600\n1000:1000:755\n" + wantMap
+		if strings.Join(strings.Fields(got), " ") != strings.Join(strings.Fields(want), " ") {
+			t.Errorf("sandbox of the image on base sees\n%s\nwant\n%s", got, want)
+		}
+		if got := sh(t, b, id, "app", "cat /app/owned"); got != "app's" {
+			t.Errorf("app reads its file: %q", got)
+		}
+	})
 }
 
 // commitScript makes, in a sandbox of base, every kind of change a layer
@@ -179,98 +210,91 @@ no-shells
 // and the two-layer stack shows it. With user namespaces the layer holds
 // the ids of inside (unshifted). The sandboxes committed keep running.
 func TestLayerCommit(t *testing.T) {
-	for _, m := range userNSModes {
-		t.Run("userns="+m.String(), func(t *testing.T) {
-			env := newEnv(t)
-			b := env.openMode(t, m)
-			t.Cleanup(func() { _ = b.Close() })
-			ctx := t.Context()
+	inEachMode(t, func(t *testing.T, env testEnv, b *local.Backend) {
+		ctx := t.Context()
 
-			step1 := createFrom(t, b, "base")
-			sh(t, b, step1, "root", commitScript)
-			commit(t, b, step1, "step-1")
-			if got := sh(t, b, step1, "root", "cat /data/a"); got != "a\n" {
-				t.Errorf("committed sandbox after the commit: %q", got)
+		step1 := createFrom(t, b, "base")
+		sh(t, b, step1, "root", commitScript)
+		commit(t, b, step1, "step-1")
+		if got := sh(t, b, step1, "root", "cat /data/a"); got != "a\n" {
+			t.Errorf("committed sandbox after the commit: %q", got)
+		}
+		commit(t, b, step1, "step-1") // an existing key is kept as it is
+
+		layer := filepath.Join(env.layersDir(), "step-1")
+		for _, tc := range []struct {
+			path     string
+			uid      uint32
+			mode     uint32
+			whiteout bool
+		}{
+			{"home/user/new", 1000, unix.S_IFREG | 0o644, false},
+			{"opt/suid", 0, unix.S_IFREG | 0o4755, false},
+			{"opt/sticky", 0, unix.S_IFDIR | 0o1777, false},
+			{"etc/hosts", 0, unix.S_IFREG | 0o644, false},
+			{"etc/shells", 0, unix.S_IFCHR, true},
+		} {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(layer, tc.path), &st); err != nil {
+				t.Errorf("layer: %v", err)
+				continue
 			}
-			commit(t, b, step1, "step-1") // an existing key is kept as it is
-
-			layer := filepath.Join(env.layersDir(), "step-1")
-			for _, tc := range []struct {
-				path     string
-				uid      uint32
-				mode     uint32
-				whiteout bool
-			}{
-				{"home/user/new", 1000, unix.S_IFREG | 0o644, false},
-				{"opt/suid", 0, unix.S_IFREG | 0o4755, false},
-				{"opt/sticky", 0, unix.S_IFDIR | 0o1777, false},
-				{"etc/hosts", 0, unix.S_IFREG | 0o644, false},
-				{"etc/shells", 0, unix.S_IFCHR, true},
-			} {
-				var st unix.Stat_t
-				if err := unix.Lstat(filepath.Join(layer, tc.path), &st); err != nil {
-					t.Errorf("layer: %v", err)
-					continue
+			if tc.whiteout {
+				if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+					t.Errorf("layer's %s: mode %o rdev %d; want a whiteout (char 0/0)", tc.path, st.Mode, st.Rdev)
 				}
-				if tc.whiteout {
-					if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
-						t.Errorf("layer's %s: mode %o rdev %d; want a whiteout (char 0/0)", tc.path, st.Mode, st.Rdev)
-					}
-				} else if st.Mode != tc.mode {
-					t.Errorf("layer's %s: mode %o; want %o", tc.path, st.Mode, tc.mode)
-				}
-				if st.Uid != tc.uid || st.Gid != tc.uid {
-					t.Errorf("layer's %s: owner %d:%d; want %d (ids of inside)", tc.path, st.Uid, st.Gid, tc.uid)
-				}
+			} else if st.Mode != tc.mode {
+				t.Errorf("layer's %s: mode %o; want %o", tc.path, st.Mode, tc.mode)
 			}
+			if st.Uid != tc.uid || st.Gid != tc.uid {
+				t.Errorf("layer's %s: owner %d:%d; want %d (ids of inside)", tc.path, st.Uid, st.Gid, tc.uid)
+			}
+		}
 
-			define(t, b, "t1", "base", "step-1")
-			step2 := createFrom(t, b, "t1")
-			if got := sh(t, b, step2, "root", checkScript); got != checkWant {
-				t.Errorf("sandbox of base+step-1 sees\n%s\nwant\n%s", got, checkWant)
-			}
-			// Step 2 replaces /data (its layer makes it opaque), changes a
-			// file of step 1 and deletes another, paused in memory.
-			sh(t, b, step2, "root", "rm -rf /data && mkdir /data && echo c > /data/c && echo two > /home/user/new && rm /opt/h2")
-			if err := b.Pause(ctx, step2, runtime.PauseMemory); err != nil {
-				t.Fatal(err)
-			}
-			commit(t, b, step2, "step-2")
-			if l, err := b.List(ctx); err != nil || !slices.ContainsFunc(l, func(s *runtime.Sandbox) bool {
-				return s.ID == step2 && s.State == runtime.StatePaused
-			}) {
-				t.Errorf("sandbox paused in memory after a commit: not listed paused (%v)", err)
-			}
-			if v, err := unix.Lgetxattr(filepath.Join(env.layersDir(), "step-2", "data"), "trusted.overlay.opaque", make([]byte, 8)); err != nil || v != 1 {
-				t.Errorf("layer step-2's /data: opaque xattr %d, %v; want y", v, err)
-			}
+		define(t, b, "t1", "base", "step-1")
+		step2 := createFrom(t, b, "t1")
+		if got := sh(t, b, step2, "root", checkScript); got != checkWant {
+			t.Errorf("sandbox of base+step-1 sees\n%s\nwant\n%s", got, checkWant)
+		}
+		// Step 2 replaces /data (its layer makes it opaque), changes a
+		// file of step 1 and deletes another, paused in memory.
+		sh(t, b, step2, "root", "rm -rf /data && mkdir /data && echo c > /data/c && echo two > /home/user/new && rm /opt/h2")
+		if err := b.Pause(ctx, step2, runtime.PauseMemory); err != nil {
+			t.Fatal(err)
+		}
+		commit(t, b, step2, "step-2")
+		if l, err := b.List(ctx); err != nil || !slices.ContainsFunc(l, func(s *runtime.Sandbox) bool {
+			return s.ID == step2 && s.State == runtime.StatePaused
+		}) {
+			t.Errorf("sandbox paused in memory after a commit: not listed paused (%v)", err)
+		}
+		if v, err := unix.Lgetxattr(filepath.Join(env.layersDir(), "step-2", "data"), "trusted.overlay.opaque", make([]byte, 8)); err != nil || v != 1 {
+			t.Errorf("layer step-2's /data: opaque xattr %d, %v; want y", v, err)
+		}
 
-			define(t, b, "t2", "base", "step-1", "step-2")
-			id := createFrom(t, b, "t2")
-			const stackCheck = "find /data | sort; cat /home/user/new; test ! -e /opt/h2 && cat /opt/h1; tail -n 1 /etc/hosts"
-			got := sh(t, b, id, "root", stackCheck)
-			if want := "/data\n/data/c\ntwo\nh\n10.9.9.9 changed\n"; got != want {
-				t.Errorf("sandbox of base+step-1+step-2 sees\n%s\nwant\n%s", got, want)
-			}
-			// The same stack, as a layer on a defined template.
-			define(t, b, "t2-on-t1", "t1", "step-2")
-			id = createFrom(t, b, "t2-on-t1")
-			if got2 := sh(t, b, id, "root", stackCheck); got2 != got {
-				t.Errorf("t2-on-t1 sees %q; want t2's %q", got2, got)
-			}
-			if _, err := b.Resume(ctx, step2); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
+		define(t, b, "t2", "base", "step-1", "step-2")
+		id := createFrom(t, b, "t2")
+		const stackCheck = "find /data | sort; cat /home/user/new; test ! -e /opt/h2 && cat /opt/h1; tail -n 1 /etc/hosts"
+		got := sh(t, b, id, "root", stackCheck)
+		if want := "/data\n/data/c\ntwo\nh\n10.9.9.9 changed\n"; got != want {
+			t.Errorf("sandbox of base+step-1+step-2 sees\n%s\nwant\n%s", got, want)
+		}
+		// The same stack, as a layer on a defined template.
+		define(t, b, "t2-on-t1", "t1", "step-2")
+		id = createFrom(t, b, "t2-on-t1")
+		if got2 := sh(t, b, id, "root", stackCheck); got2 != got {
+			t.Errorf("t2-on-t1 sees %q; want t2's %q", got2, got)
+		}
+		if _, err := b.Resume(ctx, step2); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // TestLayerCommitPausedToDisk: a sandbox paused to disk commits from its
 // saved layer.
 func TestLayerCommitPausedToDisk(t *testing.T) {
-	env := newEnv(t)
-	b := env.open(t)
-	t.Cleanup(func() { _ = b.Close() })
+	_, b := openEnv(t, local.UserNSAuto)
 	id := createFrom(t, b, "base")
 	sh(t, b, id, "root", "echo disk > /opt/f")
 	if err := b.Pause(t.Context(), id, runtime.PauseDisk); err != nil {
@@ -289,9 +313,7 @@ func TestLayerCommitPausedToDisk(t *testing.T) {
 // TestRemoveLayer: a layer that a live sandbox has in its root, running or
 // paused either way, is kept; once the sandbox is gone it goes.
 func TestRemoveLayer(t *testing.T) {
-	env := newEnv(t)
-	b := env.open(t)
-	t.Cleanup(func() { _ = b.Close() })
+	env, b := openEnv(t, local.UserNSAuto)
 	ctx := t.Context()
 	src := createFrom(t, b, "base")
 	sh(t, b, src, "root", "echo l > /opt/l")
@@ -334,9 +356,7 @@ func TestRemoveLayer(t *testing.T) {
 
 // TestDefineTemplateErrors: what DefineTemplate refuses, and how.
 func TestDefineTemplateErrors(t *testing.T) {
-	env := newEnv(t)
-	b := env.open(t)
-	t.Cleanup(func() { _ = b.Close() })
+	env, b := openEnv(t, local.UserNSAuto)
 	ctx := t.Context()
 	// Long keys: 40 of them do not fit in mount(2)'s options. Each layer's
 	// /f names it.
@@ -446,14 +466,7 @@ func TestLayerStackRestart(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(debris, "etc"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			b2, err := local.New(ctx, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b2.Close() })
-			if err := b2.Reconcile(ctx); err != nil {
-				t.Fatalf("Reconcile = %v", err)
-			}
+			b2 := reopen(t, opts)
 			if ok, _ := b2.HasLayer(ctx, "l1"); !ok {
 				t.Fatal("Reconcile of a new backend removed a layer")
 			}
@@ -496,14 +509,7 @@ func TestLayerStackRestart(t *testing.T) {
 			if err := os.RemoveAll(filepath.Join(env.root, "sandboxes")); err != nil {
 				t.Fatal(err)
 			}
-			b3, err := local.New(ctx, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b3.Close() })
-			if err := b3.Reconcile(ctx); err != nil {
-				t.Fatalf("Reconcile = %v", err)
-			}
+			b3 := reopen(t, opts)
 			if _, err := b3.Resume(ctx, id); err != nil {
 				t.Fatal(err)
 			}
@@ -512,12 +518,24 @@ func TestLayerStackRestart(t *testing.T) {
 	}
 }
 
+// reopen is sandboxd's restart: a new backend on opts, reconciled.
+func reopen(t *testing.T, opts local.Options) *local.Backend {
+	t.Helper()
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if err := b.Reconcile(t.Context()); err != nil {
+		t.Fatalf("Reconcile = %v", err)
+	}
+	return b
+}
+
 // TestDefineTemplateConcurrent: templates defined, redefined and
 // undefined while sandboxes are created from them (run with -race).
 func TestDefineTemplateConcurrent(t *testing.T) {
-	env := newEnv(t)
-	b := env.open(t)
-	t.Cleanup(func() { _ = b.Close() })
+	_, b := openEnv(t, local.UserNSAuto)
 	ctx := t.Context()
 	for _, k := range []string{"a", "b"} {
 		if err := b.ImportImage(ctx, k, testImage(t, testLayer(t, tdir("opt"), reg("opt/which", k)))); err != nil {
