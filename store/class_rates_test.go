@@ -97,8 +97,8 @@ func TestMigrateClassRates(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir)
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 3 {
-		t.Fatalf("SchemaVersion() = %d, %v; want 3", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
+		t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
 	}
 	got, err := s.GetTenant(t.Context(), tn)
 	if err != nil || !got.Settings.Equal(old()) {

@@ -22,6 +22,11 @@ var undoMigration = map[int][]string{
 		`ALTER TABLE tenants DROP COLUMN dataplane_rate`,
 		`ALTER TABLE tenants DROP COLUMN dataplane_burst`,
 	},
+	4: {
+		`DROP TABLE template_tags`,
+		`DROP TABLE template_builds`,
+		`DROP TABLE templates`,
+	},
 }
 
 // downgrade takes s's schema back to version to.
@@ -42,4 +47,14 @@ func downgrade(t *testing.T, s *Store, to int) {
 			}
 		}
 	}
+}
+
+// latestSchema is the version every open migrates to.
+func latestSchema(t *testing.T) int {
+	t.Helper()
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ms)
 }

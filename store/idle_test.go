@@ -23,8 +23,8 @@ func TestMigrateIdleColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir)
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 3 {
-		t.Fatalf("SchemaVersion() = %d, %v; want 3", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
+		t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
 	}
 	got, err := s.GetSandboxAny(t.Context(), "old")
 	if err != nil {
