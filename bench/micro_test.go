@@ -456,7 +456,7 @@ func BenchmarkPoolClaimMissParallel(b *testing.B) {
 type fixedWarm int
 
 func (fixedWarm) Seeds() []pool.Key                                     { return nil }
-func (n fixedWarm) MinWarm(pool.Key) int                               { return int(n) }
+func (n fixedWarm) MinWarm(pool.Key) int                                { return int(n) }
 func (fixedWarm) AdmitMember(context.Context, pool.Key, int, int) error { return nil }
 
 // POST /v2/sandboxes + DELETE through the real handler with a warm pool of

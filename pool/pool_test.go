@@ -77,7 +77,7 @@ type admission struct {
 	admit   func(ctx context.Context, k Key, members, memMB int) error
 }
 
-func (a *admission) Seeds() []Key          { return a.seeds() }
+func (a *admission) Seeds() []Key    { return a.seeds() }
 func (a *admission) MinWarm(Key) int { return a.minWarm() }
 func (a *admission) AdmitMember(ctx context.Context, k Key, members, memMB int) error {
 	if a.admit == nil {
