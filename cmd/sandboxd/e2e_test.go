@@ -434,7 +434,7 @@ func TestErrors(t *testing.T) {
 				{"POST", "/sandboxes/" + id + "/fork", `{}`},
 				{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
 				{"GET", "/snapshots", ""},
-				{"POST", "/v3/templates", `{"name":"x"}`},
+				{"GET", "/volumes", ""},
 			} {
 				var body any
 				if rt.body != "" {
