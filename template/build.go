@@ -308,6 +308,7 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	}
 	s.mu.Lock()
 	delete(s.running, b.ID)
+	clear(s.resolved) // a new ready build, and maybe new tags
 	s.mu.Unlock()
 	s.log.Info("template build "+string(b.Status), "audit", true, "tenant", tpl.Tenant, "template_id", tpl.ID,
 		"build_id", b.ID, "reason", b.Reason, "step", b.ReasonStep, "took_ms", s.cfg.Now().Sub(start).Milliseconds())

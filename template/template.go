@@ -112,6 +112,22 @@ type Service struct {
 	ready map[string]sandbox.TemplateConfig
 	// running are the builds in progress, by build id.
 	running map[string]*buildLog
+	// resolved caches Resolve's answers, so that a create from a built
+	// template costs no query more than one from base; every change of
+	// names, tags, visibility or ready builds clears it.
+	resolved map[resolveKey]string
+}
+
+type resolveKey struct {
+	t   tenant.ID
+	ref string
+}
+
+// changed drops what Resolve cached.
+func (s *Service) changed() {
+	s.mu.Lock()
+	clear(s.resolved)
+	s.mu.Unlock()
 }
 
 var _ sandbox.TemplateSource = (*Service)(nil)
@@ -149,6 +165,7 @@ func New(cfg Config) (*Service, error) {
 	return &Service{
 		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds),
 		ready: map[string]sandbox.TemplateConfig{}, running: map[string]*buildLog{},
+		resolved: map[resolveKey]string{},
 	}, nil
 }
 
@@ -242,6 +259,14 @@ func (s *Service) Resolve(ctx context.Context, t tenant.ID, ref string) (string,
 	if s.cfg.Builtin(ref) {
 		return "", false, nil
 	}
+	s.mu.RLock()
+	build, ok := s.resolved[resolveKey{t, ref}]
+	s.mu.RUnlock()
+	if ok {
+		if _, defined := s.Config(build); defined {
+			return build, true, nil
+		}
+	}
 	name, tag := splitRef(ref)
 	tpl, err := s.cfg.Store.FindTemplate(ctx, t, name)
 	if errors.Is(err, store.ErrNotFound) {
@@ -259,7 +284,7 @@ func (s *Service) Resolve(ctx context.Context, t tenant.ID, ref string) (string,
 	if err != nil {
 		return "", false, err
 	}
-	build, err := s.taggedBuild(ctx, tpl, tag)
+	build, err = s.taggedBuild(ctx, tpl, tag)
 	if err != nil {
 		return "", true, err
 	}
@@ -267,6 +292,9 @@ func (s *Service) Resolve(ctx context.Context, t tenant.ID, ref string) (string,
 		return "", true, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
 			"template %q: build %s cannot be started on this backend", ref, build))
 	}
+	s.mu.Lock()
+	s.resolved[resolveKey{t, ref}] = build
+	s.mu.Unlock()
 	return build, true, nil
 }
 
@@ -362,6 +390,7 @@ func (s *Service) Request(ctx context.Context, t tenant.ID, ref string, tags []s
 	}
 	s.mu.Lock()
 	s.running[id] = newBuildLog(all)
+	clear(s.resolved) // a new name may shadow a public one
 	s.mu.Unlock()
 	s.log.Info("template build requested", "tenant", t, "template_id", tpl.ID, "build_id", id, "name", name, "tags", all)
 	return Requested{Template: tpl, BuildID: id, Tags: all}, nil
@@ -423,6 +452,7 @@ func (s *Service) AssignTags(ctx context.Context, t tenant.ID, target string, ta
 	if err := s.cfg.Store.SetTags(ctx, tpl.ID, build, tags, s.cfg.Now()); err != nil {
 		return "", err
 	}
+	s.changed()
 	s.log.Info("template tags assigned", "tenant", t, "template_id", tpl.ID, "build_id", build, "tags", tags)
 	return build, nil
 }
@@ -436,6 +466,7 @@ func (s *Service) DeleteTags(ctx context.Context, t tenant.ID, name string, tags
 	if err := s.cfg.Store.DeleteTags(ctx, tpl.ID, tags); err != nil {
 		return err
 	}
+	s.changed()
 	s.log.Info("template tags deleted", "tenant", t, "template_id", tpl.ID, "tags", tags)
 	return nil
 }
@@ -449,6 +480,7 @@ func (s *Service) SetPublic(ctx context.Context, t tenant.ID, ref string, public
 	if err := s.cfg.Store.SetTemplatePublic(ctx, t, tpl.ID, public, s.cfg.Now()); err != nil {
 		return err
 	}
+	s.changed()
 	s.log.Info("template visibility changed", "tenant", t, "template_id", tpl.ID, "public", public)
 	return nil
 }
@@ -465,6 +497,7 @@ func (s *Service) Delete(ctx context.Context, t tenant.ID, ref string) error {
 	if err != nil {
 		return err
 	}
+	s.changed()
 	for _, b := range builds {
 		s.mu.Lock()
 		delete(s.ready, b.ID)
