@@ -80,6 +80,8 @@ sbxd_port=
 sbxd_key=
 sbxd_run=
 sbxd_args=() # extra `sandboxd serve` flags of the current mode
+reg_pid=     # the test image's registries (start_registry)
+reg_env=()
 stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   if kill "$1" 2>/dev/null; then
     for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
@@ -88,6 +90,7 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   wait "$1" 2>/dev/null
 }
 cleanup() {
+  [[ -n $reg_pid ]] && stop "$reg_pid"
   [[ -n $proxy_pid ]] && stop "$proxy_pid"
   [[ -n $envd_pid ]] && stop "$envd_pid"
   if [[ -n $sbxd_pid ]]; then # interrupted in sandboxd mode
@@ -284,6 +287,28 @@ for sid, state, md in ids:
 EOF
 }
 
+# start_registry: the template suites' image (compat-tests/registry) in two
+# registries on loopback, one open and one behind basic auth; sets reg_env
+# for the suites and adds --plain-http-registries to sbxd_args.
+start_registry() {
+  local bin open private
+  bin=$(mktemp -d -t compat-registry.XXXXXX); tmp_dirs+=("$bin")
+  if ! (cd "$root" && go build -o "$bin/registry" ./compat-tests/registry) >>"$log_dir/registry.log" 2>&1; then
+    echo "compat-tests: building compat-tests/registry failed (see $log_dir/registry.log)" >&2; return 1
+  fi
+  open=127.0.0.1:$(free_port); private=127.0.0.1:$(free_port)
+  "$bin/registry" --open "$open" --private "$private" --user compat --pass compat-secret >"$log_dir/registry.log" 2>&1 &
+  reg_pid=$!
+  for _ in $(seq 1 100); do
+    grep -q '^ready' "$log_dir/registry.log" 2>/dev/null && break
+    kill -0 "$reg_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q '^ready' "$log_dir/registry.log" || { cat "$log_dir/registry.log" >&2; echo "compat-tests: the test registry did not start" >&2; return 1; }
+  sbxd_args+=("--plain-http-registries=$open,$private")
+  reg_env=("COMPAT_REGISTRY=$open" "COMPAT_PRIVATE_REGISTRY=$private" COMPAT_REGISTRY_USER=compat COMPAT_REGISTRY_PASS=compat-secret)
+}
+
 run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
   local mode=$1 data out left before=
   if [[ $mode == incus ]]; then
@@ -294,6 +319,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
   else
     sbxd_args=()
   fi
+  start_registry || { total_fail=$((total_fail + 1)); return; }
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
   sbxd_port=$(free_port)
@@ -309,7 +335,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
     mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=${sbxd_args[1]:-local}" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
-      "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key")
+      "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}")
     run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then
       echo "compat-tests: sandboxd died during the run (see $log_dir/sandboxd.log)" >&2
@@ -340,6 +366,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     stop "$sbxd_pid"; sbxd_pid=
   fi
   remove_run_dir
+  stop "$reg_pid"; reg_pid=
   if [[ $mode == incus ]]; then
     # Destroy deletes in the background; sandboxd waits for those deletions
     # at SIGTERM, so every instance made during the run must be gone now.

@@ -9,11 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,12 +19,10 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // The template build API end to end, as E2B's SDKs drive it: request a
@@ -327,73 +323,14 @@ func TestTemplateBuildE2E(t *testing.T) {
 	}
 }
 
-// testRegistry serves images on loopback (go-containerregistry's registry),
-// behind basic auth when user is set.
+// testRegistry serves images on loopback, behind basic auth when user is
+// set.
 func testRegistry(t *testing.T, user, pass string) string {
 	t.Helper()
-	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	if user != "" {
-		inner := h
-		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			u, p, ok := r.BasicAuth()
-			if !ok || u != user || p != pass {
-				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-				http.Error(w, "unauthorized", http.StatusUnauthorized)
-				return
-			}
-			inner.ServeHTTP(w, r)
-		})
-	}
-	srv := httptest.NewServer(h)
+	srv := httptest.NewServer(testimage.Registry(user, pass))
 	t.Cleanup(srv.Close)
 	u, _ := url.Parse(srv.URL)
 	return u.Host
-}
-
-// busyboxImage is an image of the host's static busybox: a shell and the
-// tools a build's steps use, in a few hundred KiB, with ENV set.
-func busyboxImage(t *testing.T) v1.Image {
-	t.Helper()
-	bin, err := os.ReadFile("/bin/busybox") // static: scripts/deps.sh installs busybox-static
-	if err != nil {
-		t.Fatalf("the test image needs a static busybox: %v", err)
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, d := range []string{"bin/", "etc/", "tmp/", "root/", "home/"} {
-		mode := int64(0o755)
-		if d == "tmp/" {
-			mode = 0o1777
-		}
-		_ = tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: mode})
-	}
-	_ = tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))})
-	_, _ = tw.Write(bin)
-	for _, tool := range []string{"sh", "tar", "cp", "mkdir", "chown", "chmod", "rm", "mktemp", "dirname", "cat", "echo",
-		"test", "sleep", "id", "touch", "ls", "gzip", "[", "env"} {
-		_ = tw.WriteHeader(&tar.Header{Name: "bin/" + tool, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-	}
-	_ = tw.Close()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }
 
 func pushImage(t *testing.T, host, repo, user, pass string, img v1.Image) string {
@@ -415,7 +352,10 @@ func pushImage(t *testing.T, host, repo, user, pass string, img v1.Image) string
 func TestTemplateFromRegistryE2E(t *testing.T) {
 	open := testRegistry(t, "", "")
 	private := testRegistry(t, "builder", "s3cret")
-	img := busyboxImage(t)
+	img, err := testimage.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pub := pushImage(t, open, "test/busybox:1", "", "", img)
 	priv := pushImage(t, private, "team/busybox:1", "builder", "s3cret", img)
 

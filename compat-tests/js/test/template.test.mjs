@@ -107,6 +107,23 @@ describe('Template builder', { skip: SANDBOXD ? false : 'sandboxd mode only' }, 
     assert.equal((await sbx.files.read('/home/user/app/child.txt')).trim(), 'hi from user')
   })
 
+  const REG = process.env.COMPAT_REGISTRY
+  const PRIV = process.env.COMPAT_PRIVATE_REGISTRY
+  test('from an image in a registry, and from a private one with credentials', BUILD, async () => {
+    assert.ok(REG && PRIV, 'run.sh sets COMPAT_REGISTRY and COMPAT_PRIVATE_REGISTRY')
+    const n = unique('js-img')
+    await Template.build(Template().fromImage(`${REG}/sandboxd-test/busybox:1`).runCmd('echo "$FROM_IMAGE" > /home/user/from.txt'), n)
+    const sbx = await newSandboxFrom(n)
+    const r = await sbx.commands.run('cat /home/user/from.txt; id -un; echo $FROM_IMAGE')
+    assert.equal(r.stdout, 'yes\nuser\nyes\n')
+
+    const creds = { username: process.env.COMPAT_REGISTRY_USER, password: process.env.COMPAT_REGISTRY_PASS }
+    await Template.build(Template().fromImage(`${PRIV}/sandboxd-test/busybox:1`, creds).runCmd('true'), unique('js-priv'))
+    await assert.rejects(
+      Template.build(Template().fromImage(`${PRIV}/sandboxd-test/busybox:1`, { ...creds, password: 'wrong' }), unique('js-priv-bad')),
+      (err) => err instanceof BuildError && /refused/.test(err.message))
+  })
+
   test('exists is false for a name never built', SANDBOXD_ONLY, async () => {
     assert.equal(await Template.exists(unique('never')), false)
   })

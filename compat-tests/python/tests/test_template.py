@@ -137,3 +137,17 @@ def test_background_build(sandboxes):
 
 def test_exists_false():
     assert Template.exists(unique("never")) is False
+
+
+def test_from_image(sandboxes):
+    reg, priv = os.environ.get("COMPAT_REGISTRY"), os.environ.get("COMPAT_PRIVATE_REGISTRY")
+    assert reg and priv, "run.sh sets COMPAT_REGISTRY and COMPAT_PRIVATE_REGISTRY"
+    name = unique("py-img")
+    Template.build(Template().from_image(f"{reg}/sandboxd-test/busybox:1").run_cmd('echo "$FROM_IMAGE" > /home/user/from.txt'), name)
+    r = sandboxes(name).commands.run("cat /home/user/from.txt; id -un; echo $FROM_IMAGE")
+    assert r.stdout == "yes\nuser\nyes\n"
+    user, password = os.environ["COMPAT_REGISTRY_USER"], os.environ["COMPAT_REGISTRY_PASS"]
+    Template.build(Template().from_image(f"{priv}/sandboxd-test/busybox:1", username=user, password=password).run_cmd("true"), unique("py-priv"))
+    with pytest.raises(BuildException) as e:
+        Template.build(Template().from_image(f"{priv}/sandboxd-test/busybox:1", username=user, password="wrong"), unique("py-priv-bad"))
+    assert "refused" in str(e.value)
