@@ -150,10 +150,11 @@ type Backend struct {
 	resolv string
 
 	mu       sync.Mutex
-	sbx      map[string]*sandbox      // live and in-creation sandboxes
-	ips      map[netip.Addr]string    // egress addresses in use → instance name
-	deleting map[string]chan struct{} // closed when the instance is gone
-	images   map[string]*imageInfo    // by alias or fingerprint
+	sbx      map[string]*sandbox         // live and in-creation sandboxes
+	ips      map[netip.Addr]string       // egress addresses in use → instance name
+	deleting map[string]chan struct{}    // closed when the instance is gone
+	images   map[string]*imageInfo       // by alias or fingerprint
+	defined  map[string]*definedTemplate // templates of DefineTemplate (layers.go)
 }
 
 var (
@@ -171,6 +172,10 @@ type imageInfo struct {
 type sandbox struct {
 	id, name, dir string
 	ip            netip.Addr // egress address; invalid without internet
+	// fingerprint is the image the root was cloned from, and stack what
+	// that image holds (see propStack in layers.go).
+	fingerprint string
+	stack       []string
 
 	mu        sync.Mutex
 	spec      runtime.Spec
@@ -261,6 +266,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sbx:      map[string]*sandbox{},
 		deleting: map[string]chan struct{}{},
 		images:   map[string]*imageInfo{},
+		defined:  map[string]*definedTemplate{},
 	}
 	if _, err := b.List(ctx); err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
@@ -278,9 +284,10 @@ func orDefault(v, def int) int {
 // Client returns the backend's Incus client.
 func (b *Backend) Client() *Client { return b.c }
 
-// Templates lists the template names this backend maps to images.
+// Templates lists the template names this backend maps to images and
+// those of DefineTemplate.
 func (b *Backend) Templates(context.Context) ([]string, error) {
-	return slices.Sorted(maps.Keys(b.opts.Images)), nil
+	return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(b.opts.Images)), b.definedNames()...))), nil
 }
 
 // Compiled on first use: sandboxd re-executes itself as every local
@@ -420,6 +427,7 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		keyTemplate:                             sp.Template,
 		keyCreatedAt:                            s.createdAt.Format(time.RFC3339Nano),
 		keySpec:                                 string(specJSON),
+		keyStack:                                strings.Join(s.stack, ","),
 	}
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace
@@ -473,9 +481,11 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	// the sandbox's kept spec goes without it.
 	init := spec.EnvdInit
 	spec.EnvdInit = nil
-	ref, ok := b.opts.Images[spec.Template]
-	if !ok {
-		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	// Resolved now: a template defined again later does not change
+	// this sandbox.
+	im, stack, err := b.templateImage(ctx, spec.Template)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	if spec.AllowInternet {
 		if err := b.egress.Setup(); err != nil {
@@ -496,20 +506,16 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	wrap := func(step string, err error) error {
 		return fmt.Errorf("create sandbox %s: %s: %w", spec.ID, step, err)
 	}
-	im, err := b.image(ctx, ref)
-	if errors.Is(err, runtime.ErrNotFound) {
-		return nil, fmt.Errorf("create sandbox %s: %w: image %q of template %q", spec.ID, runtime.ErrTemplateNotFound, ref, spec.Template)
-	} else if err != nil {
-		return nil, wrap("image", err)
-	}
 
 	s := &sandbox{
-		id:        spec.ID,
-		name:      b.instanceName(spec.ID),
-		dir:       b.sockDir(b.instanceName(spec.ID)),
-		spec:      spec,
-		createdAt: time.Now().UTC(),
-		ready:     make(chan struct{}),
+		id:          spec.ID,
+		name:        b.instanceName(spec.ID),
+		dir:         b.sockDir(b.instanceName(spec.ID)),
+		spec:        spec,
+		createdAt:   time.Now().UTC(),
+		ready:       make(chan struct{}),
+		fingerprint: im.fingerprint,
+		stack:       stack,
 	}
 	// Claim the id, waiting for a deletion of the same id to finish.
 	for {
@@ -805,6 +811,12 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
 		paused: in.Status == "Frozen" || onDisk, onDisk: onDisk, ready: ready, created: true, readyAt: time.Now(),
 	}
+	if st, ok := in.Config[keyStack]; ok {
+		s.stack = strings.Split(st, ",")
+	} else {
+		s.stack = []string{sp.Template} // made before layers existed
+	}
+	s.fingerprint = in.Config["volatile.base_image"]
 	if ip, err := netip.ParseAddr(in.Config[keyEgressIP]); err == nil {
 		s.ip = ip
 		b.ips[ip] = in.Name
