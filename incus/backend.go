@@ -605,10 +605,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	opID, err = b.c.CreateInstance(pctx, req)
 	pcancel()
 	if err != nil {
-		return nil, wrap("instance", err)
+		return nil, b.createError(ctx, spec, im, wrap("instance", err))
 	}
 	posted = true
 	if _, err := b.c.Wait(ctx, opID); err != nil {
+		if gone := b.createError(ctx, spec, im, err); errors.Is(gone, runtime.ErrTemplateNotFound) {
+			return nil, gone
+		}
 		if errors.Is(err, runtime.ErrAlreadyExists) {
 			// Someone else's instance: not ours to delete; the socket
 			// directory is ours only if it did not exist before.
@@ -639,6 +642,16 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	s.mu.Unlock()
 	info.EnvdInitialized = init != nil
 	return info, nil
+}
+
+// createError is err, the failure of a create from image im, unless im is
+// gone (a layer removed after its template was defined): then
+// ErrTemplateNotFound, which Incus does not say in a way to branch on.
+func (b *Backend) createError(ctx context.Context, spec runtime.Spec, im *imageInfo, err error) error {
+	if _, ierr := b.c.Image(context.WithoutCancel(ctx), im.fingerprint); errors.Is(ierr, runtime.ErrNotFound) {
+		return fmt.Errorf("create sandbox %s: %w: the image of template %q is gone", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	}
+	return err
 }
 
 // settle finishes the start of s's running instance: envd answering

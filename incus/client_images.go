@@ -96,3 +96,15 @@ func (c *Client) DeleteSnapshot(ctx context.Context, name, snap string) error {
 		"/1.0/instances/"+url.PathEscape(name)+"/snapshots/"+url.PathEscape(snap), nil)
 	return err
 }
+
+// Snapshots lists the names of instance name's snapshots.
+func (c *Client) Snapshots(ctx context.Context, name string) ([]string, error) {
+	var urls []string
+	if err := c.query(ctx, http.MethodGet, "/1.0/instances/"+url.PathEscape(name)+"/snapshots", nil, nil, &urls); err != nil {
+		return nil, err
+	}
+	for i, u := range urls {
+		urls[i] = u[strings.LastIndex(u, "/")+1:]
+	}
+	return urls, nil
+}

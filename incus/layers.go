@@ -168,6 +168,10 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 	if b.gone(s) {
 		return fmt.Errorf("commit sandbox %s: %w", id, runtime.ErrNotFound)
 	}
+	// A Commit of the same key may have finished while we waited.
+	if have, err := b.HasLayer(ctx, key); err != nil || have {
+		return err
+	}
 	snap := "sandboxd-commit-" + rand.Text()[:12]
 	if err := b.c.CreateSnapshot(ctx, s.name, snap); err != nil {
 		return fmt.Errorf("commit sandbox %s: snapshot: %w", id, err)

@@ -200,7 +200,7 @@ func TestLayersImportImage(t *testing.T) {
 // plus that layer gives new sandboxes exactly that root; a second step
 // stacks on it; RemoveLayer waits for the sandboxes that use a layer.
 func TestLayersCommit(t *testing.T) {
-	b, _ := newBackend(t)
+	b, ns := newBackend(t)
 	ctx := t.Context()
 	k1, k2 := layerKey(), layerKey()
 	removeLayerAtCleanup(t, b, k1)
@@ -219,8 +219,12 @@ chmod 4755 /srv/app/main`)
 		t.Fatalf("Commit: %v", err)
 	}
 	t.Logf("Commit of base + a few files: %s", time.Since(t0).Round(time.Millisecond))
-	// The sandbox keeps running, and a second Commit of the key is a no-op.
+	// The sandbox keeps running, without the commit's snapshot, and a
+	// second Commit of the key is a no-op.
 	sh(t, b, box, "root", "true")
+	if snaps, err := b.Client().Snapshots(ctx, incus.InstanceName("test-"+ns, box)); err != nil || len(snaps) > 0 {
+		t.Errorf("snapshots after Commit: %v, %v; want none", snaps, err)
+	}
 	if err := b.Commit(ctx, box, k1); err != nil {
 		t.Fatalf("Commit again: %v", err)
 	}
@@ -297,6 +301,12 @@ chmod 4755 /srv/app/main`)
 		t.Fatalf("RemoveLayer of a layer in use, template undefined = %v; want ErrInUse", err)
 	}
 	sh(t, b, user, "root", "test -e /srv/app/two")
+	// A template stays defined on a layer that goes (definitions are the
+	// caller's), but it no longer starts.
+	t3 := "three-" + randHex()
+	if err := b.DefineTemplate(ctx, t3, incus.DefaultTemplate, []string{k1, k2}); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Destroy(ctx, user); err != nil {
 		t.Fatal(err)
 	}
@@ -309,9 +319,10 @@ chmod 4755 /srv/app/main`)
 	if err := b.RemoveLayer(ctx, k2); err != nil {
 		t.Fatalf("RemoveLayer of a missing layer: %v", err)
 	}
-	// A template defined on the removed layer does not start.
-	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: runtimetest.NewID(), Template: t2})); !errors.Is(err, runtime.ErrTemplateNotFound) {
-		t.Errorf("Create of an undefined template = %v; want ErrTemplateNotFound", err)
+	for _, tpl := range []string{t2, t3} { // undefined; defined on the removed layer
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: runtimetest.NewID(), Template: tpl})); !errors.Is(err, runtime.ErrTemplateNotFound) {
+			t.Errorf("Create from %s = %v; want ErrTemplateNotFound", tpl, err)
+		}
 	}
 }
 
@@ -357,4 +368,49 @@ func TestDefineTemplateErrors(t *testing.T) {
 	if err := b.Commit(ctx, runtimetest.NewID(), missing); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("Commit of an unknown sandbox = %v; want ErrNotFound", err)
 	}
+}
+
+// TestLayersRestart: layers outlive the backend (a restarted sandboxd) and
+// definitions do not; an adopted sandbox commits on the stack it was made
+// from.
+func TestLayersRestart(t *testing.T) {
+	b1, ns := newBackend(t)
+	ctx := t.Context()
+	k1, k2 := layerKey(), layerKey()
+	removeLayerAtCleanup(t, b1, k1)
+	removeLayerAtCleanup(t, b1, k2)
+	box := create(t, b1, runtime.Spec{})
+	sh(t, b1, box, "root", "echo one > /one")
+	if err := b1.Commit(ctx, box, k1); err != nil {
+		t.Fatal(err)
+	}
+	t1 := "one-" + randHex()
+	if err := b1.DefineTemplate(ctx, t1, incus.DefaultTemplate, []string{k1}); err != nil {
+		t.Fatal(err)
+	}
+	box2 := create(t, b1, runtime.Spec{Template: t1})
+
+	b2 := reopen(t, options(t, ns))
+	if have, err := b2.HasLayer(ctx, k1); err != nil || !have {
+		t.Fatalf("HasLayer after a restart = %v, %v; want true", have, err)
+	}
+	if names, _ := b2.Templates(ctx); slices.Contains(names, t1) {
+		t.Errorf("Templates() after a restart = %v; definitions do not survive", names)
+	}
+	sh(t, b2, box2, "root", "echo two > /two")
+	if err := b2.Commit(ctx, box2, k2); err != nil {
+		t.Fatalf("Commit of an adopted sandbox: %v", err)
+	}
+	t2 := "two-" + randHex()
+	if err := b2.DefineTemplate(ctx, t2, incus.DefaultTemplate, []string{k1, k2}); err != nil {
+		t.Fatalf("DefineTemplate on the adopted sandbox's layer: %v", err)
+	}
+	id := create(t, b2, runtime.Spec{Template: t2})
+	if got := sh(t, b2, id, "root", "cat /one /two"); got != "one\ntwo\n" {
+		t.Errorf("sandbox of base+[k1,k2] after a restart: %q", got)
+	}
+	for _, s := range []string{box, box2, id} {
+		_ = b2.Destroy(ctx, s)
+	}
+	_ = b2.WaitDeletes(ctx)
 }
