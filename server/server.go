@@ -36,12 +36,12 @@ const E2BPrefix = "/v1/sandboxes/e2b"
 
 // Config wires a server.
 type Config struct {
-	Manager     *sandbox.Manager
-	Store       *store.Store
-	Templates   runtime.TemplateLister // optional
+	Manager   *sandbox.Manager
+	Store     *store.Store
+	Templates runtime.TemplateLister // optional
 	// Builds serves E2B's template build API; nil answers it with 501.
-	Builds  *template.Service
-	Metrics *Metrics
+	Builds      *template.Service
+	Metrics     *Metrics
 	Log         *slog.Logger
 	EnvdVersion string
 	// Domain enables host routing (`<port>-<id>.<domain>`) and is returned

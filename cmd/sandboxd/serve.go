@@ -142,7 +142,7 @@ func serve(args []string) error {
 	}
 	mgr = sandbox.New(sandbox.Config{
 		Templates: builds,
-		Store: st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
+		Store:     st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
 		EnvdVersion: envdapi.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
