@@ -108,3 +108,19 @@ func (c *Client) Snapshots(ctx context.Context, name string) ([]string, error) {
 	}
 	return urls, nil
 }
+
+// ImageAliases lists every image alias: name → fingerprint.
+func (c *Client) ImageAliases(ctx context.Context) (map[string]string, error) {
+	var all []struct {
+		Name   string `json:"name"`
+		Target string `json:"target"`
+	}
+	if err := c.query(ctx, http.MethodGet, "/1.0/images/aliases", url.Values{"recursion": {"1"}}, nil, &all); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(all))
+	for _, a := range all {
+		out[a.Name] = a.Target
+	}
+	return out, nil
+}
