@@ -52,6 +52,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -155,6 +156,9 @@ type Backend struct {
 	deleting map[string]chan struct{}    // closed when the instance is gone
 	images   map[string]*imageInfo       // by alias or fingerprint
 	defined  map[string]*definedTemplate // templates of DefineTemplate (layers.go)
+
+	// layerOps counts Commits and ImportImages under way (layers.go).
+	layerOps atomic.Int32
 }
 
 var (

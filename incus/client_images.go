@@ -124,3 +124,12 @@ func (c *Client) ImageAliases(ctx context.Context) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// Images lists every image with its properties and aliases.
+func (c *Client) Images(ctx context.Context) ([]*Image, error) {
+	var all []*Image
+	if err := c.query(ctx, http.MethodGet, "/1.0/images", url.Values{"recursion": {"1"}}, nil, &all); err != nil {
+		return nil, err
+	}
+	return all, nil
+}

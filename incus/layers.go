@@ -183,6 +183,8 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 			b.log.Warn("incus: delete a commit's snapshot", "sandbox", id, "snapshot", snap, "err", err)
 		}
 	}()
+	b.layerOps.Add(1)
+	defer b.layerOps.Add(-1)
 	stack := append(slices.Clone(s.stack), key)
 	fp, err := b.c.CreateImage(ctx, ImagesPost{
 		Source:               ImageSource{Type: "snapshot", Name: s.name + "/" + snap},
@@ -210,6 +212,8 @@ func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) err
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
 		return err
 	}
+	b.layerOps.Add(1)
+	defer b.layerOps.Add(-1)
 	meta := imageMetadata(b.layerProperties(key, []string{"", key}))
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(repack(img, meta, pw)) }()
@@ -407,4 +411,30 @@ func (b *Backend) definedNames() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Collect(maps.Keys(b.defined))
+}
+
+// collectUnnamedLayers deletes the layer images of this namespace that have
+// no alias: a crash between publishing (or uploading) a layer and naming it
+// leaves one, and nothing else would ever find it. Run at start-up
+// (Reconcile); skipped while a Commit or ImportImage of this backend is
+// under way, whose image may be between the two.
+func (b *Backend) collectUnnamedLayers(ctx context.Context) error {
+	if b.layerOps.Load() > 0 {
+		return nil
+	}
+	all, err := b.c.Images(ctx)
+	if err != nil {
+		return fmt.Errorf("list images: %w", err)
+	}
+	var errs []error
+	for _, im := range all {
+		if _, layer := im.Properties[propLayer]; !layer || len(im.Aliases) > 0 ||
+			im.Properties[propNamespace] != b.opts.Namespace {
+			continue
+		}
+		if err := b.c.DeleteImage(ctx, im.Fingerprint); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("delete unnamed layer image %s: %w", im.Fingerprint, err))
+		}
+	}
+	return errors.Join(errs...)
 }

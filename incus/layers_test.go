@@ -414,3 +414,36 @@ func TestLayersRestart(t *testing.T) {
 	}
 	_ = b2.WaitDeletes(ctx)
 }
+
+// TestLayersReconcile: Reconcile deletes a layer image of its namespace left
+// without its alias (a crash between publish and alias), and no other.
+func TestLayersReconcile(t *testing.T) {
+	b, ns := newBackend(t)
+	ctx := t.Context()
+	c := b.Client()
+	upload := func(namespace string) string {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		meta := "architecture: x86_64\ncreation_date: 1\nproperties:\n  sandboxd.layer: \"orphan\"\n  sandboxd.namespace: \"" + namespace + "\"\n"
+		_ = tw.WriteHeader(&tar.Header{Name: "metadata.yaml", Mode: 0o644, Size: int64(len(meta))})
+		_, _ = tw.Write([]byte(meta))
+		_ = tw.WriteHeader(&tar.Header{Name: "rootfs/", Typeflag: tar.TypeDir, Mode: 0o755})
+		_ = tw.Close()
+		fp, err := c.UploadImage(ctx, &buf)
+		if err != nil {
+			t.Fatalf("upload: %v", err)
+		}
+		t.Cleanup(func() { _ = c.DeleteImage(context.Background(), fp) })
+		return fp
+	}
+	mine, other := upload("test-"+ns), upload("test-other-"+ns)
+	if err := b.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Image(ctx, mine); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("unnamed layer image of the namespace after Reconcile: %v; want it gone", err)
+	}
+	if _, err := c.Image(ctx, other); err != nil {
+		t.Errorf("another namespace's unnamed layer image after Reconcile: %v; want it kept", err)
+	}
+}

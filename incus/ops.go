@@ -400,8 +400,9 @@ func (b *Backend) syncRoot(name string) {
 
 // Reconcile finishes what a crash interrupted: instances with a
 // user.sandboxd.id that are not running or frozen (a Destroy that did not
-// complete, a failed start) are deleted, and socket directories without a
-// live sandbox are removed. It waits for the deletions it starts, as long as
+// complete, a failed start) are deleted, socket directories without a
+// live sandbox are removed, and so are layer images left without their
+// alias (collectUnnamedLayers). It waits for the deletions it starts, as long as
 // ctx allows.
 func (b *Backend) Reconcile(ctx context.Context) error {
 	all, err := b.c.Instances(ctx, keyID)
@@ -450,6 +451,9 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	if err := b.collectUnnamedLayers(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for _, e := range ents {
 		if busy[e.Name()] {
 			continue
