@@ -159,15 +159,11 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
 		return err
 	}
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id, "commit")
 	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b.gone(s) {
-		return fmt.Errorf("commit sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	// A Commit of the same key may have finished while we waited.
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
 		return err

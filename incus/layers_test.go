@@ -98,9 +98,11 @@ func busyboxImage(t *testing.T) v1.Image {
 	return img
 }
 
-// removeLayerAtCleanup removes layer key when the test ends, after every
-// sandbox of b is gone, and fails the test if the image stays.
-func removeLayerAtCleanup(t *testing.T, b *incus.Backend, key string) {
+// newLayerKey returns a fresh layer key whose layer is removed when the
+// test ends, after every sandbox of b is gone; the test fails if the image
+// stays.
+func newLayerKey(t *testing.T, b *incus.Backend) string {
+	key := layerKey()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -116,6 +118,7 @@ func removeLayerAtCleanup(t *testing.T, b *incus.Backend, key string) {
 			t.Errorf("cleanup: layer %s still there (%v)", key, err)
 		}
 	})
+	return key
 }
 
 func layerKey() string { return "test-" + randHex() + randHex() }
@@ -151,8 +154,7 @@ func create(t *testing.T, b runtime.Backend, spec runtime.Spec) string {
 func TestLayersImportImage(t *testing.T) {
 	b, _ := newBackend(t)
 	ctx := t.Context()
-	key := layerKey()
-	removeLayerAtCleanup(t, b, key)
+	key := newLayerKey(t, b)
 	img := busyboxImage(t)
 	t0 := time.Now()
 	if err := b.ImportImage(ctx, key, img); err != nil {
@@ -202,9 +204,7 @@ func TestLayersImportImage(t *testing.T) {
 func TestLayersCommit(t *testing.T) {
 	b, ns := newBackend(t)
 	ctx := t.Context()
-	k1, k2 := layerKey(), layerKey()
-	removeLayerAtCleanup(t, b, k1)
-	removeLayerAtCleanup(t, b, k2)
+	k1, k2 := newLayerKey(t, b), newLayerKey(t, b)
 
 	// Step 1 on base, with internet access as the template builder does.
 	box := create(t, b, runtime.Spec{AllowInternet: true})
@@ -376,9 +376,7 @@ func TestDefineTemplateErrors(t *testing.T) {
 func TestLayersRestart(t *testing.T) {
 	b1, ns := newBackend(t)
 	ctx := t.Context()
-	k1, k2 := layerKey(), layerKey()
-	removeLayerAtCleanup(t, b1, k1)
-	removeLayerAtCleanup(t, b1, k2)
+	k1, k2 := newLayerKey(t, b1), newLayerKey(t, b1)
 	box := create(t, b1, runtime.Spec{})
 	sh(t, b1, box, "root", "echo one > /one")
 	if err := b1.Commit(ctx, box, k1); err != nil {
