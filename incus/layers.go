@@ -48,6 +48,7 @@ const (
 	propLayer     = "sandboxd.layer"
 	propStack     = "sandboxd.stack"
 	propNamespace = "sandboxd.namespace"
+	propNonce     = "sandboxd.nonce"
 )
 
 // keyStack on an instance is the stack its root was made from (see
@@ -123,6 +124,10 @@ func (b *Backend) layerProperties(key string, stack []string) map[string]string 
 		"description": "sandboxd layer " + key,
 		propLayer:     key,
 		propStack:     strings.Join(stack, ","),
+		// Incus refuses a second image of the same fingerprint: two
+		// concurrent makings of one key (same content, same second) must
+		// each get their own image, of which nameLayer keeps one.
+		propNonce: rand.Text(),
 	}
 	if b.opts.Namespace != "" {
 		p[propNamespace] = b.opts.Namespace
@@ -138,6 +143,9 @@ func (b *Backend) nameLayer(ctx context.Context, key, fp string) error {
 	err := b.c.CreateImageAlias(ctx, b.layerAlias(key), fp, "sandboxd layer")
 	if err == nil {
 		return nil
+	}
+	if target, aerr := b.c.ImageAlias(context.WithoutCancel(ctx), b.layerAlias(key)); aerr == nil && target == fp {
+		return nil // named after all (the answer was lost)
 	}
 	if derr := b.c.DeleteImage(context.WithoutCancel(ctx), fp); derr != nil {
 		b.log.Warn("incus: delete an unnamed layer image", "layer", key, "image", fp, "err", derr)

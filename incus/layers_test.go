@@ -121,6 +121,22 @@ func newLayerKey(t *testing.T, b *incus.Backend) string {
 	return key
 }
 
+// layerImages counts the images that carry layer key in their properties.
+func layerImages(t *testing.T, b *incus.Backend, key string) int {
+	t.Helper()
+	all, err := b.Client().Images(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, im := range all {
+		if im.Properties["sandboxd.layer"] == key {
+			n++
+		}
+	}
+	return n
+}
+
 func layerKey() string { return "test-" + randHex() + randHex() }
 
 // sh runs script in sandbox id as user and returns its stdout; a failure
@@ -168,6 +184,20 @@ func TestLayersImportImage(t *testing.T) {
 	t.Logf("ImportImage of an existing key: %s", time.Since(t0).Round(time.Millisecond))
 	if have, err := b.HasLayer(ctx, key); err != nil || !have {
 		t.Fatalf("HasLayer = %v, %v; want true", have, err)
+	}
+	// Concurrent imports of one new key: both succeed, one image stays.
+	key2 := newLayerKey(t, b)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- b.ImportImage(ctx, key2, img) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent ImportImage: %v", err)
+		}
+	}
+	if n := layerImages(t, b, key2); n != 1 {
+		t.Errorf("%d images of layer %s after two concurrent imports; want 1", n, key2)
 	}
 	tpl := "imp-" + randHex()
 	if err := b.DefineTemplate(ctx, tpl, "", []string{key}); err != nil {
