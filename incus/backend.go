@@ -52,6 +52,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -150,10 +151,14 @@ type Backend struct {
 	resolv string
 
 	mu       sync.Mutex
-	sbx      map[string]*sandbox      // live and in-creation sandboxes
-	ips      map[netip.Addr]string    // egress addresses in use → instance name
-	deleting map[string]chan struct{} // closed when the instance is gone
-	images   map[string]*imageInfo    // by alias or fingerprint
+	sbx      map[string]*sandbox         // live and in-creation sandboxes
+	ips      map[netip.Addr]string       // egress addresses in use → instance name
+	deleting map[string]chan struct{}    // closed when the instance is gone
+	images   map[string]*imageInfo       // by alias or fingerprint
+	defined  map[string]*definedTemplate // templates of DefineTemplate (layers.go)
+
+	// layerOps counts Commits and ImportImages under way (layers.go).
+	layerOps atomic.Int32
 }
 
 var (
@@ -171,6 +176,10 @@ type imageInfo struct {
 type sandbox struct {
 	id, name, dir string
 	ip            netip.Addr // egress address; invalid without internet
+	// fingerprint is the image the root was cloned from, and stack what
+	// that image holds (see propStack in layers.go).
+	fingerprint string
+	stack       []string
 
 	mu        sync.Mutex
 	spec      runtime.Spec
@@ -261,6 +270,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sbx:      map[string]*sandbox{},
 		deleting: map[string]chan struct{}{},
 		images:   map[string]*imageInfo{},
+		defined:  map[string]*definedTemplate{},
 	}
 	if _, err := b.List(ctx); err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
@@ -278,9 +288,10 @@ func orDefault(v, def int) int {
 // Client returns the backend's Incus client.
 func (b *Backend) Client() *Client { return b.c }
 
-// Templates lists the template names this backend maps to images.
+// Templates lists the template names this backend maps to images and
+// those of DefineTemplate.
 func (b *Backend) Templates(context.Context) ([]string, error) {
-	return slices.Sorted(maps.Keys(b.opts.Images)), nil
+	return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(b.opts.Images)), b.definedNames()...))), nil
 }
 
 // Compiled on first use: sandboxd re-executes itself as every local
@@ -420,6 +431,7 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		keyTemplate:                             sp.Template,
 		keyCreatedAt:                            s.createdAt.Format(time.RFC3339Nano),
 		keySpec:                                 string(specJSON),
+		keyStack:                                strings.Join(s.stack, ","),
 	}
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace
@@ -473,9 +485,11 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	// the sandbox's kept spec goes without it.
 	init := spec.EnvdInit
 	spec.EnvdInit = nil
-	ref, ok := b.opts.Images[spec.Template]
-	if !ok {
-		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	// Resolved now: a template defined again later does not change
+	// this sandbox.
+	im, stack, err := b.templateImage(ctx, spec.Template)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	if spec.AllowInternet {
 		if err := b.egress.Setup(); err != nil {
@@ -496,20 +510,16 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	wrap := func(step string, err error) error {
 		return fmt.Errorf("create sandbox %s: %s: %w", spec.ID, step, err)
 	}
-	im, err := b.image(ctx, ref)
-	if errors.Is(err, runtime.ErrNotFound) {
-		return nil, fmt.Errorf("create sandbox %s: %w: image %q of template %q", spec.ID, runtime.ErrTemplateNotFound, ref, spec.Template)
-	} else if err != nil {
-		return nil, wrap("image", err)
-	}
 
 	s := &sandbox{
-		id:        spec.ID,
-		name:      b.instanceName(spec.ID),
-		dir:       b.sockDir(b.instanceName(spec.ID)),
-		spec:      spec,
-		createdAt: time.Now().UTC(),
-		ready:     make(chan struct{}),
+		id:          spec.ID,
+		name:        b.instanceName(spec.ID),
+		dir:         b.sockDir(b.instanceName(spec.ID)),
+		spec:        spec,
+		createdAt:   time.Now().UTC(),
+		ready:       make(chan struct{}),
+		fingerprint: im.fingerprint,
+		stack:       stack,
 	}
 	// Claim the id, waiting for a deletion of the same id to finish.
 	for {
@@ -599,10 +609,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	opID, err = b.c.CreateInstance(pctx, req)
 	pcancel()
 	if err != nil {
-		return nil, wrap("instance", err)
+		return nil, b.createError(ctx, spec, im, wrap("instance", err))
 	}
 	posted = true
 	if _, err := b.c.Wait(ctx, opID); err != nil {
+		if gone := b.createError(ctx, spec, im, err); errors.Is(gone, runtime.ErrTemplateNotFound) {
+			return nil, gone
+		}
 		if errors.Is(err, runtime.ErrAlreadyExists) {
 			// Someone else's instance: not ours to delete; the socket
 			// directory is ours only if it did not exist before.
@@ -633,6 +646,16 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	s.mu.Unlock()
 	info.EnvdInitialized = init != nil
 	return info, nil
+}
+
+// createError is err, the failure of a create from image im, unless im is
+// gone (a layer removed after its template was defined): then
+// ErrTemplateNotFound, which Incus does not say in a way to branch on.
+func (b *Backend) createError(ctx context.Context, spec runtime.Spec, im *imageInfo, err error) error {
+	if _, ierr := b.c.Image(context.WithoutCancel(ctx), im.fingerprint); errors.Is(ierr, runtime.ErrNotFound) {
+		return fmt.Errorf("create sandbox %s: %w: the image of template %q is gone", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	}
+	return err
 }
 
 // settle finishes the start of s's running instance: envd answering
@@ -805,6 +828,12 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
 		paused: in.Status == "Frozen" || onDisk, onDisk: onDisk, ready: ready, created: true, readyAt: time.Now(),
 	}
+	if st, ok := in.Config[keyStack]; ok {
+		s.stack = strings.Split(st, ",")
+	} else {
+		s.stack = []string{sp.Template} // made before layers existed
+	}
+	s.fingerprint = in.Config["volatile.base_image"]
 	if ip, err := netip.ParseAddr(in.Config[keyEgressIP]); err == nil {
 		s.ip = ip
 		b.ips[ip] = in.Name

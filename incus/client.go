@@ -179,13 +179,20 @@ var (
 // runtime.ErrUnavailable.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (*response, error) {
 	var rd io.Reader
+	var header http.Header
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, err
 		}
 		rd = bytes.NewReader(b)
+		header = http.Header{"Content-Type": {"application/json"}}
 	}
+	return c.send(ctx, method, path, query, rd, header)
+}
+
+// send is do with a body of any kind (an image upload) and its headers.
+func (c *Client) send(ctx context.Context, method, path string, query url.Values, rd io.Reader, header http.Header) (*response, error) {
 	if c.Project != "" {
 		if query == nil {
 			query = url.Values{}
@@ -200,8 +207,8 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return nil, err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

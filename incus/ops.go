@@ -193,15 +193,11 @@ const pausedDisk = "disk"
 // copy-on-write snapshot of the image), and a later sandboxd adopts it as
 // paused. Pausing a paused sandbox (either kind) returns nil.
 func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id, "pause")
 	if err != nil {
-		return fmt.Errorf("pause: %w", err)
+		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b.gone(s) {
-		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	if s.paused {
 		return nil
 	}
@@ -249,15 +245,11 @@ func (b *Backend) unmarkDisk(ctx context.Context, name string) error {
 // Resume thaws a sandbox paused in memory, or starts one paused to disk
 // again (restarted: envd is a new process, to be initialised again).
 func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id, "resume")
 	if err != nil {
-		return false, fmt.Errorf("resume: %w", err)
+		return false, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b.gone(s) {
-		return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	if !s.paused {
 		return false, nil
 	}
@@ -320,6 +312,21 @@ func (b *Backend) freeze(ctx context.Context, s *sandbox) error {
 	}
 	s.paused = true
 	return nil
+}
+
+// lockLive returns live sandbox id with its lock held, for lifecycle call
+// op ("pause", …); the caller unlocks.
+func (b *Backend) lockLive(ctx context.Context, id, op string) (*sandbox, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	s.mu.Lock()
+	if b.gone(s) {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%s sandbox %s: %w", op, id, runtime.ErrNotFound)
+	}
+	return s, nil
 }
 
 // gone reports whether s was destroyed (no longer the map's entry).
@@ -400,8 +407,9 @@ func (b *Backend) syncRoot(name string) {
 
 // Reconcile finishes what a crash interrupted: instances with a
 // user.sandboxd.id that are not running or frozen (a Destroy that did not
-// complete, a failed start) are deleted, and socket directories without a
-// live sandbox are removed. It waits for the deletions it starts, as long as
+// complete, a failed start) are deleted, socket directories without a
+// live sandbox are removed, and so are layer images left without their
+// alias (collectUnnamedLayers). It waits for the deletions it starts, as long as
 // ctx allows.
 func (b *Backend) Reconcile(ctx context.Context) error {
 	all, err := b.c.Instances(ctx, keyID)
@@ -450,6 +458,9 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	if err := b.collectUnnamedLayers(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for _, e := range ents {
 		if busy[e.Name()] {
 			continue

@@ -151,6 +151,23 @@ func logsContain(st e2eBuildStatus, sub string) bool {
 	return false
 }
 
+// webappSpec is a build from the base template with every kind of step,
+// COPY taking the archive of hash, and a start and a ready command.
+func webappSpec(hash string) map[string]any {
+	return map[string]any{
+		"fromImage": "e2bdev/base",
+		"steps": []map[string]any{
+			{"type": "ENV", "args": []string{"GREETING", "hi there"}},
+			{"type": "WORKDIR", "args": []string{"/home/user/app"}},
+			{"type": "COPY", "args": []string{"app", "./", "", ""}, "filesHash": hash},
+			{"type": "RUN", "args": []string{"echo \"$GREETING\" > built.txt && id -un >> built.txt"}},
+			{"type": "RUN", "args": []string{"touch /opt/by-root", "root"}},
+		},
+		"startCmd": "sleep 1; echo up > /tmp/started; sleep 100000",
+		"readyCmd": "test -f /tmp/started",
+	}
+}
+
 func TestTemplateBuildE2E(t *testing.T) {
 	e := newE2EEnv(t, "a", "b")
 	s := e.start()
@@ -164,18 +181,7 @@ func TestTemplateBuildE2E(t *testing.T) {
 	if uploadFiles(t, s, ka, b.TemplateID, hash, archive) {
 		t.Error("an uploaded hash is not reported present")
 	}
-	spec := map[string]any{
-		"fromImage": "e2bdev/base",
-		"steps": []map[string]any{
-			{"type": "ENV", "args": []string{"GREETING", "hi there"}},
-			{"type": "WORKDIR", "args": []string{"/home/user/app"}},
-			{"type": "COPY", "args": []string{"app", "./", "", ""}, "filesHash": hash},
-			{"type": "RUN", "args": []string{"echo \"$GREETING\" > built.txt && id -un >> built.txt"}},
-			{"type": "RUN", "args": []string{"touch /opt/by-root", "root"}},
-		},
-		"startCmd": "sleep 1; echo up > /tmp/started; sleep 100000",
-		"readyCmd": "test -f /tmp/started",
-	}
+	spec := webappSpec(hash)
 	st := startBuild(t, s, ka, b, spec)
 	if st.Status != "ready" {
 		t.Fatalf("build: %s, reason %+v, logs %q", st.Status, st.Reason, st.Logs)

@@ -19,6 +19,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/ociflat"
 )
 
 // ociRefAnnotation names an image in an OCI layout's index.json.
@@ -191,7 +193,7 @@ func unpackImage(ctx context.Context, img v1.Image, destDir string) (err error) 
 		return fmt.Errorf("unpack image into %s: directory not empty", destDir)
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(flatten(img, pw)) }()
+	go func() { pw.CloseWithError(ociflat.Flatten(img, pw)) }()
 	// Closing the reader ends flatten (its next write fails) if unpacking
 	// stops early.
 	defer pr.Close()
@@ -603,122 +605,4 @@ func (u *unpacker) ensureLines(rel string, lines []string) error {
 		return fmt.Errorf("write /%s: %w", rel, err)
 	}
 	return nil
-}
-
-// Whiteout names of the OCI image spec (layer.md, "Whiteouts").
-const (
-	whiteoutPrefix = ".wh."
-	whiteoutOpaque = ".wh..wh..opq"
-)
-
-// flatten writes img's layers to w as one tar stream, top layer first, with
-// the OCI whiteouts applied: an entry is dropped when an upper layer has
-// the same path (the first entry for a path wins), when an upper layer
-// deleted it or one of its parents (".wh.NAME", or a non-directory
-// replacing a parent) or when an upper layer made one of its parent
-// directories opaque (".wh..wh..opq": the lower layers' content of that
-// directory is hidden, the layer's own is kept). Whiteout entries
-// themselves are not written. It is mutate.Extract plus opaque directories,
-// which mutate.Extract ignores.
-func flatten(img v1.Image, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	layers, err := img.Layers()
-	if err != nil {
-		return fmt.Errorf("image layers: %w", err)
-	}
-	// seen: paths an upper layer had; true if nothing below them may
-	// appear (not a directory). opaque: directories made opaque, and
-	// deleted: paths whited out (".wh.NAME"), each with the index of the
-	// layer that did it: both act on lower layers only, never on what
-	// their own layer has (a ".wh.foo" sorts before the layer's own "foo").
-	seen := map[string]bool{}
-	opaque := map[string]int{}
-	deleted := map[string]int{}
-	hidden := func(name string, layer int) bool {
-		if i, ok := deleted[name]; ok && i > layer {
-			return true
-		}
-		for d := path.Dir(name); ; d = path.Dir(d) {
-			if seen[d] {
-				return true
-			}
-			if i, ok := opaque[d]; ok && i > layer {
-				return true
-			}
-			if i, ok := deleted[d]; ok && i > layer {
-				return true
-			}
-			if d == "." || d == "/" {
-				return false
-			}
-		}
-	}
-	for i := len(layers) - 1; i >= 0; i-- {
-		if err := flattenLayer(layers[i], i, tw, seen, opaque, deleted, hidden); err != nil {
-			return err
-		}
-	}
-	return tw.Close()
-}
-
-func flattenLayer(l v1.Layer, i int, tw *tar.Writer, seen map[string]bool, opaque, deleted map[string]int, hidden func(string, int) bool) error {
-	rc, err := l.Uncompressed()
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", i, err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("layer %d: %w", i, err)
-		}
-		// Absolute and escaping names pass through: the unpacker refuses
-		// them.
-		name := path.Clean(hdr.Name)
-		dir, base := path.Split(name)
-		dir = path.Clean(dir)
-		if base == whiteoutOpaque {
-			if _, ok := opaque[dir]; !ok && !hidden(name, i) {
-				opaque[dir] = i
-			}
-			continue
-		}
-		tombstone := strings.HasPrefix(base, whiteoutPrefix)
-		if tombstone {
-			name = path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
-		}
-		if hidden(name, i) {
-			continue
-		}
-		if gone, ok := seen[name]; ok {
-			// An upper layer has name. If that is a directory and this
-			// layer deletes or replaces it, the upper directory is a new
-			// one: what lower layers have below it is hidden.
-			if _, set := opaque[name]; !gone && !set && (tombstone || hdr.Typeflag != tar.TypeDir) {
-				opaque[name] = i
-			}
-			continue
-		}
-		if tombstone {
-			if _, ok := deleted[name]; !ok {
-				deleted[name] = i
-			}
-			continue
-		}
-		seen[name] = hdr.Typeflag != tar.TypeDir
-		hdr.Name = name
-		hdr.Format = tar.FormatPAX // no USTAR length limits on names
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Size > 0 {
-			if _, err := io.CopyN(tw, tr, hdr.Size); err != nil {
-				return err
-			}
-		}
-	}
 }
