@@ -508,6 +508,29 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	p.wake()
 }
 
+// Drop forgets the pools of template (one that no longer exists, such as a
+// deleted template's build) and destroys their ready members before it
+// returns; members still starting are destroyed when they are done.
+func (p *Pools) Drop(ctx context.Context, template string) {
+	var gone []*Member
+	p.mu.Lock()
+	for k, pl := range p.pools {
+		if k.Template == template {
+			gone = append(gone, pl.ready...)
+			delete(p.pools, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, m := range gone {
+		if err := p.cfg.Backend.Destroy(ctx, m.ID); err != nil {
+			p.log.Error("pool: destroy member", "member", m.ID, "err", err)
+		}
+	}
+	if len(gone) > 0 {
+		p.log.Info("pool dropped", "template", template, "members", len(gone))
+	}
+}
+
 // destroy removes a member in the background (tracked by wg).
 func (p *Pools) destroy(id string) {
 	p.wg.Add(1)

@@ -112,6 +112,8 @@ type Service struct {
 	ready map[string]sandbox.TemplateConfig
 	// running are the builds in progress, by build id.
 	running map[string]*buildLog
+	// forget is told of every build undefined (its warm members go).
+	forget func(ctx context.Context, backend string)
 	// resolved caches Resolve's answers, so that a create from a built
 	// template costs no query more than one from base; every change of
 	// names, tags, visibility or ready builds clears it.
@@ -121,6 +123,14 @@ type Service struct {
 type resolveKey struct {
 	t   tenant.ID
 	ref string
+}
+
+// OnForget registers fn to run when a build's backend template goes, before
+// its layers are collected: warm pools drop their members of it.
+func (s *Service) OnForget(fn func(ctx context.Context, backend string)) {
+	s.mu.Lock()
+	s.forget = fn
+	s.mu.Unlock()
 }
 
 // changed drops what Resolve cached.
@@ -501,7 +511,11 @@ func (s *Service) Delete(ctx context.Context, t tenant.ID, ref string) error {
 	for _, b := range builds {
 		s.mu.Lock()
 		delete(s.ready, b.ID)
+		forget := s.forget
 		s.mu.Unlock()
+		if forget != nil {
+			forget(ctx, b.ID)
+		}
 		if s.cfg.Layered != nil {
 			if err := s.cfg.Layered.UndefineTemplate(ctx, b.ID); err != nil {
 				s.log.Warn("template delete: undefine", "build_id", b.ID, "err", err)

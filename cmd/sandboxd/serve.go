@@ -151,6 +151,9 @@ func serve(args []string) error {
 		DiskInMemory: *backend == "local", // its disk is a tmpfs
 	})
 	pools := lim.newPools(mgr, be, log)
+	if pools != nil {
+		builds.OnForget(pools.Drop)
+	}
 	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
 	handler := server.New(server.Config{
