@@ -18,6 +18,12 @@ const StartTag = "e2b-start-cmd"
 // command is taken to be ready (E2B waits 20 s; a warm pool hides either).
 const DefaultReadyWait = 2 * time.Second
 
+// StartTimeout bounds a template's start: its start command launched and
+// its ready command succeeding. A template that does not get ready in it
+// fails the build that checks it, and the create or warm member that
+// starts it.
+const StartTimeout = 5 * time.Minute
+
 // readyAttempt bounds one run of a ready command.
 const readyAttempt = 10 * time.Second
 
@@ -63,6 +69,8 @@ func WaitReady(ctx context.Context, c *envdconn.Client, cfg TemplateConfig, ende
 // pool pays the start, not the create. token is envd's access token once
 // /init has set one.
 func (m *Manager) startTemplate(ctx context.Context, id, token string, cfg TemplateConfig) error {
+	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
 	c := envdconn.NewClient(func(ctx context.Context) (net.Conn, error) {
 		return m.backend.Dial(ctx, id, runtime.EnvdPort)
 	}, token, "root")

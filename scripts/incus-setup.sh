@@ -27,7 +27,7 @@ CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
 DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
-IMAGE_VERSION=1
+IMAGE_VERSION=2
 
 log() { echo "incus-setup: $*" >&2; }
 step_start=0
@@ -118,11 +118,11 @@ fi
 # --- 5. test image -------------------------------------------------------------
 tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
 if [[ ! -s $tarball ]]; then
-  step "building $tarball (debootstrap minbase bookworm + python3)"
+  step "building $tarball (debootstrap minbase bookworm + python3, iproute2, procps)"
   mkdir -p "$CACHE"
   work=$(mktemp -d "$CACHE/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
-  debootstrap --variant=minbase --include=python3 bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
+  debootstrap --variant=minbase --include=python3,iproute2,procps bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
     { tail -20 "$work/debootstrap.log" >&2; exit 1; }
   r=$work/rootfs
   rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/*
@@ -138,7 +138,7 @@ if [[ ! -s $tarball ]]; then
 architecture: x86_64
 creation_date: $(date +%s)
 properties:
-  description: sandboxd test image (Debian bookworm minbase + python3)
+  description: sandboxd test image (Debian bookworm minbase + python3, iproute2, procps)
   os: debian
   release: bookworm
   variant: sandboxd-base-v$IMAGE_VERSION

@@ -196,7 +196,11 @@ func (s *Service) StartBuild(ctx context.Context, t tenant.ID, ref, id string, s
 	}
 	s.mu.Unlock()
 	s.log.Info("template build started", "tenant", t, "template_id", tpl.ID, "build_id", id, "steps", len(spec.Steps))
-	go s.run(tpl, b, spec, l)
+	s.builds.Add(1)
+	go func() {
+		defer s.builds.Done()
+		s.run(tpl, b, spec, l)
+	}()
 	return nil
 }
 
@@ -259,17 +263,26 @@ func validateSpec(spec BuildSpec) error {
 
 // run is a build's goroutine: wait for a slot, build, record the outcome.
 func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buildLog) {
-	ctx := context.Background()
 	if len(s.slots) == cap(s.slots) {
 		l.add("info", phaseBase, "Waiting for a free build slot")
 	}
-	s.slots <- struct{}{}
-	defer func() { <-s.slots }()
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
-	defer cancel()
-
-	start := s.cfg.Now()
-	res, err := s.build(ctx, tpl, b.ID, spec, l)
+	var (
+		res   Result
+		err   error
+		start = s.cfg.Now()
+		ctx   = s.stopCtx
+	)
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(s.stopCtx, s.cfg.BuildTimeout)
+		defer cancel()
+		start = s.cfg.Now()
+		res, err = s.build(ctx, tpl, b.ID, spec, l)
+	case <-s.stopCtx.Done():
+		err = s.stopCtx.Err()
+	}
 	if err == nil {
 		err = s.define(ctx, tpl, b.ID, res)
 		if err != nil {
@@ -283,10 +296,13 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 		l.add("info", phaseFinalize, fmt.Sprintf("Build finished in %s", s.cfg.Now().Sub(start).Round(time.Millisecond)))
 	} else {
 		var se *stepError
-		if !errors.As(err, &se) {
-			if ctx.Err() != nil {
+		if !errors.As(err, &se) || s.stopCtx.Err() != nil {
+			switch {
+			case s.stopCtx.Err() != nil:
+				se = &stepError{step: phaseFinalize, msg: "sandboxd stopped during the build"}
+			case ctx.Err() != nil:
 				se = &stepError{step: phaseFinalize, msg: fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout)}
-			} else {
+			default:
 				se = &stepError{step: phaseFinalize, msg: err.Error()}
 			}
 		}
@@ -764,7 +780,9 @@ func (bd *builder) finalize(ctx context.Context, res Result) error {
 		ended <- x
 	}()
 	cfg := sandbox.TemplateConfig{Env: res.Env, Workdir: res.Workdir, StartCmd: res.StartCmd, ReadyCmd: res.ReadyCmd}
-	err := sandbox.WaitReady(ctx, c, cfg, func(context.Context) bool {
+	readyCtx, cancel := context.WithTimeout(ctx, sandbox.StartTimeout)
+	defer cancel()
+	err := sandbox.WaitReady(readyCtx, c, cfg, func(context.Context) bool {
 		select {
 		case x := <-ended:
 			bd.log.add("info", phaseFinalize, fmt.Sprintf("Start command ended (%s)", x.Status))

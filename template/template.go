@@ -105,6 +105,10 @@ type Service struct {
 	cfg   Config
 	log   *slog.Logger
 	slots chan struct{}
+	// stop ends the builds in progress (Close); builds waits for them.
+	stopCtx context.Context
+	stop    context.CancelFunc
+	builds  sync.WaitGroup
 
 	mu sync.RWMutex
 	// ready maps the backend name of every ready build (its id) to what
@@ -123,6 +127,14 @@ type Service struct {
 type resolveKey struct {
 	t   tenant.ID
 	ref string
+}
+
+// Close fails the builds in progress ("sandboxd stopped during the build"),
+// removes their build sandboxes and waits for them to be recorded; a
+// build requested after Close fails at once.
+func (s *Service) Close() {
+	s.stop()
+	s.builds.Wait()
 }
 
 // OnForget registers fn to run when a build's backend template goes, before
@@ -172,8 +184,9 @@ func New(cfg Config) (*Service, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "files"), 0o700); err != nil {
 		return nil, fmt.Errorf("template files dir: %w", err)
 	}
+	stopCtx, stop := context.WithCancel(context.Background())
 	return &Service{
-		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds),
+		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds), stopCtx: stopCtx, stop: stop,
 		ready: map[string]sandbox.TemplateConfig{}, running: map[string]*buildLog{},
 		resolved: map[resolveKey]string{},
 	}, nil

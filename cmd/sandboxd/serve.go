@@ -230,6 +230,9 @@ func serve(args []string) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = hs.Shutdown(shutdownCtx)
+	// Builds in progress fail, and their build sandboxes go, before the
+	// backend closes.
+	builds.Close()
 	stopPools()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
