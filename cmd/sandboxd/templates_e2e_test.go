@@ -6,12 +6,13 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -411,33 +412,53 @@ func TestTemplateFromRegistryE2E(t *testing.T) {
 	}
 }
 
-// A sandboxd killed mid-build fails the build at its next start and leaves
-// no build sandbox behind (the env's cleanup checks the host).
+// A sandboxd stopped mid-build (SIGTERM) fails the build and removes its
+// build sandbox before it exits; one killed (SIGKILL) fails it at its next
+// start, whose reconcile removes the build sandbox. The env's cleanup
+// checks that no sandbox is left on the host either way.
 func TestTemplateBuildCrashE2E(t *testing.T) {
-	e := newE2EEnv(t, "a")
-	s := e.start()
-	ka := e.keys["a"]
-	b := requestBuild(t, s, ka, "slow", nil)
-	r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, map[string]any{
-		"steps": []map[string]any{{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}}},
-	})
-	wantStatus(t, "start build", r, http.StatusAccepted)
-	e2eEventually(t, "build running", time.Minute, 100*time.Millisecond, func() (bool, string) {
-		r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
-		return strings.Contains(string(r.body), "[1/1] RUN"), string(r.body)
-	})
-	if err := s.stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	s = e.start()
-	st := waitBuild(t, s, ka, b)
-	if st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, "restarted") {
-		t.Errorf("build across a crash: %s %+v", st.Status, st.Reason)
-	}
-	var got map[string]any
-	r = s.api(t, http.MethodGet, "/templates/"+b.TemplateID, ka, nil)
-	_ = json.Unmarshal(r.body, &got)
-	if r.status != http.StatusOK {
-		t.Errorf("template after crash: %s", r)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		want string
+	}{
+		{syscall.SIGTERM, "sandboxd stopped during the build"},
+		{syscall.SIGKILL, "sandboxd restarted during the build"},
+	} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			e := newE2EEnv(t, "a")
+			s := e.start()
+			ka := e.keys["a"]
+			b := requestBuild(t, s, ka, "slow", nil)
+			r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, map[string]any{
+				"steps": []map[string]any{{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}}},
+			})
+			wantStatus(t, "start build", r, http.StatusAccepted)
+			e2eEventually(t, "the build sandbox running", time.Minute, 50*time.Millisecond, func() (bool, string) {
+				r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
+				ents, _ := os.ReadDir(filepath.Join(e.runDir, "sandboxes"))
+				for _, ent := range ents {
+					if strings.HasPrefix(ent.Name(), "bld-") && strings.Contains(string(r.body), `"building"`) {
+						return true, ""
+					}
+				}
+				return false, string(r.body)
+			})
+			if err := s.stop(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			if tc.sig == syscall.SIGTERM {
+				if left := e.leaks(); len(left) > 0 {
+					t.Errorf("after SIGTERM mid-build, left on the host: %v", left)
+				}
+			}
+			s = e.start()
+			st := waitBuild(t, s, ka, b)
+			if st.Status != "error" || st.Reason == nil || st.Reason.Message != tc.want {
+				t.Errorf("build across %s: %s %+v, want %q", tc.sig, st.Status, st.Reason, tc.want)
+			}
+			if r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID, ka, nil); r.status != http.StatusOK {
+				t.Errorf("template after %s: %s", tc.sig, r)
+			}
+		})
 	}
 }
