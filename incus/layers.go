@@ -442,3 +442,13 @@ func (b *Backend) collectUnnamedLayers(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// BaseDigest is the fingerprint of base's image: a new image under the same
+// alias is another base.
+func (b *Backend) BaseDigest(ctx context.Context, base string) (string, error) {
+	im, _, err := b.templateImage(ctx, base)
+	if err != nil {
+		return "", fmt.Errorf("base digest: %w", err)
+	}
+	return im.fingerprint, nil
+}

@@ -42,6 +42,12 @@ type Layered interface {
 	// ErrInvalidSpec for a name that is not a ValidID or is one of the
 	// backend's own templates.
 	DefineTemplate(ctx context.Context, name, base string, layers []string) error
+	// BaseDigest names the content of template base (one of the backend's
+	// own, or defined): it changes whenever that content may have changed
+	// (another image, a changed host directory), so that layers built on the
+	// old content are never taken for the new one's. ErrTemplateNotFound
+	// for an unknown base.
+	BaseDigest(ctx context.Context, base string) (string, error)
 	// UndefineTemplate forgets name; sandboxes already created from it are
 	// not affected. Forgetting an undefined name is not an error.
 	UndefineTemplate(ctx context.Context, name string) error

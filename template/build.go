@@ -384,8 +384,7 @@ func (bd *builder) from(ctx context.Context, spec BuildSpec) error {
 	case spec.FromTemplate != "":
 		bd.log.add("info", phaseBase, "FROM TEMPLATE "+spec.FromTemplate)
 		if bd.s.cfg.Builtin(spec.FromTemplate) {
-			bd.st.base, bd.st.chain = spec.FromTemplate, hashKey("template", spec.FromTemplate)
-			return nil
+			return bd.fromBackend(ctx, spec.FromTemplate)
 		}
 		parent, err := bd.s.Find(ctx, bd.tpl.Tenant, spec.FromTemplate)
 		if err != nil {
@@ -415,13 +414,11 @@ func (bd *builder) from(ctx context.Context, spec BuildSpec) error {
 		}
 		if name, ok := bd.s.cfg.Images[ref]; ok && spec.Registry == nil {
 			bd.log.add("info", phaseBase, fmt.Sprintf("FROM %s (sandboxd's %q template)", ref, name))
-			bd.st.base, bd.st.chain = name, hashKey("template", name)
-			return nil
+			return bd.fromBackend(ctx, name)
 		}
 		if bd.s.cfg.Builtin(ref) && spec.Registry == nil {
 			bd.log.add("info", phaseBase, "FROM "+ref)
-			bd.st.base, bd.st.chain = ref, hashKey("template", ref)
-			return nil
+			return bd.fromBackend(ctx, ref)
 		}
 		bd.log.add("info", phaseBase, "FROM "+ref)
 		key, env, err := bd.s.pull(ctx, ref, spec.Registry, bd.log)
@@ -436,6 +433,18 @@ func (bd *builder) from(ctx context.Context, spec BuildSpec) error {
 		}
 		return nil
 	}
+}
+
+// fromBackend starts on one of the backend's own templates. Its content's
+// digest is in every key built on it: a new base image (or a changed host
+// /usr) is a cache miss, not the old base's layers.
+func (bd *builder) fromBackend(ctx context.Context, name string) error {
+	digest, err := bd.s.cfg.Layered.BaseDigest(ctx, name)
+	if err != nil {
+		return failStep(phaseBase, "base template %q: %v", name, err)
+	}
+	bd.st.base, bd.st.chain = name, hashKey("template", name, digest)
+	return nil
 }
 
 func copyEnv(m map[string]string) map[string]string {

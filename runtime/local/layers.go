@@ -9,6 +9,8 @@ package local
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -372,4 +374,28 @@ func unshiftXattr(name string, val []byte, base uint32) []byte {
 		return out
 	}
 	return val
+}
+
+// BaseDigest hashes base's directories (the backend's own are named after
+// their content's digest) and, for a bind-mounted host directory (base's
+// /usr), the change times of it and its main subdirectories: a package
+// installed or removed on the host changes one of them.
+func (b *Backend) BaseDigest(_ context.Context, base string) (string, error) {
+	t := b.template(base)
+	if t == nil {
+		return "", fmt.Errorf("base digest: %w: %q", runtime.ErrTemplateNotFound, base)
+	}
+	h := sha256.New()
+	for _, l := range t.lowers {
+		fmt.Fprintf(h, "lower %s\n", l)
+	}
+	for _, m := range t.mounts {
+		fmt.Fprintf(h, "mount %s %s\n", m.Source, m.Destination)
+		for _, sub := range []string{"", "bin", "sbin", "lib", "lib64", "libexec", "share", "local/bin", "local/lib"} {
+			if fi, err := os.Stat(filepath.Join(m.Source, sub)); err == nil {
+				fmt.Fprintf(h, "%s %d\n", sub, fi.ModTime().UnixNano())
+			}
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32], nil
 }

@@ -588,3 +588,29 @@ func TestDefineTemplateConcurrent(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// BaseDigest names a base's content: stable while nothing changes, another
+// for another base, and an error for none.
+func TestBaseDigest(t *testing.T) {
+	_, b := openEnv(t, local.UserNSAuto)
+	ctx := t.Context()
+	d1, err := b.BaseDigest(ctx, "base")
+	if err != nil || len(d1) != 32 {
+		t.Fatalf("BaseDigest(base) = %q, %v", d1, err)
+	}
+	if d2, _ := b.BaseDigest(ctx, "base"); d2 != d1 {
+		t.Errorf("BaseDigest(base) changed with nothing changed: %s, %s", d1, d2)
+	}
+	if err := b.ImportImage(ctx, "img", testImage(t, testLayer(t, reg("f", "x")))); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DefineTemplate(ctx, "fromimg", "", []string{"img"}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.BaseDigest(ctx, "fromimg"); err != nil || d == d1 {
+		t.Errorf("BaseDigest of another base = %q, %v", d, err)
+	}
+	if _, err := b.BaseDigest(ctx, "nope"); !errors.Is(err, runtime.ErrTemplateNotFound) {
+		t.Errorf("BaseDigest(nope): %v", err)
+	}
+}
