@@ -55,30 +55,11 @@ const (
 // propStack), so that Commit of an adopted sandbox knows what it holds.
 const keyStack = "user.sandboxd.stack"
 
-// maxLayerKey bounds a key's length (the alias holds it), as runtime/local.
-const maxLayerKey = 128
-
 // definedTemplate is a template of DefineTemplate: an image and the stack
 // it holds.
 type definedTemplate struct {
 	image *imageInfo
 	stack []string
-}
-
-// checkLayerKey refuses a key that is not 1 to 128 ASCII letters, digits,
-// '_', '.' and '-', starting with a letter or digit: the same keys as
-// runtime/local, and all valid in an Incus alias.
-func checkLayerKey(key string) error {
-	ok := key != "" && len(key) <= maxLayerKey
-	for i := 0; ok && i < len(key); i++ {
-		c := key[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		ok = alnum || i > 0 && (c == '_' || c == '.' || c == '-')
-	}
-	if !ok {
-		return fmt.Errorf("%w: bad layer key %q", runtime.ErrInvalidSpec, key)
-	}
-	return nil
 }
 
 // layerAlias is the Incus image alias of layer key: "sandboxd-layer-<key>",
@@ -104,7 +85,7 @@ func (b *Backend) layerImage(ctx context.Context, key string) (*Image, error) {
 
 // HasLayer reports whether layer key's image exists.
 func (b *Backend) HasLayer(ctx context.Context, key string) (bool, error) {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return false, err
 	}
 	_, err := b.c.ImageAlias(ctx, b.layerAlias(key))
@@ -161,7 +142,7 @@ func (b *Backend) nameLayer(ctx context.Context, key, fp string) error {
 // uncompressed, then the snapshot is deleted. Incus unshifts the
 // container's files while it packs them, so owners inside are kept.
 func (b *Backend) Commit(ctx context.Context, id, key string) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("commit sandbox %s: %w", id, err)
 	}
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
@@ -207,7 +188,7 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 // ImportImage makes layer key from img's flattened root, with E2B's users
 // added where missing (see repack), uploaded as a unified image tarball.
 func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("import image: %w", err)
 	}
 	if img == nil {
@@ -252,7 +233,7 @@ func incusArch() string {
 // still being deleted do not count: RemoveLayer waits for those deletions
 // first, so that Incus does not see the image in use.
 func (b *Backend) RemoveLayer(ctx context.Context, key string) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("remove layer: %w", err)
 	}
 	fp, err := b.c.ImageAlias(ctx, b.layerAlias(key))
@@ -318,7 +299,7 @@ func (b *Backend) DefineTemplate(ctx context.Context, name, base string, layers 
 		return wrap(fmt.Errorf("%w: no base and no layer", runtime.ErrInvalidSpec))
 	}
 	for i, key := range layers {
-		if err := checkLayerKey(key); err != nil {
+		if err := runtime.CheckLayerKey(key); err != nil {
 			return wrap(err)
 		}
 		if slices.Contains(layers[i+1:], key) {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
@@ -51,4 +52,26 @@ type Layered interface {
 	// UndefineTemplate forgets name; sandboxes already created from it are
 	// not affected. Forgetting an undefined name is not an error.
 	UndefineTemplate(ctx context.Context, name string) error
+}
+
+// MaxLayerKey is the longest layer key.
+const MaxLayerKey = 128
+
+// CheckLayerKey refuses (ErrInvalidSpec) a key that is not 1 to
+// MaxLayerKey ASCII letters, digits, '_', '.' and '-', starting with a
+// letter or digit: keys name directories and Incus aliases, and go into
+// overlay options, where ':' and ',' separate. (No regexp: sandbox starts
+// re-execute the binary, and a package-level one would be compiled at
+// every start.)
+func CheckLayerKey(key string) error {
+	ok := key != "" && len(key) <= MaxLayerKey
+	for i := 0; ok && i < len(key); i++ {
+		c := key[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		ok = alnum || i > 0 && (c == '_' || c == '.' || c == '-')
+	}
+	if !ok {
+		return fmt.Errorf("%w: bad layer key %q", ErrInvalidSpec, key)
+	}
+	return nil
 }

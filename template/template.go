@@ -359,18 +359,6 @@ var (
 	tagRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$`)
 )
 
-// newTemplateID returns an id in E2B's format: 20 lowercase letters and
-// digits.
-func newTemplateID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
-}
-
 // Requested is a build just requested.
 type Requested struct {
 	Template store.Template
@@ -406,7 +394,7 @@ func (s *Service) Request(ctx context.Context, t tenant.ID, ref string, tags []s
 	}
 	id := uuid.NewString()
 	tpl, err := s.cfg.Store.RequestBuild(ctx, store.Template{
-		ID: newTemplateID(), Tenant: t, Name: name, CPUCount: cpu, MemoryMB: memMB,
+		ID: sandbox.NewID(), // E2B's id format, as sandboxes' Tenant: t, Name: name, CPUCount: cpu, MemoryMB: memMB,
 	}, id, s.cfg.Now())
 	if err != nil {
 		return Requested{}, err

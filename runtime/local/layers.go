@@ -35,28 +35,6 @@ func (b *Backend) layersDir() string { return layersDir(b.opts.Root) }
 
 func (b *Backend) layerDir(key string) string { return filepath.Join(b.layersDir(), key) }
 
-// maxLayerKey bounds a key's length: every layer's path goes into one
-// overlay mount option string (see overlayOptions).
-const maxLayerKey = 128
-
-// checkLayerKey refuses a key that is not 1 to 128 ASCII letters, digits,
-// '_', '.' and '-', starting with a letter or digit: it names a directory,
-// and goes into overlay options, where ':' and ',' separate. (No regexp:
-// sandbox starts re-execute this binary, and a package-level one would be
-// compiled at every start.)
-func checkLayerKey(key string) error {
-	ok := key != "" && len(key) <= maxLayerKey
-	for i := 0; ok && i < len(key); i++ {
-		c := key[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		ok = alnum || i > 0 && (c == '_' || c == '.' || c == '-')
-	}
-	if !ok {
-		return fmt.Errorf("%w: bad layer key %q", runtime.ErrInvalidSpec, key)
-	}
-	return nil
-}
-
 // layerKeys returns the keys of the layers among lowers.
 func (b *Backend) layerKeys(lowers []string) []string {
 	var keys []string
@@ -92,7 +70,7 @@ func (b *Backend) releaseLayerTemp(tmp string) {
 // ImportImage makes layer key from img's root filesystem, as an image
 // archive of Options.Templates is imported (importImage).
 func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("import image: %w", err)
 	}
 	if img == nil {
@@ -116,7 +94,7 @@ func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) err
 // paused; one paused to disk is copied from its saved layer, which nothing
 // writes.
 func (b *Backend) Commit(ctx context.Context, id, key string) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("commit sandbox %s: %w", id, err)
 	}
 	dst := b.layerDir(key)
@@ -171,7 +149,7 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 
 // HasLayer reports whether layer key exists.
 func (b *Backend) HasLayer(_ context.Context, key string) (bool, error) {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return false, err
 	}
 	_, err := os.Lstat(b.layerDir(key))
@@ -190,7 +168,7 @@ func (b *Backend) HasLayer(_ context.Context, key string) (bool, error) {
 // that resolved its template before the rename fails to mount (the
 // caller removed a layer its template has).
 func (b *Backend) RemoveLayer(_ context.Context, key string) error {
-	if err := checkLayerKey(key); err != nil {
+	if err := runtime.CheckLayerKey(key); err != nil {
 		return fmt.Errorf("remove layer: %w", err)
 	}
 	tmp := filepath.Join(b.layersDir(), ".tmp-rm-"+key+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
@@ -270,7 +248,7 @@ func (b *Backend) stack(name, base string, layers []string) (*template, error) {
 	t := &template{name: name, defined: true, userNS: true}
 	for i := len(layers) - 1; i >= 0; i-- {
 		key := layers[i]
-		if err := checkLayerKey(key); err != nil {
+		if err := runtime.CheckLayerKey(key); err != nil {
 			return nil, err
 		}
 		if slices.Contains(layers[i+1:], key) {

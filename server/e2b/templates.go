@@ -172,24 +172,31 @@ func buildLogEntry(e template.LogEntry) e2bapi.BuildLogEntry {
 	return out
 }
 
-func (a *API) GetTemplateBuildStatus(ctx context.Context, req e2bapi.GetTemplateBuildStatusRequestObject) (e2bapi.GetTemplateBuildStatusResponseObject, error) {
+// buildLog is a build with its log entries of level and above (all when
+// level is nil).
+func (a *API) buildLog(ctx context.Context, templateID, buildID string, level *e2bapi.LogLevel) (store.Build, []template.LogEntry, error) {
 	if err := a.templatesOn(); err != nil {
-		return nil, err
+		return store.Build{}, nil, err
 	}
-	b, ents, err := a.tpl.BuildInfo(ctx, tenantOf(ctx), req.TemplateID, req.BuildID)
+	b, ents, err := a.tpl.BuildInfo(ctx, tenantOf(ctx), templateID, buildID)
+	if err != nil || level == nil {
+		return b, ents, err
+	}
+	floor := levelRank(string(*level))
+	kept := ents[:0]
+	for _, e := range ents {
+		if levelRank(e.Level) >= floor {
+			kept = append(kept, e)
+		}
+	}
+	return b, kept, nil
+}
+
+func (a *API) GetTemplateBuildStatus(ctx context.Context, req e2bapi.GetTemplateBuildStatusRequestObject) (e2bapi.GetTemplateBuildStatusResponseObject, error) {
+	p := req.Params
+	b, filtered, err := a.buildLog(ctx, req.TemplateID, req.BuildID, p.Level)
 	if err != nil {
 		return nil, err
-	}
-	p := req.Params
-	minLevel := -1
-	if p.Level != nil {
-		minLevel = levelRank(string(*p.Level))
-	}
-	var filtered []template.LogEntry
-	for _, e := range ents {
-		if levelRank(e.Level) >= minLevel {
-			filtered = append(filtered, e)
-		}
 	}
 	off := int(max(deref(p.LogsOffset), 0))
 	limit := 100
@@ -210,7 +217,7 @@ func (a *API) GetTemplateBuildStatus(ctx context.Context, req e2bapi.GetTemplate
 		if b.ReasonStep != "" {
 			r.Step = ptr(b.ReasonStep)
 		}
-		for _, e := range ents {
+		for _, e := range filtered { // error entries pass every level filter
 			if e.Level == "error" {
 				*r.LogEntries = append(*r.LogEntries, buildLogEntry(e))
 			}
@@ -221,17 +228,10 @@ func (a *API) GetTemplateBuildStatus(ctx context.Context, req e2bapi.GetTemplate
 }
 
 func (a *API) GetTemplateBuildLogs(ctx context.Context, req e2bapi.GetTemplateBuildLogsRequestObject) (e2bapi.GetTemplateBuildLogsResponseObject, error) {
-	if err := a.templatesOn(); err != nil {
-		return nil, err
-	}
-	_, ents, err := a.tpl.BuildInfo(ctx, tenantOf(ctx), req.TemplateID, req.BuildID)
+	p := req.Params
+	_, ents, err := a.buildLog(ctx, req.TemplateID, req.BuildID, p.Level)
 	if err != nil {
 		return nil, err
-	}
-	p := req.Params
-	minLevel := -1
-	if p.Level != nil {
-		minLevel = levelRank(string(*p.Level))
 	}
 	backward := p.Direction != nil && *p.Direction == e2bapi.LogsDirectionBackward
 	if backward {
@@ -250,9 +250,7 @@ func (a *API) GetTemplateBuildLogs(ctx context.Context, req e2bapi.GetTemplateBu
 		if p.Cursor != nil && ((!backward && ms < *p.Cursor) || (backward && ms > *p.Cursor)) {
 			continue
 		}
-		if levelRank(e.Level) >= minLevel {
-			out.Logs = append(out.Logs, buildLogEntry(e))
-		}
+		out.Logs = append(out.Logs, buildLogEntry(e))
 	}
 	return out, nil
 }
