@@ -394,7 +394,7 @@ func (s *Service) Request(ctx context.Context, t tenant.ID, ref string, tags []s
 	}
 	id := uuid.NewString()
 	tpl, err := s.cfg.Store.RequestBuild(ctx, store.Template{
-		ID: sandbox.NewID(), // E2B's id format, as sandboxes' Tenant: t, Name: name, CPUCount: cpu, MemoryMB: memMB,
+		ID: sandbox.NewID(), Tenant: t, Name: name, CPUCount: cpu, MemoryMB: memMB, // E2B's id format, as sandboxes'
 	}, id, s.cfg.Now())
 	if err != nil {
 		return Requested{}, err
