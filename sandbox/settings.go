@@ -88,6 +88,14 @@ func (s *Settings) Get(t tenant.ID) Effective {
 	}
 }
 
+// Build returns what tenant t's template builds may use.
+func (s *Settings) Build(t tenant.ID) tenant.BuildBudget {
+	if s == nil {
+		return tenant.BuildBudget{}
+	}
+	return s.Stored(t).Over(s.defaults).Build
+}
+
 // Tenants returns the tenants the cache knows of.
 func (s *Settings) Tenants() []tenant.ID {
 	s.mu.RLock()

@@ -27,6 +27,12 @@ var undoMigration = map[int][]string{
 		`DROP TABLE template_builds`,
 		`DROP TABLE templates`,
 	},
+	5: {
+		`ALTER TABLE tenants DROP COLUMN build_cpu`,
+		`ALTER TABLE tenants DROP COLUMN build_memory_mb`,
+		`ALTER TABLE tenants DROP COLUMN build_disk_mb`,
+		`ALTER TABLE tenants DROP COLUMN build_timeout_s`,
+	},
 }
 
 // downgrade takes s's schema back to version to.

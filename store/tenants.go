@@ -48,7 +48,7 @@ var settingCols = func() []string {
 	for _, cc := range classCols {
 		cols = append(cols, cc.rate, cc.burst)
 	}
-	return cols
+	return append(cols, "build_cpu", "build_memory_mb", "build_disk_mb", "build_timeout_s")
 }()
 
 var (
@@ -63,7 +63,8 @@ func settingArgs(st tenant.Settings) []any {
 		l := st.Limit(cc.class)
 		args = append(args, sqlValue(l.Rate), sqlValue(l.Burst))
 	}
-	return args
+	b := st.Build
+	return append(args, sqlValue(b.CPU), sqlValue(b.MemoryMB), sqlValue(b.DiskMB), sqlValue(b.TimeoutS))
 }
 
 func sqlValue[T int | float64](v tenant.Value[T]) any {
@@ -89,10 +90,14 @@ func scanTenant(row rowScanner) (Tenant, error) {
 		rates                         = make([]sql.Null[float64], len(classCols))
 		bursts                        = make([]sql.Null[int], len(classCols))
 		created, updated              int64
+		build                         [4]sql.Null[int]
 	)
 	dest := []any{&t.ID, &minWarm, &maxSandboxes, &maxMem}
 	for i := range classCols {
 		dest = append(dest, &rates[i], &bursts[i])
+	}
+	for i := range build {
+		dest = append(dest, &build[i])
 	}
 	if err := row.Scan(append(dest, &created, &updated)...); err != nil {
 		return Tenant{}, err
@@ -101,6 +106,8 @@ func scanTenant(row rowScanner) (Tenant, error) {
 		MinWarm:      fromNull(minWarm),
 		MaxSandboxes: fromNull(maxSandboxes),
 		MaxMemoryMB:  fromNull(maxMem),
+		Build: tenant.BuildLimits{CPU: fromNull(build[0]), MemoryMB: fromNull(build[1]),
+			DiskMB: fromNull(build[2]), TimeoutS: fromNull(build[3])},
 	}
 	for i, cc := range classCols {
 		t.Settings.SetLimit(cc.class, tenant.Limit{Rate: fromNull(rates[i]), Burst: fromNull(bursts[i])})

@@ -2,6 +2,7 @@ package template
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -267,16 +268,20 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 		l.add("info", phaseBase, "Waiting for a free build slot")
 	}
 	var (
-		res   Result
-		err   error
-		start = s.cfg.Now()
-		ctx   = s.stopCtx
+		res     Result
+		err     error
+		start   = s.cfg.Now()
+		ctx     = s.stopCtx
+		timeout = DefaultBuildTimeout
 	)
+	if sec := s.cfg.Limits(tpl.Tenant).TimeoutS; sec > 0 {
+		timeout = time.Duration(sec) * time.Second
+	}
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(s.stopCtx, s.cfg.BuildTimeout)
+		ctx, cancel = context.WithTimeout(s.stopCtx, timeout)
 		defer cancel()
 		start = s.cfg.Now()
 		res, err = s.build(ctx, tpl, b.ID, spec, l)
@@ -301,7 +306,7 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 			case s.stopCtx.Err() != nil:
 				se = &stepError{step: phaseFinalize, msg: "sandboxd stopped during the build"}
 			case ctx.Err() != nil:
-				se = &stepError{step: phaseFinalize, msg: fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout)}
+				se = &stepError{step: phaseFinalize, msg: fmt.Sprintf("the build took longer than its limit of %s", timeout)}
 			default:
 				se = &stepError{step: phaseFinalize, msg: err.Error()}
 			}
@@ -577,26 +582,23 @@ func (bd *builder) dropBox() {
 	bd.box = ""
 }
 
+// buildResources are a build sandbox's: the template's CPUs and memory,
+// else the tenant's build limits, else the defaults; never above the
+// limits.
 func (s *Service) buildResources(tpl store.Template) runtime.Resources {
-	r := s.cfg.BuildResources
+	lim := s.cfg.Limits(tpl.Tenant)
 	def := s.cfg.Defaults()
-	if tpl.CPUCount > 0 {
-		r.CPUCount = tpl.CPUCount
+	capped := func(v, limit int) int {
+		if limit > 0 && v > limit {
+			return limit
+		}
+		return v
 	}
-	if tpl.MemoryMB > 0 {
-		r.MemoryMB = tpl.MemoryMB
+	return runtime.Resources{
+		CPUCount:   capped(cmp.Or(tpl.CPUCount, lim.CPU, def.CPUCount), lim.CPU),
+		MemoryMB:   capped(cmp.Or(tpl.MemoryMB, lim.MemoryMB, def.MemoryMB), lim.MemoryMB),
+		DiskSizeMB: cmp.Or(lim.DiskMB, def.DiskSizeMB),
 	}
-	r.CPUCount = cmpOr(r.CPUCount, def.CPUCount)
-	r.MemoryMB = cmpOr(r.MemoryMB, def.MemoryMB)
-	r.DiskSizeMB = cmpOr(r.DiskSizeMB, def.DiskSizeMB)
-	return r
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 func (bd *builder) client(user string) *envdconn.Client {

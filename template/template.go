@@ -40,6 +40,9 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
+// DefaultBuildTimeout bounds a build whose tenant's limits name no time.
+const DefaultBuildTimeout = time.Hour
+
 // DefaultTag is the tag a build gets when it names none, and the one a
 // create that names a template without a tag runs.
 const DefaultTag = "default"
@@ -85,10 +88,10 @@ type Config struct {
 	// MaxBuilds is how many builds run at once on this host; more wait.
 	// 0: 2.
 	MaxBuilds int
-	// BuildTimeout bounds one build, queueing excluded. 0: 1 h.
-	BuildTimeout time.Duration
-	// BuildResources are a build sandbox's, where the template sets none.
-	BuildResources runtime.Resources
+	// Limits are what tenant t's builds may use (per-tenant settings over
+	// the server's): a build sandbox's CPUs and memory at most, its disk,
+	// and a build's time (0: DefaultBuildTimeout). nil: no limits.
+	Limits func(t tenant.ID) tenant.BuildBudget
 	// Defaults fills in the resources a template leaves unset.
 	Defaults func() runtime.Resources
 	// PlainHTTPRegistries are registry hosts pulled over plain HTTP (a
@@ -165,8 +168,8 @@ func New(cfg Config) (*Service, error) {
 	if cfg.MaxBuilds <= 0 {
 		cfg.MaxBuilds = 2
 	}
-	if cfg.BuildTimeout <= 0 {
-		cfg.BuildTimeout = time.Hour
+	if cfg.Limits == nil {
+		cfg.Limits = func(tenant.ID) tenant.BuildBudget { return tenant.BuildBudget{} }
 	}
 	if cfg.Builtin == nil {
 		cfg.Builtin = func(string) bool { return false }

@@ -90,9 +90,25 @@ type Settings struct {
 	MinWarm      Value[int] // warm sandboxes kept per pool
 	MaxSandboxes Value[int] // live sandboxes at once, paused included
 	MaxMemoryMB  Value[int] // total memory of live sandboxes, MiB
+	// Build limits the tenant's template builds.
+	Build BuildLimits
 	// Limits holds the rate limits by route class; a class absent from it
 	// has both halves unset.
 	Limits map[Class]Limit
+}
+
+// BuildLimits are a tenant's settings for its template builds: a build
+// sandbox's CPUs, memory and disk (where the template names none; a
+// template's own CPUs and memory above these are lowered to them), and how
+// long one build may run.
+type BuildLimits struct {
+	CPU, MemoryMB, DiskMB, TimeoutS Value[int]
+}
+
+// BuildBudget is BuildLimits in effect; 0 CPU means the server's default
+// sandbox CPUs.
+type BuildBudget struct {
+	CPU, MemoryMB, DiskMB, TimeoutS int
 }
 
 // Limit returns the setting of class c (unset when absent).
@@ -113,7 +129,7 @@ func (s *Settings) SetLimit(c Class, l Limit) {
 
 // Equal reports whether s and o set the same values.
 func (s Settings) Equal(o Settings) bool {
-	if s.MinWarm != o.MinWarm || s.MaxSandboxes != o.MaxSandboxes || s.MaxMemoryMB != o.MaxMemoryMB {
+	if s.MinWarm != o.MinWarm || s.MaxSandboxes != o.MaxSandboxes || s.MaxMemoryMB != o.MaxMemoryMB || s.Build != o.Build {
 		return false
 	}
 	for c, l := range s.Limits {
@@ -136,7 +152,8 @@ func (s Settings) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    Value[int]
-	}{{"min warm", s.MinWarm}, {"max sandboxes", s.MaxSandboxes}, {"max memory", s.MaxMemoryMB}} {
+	}{{"min warm", s.MinWarm}, {"max sandboxes", s.MaxSandboxes}, {"max memory", s.MaxMemoryMB},
+		{"build cpu", s.Build.CPU}, {"build memory", s.Build.MemoryMB}, {"build disk", s.Build.DiskMB}, {"build timeout", s.Build.TimeoutS}} {
 		if err := nonNegative(f.name, f.v); err != nil {
 			return err
 		}
@@ -170,6 +187,7 @@ type Effective struct {
 	MinWarm      int
 	MaxSandboxes int
 	MaxMemoryMB  int
+	Build        BuildBudget
 	Limits       map[Class]Bucket
 }
 
@@ -182,7 +200,11 @@ func (s Settings) Over(def Effective) Effective {
 		MinWarm:      s.MinWarm.Or(def.MinWarm),
 		MaxSandboxes: s.MaxSandboxes.Or(def.MaxSandboxes),
 		MaxMemoryMB:  s.MaxMemoryMB.Or(def.MaxMemoryMB),
-		Limits:       make(map[Class]Bucket, len(Classes)),
+		Build: BuildBudget{
+			CPU: s.Build.CPU.Or(def.Build.CPU), MemoryMB: s.Build.MemoryMB.Or(def.Build.MemoryMB),
+			DiskMB: s.Build.DiskMB.Or(def.Build.DiskMB), TimeoutS: s.Build.TimeoutS.Or(def.Build.TimeoutS),
+		},
+		Limits: make(map[Class]Bucket, len(Classes)),
 	}
 	for _, c := range Classes {
 		e.Limits[c] = s.Limit(c).Over(def.Limit(c))

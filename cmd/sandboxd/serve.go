@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 const defaultRunDir = "/run/sandboxd/local"
@@ -47,9 +48,10 @@ func serve(args []string) error {
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 		maxBuilds   = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
-		buildTime   = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded)")
-		buildMemMB  = fs.Int("build-memory-mb", 2048, "memory of a template build's sandbox, MiB, where the template names none")
-		buildDiskMB = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB")
+		buildTime   = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
+		buildCPU    = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
+		buildMemMB  = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
+		buildDiskMB = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB; per tenant: tenants set --build-disk-mb")
 		plainHTTP   = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
 	)
 	templates := templateFlag{}
@@ -130,12 +132,14 @@ func serve(args []string) error {
 	}
 
 	metrics := server.NewMetrics()
-	settings := sandbox.NewSettings(st, lim.defaults(), log.With("component", "settings"))
+	defaults := lim.defaults()
+	defaults.Build = tenant.BuildBudget{CPU: *buildCPU, MemoryMB: *buildMemMB, DiskMB: *buildDiskMB, TimeoutS: int(buildTime.Seconds())}
+	settings := sandbox.NewSettings(st, defaults, log.With("component", "settings"))
 	if err := settings.Refresh(ctx); err != nil {
 		return fmt.Errorf("tenant settings: %w", err)
 	}
 	var mgr *sandbox.Manager
-	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, *buildTime, *buildMemMB, *buildDiskMB, *plainHTTP,
+	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, *plainHTTP,
 		func() sbxruntime.Resources { return mgr.TemplateResources("") }, log)
 	if err != nil {
 		return err

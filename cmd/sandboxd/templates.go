@@ -6,18 +6,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/template"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // newTemplates makes the template registry and builder on backend be.
 // Builds need a backend that holds layers (runtime.Layered); on another,
 // everything but a build works and a build fails saying why.
-func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds int, timeout time.Duration,
-	memMB, diskMB int, plainHTTP string, defaults func() runtime.Resources, log *slog.Logger) (*template.Service, error) {
+func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds int, limits func(tenant.ID) tenant.BuildBudget,
+	plainHTTP string, defaults func() runtime.Resources, log *slog.Logger) (*template.Service, error) {
 	layered, _ := be.(runtime.Layered)
 	lister, _ := be.(runtime.TemplateLister)
 	var svc *template.Service
@@ -36,9 +36,8 @@ func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds
 	}
 	svc, err := template.New(template.Config{
 		Store: st, Backend: be, Layered: layered, Builtin: builtin,
-		Dir: filepath.Join(dataDir, "templates"), MaxBuilds: maxBuilds, BuildTimeout: timeout,
-		BuildResources: runtime.Resources{MemoryMB: memMB, DiskSizeMB: diskMB},
-		Defaults:       defaults, PlainHTTPRegistries: plain,
+		Dir: filepath.Join(dataDir, "templates"), MaxBuilds: maxBuilds, Limits: limits,
+		Defaults: defaults, PlainHTTPRegistries: plain,
 		Log: log.With("component", "template"),
 	})
 	return svc, err

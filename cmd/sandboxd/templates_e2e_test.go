@@ -462,3 +462,34 @@ func TestTemplateBuildCrashE2E(t *testing.T) {
 		})
 	}
 }
+
+// A tenant's build limits hold: a step over the build memory is killed and
+// fails its build, a build over its time fails saying so, and another
+// tenant's builds keep the server's limits.
+func TestTemplateBuildLimitsE2E(t *testing.T) {
+	e := newE2EEnv(t, "small", "big")
+	e.sandboxdCLI(t, "tenants", "set", "small", "--data-dir", e.dataDir,
+		"--build-memory-mb", "64", "--build-disk-mb", "64", "--build-timeout-s", "3")
+	s := e.start()
+	// 400 MiB touched, by python3 from the host's /usr (base): over the
+	// small tenant's 64 MiB (plus its 64 MiB disk, which the local backend
+	// charges to the same cgroup), under the server's 2 GiB.
+	hog := `python3 -c 'b = bytearray(400 << 20); b[::4096] = b"x" * len(b[::4096]); print("held")'`
+	for _, tc := range []struct {
+		tenant, cmd, want string
+	}{
+		{"small", hog, "exit code"},
+		{"small", "sleep 30", "took longer than its limit of 3s"},
+		{"big", hog, ""},
+	} {
+		key := e.keys[tc.tenant]
+		b := requestBuild(t, s, key, "limits-"+e2eRandHex(3), nil)
+		st := startBuild(t, s, key, b, map[string]any{"steps": []map[string]any{{"type": "RUN", "args": []string{tc.cmd}}}})
+		switch {
+		case tc.want == "" && st.Status != "ready":
+			t.Errorf("%s: %q: %s %+v", tc.tenant, tc.cmd, st.Status, st.Reason)
+		case tc.want != "" && (st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, tc.want)):
+			t.Errorf("%s: %q: %s %+v, want a failure with %q", tc.tenant, tc.cmd, st.Status, st.Reason, tc.want)
+		}
+	}
+}

@@ -92,6 +92,8 @@ var classHelp = map[tenant.Class]struct{ rate, burst string }{
 // settingFlags are the flags of `tenants set`.
 type settingFlags struct {
 	minWarm, maxSandboxes, maxMemory opt[int]
+	buildCPU, buildMemory, buildDisk opt[int]
+	buildTimeout                     opt[int]
 	limits                           map[tenant.Class]*limitFlags
 }
 
@@ -99,6 +101,10 @@ func (f *settingFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.minWarm, "min-warm", `warm sandboxes kept ready per pool (0: none; "default": server default)`)
 	fs.Var(&f.maxSandboxes, "max-sandboxes", `live sandboxes at once, paused included (0: no limit; "default": server default)`)
 	fs.Var(&f.maxMemory, "max-memory-mb", `total memory of live sandboxes, MiB (0: no limit; "default": server default)`)
+	fs.Var(&f.buildCPU, "build-cpu", `CPUs of a template build's sandbox, at most ("default": server default)`)
+	fs.Var(&f.buildMemory, "build-memory-mb", `memory of a template build's sandbox, MiB, at most ("default": server default)`)
+	fs.Var(&f.buildDisk, "build-disk-mb", `disk of a template build's sandbox, MiB ("default": server default)`)
+	fs.Var(&f.buildTimeout, "build-timeout-s", `longest a template build may run, seconds ("default": server default)`)
 	f.limits = make(map[tenant.Class]*limitFlags, len(tenant.Classes))
 	for _, c := range tenant.Classes {
 		l := &limitFlags{}
@@ -114,13 +120,18 @@ func (f *settingFlags) any() bool {
 			return true
 		}
 	}
-	return f.minWarm.set || f.maxSandboxes.set || f.maxMemory.set
+	return f.minWarm.set || f.maxSandboxes.set || f.maxMemory.set ||
+		f.buildCPU.set || f.buildMemory.set || f.buildDisk.set || f.buildTimeout.set
 }
 
 func (f *settingFlags) apply(s *tenant.Settings) {
 	f.minWarm.apply(&s.MinWarm)
 	f.maxSandboxes.apply(&s.MaxSandboxes)
 	f.maxMemory.apply(&s.MaxMemoryMB)
+	f.buildCPU.apply(&s.Build.CPU)
+	f.buildMemory.apply(&s.Build.MemoryMB)
+	f.buildDisk.apply(&s.Build.DiskMB)
+	f.buildTimeout.apply(&s.Build.TimeoutS)
 	for c, lf := range f.limits {
 		l := s.Limit(c)
 		lf.rate.apply(&l.Rate)
@@ -135,7 +146,8 @@ func (f *settingFlags) apply(s *tenant.Settings) {
 func tenantsSet(ctx context.Context, st *store.Store, name string, f *settingFlags, out io.Writer) error {
 	if !f.any() {
 		return errors.New("tenants set: name at least one of --min-warm, --create-rate, --create-burst, --max-sandboxes, --max-memory-mb, " +
-			"--lifecycle-rate, --lifecycle-burst, --read-rate, --read-burst, --dataplane-rate, --dataplane-burst")
+			"--lifecycle-rate, --lifecycle-burst, --read-rate, --read-burst, --dataplane-rate, --dataplane-burst, " +
+			"--build-cpu, --build-memory-mb, --build-disk-mb, --build-timeout-s")
 	}
 	if _, err := st.EnsureTenant(ctx, name); err != nil {
 		return err
@@ -152,7 +164,8 @@ func tenantsSet(ctx context.Context, st *store.Store, name string, f *settingFla
 func printTenants(out io.Writer, ts []store.Tenant) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tMIN_WARM\tCREATE_RATE\tCREATE_BURST\tMAX_SANDBOXES\tMAX_MEMORY_MB\t"+
-		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST")
+		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST\t"+
+		"BUILD_CPU\tBUILD_MEMORY_MB\tBUILD_DISK_MB\tBUILD_TIMEOUT_S")
 	for _, t := range ts {
 		s := t.Settings
 		create := s.Limit(tenant.Create)
@@ -162,6 +175,7 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 			l := s.Limit(c)
 			row = append(row, show(l.Rate), show(l.Burst))
 		}
+		row = append(row, show(s.Build.CPU), show(s.Build.MemoryMB), show(s.Build.DiskMB), show(s.Build.TimeoutS))
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()
