@@ -318,7 +318,15 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
 	if err := s.cfg.Store.UpdateBuild(wctx, b, s.cfg.Now()); err != nil {
+		// The template was deleted while it built (or the store failed):
+		// nothing may start from this build.
 		s.log.Error("template build: record outcome", "build_id", b.ID, "err", err)
+		if b.Status == store.BuildReady {
+			s.mu.Lock()
+			delete(s.ready, b.ID)
+			s.mu.Unlock()
+			b.Status = store.BuildError
+		}
 	}
 	if b.Status == store.BuildReady {
 		if err := s.cfg.Store.SetTags(wctx, tpl.ID, b.ID, l.tags, s.cfg.Now()); err != nil {
