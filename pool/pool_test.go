@@ -399,3 +399,32 @@ func TestTakeAfterMiss(t *testing.T) {
 		}
 	})
 }
+
+// Drop destroys a template's ready members at once and its starting ones
+// when they are done; a claim after it misses.
+func TestDropTemplate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Parallel: 1}, 3)
+		time.Sleep(150 * time.Millisecond) // one ready, the next starting
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 1 || s.Starting != 1 {
+			t.Fatalf("before drop: %+v, want 1 ready, 1 starting", s)
+		}
+		e.seeds = nil // keyA's pool stays dropped: no seed brings it back
+		ready := e.be.IDs()
+		e.p.Drop(t.Context(), keyA.Template)
+		for _, id := range ready {
+			if e.be.Get(id) != nil {
+				t.Fatalf("ready member %s outlived the drop", id)
+			}
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := e.be.Len(); got != 0 {
+			t.Fatalf("after the starting member finished the backend holds %d, want 0", got)
+		}
+		if _, ok := e.p.Claim(keyA); ok {
+			t.Fatal("claim of a dropped template hit")
+		}
+	})
+}
