@@ -151,6 +151,9 @@ func New(lc Lifecycle, cfg Config) *Proxy {
 		Transport:     p.up.Transport(),
 		FlushInterval: -1, // every chunk at once: Connect server streams, SSE
 		ErrorHandler:  p.upstreamError,
+		// A Connect stream the sandbox breaks off ends with an error
+		// envelope, not a cut connection (connectstream.go).
+		ModifyResponse: p.guardConnectStream,
 		// Client disconnects mid-body are routine; keep them out of the
 		// warning log.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
