@@ -317,6 +317,25 @@ func TestTemplateBuildE2E(t *testing.T) {
 	e.create(t, "/sandboxes", kb, map[string]any{"templateID": "webapp"})
 	wantError(t, "delete another tenant's template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, kb, nil), http.StatusForbidden)
 
+	// GET /v2/templates pages through what GET /templates lists.
+	var whole []map[string]any
+	e2eDecode(t, "GET /templates", s.api(t, http.MethodGet, "/templates", ka, nil), &whole)
+	var paged []map[string]any
+	for next, pages := "", 0; pages == 0 || next != ""; pages++ {
+		r := s.api(t, http.MethodGet, "/v2/templates?limit=2&nextToken="+next, ka, nil)
+		wantStatus(t, "GET /v2/templates", r, http.StatusOK)
+		var page []map[string]any
+		e2eDecode(t, "GET /v2/templates", r, &page)
+		paged = append(paged, page...)
+		next = r.header.Get("X-Next-Token")
+		if pages > len(whole) {
+			t.Fatal("GET /v2/templates does not end")
+		}
+	}
+	if len(paged) != len(whole) || len(whole) < 3 {
+		t.Errorf("GET /v2/templates paged %d templates, GET /templates lists %d", len(paged), len(whole))
+	}
+
 	// Deleting a template leaves its running sandboxes alone.
 	keep, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "webapp", "secure": true})
 	r = s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil)

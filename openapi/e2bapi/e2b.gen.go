@@ -1124,6 +1124,18 @@ type GetSandboxLogsV2Params struct {
 	Search *string `form:"search,omitempty" json:"search,omitempty"`
 }
 
+// ListTemplatesV2Params defines parameters for ListTemplatesV2.
+type ListTemplatesV2Params struct {
+	// TeamID Accepted for compatibility; sandboxd scopes by the API key's tenant.
+	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
+
+	// NextToken The `X-Next-Token` of the previous page, echoed verbatim.
+	NextToken *PaginationNextToken `form:"nextToken,omitempty" json:"nextToken,omitempty"`
+
+	// Limit Page size.
+	Limit *PaginationLimit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
 
@@ -1414,6 +1426,9 @@ type ServerInterface interface {
 	// GetSandboxLogsV2 Sandbox logs (v2)
 	// (GET /v2/sandboxes/{sandboxID}/logs)
 	GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsV2Params)
+	// ListTemplatesV2 List templates, a page at a time
+	// (GET /v2/templates)
+	ListTemplatesV2(w http.ResponseWriter, r *http.Request, params ListTemplatesV2Params)
 	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5
 	// (POST /v2/templates)
 	//
@@ -1617,6 +1632,12 @@ func (_ Unimplemented) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, 
 // GetSandboxLogsV2 Sandbox logs (v2)
 // (GET /v2/sandboxes/{sandboxID}/logs)
 func (_ Unimplemented) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsV2Params) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListTemplatesV2 List templates, a page at a time
+// (GET /v2/templates)
+func (_ Unimplemented) ListTemplatesV2(w http.ResponseWriter, r *http.Request, params ListTemplatesV2Params) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2845,6 +2866,65 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogsV2(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ListTemplatesV2 operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListTemplatesV2Params
+
+	// ------------- Optional query parameter "teamID" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "teamID", r.URL.Query(), &params.TeamID, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "teamID"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "teamID", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "nextToken", r.URL.Query(), &params.NextToken, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "nextToken"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplatesV2(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // CreateTemplateV2 operation middleware
 func (siw *ServerInterfaceWrapper) CreateTemplateV2(w http.ResponseWriter, r *http.Request) {
 
@@ -3124,6 +3204,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v3/templates", wrapper.CreateTemplateV3)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v2/templates", wrapper.CreateTemplateV2)
@@ -6355,6 +6438,97 @@ func (response GetSandboxLogsV2500JSONResponse) VisitGetSandboxLogsV2Response(w 
 	return err
 }
 
+type ListTemplatesV2RequestObject struct {
+	Params ListTemplatesV2Params
+}
+
+type ListTemplatesV2ResponseObject interface {
+	VisitListTemplatesV2Response(w http.ResponseWriter) error
+}
+
+type ListTemplatesV2200ResponseHeaders struct {
+	XNextToken *string
+}
+
+type ListTemplatesV2200JSONResponse struct {
+	Body    []Template
+	Headers ListTemplatesV2200ResponseHeaders
+}
+
+func (response ListTemplatesV2200JSONResponse) VisitListTemplatesV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XNextToken != nil {
+		w.Header().Set("X-Next-Token", fmt.Sprint(*response.Headers.XNextToken))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListTemplatesV2400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListTemplatesV2400JSONResponse) VisitListTemplatesV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListTemplatesV2401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListTemplatesV2401JSONResponse) VisitListTemplatesV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListTemplatesV2429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListTemplatesV2429JSONResponse) VisitListTemplatesV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListTemplatesV2500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListTemplatesV2500JSONResponse) VisitListTemplatesV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateTemplateV2RequestObject struct {
 	Body *CreateTemplateV2JSONRequestBody
 }
@@ -6830,6 +7004,9 @@ type StrictServerInterface interface {
 	// GetSandboxLogsV2 Sandbox logs (v2)
 	// (GET /v2/sandboxes/{sandboxID}/logs)
 	GetSandboxLogsV2(ctx context.Context, request GetSandboxLogsV2RequestObject) (GetSandboxLogsV2ResponseObject, error)
+	// ListTemplatesV2 List templates, a page at a time
+	// (GET /v2/templates)
+	ListTemplatesV2(ctx context.Context, request ListTemplatesV2RequestObject) (ListTemplatesV2ResponseObject, error)
 	// CreateTemplateV2 Request a template build, SDKs 2.1-2.5
 	// (POST /v2/templates)
 	//
@@ -7767,6 +7944,32 @@ func (sh *strictHandler) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxLogsV2ResponseObject); ok {
 		if err := validResponse.VisitGetSandboxLogsV2Response(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListTemplatesV2 operation middleware
+func (sh *strictHandler) ListTemplatesV2(w http.ResponseWriter, r *http.Request, params ListTemplatesV2Params) {
+	var request ListTemplatesV2RequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListTemplatesV2(ctx, request.(ListTemplatesV2RequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListTemplatesV2")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListTemplatesV2ResponseObject); ok {
+		if err := validResponse.VisitListTemplatesV2Response(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -182,6 +182,7 @@ func TestStatuses(t *testing.T) {
 		{"GET", "/templates/{templateID}/tags", []int{200}, []int{401, 403, 404, 500}},
 		{"GET", "/templates/{templateID}/builds/{buildID}/logs", []int{200}, []int{401, 404, 500}},
 		{"PATCH", "/v2/templates/{templateID}", []int{200}, []int{400, 401, 403, 404, 500}},
+		{"GET", "/v2/templates", []int{200}, []int{400, 401, 500}},
 	}
 	covered := map[string]bool{}
 	for _, c := range cases {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -277,11 +278,46 @@ func (a *API) isBuiltin(ctx context.Context, name string) (bool, error) {
 }
 
 func (a *API) ListTemplates(ctx context.Context, _ e2bapi.ListTemplatesRequestObject) (e2bapi.ListTemplatesResponseObject, error) {
+	all, err := a.templateList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return e2bapi.ListTemplates200JSONResponse(all), nil
+}
+
+// ListTemplatesV2 is ListTemplates a page at a time: the cursor is the
+// offset into the (stable: built-ins, then by creation) list.
+func (a *API) ListTemplatesV2(ctx context.Context, req e2bapi.ListTemplatesV2RequestObject) (e2bapi.ListTemplatesV2ResponseObject, error) {
+	all, err := a.templateList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	off := 0
+	if tok := deref(req.Params.NextToken); tok != "" {
+		if off, err = strconv.Atoi(tok); err != nil || off < 0 {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("nextToken %q is not a cursor of this list", tok))
+		}
+	}
+	limit := int(deref(req.Params.Limit))
+	if limit <= 0 {
+		limit = 100
+	}
+	page := all[min(off, len(all)):min(off+limit, len(all))]
+	out := e2bapi.ListTemplatesV2200JSONResponse{Body: page}
+	if off+limit < len(all) {
+		out.Headers.XNextToken = ptr(strconv.Itoa(off + limit))
+	}
+	return out, nil
+}
+
+// templateList is every template the caller may use: the backend's own,
+// then the tenant's and the public built ones, oldest first.
+func (a *API) templateList(ctx context.Context) ([]e2bapi.Template, error) {
 	names, err := a.builtin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := e2bapi.ListTemplates200JSONResponse{}
+	out := []e2bapi.Template{}
 	for _, n := range names {
 		if a.tpl != nil && a.tpl.IsBuild(n) {
 			continue
