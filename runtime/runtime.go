@@ -115,6 +115,13 @@ type TemplateResourcer interface {
 	TemplateResources(template string) (r Resources, ok bool)
 }
 
+// TemplateEnver is a backend whose templates carry an environment (an
+// imported image's ENV): the control plane gives it to envd's /init under
+// the create's own variables, so every process of the sandbox has it.
+type TemplateEnver interface {
+	TemplateEnv(template string) map[string]string
+}
+
 // Resources are a sandbox's limits, in Spec's units. Zero means unset.
 type Resources struct {
 	CPUCount   int

@@ -39,6 +39,13 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 		DefaultUser: m.cfg.DefaultUser,
 		Timestamp:   m.now().UTC().Format(time.RFC3339Nano),
 	}
+	if te, ok := m.backend.(runtime.TemplateEnver); ok {
+		if env := te.TemplateEnv(sb.Template); len(env) > 0 {
+			merged := maps.Clone(env)
+			maps.Copy(merged, body.EnvVars)
+			body.EnvVars = merged
+		}
+	}
 	if cfg, ok := m.templateConfig(sb.Template); ok {
 		// The template's env is under the create's; its user and workdir
 		// are the defaults of every process.

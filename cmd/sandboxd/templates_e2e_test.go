@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
@@ -509,6 +510,36 @@ func TestTemplateBuildLimitsE2E(t *testing.T) {
 			t.Errorf("%s: %q: %s %+v", tc.tenant, tc.cmd, st.Status, st.Reason)
 		case tc.want != "" && (st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, tc.want)):
 			t.Errorf("%s: %q: %s %+v, want a failure with %q", tc.tenant, tc.cmd, st.Status, st.Reason, tc.want)
+		}
+	}
+}
+
+// A --template image's ENV reaches every process of its sandboxes, under
+// the create's own env vars, as a built template's does.
+func TestTemplateFlagImageEnvE2E(t *testing.T) {
+	img, err := testimage.Busybox() // ENV PATH=/bin FROM_IMAGE=yes
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "bb.tar")
+	ref, _ := name.ParseReference("bb:1")
+	if err := tarball.WriteToFile(tarPath, ref, img); err != nil {
+		t.Fatal(err)
+	}
+	e := newE2EEnv(t, "a")
+	e.serveArgs = []string{"--template", "bb=" + tarPath}
+	s := e.start()
+	ka := e.keys["a"]
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, "yes /bin\n"},
+		{map[string]string{"FROM_IMAGE": "mine"}, "mine /bin\n"},
+	} {
+		sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "bb", "secure": true, "envVars": tc.env})
+		if out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, `echo "$FROM_IMAGE $PATH"`); out.stdout != tc.want {
+			t.Errorf("create env %v: %q, want %q", tc.env, out.stdout, tc.want)
 		}
 	}
 }

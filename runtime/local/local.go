@@ -227,6 +227,7 @@ var (
 	_ runtime.TemplateLister    = (*Backend)(nil)
 	_ runtime.TemplateResourcer = (*Backend)(nil)
 	_ runtime.Layered           = (*Backend)(nil)
+	_ runtime.TemplateEnver     = (*Backend)(nil)
 )
 
 // sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
@@ -402,11 +403,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if name == BaseTemplate {
 			return nil, fmt.Errorf("local backend: template %q is built in", name)
 		}
-		lower, err := ociTemplate(ctx, filepath.Join(opts.Root, "templates"), d)
+		lower, env, err := ociTemplate(ctx, filepath.Join(opts.Root, "templates"), d)
 		if err != nil {
 			return nil, fmt.Errorf("local backend: template %q: %w", name, err)
 		}
-		b.templates[name] = &template{name: name, lowers: []string{lower}, base: name}
+		b.templates[name] = &template{name: name, lowers: []string{lower}, base: name, env: env}
 	}
 
 	if err := b.setupUserNS(created); err != nil {
@@ -495,6 +496,14 @@ func (b *Backend) TemplateResources(template string) (runtime.Resources, bool) {
 		return runtime.Resources{}, true
 	}
 	return b.opts.TemplateResources[template], true
+}
+
+// TemplateEnv returns the ENV of the image template was imported from.
+func (b *Backend) TemplateEnv(template string) map[string]string {
+	if t := b.template(template); t != nil {
+		return t.env
+	}
+	return nil
 }
 
 // Templates lists the template names this backend can create from: its

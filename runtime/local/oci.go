@@ -460,22 +460,40 @@ func (u *unpacker) link(l hardlink) error {
 // ociTemplate returns the lower directory of the template at src, a
 // directory or an image archive. Archives are imported once into
 // <tplRoot>/oci-<hash of the image's identity>, which later calls reuse.
-func ociTemplate(ctx context.Context, tplRoot, src string) (string, error) {
+func ociTemplate(ctx context.Context, tplRoot, src string) (string, map[string]string, error) {
 	if fi, err := os.Stat(src); err == nil && fi.IsDir() {
 		if _, err := os.Stat(filepath.Join(src, "oci-layout")); err != nil {
-			return filepath.Abs(src) // a plain directory, used as it is
+			dir, err := filepath.Abs(src) // a plain directory, used as it is
+			return dir, nil, err
 		}
 	}
 	img, key, err := openOCI(src)
 	if err != nil {
-		return "", err
+		return "", nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return "", nil, fmt.Errorf("image %s: config: %w", src, err)
 	}
 	sum := sha256.Sum256([]byte(ociImportVersion + "\x00" + key))
 	dst := filepath.Join(tplRoot, "oci-"+hex.EncodeToString(sum[:])[:32])
 	if err := buildDir(dst, tempSibling(dst), func(tmp string) error { return importImage(ctx, img, tmp) }); err != nil {
-		return "", fmt.Errorf("image %s: %w", src, err)
+		return "", nil, fmt.Errorf("image %s: %w", src, err)
 	}
-	return dst, nil
+	return dst, imageEnv(cf.Config.Env), nil
+}
+
+// imageEnv is an image's ENV as a map; as with template builds, the image's
+// USER and WORKDIR are not applied (sandboxes run as E2B's user in
+// /home/user).
+func imageEnv(kvs []string) map[string]string {
+	env := map[string]string{}
+	for _, kv := range kvs {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	return env
 }
 
 // importImage writes img's root filesystem into the empty directory dir,

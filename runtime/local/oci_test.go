@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/sandboxd/sandboxd/internal/testimage"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
@@ -428,4 +430,27 @@ func treeOf(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// An imported image's ENV is the template's environment (TemplateEnv),
+// which the control plane gives envd's /init.
+func TestOCITemplateEnv(t *testing.T) {
+	env := newEnv(t)
+	img, err := testimage.Busybox() // ENV PATH=/bin FROM_IMAGE=yes
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := env.options(t)
+	opts.Templates = map[string]string{"bb": saveTarball(t, img)}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"PATH": "/bin", "FROM_IMAGE": "yes"}
+	if got := b.TemplateEnv("bb"); !maps.Equal(got, want) {
+		t.Errorf("TemplateEnv(bb) = %v, want %v", got, want)
+	}
+	if got := b.TemplateEnv("base"); len(got) != 0 {
+		t.Errorf("TemplateEnv(base) = %v, want none", got)
+	}
 }

@@ -40,6 +40,8 @@ type template struct {
 	base string
 	// defined: made by DefineTemplate, not by New.
 	defined bool
+	// env is an imported image's ENV, under every sandbox's own.
+	env map[string]string
 	// userNS: its lower directories can be read idmapped (setupUserNS), so
 	// its sandboxes get a user namespace when the backend has them.
 	userNS bool
