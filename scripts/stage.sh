@@ -53,23 +53,23 @@ shift
 
 out=$(mktemp -t "stage-$name.XXXXXX")
 trap 'rm -f "$out"' EXIT
-before=0
-[[ -n ${STAGE_LOG:-} && -f $STAGE_LOG ]] && before=$(wc -l <"$STAGE_LOG")
 # Nested stages (the cgroup VMs run by test-cgroup) report that they are
 # nested, so the table's total adds up only the outer one.
 nested=${STAGE_NESTED:-0}
+# Stages run side by side (the VMs beside the SDK suites) append to the log
+# at any time: a stage's nested stages are those that name it as their
+# parent, not whatever was appended while it ran.
+id="$name.$$.$RANDOM"
 start=$SECONDS
-STAGE_NESTED=1 "$@" 2>&1 | tee "$out"
+STAGE_NESTED=1 STAGE_PARENT_ID=$id "$@" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 took=$((SECONDS - start))
 echo "stage $name: $took s, exit status $rc" >&2
 
 [[ -n ${STAGE_LOG:-} ]] || exit "$rc"
 pass= fail= parent=0 unit=tests
-after=0
-[[ -f $STAGE_LOG ]] && after=$(wc -l <"$STAGE_LOG")
 line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n1)
-if ((after != before)); then
+if awk -F'\t' -v id="$id" '$9 == id { found = 1 } END { exit !found }' "$STAGE_LOG" 2>/dev/null; then
   parent=1
 elif [[ -n $line ]]; then
   read -r pass _ fail _ <<<"$line"
@@ -82,5 +82,5 @@ elif grep -aqE '^=== cgroup-vm .* summary' "$out"; then
   fail=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- FAIL: ')
 fi
 [[ -n $pass ]] || unit=
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" >>"$STAGE_LOG"
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" >>"$STAGE_LOG"
 exit "$rc"
