@@ -33,6 +33,9 @@ type API struct {
 	domain      string // returned as the sandbox domain; "" = the client's own
 	log         *slog.Logger
 	cpu         sync.Map // sandbox id -> cpuSample, the previous metrics call's
+	// started is reported as the built-in templates' creation time (they
+	// are made, or found, when the server starts).
+	started time.Time
 }
 
 var _ e2bapi.StrictServerInterface = (*API)(nil)
@@ -52,7 +55,8 @@ type Config struct {
 // New returns E2B's API on cfg.Manager. The caller calls Forget when a
 // sandbox stops.
 func New(cfg Config) *API {
-	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log}
+	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log,
+		started: time.Now().UTC()}
 }
 
 // Forget drops what the API keeps of sandbox id (its last CPU sample).

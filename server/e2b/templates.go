@@ -325,7 +325,7 @@ func (a *API) templateList(ctx context.Context) ([]e2bapi.Template, error) {
 		r := a.mgr.TemplateResources(n)
 		out = append(out, e2bapi.Template{
 			TemplateID: n, BuildID: n, Aliases: []string{n}, Names: []string{n}, Public: true,
-			BuildStatus: "ready", EnvdVersion: a.envdVersion,
+			BuildStatus: "ready", EnvdVersion: a.envdVersion, CreatedAt: a.started, UpdatedAt: a.started,
 			CpuCount: int32(r.CPUCount), MemoryMB: int32(r.MemoryMB), DiskSizeMB: int32(r.DiskSizeMB),
 		})
 	}
