@@ -19,7 +19,8 @@
 #                   templates' default user, as which the standalone envd of
 #                   the compat suites and of the bench runs commands on the
 #                   host; and the E2B SDKs of the compat suites: `npm ci` in
-#                   compat-tests/js from the committed package-lock.json, and
+#                   compat-tests/js (and compat-tests/cli, E2B's CLI) from the
+#                   committed package-lock.json, and
 #                   a venv in compat-tests/python with requirements.txt
 #                   (pinned by constraints.txt); and schemathesis, for
 #                   `make test-schema`, in a venv in compat-tests/schema.
@@ -92,14 +93,15 @@ if ! id user >/dev/null 2>&1; then
   useradd -m -s /bin/bash user
 fi
 
-# --- JS compat suite -----------------------------------------------------------
-js=compat-tests/js
-want=$(stamp_of "$js/package-lock.json" <(node --version))
-if [[ $(cat "$js/node_modules/.deps-stamp" 2>/dev/null) != "$want" ]]; then
-  log "npm ci in $js"
-  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
-  echo "$want" >"$js/node_modules/.deps-stamp"
-fi
+# --- JS compat suite (the SDKs, and E2B's CLI for its template commands) -------
+for js in compat-tests/js compat-tests/cli; do
+  want=$(stamp_of "$js/package-lock.json" <(node --version))
+  if [[ $(cat "$js/node_modules/.deps-stamp" 2>/dev/null) != "$want" ]]; then
+    log "npm ci in $js"
+    (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want" >"$js/node_modules/.deps-stamp"
+  fi
+done
 
 # --- Python compat suite -------------------------------------------------------
 venv compat-tests/python compat-tests/python/requirements.txt compat-tests/python/constraints.txt
