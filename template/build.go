@@ -196,7 +196,11 @@ func (s *Service) StartBuild(ctx context.Context, t tenant.ID, ref, id string, s
 	}
 	s.mu.Unlock()
 	s.log.Info("template build started", "tenant", t, "template_id", tpl.ID, "build_id", id, "steps", len(spec.Steps))
-	go s.run(tpl, b, spec, l)
+	s.builds.Add(1)
+	go func() {
+		defer s.builds.Done()
+		s.run(tpl, b, spec, l)
+	}()
 	return nil
 }
 
@@ -259,11 +263,15 @@ func validateSpec(spec BuildSpec) error {
 
 // run is a build's goroutine: wait for a slot, build, record the outcome.
 func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buildLog) {
-	ctx := context.Background()
+	ctx := s.base
 	if len(s.slots) == cap(s.slots) {
 		l.add("info", phaseBase, "Waiting for a free build slot")
 	}
-	s.slots <- struct{}{}
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return // shutting down: the next Start fails the build
+	}
 	defer func() { <-s.slots }()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
 	defer cancel()
@@ -284,9 +292,12 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	} else {
 		var se *stepError
 		if !errors.As(err, &se) {
-			if ctx.Err() != nil {
+			switch {
+			case s.base.Err() != nil:
+				se = &stepError{step: phaseFinalize, msg: "sandboxd stopped during the build"}
+			case ctx.Err() != nil:
 				se = &stepError{step: phaseFinalize, msg: fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout)}
-			} else {
+			default:
 				se = &stepError{step: phaseFinalize, msg: err.Error()}
 			}
 		}

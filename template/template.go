@@ -112,6 +112,12 @@ type Service struct {
 	ready map[string]sandbox.TemplateConfig
 	// running are the builds in progress, by build id.
 	running map[string]*buildLog
+
+	// base is the builds' context, ended by Shutdown; builds counts the
+	// build goroutines.
+	base   context.Context
+	cancel context.CancelFunc
+	builds sync.WaitGroup
 }
 
 var _ sandbox.TemplateSource = (*Service)(nil)
@@ -146,10 +152,27 @@ func New(cfg Config) (*Service, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "files"), 0o700); err != nil {
 		return nil, fmt.Errorf("template files dir: %w", err)
 	}
+	base, cancel := context.WithCancel(context.Background())
 	return &Service{
 		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds),
 		ready: map[string]sandbox.TemplateConfig{}, running: map[string]*buildLog{},
+		base: base, cancel: cancel,
 	}, nil
+}
+
+// Shutdown stops the builds in progress, which remove their build
+// sandboxes (the next Start marks those builds failed), and waits for them
+// until ctx ends.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.cancel()
+	done := make(chan struct{})
+	go func() { s.builds.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("template builds did not stop: %w", ctx.Err())
+	}
 }
 
 // Start recovers after a restart: builds that were in progress are marked

@@ -201,6 +201,15 @@ func serve(args []string) error {
 		_ = hs.Close()
 		return err
 	}
+	// At shutdown, builds in progress stop and remove their build
+	// sandboxes, which outlive sandboxd otherwise (they have no row).
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := builds.Shutdown(sctx); err != nil {
+			log.Warn("template builds", "err", err)
+		}
+	}()
 	// Settings are polled so `sandboxd tenants set` applies without a
 	// restart. Warm pools start after Reconcile (which destroys members a
 	// previous process left: backend sandboxes without a row) and are

@@ -264,7 +264,10 @@ func (e *e2eEnv) sandboxdCLI(t *testing.T, args ...string) (stdout, stderr strin
 // without these settings (SANDBOXD_BIN_DIR) still starts.
 func e2eSandboxdEnviron() []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "SANDBOXD_") })
-	return append(env, "SANDBOXD_CREATE_RATE=0", "SANDBOXD_LIFECYCLE_RATE=0", "SANDBOXD_READ_RATE=0")
+	// No code-interpreter build behind every test's back (its own e2e
+	// turns it on).
+	return append(env, "SANDBOXD_CREATE_RATE=0", "SANDBOXD_LIFECYCLE_RATE=0", "SANDBOXD_READ_RATE=0",
+		"SANDBOXD_CODE_INTERPRETER=off")
 }
 
 // start starts a sandboxd on the env's data and run dirs and waits until it
