@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -401,15 +402,7 @@ func (s *Server) listContexts(w http.ResponseWriter, _ *http.Request) {
 		list = append(list, c)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(list, func(a, b *execContext) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(list, func(a, b *execContext) int { return strings.Compare(a.ID, b.ID) })
 	writeJSON(w, list)
 }
 

@@ -110,8 +110,9 @@ func runE2ETests(m *testing.M) int {
 	return m.Run()
 }
 
-// buildE2EBinaries builds what `make build` builds: a static envd, and sandboxd
-// and sandboxd-init with cgo and the seccomp profile.
+// buildE2EBinaries builds what `make build` builds: a static envd and
+// code-interpreter, and sandboxd and sandboxd-init with cgo and the seccomp
+// profile.
 func buildE2EBinaries(dir string) error {
 	sandboxdArgs := []string{"build", "-tags", "seccomp", "-trimpath"}
 	if os.Getenv("SANDBOXD_E2E_RACE") == "1" {
@@ -122,6 +123,7 @@ func buildE2EBinaries(dir string) error {
 		cgo  string
 	}{
 		{[]string{"build", "-trimpath", "-o", filepath.Join(dir, "envd"), "github.com/sandboxd/sandboxd/cmd/envd"}, "CGO_ENABLED=0"},
+		{[]string{"build", "-trimpath", "-o", filepath.Join(dir, "code-interpreter"), "github.com/sandboxd/sandboxd/cmd/code-interpreter"}, "CGO_ENABLED=0"},
 		{append(sandboxdArgs, "-o", filepath.Join(dir, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd"), "CGO_ENABLED=1"},
 		{[]string{"build", "-tags", "seccomp", "-trimpath", "-o", filepath.Join(dir, "sandboxd-init"), "github.com/sandboxd/sandboxd/cmd/sandboxd-init"}, "CGO_ENABLED=1"},
 	}

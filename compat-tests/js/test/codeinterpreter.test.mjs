@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
 import { NotFoundError, SandboxError, TimeoutError, InvalidArgumentError } from 'e2b'
-import { SANDBOXD } from './helpers.mjs'
+import { BACKEND, SANDBOXD } from './helpers.mjs'
 
 const T = { timeout: 120_000 }
 const TEMPLATE = 'code-interpreter-v1'
@@ -38,7 +38,12 @@ async function templateReady(limitMs = 20 * 60_000) {
   assert.fail(`${TEMPLATE} not built within ${limitMs / 1000} s (last: ${last})`)
 }
 
-describe('code interpreter', { skip: SANDBOXD ? false : 'sandboxd mode only (the template is sandboxd-built)' }, () => {
+// sandboxd builds the template with its template builder; the Incus
+// backend's template builds are not on this branch yet.
+const skip = !SANDBOXD ? 'sandboxd mode only (the template is sandboxd-built)'
+  : BACKEND === 'incus' ? 'the Incus backend does not build templates yet' : false
+
+describe('code interpreter', { skip }, () => {
   let sbx
   before(async () => {
     await templateReady()

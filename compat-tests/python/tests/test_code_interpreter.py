@@ -10,10 +10,16 @@ import time
 import httpx
 import pytest
 
-from conftest import SANDBOXD_ONLY
+from conftest import BACKEND, SANDBOXD_ONLY
 
 # The first test waits for the template build (minutes on a fresh data dir).
-pytestmark = [SANDBOXD_ONLY, pytest.mark.timeout(22 * 60)]
+# sandboxd builds the template with its template builder; the Incus
+# backend's template builds are not on this branch yet.
+pytestmark = [
+    SANDBOXD_ONLY,
+    pytest.mark.skipif(BACKEND == "incus", reason="the Incus backend does not build templates yet"),
+    pytest.mark.timeout(22 * 60),
+]
 
 TEMPLATE = "code-interpreter-v1"
 
