@@ -2,6 +2,8 @@ package codeinterp
 
 import (
 	"encoding/json"
+	"errors"
+	"net/http/httptest"
 	"reflect"
 	"testing"
 )
@@ -170,5 +172,22 @@ func TestNormLanguageAndSessionPath(t *testing.T) {
 	}
 	if got := sessionPath("/home/user/", "id"); got != "home/user/.sandboxd-id.ipynb" {
 		t.Errorf("sessionPath: %q", got)
+	}
+}
+
+// A keepalive that fires as the handler returns must not touch the
+// finished response (it did, and crashed the server).
+func TestNDJSONAfterClose(t *testing.T) {
+	rec := httptest.NewRecorder()
+	o := &ndjson{w: rec}
+	if err := o.write(Line{"type": typeEnd}); err != nil {
+		t.Fatal(err)
+	}
+	o.close()
+	if err := o.write(Line{"type": typeKeepalive}); !errors.Is(err, errClosed) {
+		t.Errorf("write after close: %v, want errClosed", err)
+	}
+	if got := rec.Body.String(); got != "{\"type\":\"end_of_execution\"}\n" || rec.Header().Get("Content-Type") != "application/x-ndjson" {
+		t.Errorf("body %q, content type %q", got, rec.Header().Get("Content-Type"))
 	}
 }

@@ -249,6 +249,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	// The stream starts with the first line; an error before it is an
 	// HTTP status.
 	out := &ndjson{w: w}
+	// The response is the handler's only until it returns: the keepalive
+	// goroutine may be about to write then.
+	defer out.close()
 	var lines atomic.Int64
 	stop := make(chan struct{})
 	defer close(stop)
@@ -288,12 +291,21 @@ func (s *Server) fail(w http.ResponseWriter, what string, err error) {
 	http.Error(w, what+": "+err.Error(), http.StatusInternalServerError)
 }
 
-// ndjson writes lines, flushing each, one writer at a time.
+// ndjson writes lines, flushing each, one writer at a time, until closed.
 type ndjson struct {
-	mu   sync.Mutex
-	w    http.ResponseWriter
-	bw   *bufio.Writer
-	last time.Time
+	mu     sync.Mutex
+	w      http.ResponseWriter
+	bw     *bufio.Writer
+	last   time.Time
+	closed bool
+}
+
+var errClosed = errors.New("response closed")
+
+func (o *ndjson) close() {
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
 }
 
 func (o *ndjson) write(l Line) error {
@@ -303,6 +315,9 @@ func (o *ndjson) write(l Line) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.closed {
+		return errClosed
+	}
 	if o.bw == nil {
 		o.w.Header().Set("Content-Type", "application/x-ndjson")
 		o.w.WriteHeader(http.StatusOK)
