@@ -113,6 +113,12 @@ func (c *execContext) restart(ctx context.Context) error {
 	if err := c.j.restartKernel(ctx, c.kernel); err != nil {
 		return err
 	}
+	// A websocket from before the restart may be left on the old
+	// kernel's channels: the next call connects anew.
+	if c.conn != nil {
+		c.conn.close()
+		c.conn = nil
+	}
 	c.env, c.broken = nil, false
 	return nil
 }

@@ -153,3 +153,11 @@ def test_ci_bash_and_bad_language(ci):
     assert "".join(ex.logs.stdout) == "HI FROM BASH\n"
     with pytest.raises(SandboxException):
         ci.run_code("1", language="cobol")
+
+
+def test_ci_big_output(ci):
+    n = [0]
+    ex = ci.run_code('for _ in range(50):\n    print("y" * 1_000_000)', on_stdout=lambda m: n.__setitem__(0, n[0] + len(m.line)))
+    assert ex.error is None
+    assert n[0] == 50 * 1_000_001
+    assert ci.run_code("21*2").text == "42"
