@@ -37,6 +37,11 @@ func normLanguage(l string) string {
 	return l
 }
 
+// firstReplyWait bounds the wait for a kernel's first message about a
+// request (it says busy at once when it runs): past it, the link to the
+// kernel is taken for broken rather than leave the client hanging.
+const firstReplyWait = 30 * time.Second
+
 // drainWait bounds how long an execution whose client went away may take
 // to stop after the interrupt; past it, its kernel is restarted.
 const drainWait = 10 * time.Second
@@ -252,10 +257,16 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 	interrupted := false
 	var drain <-chan time.Time
 	cancelled := ctx.Done()
+	first := time.NewTimer(firstReplyWait)
+	defer first.Stop()
 	for !e.done {
 		var lines []Line
 		select {
+		case <-first.C:
+			lines = e.kernelGone("the kernel did not answer")
+			c.broken = true
 		case m := <-ch:
+			first.Stop()
 			if strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_") {
 				lines = e.kernelGone("the kernel died; the context has a new kernel for the next execution")
 				// Jupyter restarts a dead kernel itself; one it could
