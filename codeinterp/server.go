@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -94,13 +95,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("default python context: %w", err)
 	}
 	s.ready.Store(true)
-	s.log.Info("code interpreter ready", "languages", slices.Sorted(func(yield func(string) bool) {
-		for l := range langs {
-			if !yield(l) {
-				return
-			}
-		}
-	}))
+	s.log.Info("code interpreter ready", "languages", slices.Sorted(maps.Keys(langs)))
 	return nil
 }
 

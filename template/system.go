@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,13 +45,7 @@ func (t SystemTemplate) version() string {
 		Spec     BuildSpec
 		Files    []string
 		CPU, Mem int
-	}{t.Spec, slices.Sorted(func(yield func(string) bool) {
-		for h := range t.Files {
-			if !yield(h) {
-				return
-			}
-		}
-	}), t.CPUCount, t.MemoryMB})
+	}{t.Spec, slices.Sorted(maps.Keys(t.Files)), t.CPUCount, t.MemoryMB})
 	return "sbx-" + hashKey(string(raw))[:16]
 }
 
