@@ -318,6 +318,20 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
   else
     sbxd_args=()
+    # The code-interpreter template's build pip-installs from PyPI. Where
+    # PyPI resolves to a mirror on an address sandboxes may not reach by
+    # default (private or special-purpose), open that address, else the
+    # build would retry for many minutes and the tests wait for it. One
+    # flag, comma-separated: sbxd_args[1] names the backend above.
+    local pypi
+    pypi=$(python3 -c '
+import ipaddress, socket
+ips = {a[4][0] for h in ("pypi.org", "files.pythonhosted.org") for a in socket.getaddrinfo(h, 443, socket.AF_INET)}
+print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))' 2>/dev/null)
+    if [[ -n $pypi ]]; then
+      echo "compat-tests: PyPI resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
+      sbxd_args=("--egress-allow-cidr=$pypi")
+    fi
   fi
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
