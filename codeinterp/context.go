@@ -210,8 +210,8 @@ func (c *execContext) setEnv(ctx context.Context, want map[string]string) error 
 	return nil
 }
 
-// Execute runs code with the sandbox's env vars (base) and the call's
-// (call, which win) set, streaming its output to emit. The call's own
+// Execute runs code with the sandbox's env vars (base; nil when unknown)
+// and the call's (call, which win) set, streaming its output to emit. The call's own
 // vars are undone afterwards. An error before any output is the caller's
 // to answer with; after that, failures are error lines.
 func (c *execContext) Execute(ctx context.Context, code string, base, call map[string]string, emit func(Line) error) error {
@@ -221,6 +221,11 @@ func (c *execContext) Execute(ctx context.Context, code string, base, call map[s
 	defer c.release()
 	if err := c.ready(ctx); err != nil {
 		return err
+	}
+	if base == nil {
+		// The sandbox's vars are unknown this time (envd did not
+		// answer): keep what the kernel has.
+		base = maps.Clone(c.env)
 	}
 	want := maps.Clone(base)
 	if want == nil {

@@ -337,7 +337,8 @@ func (o *ndjson) idleFor() time.Duration {
 
 // sandboxEnv reads the sandbox's env vars from envd, with the access
 // token the SDK sent (envd refuses without one when the sandbox is
-// secure). None, when envd does not answer: the code still runs.
+// secure). nil when envd does not answer: the code still runs, with the
+// vars the kernel has.
 func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string {
 	if s.cfg.Envd == "" {
 		return nil
@@ -359,7 +360,7 @@ func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string
 		s.log.Warn("envd /envs", "status", resp.Status)
 		return nil
 	}
-	var env map[string]string
+	env := map[string]string{}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&env); err != nil {
 		s.log.Warn("envd /envs", "err", err)
 		return nil
