@@ -66,6 +66,8 @@ func ensureCodeInterpreter(ctx context.Context, builds *template.Service, binPat
 		}
 	})
 	switch {
+	case err != nil && ctx.Err() != nil:
+		log.Info("code interpreter template: build stopped with sandboxd; it starts again at the next start")
 	case err != nil:
 		log.Error("code interpreter template: build failed; sandboxd retries at its next start", "err", err, "elapsed_s", int(time.Since(start).Seconds()))
 	case built:

@@ -23,7 +23,10 @@ func TestCodeInterpreterE2E(t *testing.T) {
 	e := newE2EEnv(t, "a")
 	e.serveArgs = append(e.serveArgs, "--code-interpreter=build")
 	if cidr := os.Getenv("SANDBOXD_E2E_EGRESS_ALLOW_CIDR"); cidr != "" {
-		e.serveArgs = append(e.serveArgs, "--egress-allow-cidr="+cidr)
+		// A subnet of its own: the allowance lives in the subnet's
+		// nftables table, which another sandboxd on the default subnet
+		// (any other test run on this host) rewrites without it.
+		e.serveArgs = append(e.serveArgs, "--egress-allow-cidr="+cidr, "--egress-subnet=10.199.0.0/16")
 	}
 	s := e.start()
 	ka := e.keys["a"]
