@@ -310,8 +310,9 @@ EOF
 }
 
 run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
-  local mode=$1 data out left before=
+  local mode=$1 data out left before= mode_backend=local
   if [[ $mode == incus ]]; then
+    mode_backend=incus
     # --egress-subnet: 10.134.0.0/24, the one /24 of Incus's default subnet
     # that the incus package's tests never pick, so both can run at once.
     sbxd_args=(--backend incus --egress-subnet 10.134.0.0/24)
@@ -321,8 +322,10 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     # The code-interpreter template's build pip-installs from PyPI. Where
     # PyPI resolves to a mirror on an address sandboxes may not reach by
     # default (private or special-purpose), open that address, else the
-    # build would retry for many minutes and the tests wait for it. One
-    # flag, comma-separated: sbxd_args[1] names the backend above.
+    # build would retry for many minutes and the tests wait for it. On a
+    # subnet of its own: the allowance lives in the subnet's nftables
+    # table, which any other sandboxd on the default subnet (a test run on
+    # this host) rewrites without it.
     local pypi
     pypi=$(python3 -c '
 import ipaddress, socket
@@ -330,7 +333,7 @@ ips = {a[4][0] for h in ("pypi.org", "files.pythonhosted.org") for a in socket.g
 print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))' 2>/dev/null)
     if [[ -n $pypi ]]; then
       echo "compat-tests: PyPI resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
-      sbxd_args=("--egress-allow-cidr=$pypi")
+      sbxd_args=("--egress-allow-cidr=$pypi" --egress-subnet 10.198.0.0/16)
     fi
   fi
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
@@ -346,7 +349,7 @@ print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_g
     total_fail=$((total_fail + 1))
   else
     echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
-    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=${sbxd_args[1]:-local}" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
+    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key")
     run_suites "$mode"
