@@ -8,11 +8,11 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build deps envd sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-go test-compat test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-go test-compat test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
-build: envd sandboxd sandboxd-init
+build: envd code-interpreter sandboxd sandboxd-init
 
 # The Debian packages the cgo builds need (gcc, libc6-dev, libseccomp-dev,
 # pkg-config) and the local backend runs (nftables, iproute2): installed
@@ -23,6 +23,11 @@ deps:
 # envd is static (no cgo) so the same binary runs inside any template.
 envd:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+
+# The code-interpreter-v1 template's server (cmd/code-interpreter): static,
+# like envd; sandboxd copies it into the template it builds.
+code-interpreter:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/code-interpreter ./cmd/code-interpreter
 
 # sandboxd needs cgo (libcontainer's nsenter) and libseccomp (the seccomp
 # profile of local sandboxes); see runtime/local/DEPS.md.

@@ -159,6 +159,9 @@ func (h *Harness) launchSandboxd(ctx context.Context, attempt int, extra []strin
 	}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", h.dataDir(), "--run-dir", h.runDir}, extra...)
 	cmd := exec.Command(filepath.Join(h.binDir, "sandboxd"), args...)
+	// No code-interpreter template build (pip) competing with what is
+	// measured; an older sandboxd ignores the variable.
+	cmd.Env = append(os.Environ(), "SANDBOXD_CODE_INTERPRETER=off")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group: a Ctrl-C in the terminal reaches only the bench,
 	// which then deletes its sandboxes before it stops sandboxd.

@@ -130,13 +130,19 @@ run_js() { # run_js MODE
     dir=$(mktemp -d -t compat-js.XXXXXX); tmp_dirs+=("$dir")
     cp -r "$here/js/test" "$dir/"
     printf '{"name":"compat-js-latest","private":true,"type":"module"}\n' >"$dir/package.json"
-    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error "e2b@$js_ver") >&2 \
-      || { echo "compat-tests: npm install e2b@$js_ver failed" >&2; total_fail=$((total_fail + 1)); return; }
+    # The code-interpreter SDK too: the newest with the newest e2b, else the pinned one.
+    local ci_ver=latest
+    [[ $js_ver != latest ]] && ci_ver=$(node -p "require('$here/js/package.json').dependencies['@e2b/code-interpreter']")
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error "e2b@$js_ver" "@e2b/code-interpreter@$ci_ver") >&2 \
+      || { echo "compat-tests: npm install e2b@$js_ver @e2b/code-interpreter@$ci_ver failed" >&2; total_fail=$((total_fail + 1)); return; }
   fi
   ver=$(node -p "require('$dir/node_modules/e2b/package.json').version" 2>/dev/null)
   local js_files=test/*.test.mjs
   if [[ -n ${COMPAT_JS_TESTS:-} ]]; then js_files=$(printf 'test/%s ' $COMPAT_JS_TESTS); fi
   echo "=== [$mode] JS suite: e2b@$ver (node $(node --version))"
+  # A file has --test-timeout in all: the code-interpreter file cannot also
+  # wait out the template build sandboxd started, so that wait is here.
+  if [[ $mode == sandboxd && ( -z ${COMPAT_JS_TESTS:-} || $js_files == *codeinterpreter* ) ]]; then wait_code_interpreter; fi
   (cd "$dir" && env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
     --test-timeout=90000 $js_files) 2>&1 | tee "$out"
   local p f c
@@ -175,6 +181,25 @@ run_py() { # run_py MODE
   echo "[$mode] Python: $p passed, $((f + e)) failed"
   summary+=("[$mode] Python: $p passed, $((f + e)) failed")
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f + e)); ran_any=$((ran_any + p + f + e))
+}
+
+# wait_code_interpreter: waits (at most 20 min) until the code-interpreter-v1
+# template that sandboxd builds at start is ready, or its build failed.
+wait_code_interpreter() {
+  echo "compat-tests: waiting for sandboxd's code-interpreter-v1 build (pip from PyPI)"
+  python3 - "http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "$sbxd_key" <<'EOF2'
+import json, sys, time, urllib.request
+api, key = sys.argv[1], sys.argv[2]
+start = time.monotonic()
+while time.monotonic() - start < 1200:
+    req = urllib.request.Request(api + "/templates", headers={"X-API-Key": key})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        st = next((t["buildStatus"] for t in json.load(r) if "code-interpreter-v1" in (t.get("aliases") or [])), "")
+    if st in ("ready", "error"):
+        print(f"compat-tests: code-interpreter-v1 {st} after {time.monotonic() - start:.0f} s")
+        break
+    time.sleep(2)
+EOF2
 }
 
 run_suites() { # run_suites MODE
@@ -310,14 +335,31 @@ start_registry() {
 }
 
 run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
-  local mode=$1 data out left before=
+  local mode=$1 data out left before= mode_backend=local
   if [[ $mode == incus ]]; then
+    mode_backend=incus
     # --egress-subnet: 10.134.0.0/24, the one /24 of Incus's default subnet
     # that the incus package's tests never pick, so both can run at once.
     sbxd_args=(--backend incus --egress-subnet 10.134.0.0/24)
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
   else
     sbxd_args=()
+    # The code-interpreter template's build pip-installs from PyPI. Where
+    # PyPI resolves to a mirror on an address sandboxes may not reach by
+    # default (private or special-purpose), open that address, else the
+    # build would retry for many minutes and the tests wait for it. On a
+    # subnet of its own: the allowance lives in the subnet's nftables
+    # table, which any other sandboxd on the default subnet (a test run on
+    # this host) rewrites without it.
+    local pypi
+    pypi=$(python3 -c '
+import ipaddress, socket
+ips = {a[4][0] for h in ("pypi.org", "files.pythonhosted.org") for a in socket.getaddrinfo(h, 443, socket.AF_INET)}
+print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))' 2>/dev/null)
+    if [[ -n $pypi ]]; then
+      echo "compat-tests: PyPI resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
+      sbxd_args=("--egress-allow-cidr=$pypi" --egress-subnet 10.198.0.0/16)
+    fi
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
@@ -333,7 +375,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     total_fail=$((total_fail + 1))
   else
     echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
-    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=${sbxd_args[1]:-local}" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
+    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}")
     run_suites "$mode"

@@ -61,7 +61,7 @@ PY
 
 key=$("$sandboxd" keys create --data-dir "$work/data" --tenant schema 2>>"$work/sandboxd.log")
 setsid "$sandboxd" serve --listen "127.0.0.1:$port" --data-dir "$work/data" --run-dir "$run_dir" \
-  --envd "$envd" >>"$work/sandboxd.log" 2>&1 &
+  --envd "$envd" --code-interpreter=off >>"$work/sandboxd.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
   curl -fsS "$base/health" >/dev/null 2>&1 && break

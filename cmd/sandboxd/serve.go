@@ -53,6 +53,7 @@ func serve(args []string) error {
 		buildMemMB  = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
 		buildDiskMB = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB; per tenant: tenants set --build-disk-mb")
 		plainHTTP   = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
+		codeInterp  = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
 	)
 	templates := templateFlag{}
 	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
@@ -67,6 +68,9 @@ func serve(args []string) error {
 		// A bare boolean-style flag stops at its name: "--local-userns off"
 		// would mean on, and an ignored "off".
 		return fmt.Errorf("serve: unexpected argument %q (give flag values with =, e.g. --local-userns=off)", fs.Arg(0))
+	}
+	if err := codeInterpreterMode(*codeInterp); err != nil {
+		return err
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -210,6 +214,14 @@ func serve(args []string) error {
 	// drained after the HTTP server has shut down.
 	stopSettings := background(context.Background(), func(ctx context.Context) { settings.Run(ctx, lim.settingsPoll) })
 	defer stopSettings()
+	if *codeInterp == "build" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		stopCI := background(ctx, func(ctx context.Context) { ensureCodeInterpreter(ctx, builds, codeInterpreterBin(exe), log) })
+		defer stopCI()
+	}
 	stopPools := func() {}
 	if pools != nil {
 		stopPools = background(context.Background(), pools.Run)

@@ -110,8 +110,9 @@ func runE2ETests(m *testing.M) int {
 	return m.Run()
 }
 
-// buildE2EBinaries builds what `make build` builds: a static envd, and sandboxd
-// and sandboxd-init with cgo and the seccomp profile.
+// buildE2EBinaries builds what `make build` builds: a static envd and
+// code-interpreter, and sandboxd and sandboxd-init with cgo and the seccomp
+// profile.
 func buildE2EBinaries(dir string) error {
 	sandboxdArgs := []string{"build", "-tags", "seccomp", "-trimpath"}
 	if os.Getenv("SANDBOXD_E2E_RACE") == "1" {
@@ -122,6 +123,7 @@ func buildE2EBinaries(dir string) error {
 		cgo  string
 	}{
 		{[]string{"build", "-trimpath", "-o", filepath.Join(dir, "envd"), "github.com/sandboxd/sandboxd/cmd/envd"}, "CGO_ENABLED=0"},
+		{[]string{"build", "-trimpath", "-o", filepath.Join(dir, "code-interpreter"), "github.com/sandboxd/sandboxd/cmd/code-interpreter"}, "CGO_ENABLED=0"},
 		{append(sandboxdArgs, "-o", filepath.Join(dir, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd"), "CGO_ENABLED=1"},
 		{[]string{"build", "-tags", "seccomp", "-trimpath", "-o", filepath.Join(dir, "sandboxd-init"), "github.com/sandboxd/sandboxd/cmd/sandboxd-init"}, "CGO_ENABLED=1"},
 	}
@@ -264,7 +266,10 @@ func (e *e2eEnv) sandboxdCLI(t *testing.T, args ...string) (stdout, stderr strin
 // without these settings (SANDBOXD_BIN_DIR) still starts.
 func e2eSandboxdEnviron() []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "SANDBOXD_") })
-	return append(env, "SANDBOXD_CREATE_RATE=0", "SANDBOXD_LIFECYCLE_RATE=0", "SANDBOXD_READ_RATE=0")
+	// No code-interpreter build behind every test's back (its own e2e
+	// turns it on).
+	return append(env, "SANDBOXD_CREATE_RATE=0", "SANDBOXD_LIFECYCLE_RATE=0", "SANDBOXD_READ_RATE=0",
+		"SANDBOXD_CODE_INTERPRETER=off")
 }
 
 // start starts a sandboxd on the env's data and run dirs and waits until it

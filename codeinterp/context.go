@@ -1,0 +1,325 @@
+package codeinterp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Languages and the kernels that run them. A language whose kernel is not
+// installed is refused with 400.
+var kernels = map[string]string{
+	"python":     "python3",
+	"bash":       "bash",
+	"javascript": "javascript",
+	"typescript": "tslab",
+	"r":          "ir",
+	"java":       "java",
+}
+
+// normLanguage spells a language as E2B's server does.
+func normLanguage(l string) string {
+	l = strings.ToLower(strings.TrimSpace(l))
+	switch l {
+	case "js":
+		return "javascript"
+	case "ts":
+		return "typescript"
+	}
+	return l
+}
+
+// firstReplyWait bounds the wait for a kernel's first message about a
+// request (it says busy at once when it runs): past it, the link to the
+// kernel is taken for broken rather than leave the client hanging.
+const firstReplyWait = 30 * time.Second
+
+// drainWait bounds how long an execution whose client went away may take
+// to stop after the interrupt; past it, its kernel is restarted.
+const drainWait = 10 * time.Second
+
+// execContext is one E2B context: a Jupyter session with its kernel, and
+// the env vars applied to it. Executions in a context run one at a time.
+type execContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+
+	j       *Jupyter
+	log     *slog.Logger
+	session string
+	kernel  string
+	lock    chan struct{} // held by the running execution
+
+	conn *kernelConn
+	// env is what this kernel's environment has of the sandbox's and
+	// the calls' env vars; restarts is the conn's restart count it was
+	// set at.
+	env      map[string]string
+	restarts int
+	// broken: the kernel died, or an interrupted execution did not
+	// stop; the next call restarts it.
+	broken bool
+}
+
+func (c *execContext) acquire(ctx context.Context) error {
+	select {
+	case c.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *execContext) release() { <-c.lock }
+
+// ready makes sure the kernel is up and connected; the lock is held.
+func (c *execContext) ready(ctx context.Context) error {
+	if c.broken {
+		if c.conn != nil {
+			c.conn.close()
+			c.conn = nil
+		}
+		if err := c.j.restartKernel(ctx, c.kernel); err != nil {
+			return fmt.Errorf("restart the kernel: %w", err)
+		}
+		c.env, c.broken = nil, false
+	}
+	if c.conn != nil && !c.conn.alive() {
+		c.conn = nil
+	}
+	if c.conn == nil {
+		conn, err := c.j.connect(ctx, c.kernel)
+		if err != nil {
+			return err
+		}
+		c.conn, c.env, c.restarts = conn, nil, conn.restarts()
+	}
+	if c.conn.restarts() != c.restarts {
+		c.env, c.restarts = nil, c.conn.restarts()
+	}
+	return nil
+}
+
+// restart restarts the kernel: its state is gone.
+func (c *execContext) restart(ctx context.Context) error {
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	if err := c.j.restartKernel(ctx, c.kernel); err != nil {
+		return err
+	}
+	// A websocket from before the restart may be left on the old
+	// kernel's channels: the next call connects anew.
+	if c.conn != nil {
+		c.conn.close()
+		c.conn = nil
+	}
+	c.env, c.broken = nil, false
+	return nil
+}
+
+func (c *execContext) shutdown(ctx context.Context) error {
+	if c.conn != nil {
+		c.conn.close()
+	}
+	return c.j.deleteSession(ctx, c.session)
+}
+
+var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// envCode is the code that sets env vars in a kernel of language and
+// unsets others; "" when the language has no way or nothing changes.
+func envCode(language string, set map[string]string, unset []string) string {
+	if len(set) == 0 && len(unset) == 0 {
+		return ""
+	}
+	keys := slices.Sorted(maps.Keys(set))
+	switch language {
+	case "python":
+		// A JSON object of strings is a Python dict literal.
+		obj, _ := json.Marshal(set)
+		rm, _ := json.Marshal(unset)
+		return fmt.Sprintf("import os as _sbx_os\n_sbx_os.environ.update(%s)\n[_sbx_os.environ.pop(_k, None) for _k in %s]\ndel _sbx_os", obj, rm)
+	case "bash":
+		var b strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&b, "export %s='%s'\n", k, strings.ReplaceAll(set[k], "'", `'\''`))
+		}
+		for _, k := range unset {
+			fmt.Fprintf(&b, "unset %s\n", k)
+		}
+		return b.String()
+	case "javascript", "typescript":
+		obj, _ := json.Marshal(set)
+		rm, _ := json.Marshal(unset)
+		return fmt.Sprintf("Object.assign(process.env, %s); for (const k of %s) delete process.env[k];", obj, rm)
+	}
+	return ""
+}
+
+// envDiff is what turns have into want.
+func envDiff(have, want map[string]string) (set map[string]string, unset []string) {
+	set = map[string]string{}
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			set[k] = v
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			unset = append(unset, k)
+		}
+	}
+	slices.Sort(unset)
+	if unset == nil {
+		unset = []string{} // a JSON list, not null, in the kernel's code
+	}
+	return set, unset
+}
+
+// setEnv brings the kernel's env vars to want; the lock is held.
+func (c *execContext) setEnv(ctx context.Context, want map[string]string) error {
+	set, unset := envDiff(c.env, want)
+	code := envCode(c.Language, set, unset)
+	if code == "" {
+		return nil
+	}
+	var failed Line
+	if err := c.run(ctx, code, true, func(l Line) error {
+		if l["type"] == typeError {
+			failed = l
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if failed != nil {
+		return fmt.Errorf("set env vars: %v: %v", failed["name"], failed["value"])
+	}
+	c.env = maps.Clone(want)
+	return nil
+}
+
+// Execute runs code with the sandbox's env vars (base; nil when unknown)
+// and the call's (call, which win) set, streaming its output to emit. The call's own
+// vars are undone afterwards. An error before any output is the caller's
+// to answer with; after that, failures are error lines.
+func (c *execContext) Execute(ctx context.Context, code string, base, call map[string]string, emit func(Line) error) error {
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	if base == nil {
+		// The sandbox's vars are unknown this time (envd did not
+		// answer): keep what the kernel has.
+		base = maps.Clone(c.env)
+	}
+	want := maps.Clone(base)
+	if want == nil {
+		want = map[string]string{}
+	}
+	maps.Copy(want, call)
+	if err := c.setEnv(ctx, want); err != nil {
+		c.log.Warn("env vars", "context", c.ID, "err", err)
+	}
+	err := c.run(ctx, code, false, emit)
+	if len(call) > 0 && !c.broken && c.conn != nil && c.conn.alive() {
+		// Undo the call's vars even when its client left.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainWait)
+		if uerr := c.setEnv(uctx, base); uerr != nil {
+			c.log.Warn("env vars: undo", "context", c.ID, "err", uerr)
+			c.broken = true
+		}
+		cancel()
+	}
+	return err
+}
+
+// run executes code and maps the kernel's replies to emit until the
+// kernel is idle again. When ctx ends first (the client left or timed
+// out) the kernel is interrupted and the rest is drained unseen.
+func (c *execContext) run(ctx context.Context, code string, silent bool, emit func(Line) error) error {
+	id, ch, done, err := c.conn.execute(code, silent)
+	if err != nil {
+		c.broken = true
+		return err
+	}
+	defer done()
+	e := &execution{msgID: id}
+	interrupted := false
+	var drain <-chan time.Time
+	cancelled := ctx.Done()
+	first := time.NewTimer(firstReplyWait)
+	defer first.Stop()
+	for !e.done {
+		var lines []Line
+		select {
+		case <-first.C:
+			lines = e.kernelGone("the kernel did not answer")
+			c.broken = true
+		case m := <-ch:
+			first.Stop()
+			if strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_") {
+				lines = e.kernelGone("the kernel died; the context has a new kernel for the next execution")
+				// Jupyter restarts a dead kernel itself; one it could
+				// not is restarted by the next call.
+				c.broken = m.Header.MsgType == "sandboxd_kernel_dead"
+			} else {
+				lines = e.handle(m)
+			}
+		case <-c.conn.closed:
+			lines = e.kernelGone("the connection to the kernel was lost")
+			c.broken = true
+		case <-cancelled:
+			cancelled = nil
+			if !interrupted {
+				interrupted = true
+				ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				if err := c.j.interruptKernel(ictx, c.kernel); err != nil {
+					c.log.Warn("interrupt", "context", c.ID, "err", err)
+				}
+				cancel()
+				drain = time.After(drainWait)
+			}
+		case <-drain:
+			c.broken = true
+			return fmt.Errorf("execution did not stop after an interrupt: %w", ctx.Err())
+		}
+		if interrupted {
+			continue
+		}
+		for _, l := range lines {
+			if err := emit(l); err != nil && cancelled != nil {
+				// The client is gone: stop the code like a cancel.
+				cancelled = closedChan
+			}
+		}
+	}
+	if interrupted {
+		return ctx.Err()
+	}
+	return nil
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// sessionPath is the session path whose directory is cwd, relative to the
+// Jupyter Server's root (/).
+func sessionPath(cwd, id string) string {
+	return strings.TrimPrefix(path.Join(cwd, ".sandboxd-"+id+".ipynb"), "/")
+}
+
+var errUnknownLanguage = errors.New("unsupported language")
