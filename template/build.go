@@ -215,11 +215,6 @@ func validateSpec(spec BuildSpec) error {
 	if spec.Registry != nil && spec.FromImage == "" {
 		return bad("fromImageRegistry needs fromImage")
 	}
-	if spec.ReadyCmd != "" && spec.StartCmd == "" {
-		// E2B accepts a ready command alone: it checks readiness of
-		// the template's own start (none) — nothing to wait for.
-		_ = spec
-	}
 	for i, st := range spec.Steps {
 		n := i + 1
 		switch st.Type {

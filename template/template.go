@@ -296,13 +296,11 @@ func (s *Service) Resolve(ctx context.Context, t tenant.ID, ref string) (string,
 	name, tag := splitRef(ref)
 	tpl, err := s.cfg.Store.FindTemplate(ctx, t, name)
 	if errors.Is(err, store.ErrNotFound) {
-		if _, ok := s.Config(ref); ok && tag == DefaultTag {
-			// A build id, as getInfo reports it: its template must be
-			// visible to t.
-			if c, _ := s.Config(ref); c.TemplateID != "" {
-				if _, err := s.cfg.Store.FindTemplate(ctx, t, c.TemplateID); err == nil {
-					return ref, true, nil
-				}
+		// A build id (what the backend knows a sandbox's template by): its
+		// template must be visible to t.
+		if c, ok := s.Config(ref); ok && tag == DefaultTag && c.TemplateID != "" {
+			if _, err := s.cfg.Store.FindTemplate(ctx, t, c.TemplateID); err == nil {
+				return ref, true, nil
 			}
 		}
 		return "", false, nil
