@@ -7,7 +7,8 @@
 #      systemd here) and waits for it;
 #   4. creates a btrfs storage pool on a loop file (no network: sandboxes
 #      are network-less, and this script never creates one);
-#   5. builds the test image: a debootstrap minbase bookworm with python3,
+#   5. builds the test image: a debootstrap minbase bookworm with python3
+#      (and venv), nodejs, iproute2 (ss) and procps,
 #      a user "user" (uid 1000) and a fallback /sbin/init, cached as a
 #      unified tarball under /var/cache/sandboxd/incus, and imports it with
 #      an alias.
@@ -27,7 +28,7 @@ CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
 DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
-IMAGE_VERSION=2
+IMAGE_VERSION=3
 
 log() { echo "incus-setup: $*" >&2; }
 step_start=0
@@ -118,11 +119,11 @@ fi
 # --- 5. test image -------------------------------------------------------------
 tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
 if [[ ! -s $tarball ]]; then
-  step "building $tarball (debootstrap minbase bookworm + python3, iproute2, procps)"
+  step "building $tarball (debootstrap minbase bookworm + python3, python3-venv, nodejs, iproute2, procps)"
   mkdir -p "$CACHE"
   work=$(mktemp -d "$CACHE/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
-  debootstrap --variant=minbase --include=python3,iproute2,procps bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
+  debootstrap --variant=minbase --include=python3,python3-venv,nodejs,iproute2,procps bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
     { tail -20 "$work/debootstrap.log" >&2; exit 1; }
   r=$work/rootfs
   rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/*
@@ -138,7 +139,7 @@ if [[ ! -s $tarball ]]; then
 architecture: x86_64
 creation_date: $(date +%s)
 properties:
-  description: sandboxd test image (Debian bookworm minbase + python3, iproute2, procps)
+  description: sandboxd test image (Debian bookworm minbase + python3, python3-venv, nodejs, iproute2, procps)
   os: debian
   release: bookworm
   variant: sandboxd-base-v$IMAGE_VERSION

@@ -6,8 +6,10 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -541,5 +543,55 @@ func TestTemplateFlagImageEnvE2E(t *testing.T) {
 		if out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, `echo "$FROM_IMAGE $PATH"`); out.stdout != tc.want {
 			t.Errorf("create env %v: %q, want %q", tc.env, out.stdout, tc.want)
 		}
+	}
+}
+
+// A template from an image made of Debian packages (scripts/incus-setup.sh's
+// debootstrap: python3, python3-venv, nodejs, iproute2), pulled from a
+// registry on loopback: the Python and Node toolchains work in its build
+// steps, in its start command (a server the ready command waits for with
+// ss, as the SDKs' waitForPort does) and in its sandboxes.
+func TestTemplateFromDebianImageE2E(t *testing.T) {
+	img, err := testimage.Debian(testimage.DebianCache)
+	if errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
+		t.Skip(err) // CI runs incus-setup.sh first, which builds it
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := testRegistry(t, "", "")
+	ref := pushImage(t, reg, "test/debian:bookworm", "", "", img)
+	e := newE2EEnv(t, "a")
+	e.serveArgs = append(e.serveArgs, "--plain-http-registries="+reg)
+	s := e.start()
+	ka := e.keys["a"]
+
+	archive, hash := tarGz(t, map[string]string{
+		"app/":         "",
+		"app/hello.py": "import json, sys\nprint(json.dumps({'py': sys.version_info[0]}))\n",
+		"app/hello.js": "console.log(JSON.stringify({node: Number(process.versions.node.split('.')[0]) > 0}))\n",
+	})
+	b := requestBuild(t, s, ka, "debian-tools", nil)
+	uploadFiles(t, s, ka, b.TemplateID, hash, archive)
+	st := startBuild(t, s, ka, b, map[string]any{
+		"fromImage": ref,
+		"steps": []map[string]any{
+			{"type": "WORKDIR", "args": []string{"/home/user/app"}},
+			{"type": "COPY", "args": []string{"app", "./", "", ""}, "filesHash": hash},
+			{"type": "RUN", "args": []string{"python3 -m venv /home/user/venv && /home/user/venv/bin/python hello.py > py.txt"}},
+			{"type": "RUN", "args": []string{"node hello.js > node.txt"}},
+		},
+		"startCmd": "python3 -m http.server 8000 --bind 127.0.0.1",
+		"readyCmd": `[ -n "$(ss -Htln sport = :8000)" ]`,
+	})
+	if st.Status != "ready" {
+		t.Fatalf("build from %s: %s %+v %q", ref, st.Status, st.Reason, st.Logs)
+	}
+	sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "debian-tools", "secure": true})
+	out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken,
+		`cat py.txt node.txt; id -un; node -e 'console.log(1+1)'; /home/user/venv/bin/python -c 'print(6*7)'; ss -Htln sport = :8000 | wc -l`)
+	want := "{\"py\": 3}\n{\"node\":true}\nuser\n2\n42\n1\n"
+	if out.stdout != want {
+		t.Errorf("sandbox of the Debian template: %q, want %q", out.stdout, want)
 	}
 }

@@ -1,19 +1,25 @@
 // Package testimage makes what the template tests pull: an OCI image of
 // the host's static busybox (a shell and the tools a build's steps use, in
-// a few hundred KiB) and a registry to serve it from on loopback, with or
-// without basic auth. Both the Go end-to-end tests and the SDK suites'
+// a few hundred KiB), one of a Debian rootfs made from Debian packages (for
+// the Python and Node toolchain checks), and a registry to serve them from
+// on loopback, with or without basic auth. Both the Go end-to-end tests and the SDK suites'
 // registry (compat-tests/registry) use it, so the two test the same image.
 package testimage
 
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net/http"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
+	"strconv"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -105,4 +111,88 @@ func Registry(user, pass string) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// DebianCache is where scripts/incus-setup.sh keeps its Debian test image
+// (debootstrap minbase bookworm with python3, python3-venv, nodejs,
+// iproute2 and procps), an Incus unified tarball: metadata.yaml and
+// rootfs/.
+const DebianCache = "/var/cache/sandboxd/incus"
+
+// Debian returns the newest of DebianCache's images as a one-layer OCI
+// image: a rootfs made from Debian packages, for the toolchain checks of
+// template builds. It fails with fs.ErrNotExist when incus-setup.sh has
+// not built one.
+func Debian(dir string) (v1.Image, error) {
+	matches, err := filepath.Glob(filepath.Join(dir, "sandboxd-base-v*.tar"))
+	if err != nil {
+		return nil, err
+	}
+	newest, best := "", -1
+	for _, m := range matches {
+		v, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "sandboxd-base-v"), ".tar"))
+		if err == nil && v > best {
+			newest, best = m, v
+		}
+	}
+	if newest == "" {
+		return nil, fmt.Errorf("no Debian test image in %s (run scripts/incus-setup.sh): %w", dir, fs.ErrNotExist)
+	}
+	// The layer is the rootfs/ subtree, renamed to the root.
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		f, err := os.Open(newest)
+		if err != nil {
+			return nil, err
+		}
+		pr, pw := io.Pipe()
+		go func() {
+			defer f.Close()
+			pw.CloseWithError(rootfsOnly(tar.NewReader(f), pw))
+		}()
+		return pr, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", goruntime.GOARCH
+	cf.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	return mutate.ConfigFile(img, cf)
+}
+
+// rootfsOnly copies the entries under rootfs/ of an Incus image tarball to
+// w with that prefix taken off (hard links' targets too).
+func rootfsOnly(tr *tar.Reader, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return tw.Close()
+		}
+		if err != nil {
+			return err
+		}
+		name, ok := strings.CutPrefix(strings.TrimPrefix(hdr.Name, "./"), "rootfs/")
+		if !ok || name == "" {
+			continue
+		}
+		hdr.Name = name
+		if hdr.Typeflag == tar.TypeLink {
+			hdr.Linkname = strings.TrimPrefix(strings.TrimPrefix(hdr.Linkname, "./"), "rootfs/")
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
 }
