@@ -335,7 +335,7 @@ start_registry() {
 }
 
 run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
-  local mode=$1 data out left before= mode_backend=local
+  local mode=$1 data out left before= layers_before= mode_backend=local
   if [[ $mode == incus ]]; then
     mode_backend=incus
     # --egress-subnet: 10.134.0.0/24, the one /24 of Incus's default subnet
@@ -344,6 +344,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     # build would only take the build slots of the template suites.
     sbxd_args=(--backend incus --egress-subnet 10.134.0.0/24 --code-interpreter=off)
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
+    layers_before=$(incus_layers)
   else
     sbxd_args=()
     # The code-interpreter template's build pip-installs from PyPI. Where
@@ -425,12 +426,22 @@ print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_g
         summary+=("[incus] leaks: $(wc -l <<<"$new") Incus instance(s) left")
       fi
     fi
+    # The run's templates lived in its throw-away data dir; their layer
+    # images would stay on the pool (whole roots each) run after run.
+    local l
+    for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus image delete "$l" >/dev/null 2>&1; done
   fi
 }
 
 # incus_instances: the names of the Incus instances a sandboxd without a
 # namespace could have made (tests of the incus package use namespaces),
 # sorted, one a line.
+# incus_layers: the template layer images (Incus images aliased
+# sandboxd-layer-*) there are now.
+incus_layers() {
+  incus image list -c l --format csv 2>/dev/null | grep '^sandboxd-layer-' | sort
+}
+
 incus_instances() {
   incus query '/1.0/instances?recursion=1' | python3 -c '
 import json, sys

@@ -16,13 +16,13 @@
 #
 # Environment:
 #   INCUS_POOL   storage pool name          (default sandboxd)
-#   INCUS_POOL_SIZE                         (default 5GiB)
+#   INCUS_POOL_SIZE                         (default 15GiB: a sparse loop file; every template layer is a whole root on it)
 #   INCUS_IMAGE  alias of the test image    (default sandboxd-base)
 #   CACHE        cache directory            (default /var/cache/sandboxd/incus)
 set -euo pipefail
 
 POOL=${INCUS_POOL:-sandboxd}
-POOL_SIZE=${INCUS_POOL_SIZE:-5GiB}
+POOL_SIZE=${INCUS_POOL_SIZE:-15GiB}
 ALIAS=${INCUS_IMAGE:-sandboxd-base}
 CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
