@@ -81,18 +81,7 @@ func Busybox() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", goruntime.GOARCH
-	cf.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
-	return mutate.ConfigFile(img, cf)
+	return oneLayer(layer, "PATH=/bin", "FROM_IMAGE=yes")
 }
 
 // Registry returns an in-memory OCI registry (go-containerregistry's),
@@ -154,18 +143,7 @@ func Debian(dir string) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", goruntime.GOARCH
-	cf.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
-	return mutate.ConfigFile(img, cf)
+	return oneLayer(layer, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 }
 
 // rootfsOnly copies the entries under rootfs/ of an Incus image tarball to
@@ -195,4 +173,21 @@ func rootfsOnly(tr *tar.Reader, w io.Writer) error {
 			return err
 		}
 	}
+}
+
+// oneLayer is an image of layer alone, for this machine's architecture,
+// with ENV env.
+func oneLayer(layer v1.Layer, env ...string) (v1.Image, error) {
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", goruntime.GOARCH
+	cf.Config.Env = env
+	return mutate.ConfigFile(img, cf)
 }
