@@ -295,16 +295,21 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 		b.Status = store.BuildReady
 		l.add("info", phaseFinalize, fmt.Sprintf("Build finished in %s", s.cfg.Now().Sub(start).Round(time.Millisecond)))
 	} else {
+		// The stop and the time limit come first: a step cut short by
+		// either fails with whatever its RPC saw (a killed process, an
+		// exceeded deadline), which would hide the reason.
 		var se *stepError
-		if !errors.As(err, &se) || s.stopCtx.Err() != nil {
-			switch {
-			case s.stopCtx.Err() != nil:
-				se = &stepError{step: phaseFinalize, msg: "sandboxd stopped during the build"}
-			case ctx.Err() != nil:
-				se = &stepError{step: phaseFinalize, msg: fmt.Sprintf("the build took longer than its limit of %s", timeout)}
-			default:
-				se = &stepError{step: phaseFinalize, msg: err.Error()}
-			}
+		step := phaseFinalize
+		if errors.As(err, &se) {
+			step = se.step
+		}
+		switch {
+		case s.stopCtx.Err() != nil:
+			se = &stepError{step: step, msg: "sandboxd stopped during the build"}
+		case ctx.Err() != nil:
+			se = &stepError{step: step, msg: fmt.Sprintf("the build took longer than its limit of %s", timeout)}
+		case se == nil:
+			se = &stepError{step: phaseFinalize, msg: err.Error()}
 		}
 		b.Status, b.Reason, b.ReasonStep = store.BuildError, se.msg, se.step
 		l.add("error", se.step, "Build failed: "+se.msg)
