@@ -121,9 +121,20 @@ const rulesetTemplate = `table inet {{.Table}} {
 		type ipv4_addr; flags interval; auto-merge;{{if .DNS}}
 		elements = { {{join .DNS}} }{{end}}
 	}
+	set fports {
+		type inet_service;
+	}
+	map pol4 {
+		type ipv4_addr : verdict;
+	}
+	map nat4 {
+		type ipv4_addr : verdict;
+	}
 	chain input {
 		type filter hook input priority -10; policy accept;
 		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr {{.Gateway}} ct status dnat meta l4proto { tcp, udp } th dport @fports accept
+		iifname "{{.Prefix}}*" ip saddr vmap @pol4
 		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
 		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
 		iifname "{{.Prefix}}*" drop
@@ -134,12 +145,17 @@ const rulesetTemplate = `table inet {{.Table}} {
 		iifname "{{.Prefix}}*" meta nfproto ipv6 drop
 		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
 		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
+		iifname "{{.Prefix}}*" ip saddr vmap @pol4
 		iifname "{{.Prefix}}*" ip daddr @allow4 accept
 		iifname "{{.Prefix}}*" ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
 		iifname "{{.Prefix}}*" ip daddr @deny4 drop
 		iifname "{{.Prefix}}*" accept
 		oifname "{{.Prefix}}*" ct state established,related accept
 		oifname "{{.Prefix}}*" drop
+	}
+	chain prerouting {
+		type nat hook prerouting priority -100; policy accept;
+		iifname "{{.Prefix}}*" ip saddr vmap @nat4
 	}
 	chain postrouting {
 		type nat hook postrouting priority 100; policy accept;
@@ -169,7 +185,8 @@ var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
 func (e *Egress) ruleset() string {
 	var b strings.Builder
 	if err := rulesetTmpl.Execute(&b, map[string]any{
-		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
+		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "Gateway": e.gateway,
+		"Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
 	}); err != nil {
 		panic(err) // the template and its data are ours
 	}
@@ -210,6 +227,12 @@ type Egress struct {
 	once    sync.Once
 	initErr error
 	ready   atomic.Bool // Setup succeeded
+
+	// Per-sandbox policies (policy.go, sandboxes.go), by sandbox address.
+	mu        sync.Mutex
+	policies  map[netip.Addr]sandboxPolicy // in force
+	installed map[netip.Addr]bool          // with rules in the table, maybe an earlier process's
+	filter    NameFilter                   // started with the first domain rule
 }
 
 // New checks subnet: IPv4, /28 or larger. Its first address is every
@@ -222,7 +245,10 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	if !subnet.Addr().Is4() || subnet.Bits() > 28 {
 		return nil, fmt.Errorf("egress subnet %s: want IPv4, /28 or larger", subnet)
 	}
-	e := &Egress{subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet)}
+	e := &Egress{
+		subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet),
+		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{},
+	}
 	for _, p := range allow {
 		if !p.IsValid() || !p.Addr().Is4() {
 			return nil, fmt.Errorf("egress allow %s: want an IPv4 CIDR", p)
@@ -259,11 +285,8 @@ func (e *Egress) Setup() error {
 			e.initErr = fmt.Errorf("enable ip_forward: %w", err)
 			return
 		}
-		script := "table inet " + e.table + "\ndelete table inet " + e.table + "\n" + e.ruleset()
-		cmd := exec.Command("nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(script)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			e.initErr = fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+		if err := e.installTable(); err != nil {
+			e.initErr = err
 			return
 		}
 		e.ready.Store(true)

@@ -1,0 +1,264 @@
+package egress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strings"
+)
+
+// A sandbox's policy lives in its subnet's table, keyed by its address
+// (addresses are reused; a create whose address still carries rules, say
+// of a sandbox that died while sandboxd was down, clears them first):
+//
+//   - pol4 maps the address to a chain p_<hex address> that forward and
+//     input jump to before the operator's rules: the sandbox's allow
+//     rules return (the operator's rules decide next), its deny rules
+//     reject, and the rest returns;
+//   - a policy with domain rules also maps the address in nat4 to a chain
+//     n_<hex> at prerouting that redirects its DNS (port 53, to any
+//     address: DNS over TCP and other resolvers too) and its TCP to ports
+//     80 and 443 that no allow rule lets through to the name filter, a
+//     DNS filter and transparent proxy that check the names (NameFilter);
+//   - the sets a_<hex> and d_<hex> hold the address rules on every port;
+//     a rule with ports is a rule of the chain.
+//
+// One nft transaction writes a sandbox's whole policy, so an update takes
+// effect at once and a packet meets either the old policy or the new one.
+// Forwarded packets are checked against the policy each, with no shortcut
+// for established connections: a connection the new policy allows goes
+// on, one it denies stops.
+
+// NameFilter is the user-space side of domain rules.
+type NameFilter interface {
+	ProxyPort() uint16
+	DNSPort() uint16
+	// Recheck: the policy of the sandbox at src changed; its proxied
+	// connections that the policy no longer allows end.
+	Recheck(src netip.Addr)
+	// Forget: the sandbox is gone.
+	Forget(sandboxID string)
+	Close() error
+}
+
+// StartNameFilter starts the name filter of e; set by the process that
+// links one in (see domainfilter), nil where none is: a policy with domain
+// rules is then refused.
+var StartNameFilter func(ctx context.Context, e *Egress) (NameFilter, error)
+
+// ErrNoNameFilter: a policy names domains, and this build has no filter.
+var ErrNoNameFilter = errors.New("domain rules need the egress name filter, which this sandboxd lacks")
+
+type sandboxPolicy struct {
+	id string
+	p  *Policy
+}
+
+// PolicyOf is the policy in force for the sandbox at src, and its id.
+func (e *Egress) PolicyOf(src netip.Addr) (string, *Policy, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sp, ok := e.policies[src]
+	return sp.id, sp.p, ok
+}
+
+// Empty reports whether p has no rule at all (no policy).
+func (p *Policy) Empty() bool { return p == nil || len(p.Allow)+len(p.Deny) == 0 }
+
+// SetPolicy puts p in force for sandbox id at address ip (which Setup's
+// rules route), replacing its previous policy; an empty p clears it.
+func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *Policy) error {
+	if p.Empty() {
+		return e.ClearPolicy(ip)
+	}
+	if !e.subnet.Contains(ip) {
+		return fmt.Errorf("egress policy: %s is not in the egress subnet %s", ip, e.subnet)
+	}
+	if err := e.Setup(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var f NameFilter
+	if p.Domains() {
+		if e.filter == nil {
+			if StartNameFilter == nil {
+				return ErrNoNameFilter
+			}
+			nf, err := StartNameFilter(context.WithoutCancel(ctx), e)
+			if err != nil {
+				return fmt.Errorf("start the egress name filter: %w", err)
+			}
+			if err := runNft(fmt.Sprintf("add element inet %s fports { %d, %d }\n", e.table, nf.ProxyPort(), nf.DNSPort())); err != nil {
+				_ = nf.Close()
+				return err
+			}
+			e.filter = nf
+		}
+		f = e.filter
+	}
+	if err := runNft(e.policyScript(ip, p, f)); err != nil {
+		return fmt.Errorf("egress policy of %s: %w", id, err)
+	}
+	e.policies[ip] = sandboxPolicy{id: id, p: p}
+	e.installed[ip] = true
+	if e.filter != nil {
+		e.filter.Recheck(ip)
+	}
+	return nil
+}
+
+// ClearPolicy removes the policy of the sandbox at ip, if it has one.
+func (e *Egress) ClearPolicy(ip netip.Addr) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sp, had := e.policies[ip]
+	if !e.installed[ip] {
+		return nil
+	}
+	if err := runNft(e.clearScript(ip)); err != nil {
+		return fmt.Errorf("clear the egress policy of %s: %w", ip, err)
+	}
+	delete(e.policies, ip)
+	delete(e.installed, ip)
+	if e.filter != nil {
+		e.filter.Recheck(ip)
+		if had {
+			e.filter.Forget(sp.id)
+		}
+	}
+	return nil
+}
+
+func objSuffix(ip netip.Addr) string {
+	b := ip.As4()
+	return fmt.Sprintf("%02x%02x%02x%02x", b[0], b[1], b[2], b[3])
+}
+
+// policyScript is the transaction that puts p in force for ip.
+func (e *Egress) policyScript(ip netip.Addr, p *Policy, f NameFilter) string {
+	var b strings.Builder
+	t, x := "inet "+e.table, objSuffix(ip)
+	pol, nat, allow, deny := "p_"+x, "n_"+x, "a_"+x, "d_"+x
+	for _, set := range []string{allow, deny} {
+		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; auto-merge; }\nflush set %s %s\n", t, set, t, set)
+	}
+	var allowAll, denyAll []string
+	var allowPorts, denyPorts []Rule
+	for _, r := range p.Allow {
+		switch {
+		case !r.Prefix.IsValid():
+		case r.AllPorts():
+			allowAll = append(allowAll, r.Prefix.String())
+		default:
+			allowPorts = append(allowPorts, r)
+		}
+	}
+	for _, r := range p.Deny {
+		switch {
+		case !r.Prefix.IsValid() || r.Prefix.Addr().Is6(): // all IPv6 is dropped
+		case r.AllPorts():
+			denyAll = append(denyAll, r.Prefix.String())
+		default:
+			denyPorts = append(denyPorts, r)
+		}
+	}
+	if len(allowAll) > 0 {
+		fmt.Fprintf(&b, "add element %s %s { %s }\n", t, allow, strings.Join(allowAll, ", "))
+	}
+	if len(denyAll) > 0 {
+		fmt.Fprintf(&b, "add element %s %s { %s }\n", t, deny, strings.Join(denyAll, ", "))
+	}
+	allowRules := func(chain string) {
+		fmt.Fprintf(&b, "add rule %s %s ip daddr @%s return\n", t, chain, allow)
+		for _, r := range allowPorts {
+			fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s return\n", t, chain, r.Prefix, ports(r))
+		}
+	}
+	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, pol, t, pol)
+	allowRules(pol)
+	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s reject with icmpx admin-prohibited\n", t, pol, deny)
+	for _, r := range denyPorts {
+		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
+	}
+	fmt.Fprintf(&b, "add element %s pol4 { %s : jump %s }\n", t, ip, pol)
+	// nat4 and n_: made whether or not p has domains, so that a policy
+	// that had some loses them in the same transaction.
+	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, nat, t, nat)
+	fmt.Fprintf(&b, "add element %s nat4 { %s : jump %s }\n", t, ip, nat)
+	if f != nil {
+		allowRules(nat)
+		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 redirect to :%d\n", t, nat, f.DNSPort())
+		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } redirect to :%d\n", t, nat, f.ProxyPort())
+	} else {
+		fmt.Fprintf(&b, "delete element %s nat4 { %s }\ndelete chain %s %s\n", t, ip, t, nat)
+	}
+	return b.String()
+}
+
+func ports(r Rule) string {
+	if r.PortFirst == r.PortEnd {
+		return fmt.Sprint(r.PortFirst)
+	}
+	return fmt.Sprintf("%d-%d", r.PortFirst, r.PortEnd)
+}
+
+// clearScript removes every object of ip's policy, whichever exist: each
+// is added first (a no-op where it exists), so that the deletes cannot
+// fail on a missing one.
+func (e *Egress) clearScript(ip netip.Addr) string {
+	var b strings.Builder
+	t, x := "inet "+e.table, objSuffix(ip)
+	for _, c := range []struct{ m, chain string }{{"pol4", "p_" + x}, {"nat4", "n_" + x}} {
+		fmt.Fprintf(&b, "add chain %s %s\nadd element %s %s { %s : jump %s }\n", t, c.chain, t, c.m, ip, c.chain)
+		fmt.Fprintf(&b, "delete element %s %s { %s }\nflush chain %s %s\ndelete chain %s %s\n", t, c.m, ip, t, c.chain, t, c.chain)
+	}
+	for _, set := range []string{"a_" + x, "d_" + x} {
+		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; }\ndelete set %s %s\n", t, set, t, set)
+	}
+	return b.String()
+}
+
+func runNft(script string) error {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// installTable writes the subnet's table. Where it exists with the
+// per-sandbox maps, its base chains and sets are rewritten and the
+// sandboxes' policies stay: a restarted sandboxd must not open, even for
+// a moment, what the policies of its surviving sandboxes close (their
+// redirects to the name filter point at the old process's ports until
+// the policies are put in force again, and fail closed meanwhile).
+// Anything else (an older layout) is replaced whole.
+func (e *Egress) installTable() error {
+	t := "inet " + e.table
+	if out, err := exec.Command("nft", "list", "map", "inet", e.table, "pol4").Output(); err == nil {
+		var b strings.Builder
+		for _, c := range []string{"input", "forward", "prerouting", "postrouting"} {
+			fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, c, t, c)
+		}
+		for _, s := range []string{"deny4", "allow4", "dns4", "fports"} {
+			fmt.Fprintf(&b, "flush set %s %s\n", t, s)
+		}
+		if runNft(b.String()+e.ruleset()) == nil {
+			for _, m := range addrRe.FindAll(out, -1) {
+				if a, err := netip.ParseAddr(string(m)); err == nil && e.subnet.Contains(a) {
+					e.installed[a] = true
+				}
+			}
+			return nil
+		}
+	}
+	return runNft("table " + t + "\ndelete table " + t + "\n" + e.ruleset())
+}
+
+var addrRe = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
