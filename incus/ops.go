@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/loopback"
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
@@ -132,9 +133,27 @@ func (b *Backend) releaseIPs(name string) {
 	defer b.mu.Unlock()
 	for ip, n := range b.ips {
 		if n == name {
+			if err := b.egress.ClearPolicy(ip); err != nil {
+				b.log.Warn("egress policy of a removed instance", "instance", name, "err", err)
+			}
 			delete(b.ips, ip)
 		}
 	}
+}
+
+// SetEgressPolicy implements runtime.EgressPolicer.
+func (b *Backend) SetEgressPolicy(ctx context.Context, id string, p *policy.Policy) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !s.ip.IsValid() {
+		if p.Empty() {
+			return nil
+		}
+		return fmt.Errorf("egress policy of sandbox %s: %w: it has no internet access", id, runtime.ErrInvalidSpec)
+	}
+	return b.egress.SetPolicy(ctx, id, s.ip, p)
 }
 
 // removeInstance stops instance name (force) and waits for it to be gone:

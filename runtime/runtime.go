@@ -17,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 	"regexp"
 	"strings"
 	"sync"
@@ -120,6 +122,15 @@ type TemplateResourcer interface {
 // the create's own variables, so every process of the sandbox has it.
 type TemplateEnver interface {
 	TemplateEnv(template string) map[string]string
+}
+
+// EgressPolicer is a backend that enforces a per-sandbox egress policy on
+// its sandboxes with internet access (runtime/egress: the same rules for
+// every backend). The control plane puts a sandbox's policy in force after
+// every create, claim and resume and before the sandbox is handed out, and
+// again for each live sandbox at start; an empty policy clears it.
+type EgressPolicer interface {
+	SetEgressPolicy(ctx context.Context, id string, p *policy.Policy) error
 }
 
 // Resources are a sandbox's limits, in Spec's units. Zero means unset.

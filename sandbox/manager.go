@@ -296,12 +296,14 @@ type CreateRequest struct {
 	IdleTTL time.Duration
 }
 
-// NetworkConfig is what sandboxd stores of E2B's network settings. Only
-// AllowPublicTraffic is enforced today (by the proxy); the rest is kept and
-// returned so clients read back what they set.
+// NetworkConfig is what sandboxd stores of E2B's network settings:
+// AllowOut and DenyOut are the sandbox's egress policy (network.go, enforced
+// by the backend), AllowPublicTraffic and TrafficAccessToken guard its
+// ports (enforced by the proxy).
 type NetworkConfig struct {
 	AllowOut           []string        `json:"allowOut,omitempty"`
 	DenyOut            []string        `json:"denyOut,omitempty"`
+	DNSServers         []string        `json:"dnsServers,omitempty"`
 	Rules              json.RawMessage `json:"rules,omitempty"`
 	AllowPublicTraffic *bool           `json:"allowPublicTraffic,omitempty"`
 	MaskRequestHost    string          `json:"maskRequestHost,omitempty"`
@@ -406,6 +408,13 @@ func (m *Manager) validateCreate(req CreateRequest) error {
 	if err := validateEnv(req.EnvVars); err != nil {
 		return err
 	}
+	p, err := egressPolicy(req.Network)
+	if err != nil {
+		return err
+	}
+	if err := m.checkPolicy(p, req.AllowInternet); err != nil {
+		return err
+	}
 	if req.IdleTTL < 0 {
 		return errdefs.New(errdefs.ErrInvalidArgument, "idle TTL must not be negative")
 	}
@@ -492,6 +501,11 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		initialized = created != nil && created.EnvdInitialized
 	}
 	tBackend := m.now()
+	// Before anything runs on the sandbox's behalf (a warm member's start
+	// command ran under no policy, as a template's build did).
+	if err := m.applyPolicy(ctx, sb); err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
 	if !initialized {
 		if err := m.initEnvd(ctx, sb); err != nil {
 			return fmt.Errorf("create sandbox: init envd: %w", err)
@@ -889,29 +903,6 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 		err = m.store.UpdateSandbox(ctx, sb)
 	}
 	m.audit(ctx, "refresh", sb, err, "duration_s", int(d.Seconds()))
-	return err
-}
-
-// UpdateNetwork applies E2B's network update to a live sandbox. Egress of a
-// running sandbox cannot be changed by the backends yet, so any request that
-// would change it is ErrNotImplemented (after the existence check, so that a
-// foreign id still reads as missing); a request that changes nothing
-// succeeds. unsupported names what the caller asked for that no backend
-// enforces (egress rules), "" if nothing.
-func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *bool, unsupported string) error {
-	unlock := m.lock(id)
-	defer unlock()
-	sb, err := m.Get(ctx, id)
-	if err != nil {
-		return err
-	}
-	if unsupported == "" && allowInternet != nil && *allowInternet != sb.AllowInternetAccess {
-		unsupported = "changing allow_internet_access of a running sandbox"
-	}
-	if unsupported != "" {
-		err = errdefs.New(errdefs.ErrNotImplemented, unsupported+" is not supported by sandboxd yet")
-	}
-	m.audit(ctx, "update_network", sb, err)
 	return err
 }
 

@@ -180,6 +180,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.reinit(ctx, row)
 		}
 	}
+	m.reapplyPolicies(ctx, rows, inBackend)
 	m.log.Info("reconciled", "backend_sandboxes", len(inBackend), "store_rows", len(rows))
 	return nil
 }

@@ -238,8 +238,31 @@ func TestLifecycle(t *testing.T) {
 	wantStatus(t, "logs", s.api(t, http.MethodGet, "/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
 	wantStatus(t, "logs v2", s.api(t, http.MethodGet, "/v2/sandboxes/"+a.SandboxID+"/logs", key, nil), http.StatusOK)
 	wantStatus(t, "network no-op", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{}), http.StatusNoContent)
-	// Egress rules are not enforced yet: refused, never accepted silently.
-	wantError(t, "network egress rules", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{"allowOut": []string{"10.0.0.0/8"}}), http.StatusNotImplemented)
+	// Egress rules are enforced (TestNetworkPolicyE2E); what cannot be is
+	// refused by name, never accepted silently. This sandbox has no
+	// internet access, so no device to apply rules to.
+	if r := s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key,
+		map[string]any{"allowOut": []string{"1.1.1.1"}, "denyOut": []string{"0.0.0.0/0"}}); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), "allow_internet_access false") {
+		t.Errorf("network rules for a sandbox without internet: %d %s, want 501 saying why", r.status, r.body)
+	}
+	for name, body := range map[string]map[string]any{
+		"a domain denied":     {"denyOut": []string{"example.com"}},
+		"a domain, no deny":   {"allowOut": []string{"example.com"}},
+		"a CIDR out of range": {"allowOut": []string{"1.2.3.4/40"}},
+	} {
+		if r := s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, body); r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "network.") {
+			t.Errorf("network %s: %d %s, want 400 naming the field", name, r.status, r.body)
+		}
+	}
+	for name, body := range map[string]map[string]any{
+		"transform rules": {"rules": map[string]any{"api.example.com": []map[string]any{{}}}},
+		"egress proxy":    {"egressProxy": map[string]any{"address": "127.0.0.1:1080"}},
+	} {
+		if r := s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, body); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), "network.") {
+			t.Errorf("network %s: %d %s, want 501 naming the field", name, r.status, r.body)
+		}
+	}
+	wantStatus(t, "network cleared", s.api(t, http.MethodPut, "/sandboxes/"+a.SandboxID+"/network", key, map[string]any{}), http.StatusNoContent)
 
 	// --- kill -------------------------------------------------------------
 	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+a.SandboxID, key, nil), http.StatusNoContent)

@@ -134,11 +134,27 @@ type FileList struct {
 	Entries []FileEntry `json:"entries"`
 }
 
+// NetworkPolicy The sandbox's egress policy, E2B's rules: an allow_out entry wins over a deny_out entry, and
+// what neither names is allowed. Entries are IPv4 addresses or CIDRs with optional ports
+// ("1.2.3.0/24", "9.9.9.9:53", "10.0.0.0/8:1-1024"); allow_out may also name domains ("pypi.org",
+// "*.github.com", "*"), checked on the TLS SNI (port 443), the HTTP Host (port 80) and DNS, which
+// needs "0.0.0.0/0" in deny_out. At most 500 entries a list. The operator's own rules (private
+// ranges) apply on top.
+type NetworkPolicy struct {
+	// AllowOut Example: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"]
+	AllowOut *[]string `json:"allow_out,omitempty"`
+
+	// DenyOut Example: ["0.0.0.0/0"]
+	DenyOut *[]string `json:"deny_out,omitempty"`
+}
+
 // Sandbox A sandbox as the server reports it; SandboxPut plus read-only fields.
 type Sandbox struct {
-	CpuCount int       `json:"cpu_count"`
-	DiskMb   int       `json:"disk_mb"`
-	EndAt    time.Time `json:"end_at"`
+	// AllowInternet Whether the sandbox has a network device.
+	AllowInternet *bool     `json:"allow_internet,omitempty"`
+	CpuCount      int       `json:"cpu_count"`
+	DiskMb        int       `json:"disk_mb"`
+	EndAt         time.Time `json:"end_at"`
 
 	// EnvdAccessToken Token for the sandbox's envd (E2B data plane); only shown to callers with sandboxes:write.
 	EnvdAccessToken *string `json:"envd_access_token,omitempty"`
@@ -154,10 +170,18 @@ type Sandbox struct {
 	MemoryMb     int        `json:"memory_mb"`
 
 	// Metadata Free-form labels: at most 100, keys of 1..256 bytes, values of at most 4096 bytes. Example: {"owner": "ci"}
-	Metadata  *map[string]string `json:"metadata,omitempty"`
-	StartedAt time.Time          `json:"started_at"`
-	State     SandboxState       `json:"state"`
-	Template  string             `json:"template"`
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// Network The sandbox's egress policy, E2B's rules: an allow_out entry wins over a deny_out entry, and
+	// what neither names is allowed. Entries are IPv4 addresses or CIDRs with optional ports
+	// ("1.2.3.0/24", "9.9.9.9:53", "10.0.0.0/8:1-1024"); allow_out may also name domains ("pypi.org",
+	// "*.github.com", "*"), checked on the TLS SNI (port 443), the HTTP Host (port 80) and DNS, which
+	// needs "0.0.0.0/0" in deny_out. At most 500 entries a list. The operator's own rules (private
+	// ranges) apply on top.
+	Network   *NetworkPolicy `json:"network,omitempty"`
+	StartedAt time.Time      `json:"started_at"`
+	State     SandboxState   `json:"state"`
+	Template  string         `json:"template"`
 }
 
 // SandboxList defines model for SandboxList.
@@ -169,7 +193,7 @@ type SandboxList struct {
 
 // SandboxPost A create request; SandboxPut plus create-only fields.
 type SandboxPost struct {
-	// AllowInternet Outbound internet access; default true.
+	// AllowInternet Outbound internet access; default true. False gives the sandbox no network device at all (then `network` must be absent, and PUT .../network cannot open it later).
 	AllowInternet *bool `json:"allow_internet,omitempty"`
 
 	// CpuCount vCPUs, 0 = default. Example: 2
@@ -189,6 +213,14 @@ type SandboxPost struct {
 
 	// Metadata Free-form labels: at most 100, keys of 1..256 bytes, values of at most 4096 bytes. Example: {"owner": "ci"}
 	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// Network The sandbox's egress policy, E2B's rules: an allow_out entry wins over a deny_out entry, and
+	// what neither names is allowed. Entries are IPv4 addresses or CIDRs with optional ports
+	// ("1.2.3.0/24", "9.9.9.9:53", "10.0.0.0/8:1-1024"); allow_out may also name domains ("pypi.org",
+	// "*.github.com", "*"), checked on the TLS SNI (port 443), the HTTP Host (port 80) and DNS, which
+	// needs "0.0.0.0/0" in deny_out. At most 500 entries a list. The operator's own rules (private
+	// ranges) apply on top.
+	Network *NetworkPolicy `json:"network,omitempty"`
 
 	// Template Template id or alias. Example: base
 	Template *string `json:"template,omitempty"`
@@ -272,6 +304,9 @@ type CreateSandboxJSONRequestBody = SandboxPost
 // ExecJSONRequestBody defines body for Exec for application/json ContentType.
 type ExecJSONRequestBody = ExecPost
 
+// PutSandboxNetworkJSONRequestBody defines body for PutSandboxNetwork for application/json ContentType.
+type PutSandboxNetworkJSONRequestBody = NetworkPolicy
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// ListSandboxes List the caller's sandboxes (scope sandboxes:read)
@@ -304,6 +339,9 @@ type ServerInterface interface {
 	// ListFiles List a directory (scope sandboxes:write)
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams)
+	// PutSandboxNetwork Replace a running sandbox's egress policy (scope sandboxes:write)
+	// (PUT /v1/sandboxes/{id}/network)
+	PutSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -367,6 +405,12 @@ func (_ Unimplemented) UploadFile(w http.ResponseWriter, r *http.Request, id San
 // ListFiles List a directory (scope sandboxes:write)
 // (GET /v1/sandboxes/{id}/files/list)
 func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PutSandboxNetwork Replace a running sandbox's egress policy (scope sandboxes:write)
+// (PUT /v1/sandboxes/{id}/network)
+func (_ Unimplemented) PutSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -815,6 +859,32 @@ func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Requ
 	handler.ServeHTTP(w, r)
 }
 
+// PutSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) PutSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PutSandboxNetwork(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -939,6 +1009,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}", wrapper.GetSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.PutSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/exec", wrapper.Exec)

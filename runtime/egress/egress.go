@@ -314,6 +314,11 @@ func (e *Egress) Allocate(used func(netip.Addr) bool) (netip.Addr, error) {
 	last := lastAddr(e.subnet)
 	for a := e.gateway.Next(); a.IsValid() && a.Less(last); a = a.Next() {
 		if !used(a) {
+			// Rules of a sandbox gone while no sandboxd ran are not
+			// the new sandbox's.
+			if err := e.ClearPolicy(a); err != nil {
+				return netip.Addr{}, err
+			}
 			return a, nil
 		}
 	}

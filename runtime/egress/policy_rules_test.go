@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/runtime/egress/egresstest"
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 )
 
 // TestPolicyRules: a sandbox's address rules, in the kernel, from its own
@@ -52,17 +53,17 @@ func TestPolicyRules(t *testing.T) {
 		wantOne, wantTwo bool
 	}{
 		{name: "none", wantOne: true, wantTwo: true},
-		{name: "deny all", deny: []string{AllTraffic}},
-		{name: "one allowed in deny all", allow: []string{oneIP.String()}, deny: []string{AllTraffic}, wantOne: true},
-		{name: "restart keeps it", allow: []string{oneIP.String()}, deny: []string{AllTraffic}, restart: true, wantOne: true},
-		{name: "one's port allowed", allow: []string{oneIP.String() + ":" + strconv.Itoa(int(onePort))}, deny: []string{AllTraffic}, wantOne: true},
-		{name: "another port allowed", allow: []string{oneIP.String() + ":1-79"}, deny: []string{AllTraffic}},
+		{name: "deny all", deny: []string{policy.AllTraffic}},
+		{name: "one allowed in deny all", allow: []string{oneIP.String()}, deny: []string{policy.AllTraffic}, wantOne: true},
+		{name: "restart keeps it", allow: []string{oneIP.String()}, deny: []string{policy.AllTraffic}, restart: true, wantOne: true},
+		{name: "one's port allowed", allow: []string{oneIP.String() + ":" + strconv.Itoa(int(onePort))}, deny: []string{policy.AllTraffic}, wantOne: true},
+		{name: "another port allowed", allow: []string{oneIP.String() + ":1-79"}, deny: []string{policy.AllTraffic}},
 		{name: "two denied", deny: []string{twoIP.String() + "/32"}, wantOne: true},
 		{name: "allow wins over deny", allow: []string{twoIP.String()}, deny: []string{twoIP.String()}, wantOne: true, wantTwo: true},
 		{name: "cleared", wantOne: true, wantTwo: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := ParsePolicy(tc.allow, tc.deny)
+			p, err := policy.Parse(tc.allow, tc.deny)
 			if err != nil {
 				t.Fatal(err)
 			}

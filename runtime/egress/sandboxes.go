@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 )
 
 // A sandbox's policy lives in its subnet's table, keyed by its address
@@ -55,23 +57,20 @@ var ErrNoNameFilter = errors.New("domain rules need the egress name filter, whic
 
 type sandboxPolicy struct {
 	id string
-	p  *Policy
+	p  *policy.Policy
 }
 
 // PolicyOf is the policy in force for the sandbox at src, and its id.
-func (e *Egress) PolicyOf(src netip.Addr) (string, *Policy, bool) {
+func (e *Egress) PolicyOf(src netip.Addr) (string, *policy.Policy, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	sp, ok := e.policies[src]
 	return sp.id, sp.p, ok
 }
 
-// Empty reports whether p has no rule at all (no policy).
-func (p *Policy) Empty() bool { return p == nil || len(p.Allow)+len(p.Deny) == 0 }
-
 // SetPolicy puts p in force for sandbox id at address ip (which Setup's
 // rules route), replacing its previous policy; an empty p clears it.
-func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *Policy) error {
+func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *policy.Policy) error {
 	if p.Empty() {
 		return e.ClearPolicy(ip)
 	}
@@ -140,7 +139,7 @@ func objSuffix(ip netip.Addr) string {
 }
 
 // policyScript is the transaction that puts p in force for ip.
-func (e *Egress) policyScript(ip netip.Addr, p *Policy, f NameFilter) string {
+func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) string {
 	var b strings.Builder
 	t, x := "inet "+e.table, objSuffix(ip)
 	pol, nat, allow, deny := "p_"+x, "n_"+x, "a_"+x, "d_"+x
@@ -148,7 +147,7 @@ func (e *Egress) policyScript(ip netip.Addr, p *Policy, f NameFilter) string {
 		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; auto-merge; }\nflush set %s %s\n", t, set, t, set)
 	}
 	var allowAll, denyAll []string
-	var allowPorts, denyPorts []Rule
+	var allowPorts, denyPorts []policy.Rule
 	for _, r := range p.Allow {
 		switch {
 		case !r.Prefix.IsValid():
@@ -200,7 +199,7 @@ func (e *Egress) policyScript(ip netip.Addr, p *Policy, f NameFilter) string {
 	return b.String()
 }
 
-func ports(r Rule) string {
+func ports(r policy.Rule) string {
 	if r.PortFirst == r.PortEnd {
 		return fmt.Sprint(r.PortFirst)
 	}

@@ -1,8 +1,13 @@
 package local
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"os"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 
 	egresspkg "github.com/sandboxd/sandboxd/runtime/egress"
 )
@@ -43,4 +48,19 @@ func deleteLinks(id string) { egresspkg.DeleteLinks(id) }
 func linkExists(name string) bool {
 	_, err := os.Lstat("/sys/class/net/" + name)
 	return err == nil
+}
+
+// SetEgressPolicy implements runtime.EgressPolicer.
+func (b *Backend) SetEgressPolicy(ctx context.Context, id string, p *policy.Policy) error {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if s.meta.Net == nil {
+		if p.Empty() {
+			return nil
+		}
+		return fmt.Errorf("egress policy of sandbox %s: %w: it has no internet access", id, runtime.ErrInvalidSpec)
+	}
+	return b.egress.SetPolicy(ctx, id, s.meta.Net.IP, p)
 }

@@ -120,6 +120,9 @@ func (b *Backend) releaseNet(id string, ip netip.Addr) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+		if err := b.egress.ClearPolicy(ip); err != nil {
+			b.log.Warn("egress policy of a destroyed sandbox", "sandbox", id, "err", err)
+		}
 		b.mu.Lock()
 		delete(b.ips, ip)
 		b.mu.Unlock()

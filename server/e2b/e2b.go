@@ -113,6 +113,7 @@ type newSandbox struct {
 	autoResume    *e2bapi.SandboxAutoResumeConfig
 	network       *e2bapi.SandboxNetworkConfig
 	mcp, volumes  bool
+	iam           bool
 }
 
 // MaxBody bounds every E2B request body (openapi/e2b.yaml states it): E2B
@@ -134,6 +135,9 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 	}
 	if n.volumes {
 		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
+	}
+	if n.iam {
+		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "iam: workload identity tokens are not supported by sandboxd")
 	}
 	req := sandbox.CreateRequest{
 		Template:      n.template,
@@ -162,19 +166,27 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 		req.Lifecycle.AutoResume = n.autoResume.Enabled
 	}
 	if nw := n.network; nw != nil {
+		if err := unsupportedNetwork(nw.EgressProxy != nil, nw.Rules, nw.HttpsPorts); err != nil {
+			return sandbox.View{}, err
+		}
+		if nw.MaskRequestHost != nil && *nw.MaskRequestHost != "" {
+			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "network.maskRequestHost is not supported by sandboxd yet")
+		}
 		allowOut, denyOut := httpx.Deref(nw.AllowOut), httpx.Deref(nw.DenyOut)
 		switch {
-		case len(allowOut) == 0 && len(denyOut) == 1 && denyOut[0] == "0.0.0.0/0":
-			// E2B's spelling of allow_internet_access=false.
-			req.AllowInternet = false
-		case len(allowOut) > 0 || len(denyOut) > 0 || (nw.Rules != nil && len(*nw.Rules) > 0):
-			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress rules (allowOut, denyOut, rules) are not supported by sandboxd yet; use allow_internet_access")
-		case nw.EgressProxy != nil:
-			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "egress proxies are not supported by sandboxd")
-		case nw.MaskRequestHost != nil && *nw.MaskRequestHost != "":
-			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "maskRequestHost is not supported by sandboxd yet")
+		case !req.AllowInternet && len(allowOut) > 0:
+			// allow_internet_access=false is denyOut ALL_TRAFFIC, which
+			// allowOut opens holes in.
+			req.AllowInternet, denyOut = true, append(denyOut, sandbox.AllTraffic)
+		case !req.AllowInternet:
+			// No veth at all: stricter than any deny list. (A denyOut
+			// of ALL_TRAFFIC alone keeps the veth, with every packet
+			// refused, so that updateNetwork can open it later.)
+			denyOut = nil
 		}
-		req.Network = &sandbox.NetworkConfig{AllowPublicTraffic: nw.AllowPublicTraffic, DenyOut: denyOut}
+		req.Network = &sandbox.NetworkConfig{
+			AllowPublicTraffic: nw.AllowPublicTraffic, AllowOut: allowOut, DenyOut: denyOut, DNSServers: httpx.Deref(nw.DnsServers),
+		}
 	}
 	return a.mgr.CreateView(ctx, req)
 }
@@ -188,7 +200,7 @@ func (a *API) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequest
 		template: b.TemplateID, timeout: b.Timeout, secure: b.Secure == nil || *b.Secure,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
+		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0, iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -207,7 +219,7 @@ func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2Req
 		template: b.TemplateID, timeout: b.Timeout, secure: true,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0,
+		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0, iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -253,6 +265,9 @@ func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 		}
 		if len(n.DenyOut) > 0 {
 			nc.DenyOut = ptr(n.DenyOut)
+		}
+		if len(n.DNSServers) > 0 {
+			nc.DnsServers = ptr(n.DNSServers)
 		}
 		if n.MaskRequestHost != "" {
 			nc.MaskRequestHost = ptr(n.MaskRequestHost)
@@ -542,22 +557,34 @@ func rejectNull(ctx context.Context, field string) error {
 }
 
 func (a *API) UpdateSandboxNetwork(ctx context.Context, req e2bapi.UpdateSandboxNetworkRequestObject) (e2bapi.UpdateSandboxNetworkResponseObject, error) {
-	var allow *bool
-	unsupported := ""
+	var u sandbox.NetworkUpdate
 	if b := req.Body; b != nil {
-		allow = b.AllowInternetAccess
-		switch {
-		case b.EgressProxy != nil:
-			unsupported = "an egress proxy"
-		case b.AllowOut != nil && len(*b.AllowOut) > 0, b.DenyOut != nil && len(*b.DenyOut) > 0,
-			b.Rules != nil && len(*b.Rules) > 0:
-			unsupported = "egress rules (allowOut, denyOut, rules)"
+		if err := unsupportedNetwork(b.EgressProxy != nil, b.Rules, nil); err != nil {
+			return nil, err
+		}
+		u = sandbox.NetworkUpdate{
+			AllowInternet: b.AllowInternetAccess, AllowOut: httpx.Deref(b.AllowOut), DenyOut: httpx.Deref(b.DenyOut),
+			DNSServers: httpx.Deref(b.DnsServers),
 		}
 	}
-	if err := a.mgr.UpdateNetwork(ctx, req.SandboxID, allow, unsupported); err != nil {
+	if err := a.mgr.UpdateNetwork(ctx, req.SandboxID, u); err != nil {
 		return nil, err
 	}
 	return e2bapi.UpdateSandboxNetwork204Response{}, nil
+}
+
+// unsupportedNetwork refuses, by name, the network settings sandboxd does
+// not enforce: a security setting is never accepted and ignored.
+func unsupportedNetwork(egressProxy bool, rules *map[string][]e2bapi.SandboxNetworkRule, httpsPorts *[]int32) error {
+	switch {
+	case egressProxy:
+		return errdefs.New(errdefs.ErrNotImplemented, "network.egressProxy: egress through a SOCKS5 proxy is not supported by sandboxd")
+	case rules != nil && len(*rules) > 0:
+		return errdefs.New(errdefs.ErrNotImplemented, "network.rules: egress transform rules are not supported by sandboxd")
+	case httpsPorts != nil && len(*httpsPorts) > 0:
+		return errdefs.New(errdefs.ErrNotImplemented, "network.httpsPorts: the port proxy speaks plain HTTP to sandboxes; HTTPS upstreams are not supported by sandboxd")
+	}
+	return nil
 }
 
 func metric(st runtime.Stats, at time.Time, cpuPct float64) e2bapi.SandboxMetric {

@@ -95,6 +95,7 @@ func Routes(siw *nativeapi.ServerInterfaceWrapper) []Route {
 		{http.MethodGet, "/", read, "ListSandboxes", siw.ListSandboxes},
 		{http.MethodGet, "/{id}", read, "GetSandbox", siw.GetSandbox},
 		{http.MethodDelete, "/{id}", write, "DeleteSandbox", siw.DeleteSandbox},
+		{http.MethodPut, "/{id}/network", write, "PutSandboxNetwork", siw.PutSandboxNetwork},
 		{http.MethodPost, "/{id}/exec", write, "Exec", siw.Exec},
 		{http.MethodGet, "/{id}/exec/ws", write, "ExecWebsocket", siw.ExecWebsocket},
 		{http.MethodPut, "/{id}/files", write, "UploadFile", siw.UploadFile},

@@ -52,7 +52,39 @@ func nativeSandbox(ctx context.Context, sb sandbox.View) nativeapi.Sandbox {
 	if sb.EnvdAccessToken != "" && HasScope(ctx, jwtauth.ScopeWrite) {
 		out.EnvdAccessToken = ptr(sb.EnvdAccessToken)
 	}
+	out.AllowInternet = ptr(sb.AllowInternetAccess)
+	if n := sb.Network; n != nil && (len(n.AllowOut) > 0 || len(n.DenyOut) > 0) {
+		out.Network = &nativeapi.NetworkPolicy{AllowOut: ptr(nonNil(n.AllowOut)), DenyOut: ptr(nonNil(n.DenyOut))}
+	}
 	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// networkConfig is the native policy in sandbox's terms; nil for none.
+func networkConfig(p *nativeapi.NetworkPolicy) *sandbox.NetworkConfig {
+	if p == nil {
+		return nil
+	}
+	return &sandbox.NetworkConfig{AllowOut: httpx.Deref(p.AllowOut), DenyOut: httpx.Deref(p.DenyOut)}
+}
+
+func (a *API) PutSandboxNetwork(w http.ResponseWriter, r *http.Request, id string) {
+	var b nativeapi.NetworkPolicy
+	if err := httpx.DecodeJSON(r, &b); err != nil {
+		WriteError(w, r, a.log, err)
+		return
+	}
+	if err := a.mgr.UpdateNetwork(r.Context(), id, sandbox.NetworkUpdate{AllowOut: httpx.Deref(b.AllowOut), DenyOut: httpx.Deref(b.DenyOut)}); err != nil {
+		WriteError(w, r, a.log, err)
+		return
+	}
+	a.GetSandbox(w, r, id)
 }
 
 func (a *API) CreateSandbox(w http.ResponseWriter, r *http.Request) {
@@ -92,6 +124,7 @@ func (a *API) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 		CPUCount:      httpx.Deref(b.CpuCount),
 		MemoryMB:      httpx.Deref(b.MemoryMb),
 		DiskMB:        httpx.Deref(b.DiskMb),
+		Network:       networkConfig(b.Network),
 	})
 	if err != nil {
 		WriteError(w, r, a.log, err)

@@ -38,12 +38,36 @@ const Reply = "from-inet "
 // once do not meet.
 func FakeInternet(t testing.TB, tag string, slot byte) (server, inetHost string) {
 	t.Helper()
-	var rnd [1]byte
-	_, _ = rand.Read(rnd[:])
-	base := 64*(slot%4) + 4*(rnd[0]%16)
-	host, srv := netip.AddrFrom4([4]byte{192, 52, 193, base + 1}), netip.AddrFrom4([4]byte{192, 52, 193, base + 2})
-	ns := fakeNet(t, tag+"inet", host, srv)
-	return serveHTTP(t, ns, srv, 0), host.String()
+	in := NewInet(t, tag, slot)
+	return in.Server, in.Host
+}
+
+// Inet is a host of the fake internet, as NewInet makes it.
+type Inet struct {
+	Server string     // the HTTP server's address:port
+	Host   string     // the host's address on the veth towards it
+	IP     netip.Addr // the server's address
+	NS     string     // its network namespace, for more servers (Serve)
+}
+
+// NewInet is FakeInternet, with what more servers in the namespace need.
+// A /30 of the slot that the host routes already (another Inet of this
+// process) is skipped.
+func NewInet(t testing.TB, tag string, slot byte) Inet {
+	t.Helper()
+	for range 32 {
+		var rnd [1]byte
+		_, _ = rand.Read(rnd[:])
+		base := 64*(slot%4) + 4*(rnd[0]%16)
+		host, srv := netip.AddrFrom4([4]byte{192, 52, 193, base + 1}), netip.AddrFrom4([4]byte{192, 52, 193, base + 2})
+		if !onlyDefaultRoute(t, srv) {
+			continue
+		}
+		ns := fakeNet(t, tag+"inet", host, srv)
+		return Inet{Server: serveHTTP(t, ns, srv, 0), Host: host.String(), IP: srv, NS: ns}
+	}
+	t.Fatalf("no free /30 in slot %d of the fake internet", slot)
+	return Inet{}
 }
 
 // LAN is the operator's network as FakeLAN makes it.

@@ -1,4 +1,7 @@
-package egress
+// Package policy is a sandbox's egress policy as E2B's API states it
+// (network.allowOut and network.denyOut): its parsing and checks, and the
+// decisions it makes. Package egress enforces it.
+package policy
 
 import (
 	"errors"
@@ -52,18 +55,18 @@ type Policy struct {
 	Allow, Deny []Rule
 }
 
-// ErrInvalidPolicy is the class of a policy's parse errors (a client's
+// ErrInvalid is the class of a policy's parse errors (a client's
 // mistake: 400). The error names the field and the entry.
-var ErrInvalidPolicy = errors.New("invalid network policy")
+var ErrInvalid = errors.New("invalid network policy")
 
 func policyErr(field string, i int, entry, format string, args ...any) error {
-	return fmt.Errorf("%w: %s[%d] %q: %s", ErrInvalidPolicy, field, i, entry, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s[%d] %q: %s", ErrInvalid, field, i, entry, fmt.Sprintf(format, args...))
 }
 
-// ParsePolicy checks and parses E2B's network.allowOut and network.denyOut.
+// Parse checks and parses E2B's network.allowOut and network.denyOut.
 // Sandboxes have no IPv6: an IPv6 deny rule holds already (all IPv6 is
 // dropped) and is kept; an IPv6 allow rule could never hold and is refused.
-func ParsePolicy(allowOut, denyOut []string) (*Policy, error) {
+func Parse(allowOut, denyOut []string) (*Policy, error) {
 	p := &Policy{}
 	for _, l := range []struct {
 		field   string
@@ -71,7 +74,7 @@ func ParsePolicy(allowOut, denyOut []string) (*Policy, error) {
 		dst     *[]Rule
 	}{{"network.allowOut", allowOut, &p.Allow}, {"network.denyOut", denyOut, &p.Deny}} {
 		if len(l.entries) > MaxRules {
-			return nil, fmt.Errorf("%w: %s has %d entries, more than the limit of %d", ErrInvalidPolicy, l.field, len(l.entries), MaxRules)
+			return nil, fmt.Errorf("%w: %s has %d entries, more than the limit of %d", ErrInvalid, l.field, len(l.entries), MaxRules)
 		}
 		for i, entry := range l.entries {
 			r, err := parseRule(entry)
@@ -88,7 +91,7 @@ func ParsePolicy(allowOut, denyOut []string) (*Policy, error) {
 		}
 	}
 	if p.Domains() && !slices.Contains(denyOut, AllTraffic) {
-		return nil, fmt.Errorf("%w: network.allowOut names domains, so network.denyOut must hold %s (ALL_TRAFFIC): a domain rule means nothing where all traffic is allowed", ErrInvalidPolicy, AllTraffic)
+		return nil, fmt.Errorf("%w: network.allowOut names domains, so network.denyOut must hold %s (ALL_TRAFFIC): a domain rule means nothing where all traffic is allowed", ErrInvalid, AllTraffic)
 	}
 	return p, nil
 }
@@ -206,6 +209,9 @@ func parseAddr(s string) (netip.Prefix, bool) {
 	}
 	return netip.Prefix{}, false
 }
+
+// Empty reports whether p has no rule at all (no policy).
+func (p *Policy) Empty() bool { return p == nil || len(p.Allow)+len(p.Deny) == 0 }
 
 // Domains reports whether p allows any domain, which needs the name
 // filter (DNS and the proxy for ports 80 and 443).

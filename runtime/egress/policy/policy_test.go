@@ -1,4 +1,4 @@
-package egress
+package policy
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestParsePolicy(t *testing.T) {
+func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		allow, deny []string
@@ -33,19 +33,19 @@ func TestParsePolicy(t *testing.T) {
 		{name: "too many", deny: make([]string, MaxRules+1), wantErr: "more than the limit of 500"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParsePolicy(tc.allow, tc.deny)
+			_, err := Parse(tc.allow, tc.deny)
 			switch {
 			case tc.wantErr == "" && err != nil:
-				t.Errorf("ParsePolicy = %v, want it valid", err)
-			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalidPolicy)):
-				t.Errorf("ParsePolicy = %v, want ErrInvalidPolicy with %q", err, tc.wantErr)
+				t.Errorf("Parse = %v, want it valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalid)):
+				t.Errorf("Parse = %v, want ErrInvalid with %q", err, tc.wantErr)
 			}
 		})
 	}
 }
 
 func TestPolicyMatch(t *testing.T) {
-	p, err := ParsePolicy([]string{"example.com", "*.github.com:443", "1.2.3.0/24", "5.6.7.8:22"}, []string{"0.0.0.0/0", "9.9.9.9"})
+	p, err := Parse([]string{"example.com", "*.github.com:443", "1.2.3.0/24", "5.6.7.8:22"}, []string{"0.0.0.0/0", "9.9.9.9"})
 	if err != nil {
 		t.Fatal(err)
 	}
