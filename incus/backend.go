@@ -121,6 +121,8 @@ type Options struct {
 	// special-purpose ranges: the operator's LAN) that sandboxes with
 	// internet access may reach nonetheless.
 	EgressAllow []netip.Prefix
+	// EgressDNS are the sandboxes' resolvers; none: the host's.
+	EgressDNS []netip.Addr
 	// EnvdLogLevel is envd's --log-level. Default "warn".
 	EnvdLogLevel string
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
@@ -223,6 +225,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	eg, err := egress.New(opts.EgressSubnet, opts.EgressAllow...)
 	if err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
+	}
+	if err := eg.UseResolvers(opts.EgressDNS); err != nil {
+		return nil, err
 	}
 	if opts.EnvdPath == "" {
 		return nil, fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)

@@ -17,6 +17,7 @@ import (
 type backendOpts struct {
 	egressSubnet string
 	egressAllow  cidrFlag
+	egressDNS    cidrFlag
 	incusImages  imageFlag
 	userNS       userNSFlag
 	pauseReserve int
@@ -27,6 +28,7 @@ type backendOpts struct {
 func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.egressSubnet, "egress-subnet", "", "IPv4 subnet (/28 or larger) for sandboxes with internet access; its first address is their gateway (default 10.133.0.0/16 local, 10.134.0.0/16 incus; one per sandboxd on a host)")
 	fs.Var(&o.egressAllow, "egress-allow-cidr", "IPv4 CIDR that sandboxes with internet access may reach although it is private or special-purpose (RFC 1918, CGNAT 100.64.0.0/10, link-local, ...: denied by default, see runtime/egress); repeatable, or comma-separated. The rules are the host's: give every sandboxd on a host the same list")
+	fs.Var(&o.egressDNS, "egress-dns", "IPv4 address of a resolver for sandboxes with internet access (their resolv.conf, reachable on port 53 whatever its range, and the upstream of the DNS filter of domain rules); repeatable, or comma-separated (default: the host's resolv.conf, but loopback ones; 8.8.8.8 and 1.1.1.1 if none is left)")
 	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
@@ -56,7 +58,11 @@ func (f *cidrFlag) String() string { return fmt.Sprint([]netip.Prefix(*f)) }
 
 func (f *cidrFlag) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		if a, err := netip.ParseAddr(s); err == nil {
+			s = netip.PrefixFrom(a, a.BitLen()).String()
+		}
+		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return err
 		}
@@ -66,6 +72,19 @@ func (f *cidrFlag) Set(v string) error {
 		*f = append(*f, p.Masked())
 	}
 	return nil
+}
+
+// addrs are the flag's entries as addresses: a host prefix each (what
+// --egress-dns takes; a block is refused).
+func (f cidrFlag) addrs(name string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, p := range f {
+		if !p.IsSingleIP() {
+			return nil, fmt.Errorf("%s %s: want an address, not a block", name, p)
+		}
+		out = append(out, p.Addr())
+	}
+	return out, nil
 }
 
 // images is the Incus backend's template → image map: base → sandboxd-base

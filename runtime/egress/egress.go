@@ -44,6 +44,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,6 +258,23 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	}
 	return e, nil
 }
+
+// UseResolvers makes rs the sandboxes' resolvers instead of the host's
+// (before Setup; none: no change).
+func (e *Egress) UseResolvers(rs []netip.Addr) error {
+	for _, r := range rs {
+		if !r.Is4() || r.IsUnspecified() || r.IsLoopback() {
+			return fmt.Errorf("egress resolver %s: want an IPv4 address sandboxes can reach (not loopback)", r)
+		}
+	}
+	if len(rs) > 0 {
+		e.resolvers = slices.Clone(rs)
+	}
+	return nil
+}
+
+// Resolvers are the sandboxes' resolvers.
+func (e *Egress) Resolvers() []netip.Addr { return slices.Clone(e.resolvers) }
 
 // Subnet is where sandbox addresses come from.
 func (e *Egress) Subnet() netip.Prefix { return e.subnet }

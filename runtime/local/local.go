@@ -166,6 +166,8 @@ type Options struct {
 	// special-purpose ranges: the operator's LAN) that sandboxes with
 	// internet access may reach nonetheless.
 	EgressAllow []netip.Prefix
+	// EgressDNS are the sandboxes' resolvers; none: the host's.
+	EgressDNS []netip.Addr
 	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates are read through idmapped mounts; that needs
@@ -370,7 +372,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			b.log.Info("local backend: cgroup favordynmods", "state", what)
 		}
 	}
-	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow); err != nil {
+	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow, opts.EgressDNS); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	// Limit memory+swap to the memory limit (no swap) where the kernel

@@ -25,9 +25,12 @@ func linkNames(id string) (host, peer string) { return egresspkg.LinkNames(id) }
 // egress holds the state shared by all sandboxes with internet access.
 type egress struct{ *egresspkg.Egress }
 
-func newEgress(subnet netip.Prefix, allow []netip.Prefix) (*egress, error) {
+func newEgress(subnet netip.Prefix, allow []netip.Prefix, dns []netip.Addr) (*egress, error) {
 	e, err := egresspkg.New(subnet, allow...)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.UseResolvers(dns); err != nil {
 		return nil, err
 	}
 	return &egress{e}, nil

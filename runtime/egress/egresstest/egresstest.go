@@ -11,6 +11,7 @@ package egresstest
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/fakeinet"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 	"github.com/vishvananda/netns"
@@ -29,7 +31,7 @@ import (
 
 // Reply is the prefix of the server's answer, followed by the client's
 // address as the server saw it (after the host's masquerade).
-const Reply = "from-inet "
+const Reply = fakeinet.Reply
 
 // FakeInternet sets up the internet's namespace and serves HTTP in it; it
 // returns the server's address and the host's address towards it. tag
@@ -153,17 +155,55 @@ func serveHTTP(t testing.TB, ns string, addr netip.Addr, port uint16) string {
 // ServeHTTP serves on ln what the fake networks' servers answer: Reply and
 // the client's address as the server saw it. It returns ln's address.
 func ServeHTTP(t testing.TB, ln net.Listener) string {
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s%s", Reply, r.RemoteAddr)
-	})}
+	srv := &http.Server{Handler: fakeinet.Handler()}
 	go func() { _ = srv.Serve(ln) }() // ends on Close
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
 
+// ServeDNS serves names (A records) on port 53 of in's address, over UDP
+// and TCP; other names are NXDOMAIN. It returns the server's address.
+func (in Inet) ServeDNS(t testing.TB, names map[string]netip.Addr) netip.Addr {
+	t.Helper()
+	d := &fakeinet.DNS{Names: names}
+	ln := listenIn(t, in.NS, netip.AddrPortFrom(in.IP, 53).String())
+	var pc net.PacketConn
+	inNS(t, in.NS, func() (err error) {
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(in.IP, 53).String())
+		return err
+	})
+	go d.ServeTCP(ln)
+	go d.ServeUDP(pc)
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	return in.IP
+}
+
+// ServeHTTPOn serves HTTP on port of in's address, plain or (with names)
+// TLS with a self-signed certificate for names; it returns the address.
+func (in Inet) ServeHTTPOn(t testing.TB, port uint16, names ...string) string {
+	t.Helper()
+	ln := listenIn(t, in.NS, netip.AddrPortFrom(in.IP, port).String())
+	if len(names) > 0 {
+		cfg, err := fakeinet.TLSConfig(names...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln = tls.NewListener(ln, cfg)
+	}
+	return ServeHTTP(t, ln)
+}
+
 // listenIn listens on addr inside network namespace name: the socket stays
 // there after the thread switches back.
 func listenIn(t testing.TB, name, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	inNS(t, name, func() (err error) { ln, err = net.Listen("tcp", addr); return err })
+	return ln
+}
+
+// inNS runs open (which makes sockets) inside network namespace name.
+func inNS(t testing.TB, name string, open func() error) {
 	t.Helper()
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
@@ -180,14 +220,13 @@ func listenIn(t testing.TB, name, addr string) net.Listener {
 	if err := netns.Set(ns); err != nil {
 		t.Fatal(err)
 	}
-	ln, lerr := net.Listen("tcp", addr)
+	oerr := open()
 	if err := netns.Set(orig); err != nil {
 		panic(err) // this thread must not run anything else
 	}
-	if lerr != nil {
-		t.Fatal(lerr)
+	if oerr != nil {
+		t.Fatal(oerr)
 	}
-	return ln
 }
 
 func ipCmd(t testing.TB, args ...string) {
