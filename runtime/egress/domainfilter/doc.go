@@ -23,6 +23,12 @@
 // operator's rules make unreachable (private ranges, metadata, ...) are
 // refused, so a public name pointed at 10.0.0.1 reaches nothing.
 //
+// Only the start of a connection is checked: later requests on a kept-
+// alive HTTP/1.x connection, or whatever flows inside an allowed TLS
+// session, go to the server dialled for the first name, so they reach no
+// other address, but may reach another virtual host of that server
+// (domain fronting on a shared CDN), as with E2B's own filter.
+//
 // The DNS filter is only a courtesy (sandboxes see NXDOMAIN rather than
 // a reset for a name they may not use); the proxy is the enforcement.
 package domainfilter

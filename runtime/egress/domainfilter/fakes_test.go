@@ -110,7 +110,7 @@ type fakeDNS struct {
 	queries atomic.Int64
 }
 
-func startDNS(t *testing.T, records map[string][]string) *fakeDNS {
+func startDNS(t testing.TB, records map[string][]string) *fakeDNS {
 	t.Helper()
 	d := &fakeDNS{records: map[string][]netip.Addr{}}
 	for n, as := range records {
@@ -412,7 +412,7 @@ func (l *logCapture) audits() []map[string]string {
 // harness runs a Filter for 127.0.0.1 with a fake DNS and routes each
 // client connection's "original destination" as the test says.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	f      *Filter
 	pol    *fakePolicy
 	dns    *fakeDNS
@@ -425,7 +425,7 @@ type harness struct {
 
 type harnessOpt func(*Config)
 
-func newHarness(t *testing.T, rules map[string][]uint16, opts ...harnessOpt) *harness {
+func newHarness(t testing.TB, rules map[string][]uint16, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{t: t, pol: newPolicy(rules), logs: &logCapture{}, dsts: map[uint16]netip.AddrPort{}}
 	h.dns = startDNS(t, map[string][]string{

@@ -127,6 +127,9 @@ func (f *Filter) handle(s *session) {
 		return
 	}
 	head, proto, host := f.peek(s.client)
+	if f.ctx.Err() != nil {
+		return // closed while peeking: not the sandbox's doing
+	}
 	if host == "" {
 		f.deny(s, dst, host, proto, "no hostname")
 		return

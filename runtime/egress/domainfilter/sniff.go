@@ -75,6 +75,9 @@ func canonicalHost(h string) string {
 		}
 		sb.WriteByte(c)
 	}
+	if label == 0 { // an empty last label: "a.b.." had two dots
+		return ""
+	}
 	return sb.String()
 }
 
