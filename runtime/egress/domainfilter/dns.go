@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -324,7 +325,7 @@ func (f *Filter) lookupA(ctx context.Context, host string) ([]netip.Addr, error)
 	if err != nil {
 		return nil, err
 	}
-	id := uint16(time.Now().UnixNano()) ^ uint16(len(host))
+	id := uint16(rand.Uint32()) // with the socket's random port, against spoofed answers
 	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
 	if err := b.StartQuestions(); err != nil {
 		return nil, err

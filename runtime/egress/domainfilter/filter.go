@@ -83,9 +83,10 @@ type Filter struct {
 	sessions map[*session]struct{}
 	stats    map[string]*sandboxStats
 
-	decisions *prometheus.CounterVec
-	live      prometheus.Gauge
-	reg       prometheus.Registerer
+	decisions  *prometheus.CounterVec
+	live       prometheus.Gauge
+	reg        prometheus.Registerer
+	unregister sync.Once
 }
 
 // sandboxStats is the per-sandbox state Forget drops.
@@ -267,11 +268,12 @@ func (f *Filter) DNSPort() uint16 { return uint16(f.dnsTCP.Addr().(*net.TCPAddr)
 func (f *Filter) Close() error {
 	f.shutdown()
 	f.wg.Wait()
-	if f.reg != nil {
-		f.reg.Unregister(f.decisions)
-		f.reg.Unregister(f.live)
-		f.reg = nil
-	}
+	f.unregister.Do(func() {
+		if f.reg != nil {
+			f.reg.Unregister(f.decisions)
+			f.reg.Unregister(f.live)
+		}
+	})
 	return nil
 }
 
@@ -321,11 +323,21 @@ func (f *Filter) Recheck(src netip.Addr) {
 }
 
 // Forget drops the state and metric label values of a sandbox that is
-// gone.
+// gone, and closes what is left of its connections: with its veth gone,
+// nothing would tell their upstream ends.
 func (f *Filter) Forget(sandboxID string) {
+	var its []*session
 	f.mu.Lock()
 	delete(f.stats, sandboxID)
+	for s := range f.sessions {
+		if s.sandboxID == sandboxID {
+			its = append(its, s)
+		}
+	}
 	f.mu.Unlock()
+	for _, s := range its {
+		f.kill(s, true)
+	}
 	f.decisions.DeletePartialMatch(prometheus.Labels{"sandbox_id": sandboxID})
 }
 

@@ -46,7 +46,7 @@ func (f *Filter) serveProxy() {
 			}
 			continue
 		}
-		s := &session{client: c}
+		s := &session{client: c, src: addrOf(c.RemoteAddr())}
 		if !f.track(s) {
 			c.Close()
 			return
@@ -113,13 +113,14 @@ func addrOf(a net.Addr) netip.Addr {
 }
 
 func (f *Filter) handle(s *session) {
-	s.src = addrOf(s.client.RemoteAddr())
 	id, _, ok := f.cfg.Sandboxes.Policy(s.src)
 	if !ok {
 		f.log.Debug("proxy: connection from no sandbox", "src", s.src)
 		return
 	}
-	s.sandboxID = id
+	f.mu.Lock()
+	s.sandboxID = id // Forget reads it
+	f.mu.Unlock()
 	dst, err := f.cfg.OriginalDst(s.client)
 	if err != nil {
 		f.log.Warn("proxy: no original destination", "sandbox_id", id, "err", err)

@@ -339,6 +339,41 @@ func TestRecheck(t *testing.T) {
 	}
 }
 
+func TestForgetClosesConnections(t *testing.T) {
+	good := startTLSServer(t, "good")
+	h := newHarness(t, map[string][]uint16{"allowed.test": nil})
+	tc, r := openTLS(t, h, good.port, "allowed.test")
+	h.f.Forget("sbx-1")
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := ping(tc, r); err == nil {
+		t.Error("a forgotten sandbox's connection still works")
+	}
+}
+
+func TestOriginalDstNeedsTCP(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if _, err := originalDst(a); err == nil {
+		t.Error("no error for a pipe")
+	}
+	// A connection nft did not redirect has no original destination
+	// to tell (or, without conntrack, no way to ask).
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if d, err := originalDst(c); err == nil && d.Port() != uint16(ln.Addr().(*net.TCPAddr).Port) {
+		t.Errorf("original destination %v of a direct connection", d)
+	}
+}
+
 func TestAuditRateLimit(t *testing.T) {
 	h := newHarness(t, map[string][]uint16{"allowed.test": nil})
 	deny := func(host string) {
