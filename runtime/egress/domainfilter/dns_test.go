@@ -150,7 +150,7 @@ func TestDNS(t *testing.T) {
 				if tc.resolvers != nil {
 					rs := tc.resolvers(t, h)
 					h.f.Close()
-					f, err := Start(context.Background(), Config{Listen: loopback, Resolvers: rs, Sandboxes: &fakeSandboxes{p: h.pol}, Log: h.f.log})
+					f, err := Start(context.Background(), Config{Listen: loopback, Reachable: onlyLoopback, Resolvers: rs, Sandboxes: &fakeSandboxes{p: h.pol}, Log: h.f.log})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -28,6 +28,8 @@ import (
 
 var loopback = netip.MustParseAddr("127.0.0.1")
 
+func onlyLoopback(a netip.Addr) bool { return a == loopback }
+
 // fakePolicy allows names by rule: "name" or "*.suffix", each on some
 // ports (none: any port). It records what AllowsHost was asked.
 type fakePolicy struct {
@@ -441,7 +443,7 @@ func newHarness(t testing.TB, rules map[string][]uint16, opts ...harnessOpt) *ha
 		Listen:      loopback,
 		Resolvers:   []netip.AddrPort{h.dns.addr},
 		Sandboxes:   &fakeSandboxes{p: h.pol},
-		Reachable:   func(a netip.Addr) bool { return a == loopback },
+		Reachable:   onlyLoopback,
 		OriginalDst: h.originalDst,
 		Log:         slog.New(h.logs),
 		PeekTimeout: 2 * time.Second,

@@ -44,7 +44,7 @@ type Config struct {
 	Sandboxes Sandboxes
 	// Reachable holds the operator's address rules: false for an address
 	// no sandbox may reach. Every resolved address is checked before it
-	// is dialled. Nil allows all.
+	// is dialled. Required.
 	Reachable func(netip.Addr) bool
 	// OriginalDst gives the address a redirected connection was sent to.
 	// Nil reads SO_ORIGINAL_DST (IPv4) from the *net.TCPConn.
@@ -116,7 +116,8 @@ func Start(ctx context.Context, cfg Config) (*Filter, error) {
 		return nil, errors.New("domainfilter: no Sandboxes")
 	}
 	if cfg.Reachable == nil {
-		cfg.Reachable = func(netip.Addr) bool { return true }
+		// Without it, a public name pointed at the LAN would be dialled.
+		return nil, errors.New("domainfilter: no Reachable")
 	}
 	if cfg.OriginalDst == nil {
 		cfg.OriginalDst = originalDst

@@ -84,11 +84,11 @@ func TestMetrics(t *testing.T) {
 	}
 	// A second filter on the same registry is refused, the first's
 	// Close unregisters.
-	if _, err := Start(t.Context(), Config{Listen: loopback, Sandboxes: &fakeSandboxes{}, Registerer: reg}); err == nil {
+	if _, err := Start(t.Context(), Config{Listen: loopback, Reachable: onlyLoopback, Sandboxes: &fakeSandboxes{}, Registerer: reg}); err == nil {
 		t.Error("registered twice")
 	}
 	h.f.Close()
-	f, err := Start(t.Context(), Config{Listen: loopback, Sandboxes: &fakeSandboxes{}, Registerer: reg})
+	f, err := Start(t.Context(), Config{Listen: loopback, Reachable: onlyLoopback, Sandboxes: &fakeSandboxes{}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,9 +141,9 @@ func (f *Filter) handle(s *session) {
 		f.deny(s, dst, host, proto, "hostname is an address")
 		return
 	}
-	// Record host and port before asking the policy: a Recheck from
-	// now on sees this session, and one before saw the old policy
-	// applied by nobody, so the check below sees the new one.
+	// Record host and port before asking the policy: any Recheck from
+	// now on sees this session, and one that ran before missed it but
+	// came after the policy changed, so the check below sees the change.
 	f.mu.Lock()
 	s.host, s.port = host, dst.Port()
 	f.mu.Unlock()

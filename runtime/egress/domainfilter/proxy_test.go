@@ -437,6 +437,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	var mu sync.Mutex
 	f, err := Start(context.Background(), Config{
 		Listen:      loopback,
+		Reachable:   onlyLoopback,
 		Resolvers:   []netip.AddrPort{dns.addr},
 		Sandboxes:   &fakeSandboxes{p: pol},
 		OriginalDst: func(net.Conn) (netip.AddrPort, error) { mu.Lock(); defer mu.Unlock(); return dst, nil },
@@ -501,7 +502,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 func TestStartWithContext(t *testing.T) {
 	base := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancel(context.Background())
-	f, err := Start(ctx, Config{Listen: loopback, Sandboxes: &fakeSandboxes{}})
+	f, err := Start(ctx, Config{Listen: loopback, Reachable: onlyLoopback, Sandboxes: &fakeSandboxes{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,4 +513,20 @@ func TestStartWithContext(t *testing.T) {
 	}
 	f.Close()
 	settleGoroutines(t, base)
+}
+
+func TestStartNeeds(t *testing.T) {
+	ok := Config{Listen: loopback, Reachable: onlyLoopback, Sandboxes: &fakeSandboxes{}}
+	for name, mod := range map[string]func(*Config){
+		"listen":    func(c *Config) { c.Listen = netip.Addr{} },
+		"sandboxes": func(c *Config) { c.Sandboxes = nil },
+		"reachable": func(c *Config) { c.Reachable = nil },
+	} {
+		cfg := ok
+		mod(&cfg)
+		if f, err := Start(t.Context(), cfg); err == nil {
+			f.Close()
+			t.Errorf("started without %s", name)
+		}
+	}
 }
