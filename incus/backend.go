@@ -40,6 +40,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"net"
@@ -123,6 +124,8 @@ type Options struct {
 	EgressAllow []netip.Prefix
 	// EgressDNS are the sandboxes' resolvers; none: the host's.
 	EgressDNS []netip.Addr
+	// Registerer gets the egress name filter's metrics; nil: none.
+	Registerer prometheus.Registerer
 	// EnvdLogLevel is envd's --log-level. Default "warn".
 	EnvdLogLevel string
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
@@ -229,6 +232,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := eg.UseResolvers(opts.EgressDNS); err != nil {
 		return nil, err
 	}
+	eg.Observe(opts.Log.With("component", "egress"), opts.Registerer)
 	if opts.EnvdPath == "" {
 		return nil, fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)
 	}

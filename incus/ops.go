@@ -555,3 +555,7 @@ func (b *Backend) WaitDeletes(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Close stops the egress name filter; instances and their rules stay, for
+// the next sandboxd to adopt.
+func (b *Backend) Close() error { return b.egress.Close() }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sandboxd/sandboxd/incus"
 	"github.com/sandboxd/sandboxd/runtime/local"
 )
@@ -23,6 +25,7 @@ type backendOpts struct {
 	pauseReserve int
 	favorDynMods bool
 	initPath     string
+	registerer   prometheus.Registerer // the server's, for the egress name filter's metrics
 }
 
 func (o *backendOpts) register(fs *flag.FlagSet) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -153,4 +154,185 @@ for i in $(seq 100); do [ -e /tmp/connected ] && exit 0; sleep 0.05; done; cat /
 func portOf(addr string) string {
 	_, p, _ := strings.Cut(addr, ":")
 	return p
+}
+
+// getScript fetches / from argv: host port tls [connect-to [sni]], the
+// way a client in the sandbox would (its resolver, unless connect-to
+// gives the address), and prints the answer.
+const getScript = `
+import socket, ssl, sys
+host, port, tls = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "tls"
+addr = sys.argv[4] if len(sys.argv) > 4 else host
+sni = sys.argv[5] if len(sys.argv) > 5 else host
+s = socket.create_connection((addr, port), timeout=3)
+if tls:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    s = ctx.wrap_socket(s, server_hostname=sni)
+s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % host).encode())
+data = b""
+while True:
+    d = s.recv(4096)
+    if not d:
+        break
+    data += d
+print(data.decode(errors="replace"))
+`
+
+// dnsScript asks argv[1] (a resolver) for the A record of argv[2] over
+// TCP (argv[3] == "tcp") or UDP, and prints the answer's rcode and count.
+const dnsScript = `
+import socket, struct, sys
+server, name, tcp = sys.argv[1], sys.argv[2], sys.argv[3] == "tcp"
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+if tcp:
+    s = socket.create_connection((server, 53), timeout=3)
+    s.sendall(struct.pack(">H", len(q)) + q)
+    n = struct.unpack(">H", s.recv(2))[0]
+    a = b""
+    while len(a) < n:
+        a += s.recv(n - len(a))
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(q, (server, 53))
+    a = s.recv(4096)
+print("rcode=%d answers=%d" % (a[3] & 15, struct.unpack(">H", a[6:8])[0]))
+`
+
+// TestNetworkDomainsE2E: domain rules through the API, by name: allowed
+// names over TLS (SNI) and HTTP (Host), a wildcard, other names refused by
+// DNS and by the proxy whatever address the sandbox connects to (a forged
+// SNI or Host reaches the allowed name's own address, never the one the
+// sandbox chose), DNS over TCP to another server filtered too, other
+// ports refused; a live update that moves the allowance, cutting the
+// proxied connection it no longer allows; a restart (SIGKILL) after which
+// the policy holds; the metrics and the audit lines.
+func TestNetworkDomainsE2E(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for sandboxes with internet access")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
+	}
+	one, two := egresstest.NewInet(t, "da", 3), egresstest.NewInet(t, "db", 3)
+	names := map[string]netip.Addr{
+		"allowed.sbx.test": one.IP, "denied.sbx.test": one.IP, "a.wild.sbx.test": one.IP, "wild.sbx.test": one.IP,
+		"evil.sbx.test": two.IP,
+	}
+	all := []string{"allowed.sbx.test", "denied.sbx.test", "a.wild.sbx.test", "wild.sbx.test", "evil.sbx.test"}
+	dns := one.ServeDNS(t, names)
+	for _, in := range []egresstest.Inet{one, two} {
+		in.ServeHTTPOn(t, 443, all...)
+		in.ServeHTTPOn(t, 80)
+	}
+	e := newE2EEnv(t, "a")
+	e.serveArgs = append(e.serveArgs, "--egress-subnet=10.196.0.0/16", "--egress-dns="+dns.String())
+	s := e.start()
+	key := e.keys["a"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"allow_internet_access": true, "network": map[string]any{
+		"allowOut": []string{"allowed.sbx.test", "*.wild.sbx.test"}, "denyOut": []string{"0.0.0.0/0"}}})
+	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	e.current().writeFile(t, id, tok, "/tmp/get.py", []byte(getScript))
+	e.current().writeFile(t, id, tok, "/tmp/dns.py", []byte(dnsScript))
+	get := func(args ...string) (string, bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res, err := e.current().run(ctx, id, tok, "python3 /tmp/get.py "+strings.Join(args, " "))
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+		return res.stdout + res.stderr, res.exitCode == 0 && strings.Contains(res.stdout, egresstest.Reply)
+	}
+	from := func(in egresstest.Inet) string { return egresstest.Reply + in.Host + ":" }
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // "" = refused; else what the answer (from one) must hold
+	}{
+		{"allowed, TLS", []string{"allowed.sbx.test", "443", "tls"}, from(one)},
+		{"allowed, HTTP", []string{"allowed.sbx.test", "80", "http"}, " host=allowed.sbx.test"},
+		{"wildcard", []string{"a.wild.sbx.test", "443", "tls"}, from(one)},
+		{"wildcard's parent", []string{"wild.sbx.test", "443", "tls", one.IP.String()}, ""},
+		{"denied name (DNS)", []string{"denied.sbx.test", "443", "tls"}, ""},
+		{"denied name by address", []string{"denied.sbx.test", "443", "tls", one.IP.String()}, ""},
+		{"no name", []string{one.IP.String(), "443", "tls"}, ""},
+		{"forged SNI", []string{"allowed.sbx.test", "443", "tls", two.IP.String()}, from(one)},
+		{"forged Host", []string{"allowed.sbx.test", "80", "http", two.IP.String()}, from(one)},
+		{"allowed name, other port", []string{"allowed.sbx.test", portOf(one.Server), "http", one.IP.String()}, ""},
+	} {
+		out, ok := get(tc.args...)
+		switch {
+		case tc.want == "" && ok:
+			t.Errorf("%s: %v answered %q, want it refused", tc.name, tc.args, out)
+		case tc.want != "" && (!ok || !strings.Contains(out, tc.want) || !strings.Contains(out, from(one))):
+			t.Errorf("%s: %v = %q, want an answer with %q", tc.name, tc.args, out, tc.want)
+		}
+	}
+	for _, tc := range []struct{ server, name, proto, want string }{
+		{dns.String(), "allowed.sbx.test", "udp", "rcode=0 answers=1"},
+		{dns.String(), "denied.sbx.test", "udp", "rcode=3 answers=0"},
+		{two.IP.String(), "allowed.sbx.test", "tcp", "rcode=0 answers=1"}, // another server, over TCP: the filter answers
+		{two.IP.String(), "denied.sbx.test", "tcp", "rcode=3 answers=0"},
+	} {
+		if out := e.current().mustRun(t, id, tok, "python3 /tmp/dns.py "+tc.server+" "+tc.name+" "+tc.proto).stdout; !strings.Contains(out, tc.want) {
+			t.Errorf("DNS %s %s via %s: %q, want %q", tc.proto, tc.name, tc.server, out, tc.want)
+		}
+	}
+
+	// Live: a proxied connection to allowed.sbx.test, held open across an
+	// update that no longer allows it, is cut; denied.sbx.test opens.
+	held := `python3 -c '
+import socket, ssl, time, os
+s = socket.create_connection(("allowed.sbx.test", 443), timeout=3)
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+s = ctx.wrap_socket(s, server_hostname="allowed.sbx.test")
+open("/tmp/connected", "w").close()
+while not os.path.exists("/tmp/go"): time.sleep(0.05)
+try:
+    s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.sbx.test\r\n\r\n")
+    print("answer", s.recv(4096))
+except Exception as e:
+    print("cut", e)
+' > /tmp/held.out 2>&1 &
+for i in $(seq 100); do [ -e /tmp/connected ] && exit 0; sleep 0.05; done; cat /tmp/held.out; exit 1`
+	e.current().mustRun(t, id, tok, held)
+	wantStatus(t, "PUT network", s.api(t, http.MethodPut, "/sandboxes/"+id+"/network", key,
+		map[string]any{"allowOut": []string{"denied.sbx.test"}, "denyOut": []string{"0.0.0.0/0"}}), http.StatusNoContent)
+	e.current().mustRun(t, id, tok, "touch /tmp/go; for i in $(seq 100); do grep -q . /tmp/held.out && break; sleep 0.05; done")
+	if out := e.current().mustRun(t, id, tok, "cat /tmp/held.out").stdout; strings.Contains(out, "from-inet") {
+		t.Errorf("a proxied connection the update no longer allows: %q, want it cut", out)
+	}
+	if out, ok := get("denied.sbx.test", "443", "tls"); !ok {
+		t.Errorf("denied.sbx.test after the update allowed it: %q", out)
+	}
+	if out, ok := get("allowed.sbx.test", "443", "tls", one.IP.String()); ok {
+		t.Errorf("allowed.sbx.test after the update no longer allowed it: %q", out)
+	}
+
+	// The metrics and the audit trail.
+	r := s.do(t, http.MethodGet, "/metrics", "", nil)
+	for _, want := range []string{`sandboxd_egress_decisions_total{decision="denied",kind="tcp",sandbox_id="` + id + `"}`,
+		`sandboxd_egress_decisions_total{decision="allowed",kind="dns",sandbox_id="` + id + `"}`} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if !strings.Contains(string(s.logs()), `"decision":"denied"`) {
+		t.Error("no audit line for a denied destination")
+	}
+
+	// A crash: the policy holds, through a new process's filter.
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if out, ok := get("denied.sbx.test", "443", "tls"); !ok {
+		t.Errorf("denied.sbx.test after a restart: %q, want it allowed still", out)
+	}
+	if out, ok := get("allowed.sbx.test", "443", "tls", one.IP.String()); ok {
+		t.Errorf("allowed.sbx.test after a restart: %q, want it refused still", out)
+	}
 }

@@ -111,6 +111,8 @@ func serve(args []string) error {
 	if *pauseDir == "" {
 		*pauseDir = filepath.Join(*dataDir, "paused")
 	}
+	metrics := server.NewMetrics()
+	bo.registerer = metrics.Registry()
 	be, err := openBackend(ctx, *backend, *runRoot, *pauseDir, *envdPath, *incusSocket, bo, templates, log)
 	if err != nil {
 		return err
@@ -135,7 +137,6 @@ func serve(args []string) error {
 		}()
 	}
 
-	metrics := server.NewMetrics()
 	defaults := lim.defaults()
 	defaults.Build = tenant.BuildBudget{CPU: *buildCPU, MemoryMB: *buildMemMB, DiskMB: *buildDiskMB, TimeoutS: int(buildTime.Seconds())}
 	settings := sandbox.NewSettings(st, defaults, log.With("component", "settings"))
@@ -327,7 +328,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 			InitPath: initPath,
 			Root:     runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
+			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			Log: log.With("component", "local"),
 		})
 		if err != nil {
@@ -335,7 +336,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		}
 		return be, nil
 	case "incus":
-		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS,
+		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS, Registerer: bo.registerer,
 			Images: bo.images(), Log: log.With("component", "incus")}
 		if runDir != defaultRunDir {
 			opts.Root = runDir

@@ -40,6 +40,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -50,6 +51,7 @@ import (
 	"sync/atomic"
 	"text/template"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -105,10 +107,13 @@ var DefaultDeny = []netip.Prefix{
 //
 // Each egress subnet has a table of its own, whose exceptions apply to its
 // sandboxes only (ip saddr): a packet passes the host only if no table
-// drops it, so sandboxd instances with different allow lists, or an older
-// sandboxd's table (inet sandboxd, without the deny list), cannot open
-// what another's table closes. The reverse-path check (fib) keeps a
-// sandbox from borrowing another subnet's exceptions with a forged source.
+// drops it, so sandboxd instances with different allow lists cannot open
+// what another's table closes. (The one table of sandboxd's first layout,
+// inet sandboxd, is removed: it dropped all input from sandboxes.) The
+// reverse-path check (fib) keeps a sandbox from borrowing another subnet's
+// exceptions with a forged source. Per-sandbox policies (sandboxes.go)
+// live in the same table: the maps pol4 and nat4, the set fports of the
+// name filter's ports, and a chain and two sets per sandbox.
 const rulesetTemplate = `table inet {{.Table}} {
 	set deny4 {
 		type ipv4_addr; flags interval; auto-merge;
@@ -234,6 +239,8 @@ type Egress struct {
 	policies  map[netip.Addr]sandboxPolicy // in force
 	installed map[netip.Addr]bool          // with rules in the table, maybe an earlier process's
 	filter    NameFilter                   // started with the first domain rule
+	log       *slog.Logger
+	reg       prometheus.Registerer
 }
 
 // New checks subnet: IPv4, /28 or larger. Its first address is every
@@ -248,7 +255,7 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	}
 	e := &Egress{
 		subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet),
-		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{},
+		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{}, log: slog.Default(),
 	}
 	for _, p := range allow {
 		if !p.IsValid() || !p.Addr().Is4() {

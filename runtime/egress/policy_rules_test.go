@@ -2,12 +2,14 @@ package egress
 
 import (
 	"context"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/runtime/egress/egresstest"
 	"github.com/sandboxd/sandboxd/runtime/egress/policy"
@@ -92,5 +94,62 @@ func TestPolicyRules(t *testing.T) {
 	}
 	if out, _ := exec.Command("nft", "list", "table", "inet", e.table).Output(); strings.Contains(string(out), "p_"+objSuffix(ip)) {
 		t.Errorf("cleared policy left its chain:\n%s", out)
+	}
+}
+
+// TestPolicyDomains: a policy with domain rules sends the sandbox's DNS
+// and its TCP to ports 80 and 443 through the name filter: an allowed
+// name answers, whatever address the sandbox dialled; another does not.
+func TestPolicyDomains(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for namespaces and nftables")
+	}
+	if err := HaveNft(); err != nil {
+		t.Skip(err)
+	}
+	one := egresstest.NewInet(t, "pd", 3)
+	one.ServeDNS(t, map[string]netip.Addr{"ok.sbx.test": one.IP, "no.sbx.test": one.IP})
+	one.ServeHTTPOn(t, 80)
+
+	pid := netnsProcess(t)
+	subnet := netip.MustParsePrefix("10.139.248.0/24")
+	e := testEgress(t, subnet, nil, []netip.Addr{one.IP})
+	t.Cleanup(func() { _ = e.Close() })
+	if err := e.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	ip := netip.MustParseAddr("10.139.248.2")
+	info, err := e.CreateVethIn("egress-domains-"+strconv.Itoa(os.Getpid()), ip, pid)
+	if err != nil {
+		t.Fatalf("CreateVethIn = %v", err)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", info.HostIf).Run() })
+	p, err := policy.Parse([]string{"ok.sbx.test"}, []string{policy.AllTraffic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetPolicy(context.Background(), "sbx", ip, p); err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.AddrPortFrom(one.IP, 80).String()
+	get := func(host string) (string, error) {
+		c, err := dialIn(pid, addr)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.0\r\nHost: "+host+"\r\n\r\n"); err != nil {
+			return "", err
+		}
+		raw, err := io.ReadAll(c)
+		return string(raw), err
+	}
+	if got, err := get("ok.sbx.test"); err != nil || !strings.Contains(got, egresstest.Reply) {
+		out, _ := exec.Command("nft", "list", "table", "inet", e.table).CombinedOutput()
+		t.Errorf("GET ok.sbx.test = %q, %v; want an answer\n%s", got, err, out)
+	}
+	if got, err := get("no.sbx.test"); err == nil && strings.Contains(got, egresstest.Reply) {
+		t.Errorf("GET no.sbx.test = %q; want it refused", got)
 	}
 }

@@ -3,13 +3,17 @@ package egress
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/netip"
 	"os/exec"
 	"regexp"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxd/sandboxd/runtime/egress/domainfilter"
 	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 )
 
@@ -47,14 +51,6 @@ type NameFilter interface {
 	Close() error
 }
 
-// StartNameFilter starts the name filter of e; set by the process that
-// links one in (see domainfilter), nil where none is: a policy with domain
-// rules is then refused.
-var StartNameFilter func(ctx context.Context, e *Egress) (NameFilter, error)
-
-// ErrNoNameFilter: a policy names domains, and this build has no filter.
-var ErrNoNameFilter = errors.New("domain rules need the egress name filter, which this sandboxd lacks")
-
 type sandboxPolicy struct {
 	id string
 	p  *policy.Policy
@@ -81,32 +77,24 @@ func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *pol
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	var f NameFilter
 	if p.Domains() {
-		if e.filter == nil {
-			if StartNameFilter == nil {
-				return ErrNoNameFilter
-			}
-			nf, err := StartNameFilter(context.WithoutCancel(ctx), e)
-			if err != nil {
-				return fmt.Errorf("start the egress name filter: %w", err)
-			}
-			if err := runNft(fmt.Sprintf("add element inet %s fports { %d, %d }\n", e.table, nf.ProxyPort(), nf.DNSPort())); err != nil {
-				_ = nf.Close()
-				return err
-			}
-			e.filter = nf
+		if err := e.startFilter(ctx); err != nil {
+			e.mu.Unlock()
+			return err
 		}
 		f = e.filter
 	}
 	if err := runNft(e.policyScript(ip, p, f)); err != nil {
+		e.mu.Unlock()
 		return fmt.Errorf("egress policy of %s: %w", id, err)
 	}
 	e.policies[ip] = sandboxPolicy{id: id, p: p}
 	e.installed[ip] = true
-	if e.filter != nil {
-		e.filter.Recheck(ip)
+	f = e.filter
+	e.mu.Unlock()
+	if f != nil {
+		f.Recheck(ip) // it asks PolicyOf: not under e.mu
 	}
 	return nil
 }
@@ -114,21 +102,121 @@ func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *pol
 // ClearPolicy removes the policy of the sandbox at ip, if it has one.
 func (e *Egress) ClearPolicy(ip netip.Addr) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	sp, had := e.policies[ip]
 	if !e.installed[ip] {
+		e.mu.Unlock()
 		return nil
 	}
 	if err := runNft(e.clearScript(ip)); err != nil {
+		e.mu.Unlock()
 		return fmt.Errorf("clear the egress policy of %s: %w", ip, err)
 	}
 	delete(e.policies, ip)
 	delete(e.installed, ip)
-	if e.filter != nil {
-		e.filter.Recheck(ip)
+	f := e.filter
+	e.mu.Unlock()
+	if f != nil {
+		f.Recheck(ip)
 		if had {
-			e.filter.Forget(sp.id)
+			f.Forget(sp.id)
 		}
+	}
+	return nil
+}
+
+// startFilter starts the name filter on the gateway address, once; e.mu
+// is held.
+func (e *Egress) startFilter(ctx context.Context) error {
+	if e.filter != nil {
+		return nil
+	}
+	var rs []netip.AddrPort
+	for _, r := range e.resolvers {
+		rs = append(rs, netip.AddrPortFrom(r, 53))
+	}
+	f, err := domainfilter.Start(context.WithoutCancel(ctx), domainfilter.Config{
+		Listen: e.gateway, Resolvers: rs, Sandboxes: filterView{e}, Reachable: e.Reachable,
+		Log: e.log, Registerer: e.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("start the egress name filter: %w", err)
+	}
+	if err := runNft(fmt.Sprintf("add element inet %s fports { %d, %d }\n", e.table, f.ProxyPort(), f.DNSPort())); err != nil {
+		_ = f.Close()
+		return err
+	}
+	e.filter = f
+	return nil
+}
+
+// filterView is e as the name filter sees it.
+type filterView struct{ e *Egress }
+
+func (v filterView) Policy(src netip.Addr) (string, domainfilter.Policy, bool) {
+	id, p, ok := v.e.PolicyOf(src)
+	if !ok {
+		return "", nil, false
+	}
+	return id, p, true
+}
+
+// Reachable reports whether sandboxes may reach ip by the operator's
+// rules: not a sandbox, not the host itself, and not in DefaultDeny unless
+// allowed. The name filter checks every address it dials for a sandbox.
+func (e *Egress) Reachable(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if !ip.Is4() || e.subnet.Contains(ip) || isLocal(ip) {
+		return false
+	}
+	for _, p := range e.allow {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	for _, p := range DefaultDeny {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// isLocal reports whether ip is an address of this host.
+func isLocal(ip netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true // fail closed
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if got, ok := netip.AddrFromSlice(n.IP); ok && got.Unmap() == ip {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Observe sets where the name filter logs and registers its metrics
+// (before the first policy with domain rules).
+func (e *Egress) Observe(log *slog.Logger, reg prometheus.Registerer) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if log != nil {
+		e.log = log
+	}
+	e.reg = reg
+}
+
+// Close stops the name filter, if it runs. The rules stay: sandboxes
+// outlive sandboxd.
+func (e *Egress) Close() error {
+	e.mu.Lock()
+	f := e.filter
+	e.filter = nil
+	e.mu.Unlock()
+	if f != nil {
+		return f.Close()
 	}
 	return nil
 }
@@ -180,7 +268,7 @@ func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) str
 	}
 	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, pol, t, pol)
 	allowRules(pol)
-	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s reject with icmpx admin-prohibited\n", t, pol, deny)
+	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s counter reject with icmpx admin-prohibited\n", t, pol, deny)
 	for _, r := range denyPorts {
 		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
 	}
@@ -191,8 +279,8 @@ func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) str
 	fmt.Fprintf(&b, "add element %s nat4 { %s : jump %s }\n", t, ip, nat)
 	if f != nil {
 		allowRules(nat)
-		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 redirect to :%d\n", t, nat, f.DNSPort())
-		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } redirect to :%d\n", t, nat, f.ProxyPort())
+		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 counter redirect to :%d\n", t, nat, f.DNSPort())
+		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } counter redirect to :%d\n", t, nat, f.ProxyPort())
 	} else {
 		fmt.Fprintf(&b, "delete element %s nat4 { %s }\ndelete chain %s %s\n", t, ip, t, nat)
 	}
@@ -238,7 +326,17 @@ func runNft(script string) error {
 // redirects to the name filter point at the old process's ports until
 // the policies are put in force again, and fail closed meanwhile).
 // Anything else (an older layout) is replaced whole.
+//
+// The table of sandboxd's first layout (inet sandboxd, one for the host)
+// goes: it drops all input from sandboxes, which the name filter and a
+// resolver on the host need, whichever subnet's sandboxes they serve.
 func (e *Egress) installTable() error {
+	if e.prefix == HostPrefix && exec.Command("nft", "list", "table", "inet", Table).Run() == nil {
+		if err := runNft("delete table inet " + Table + "\n"); err != nil {
+			return fmt.Errorf("remove the egress table of an old sandboxd: %w", err)
+		}
+		e.log.Info("egress: removed the table of an old sandboxd", "table", "inet "+Table)
+	}
 	t := "inet " + e.table
 	if out, err := exec.Command("nft", "list", "map", "inet", e.table, "pol4").Output(); err == nil {
 		var b strings.Builder

@@ -80,6 +80,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -168,6 +169,8 @@ type Options struct {
 	EgressAllow []netip.Prefix
 	// EgressDNS are the sandboxes' resolvers; none: the host's.
 	EgressDNS []netip.Addr
+	// Registerer gets the egress name filter's metrics; nil: none.
+	Registerer prometheus.Registerer
 	// UserNS runs sandboxes in a user namespace: their ids 0-65535 are
 	// the host's 1,000,000,000-1,000,065,535, so root inside is no one on
 	// the host. Templates are read through idmapped mounts; that needs
@@ -375,6 +378,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow, opts.EgressDNS); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	b.egress.Observe(b.log.With("component", "egress"), opts.Registerer)
 	// Limit memory+swap to the memory limit (no swap) where the kernel
 	// accounts swap: v1 with memsw files, or v2 (memory.swap.max).
 	_, err = os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
@@ -540,6 +544,7 @@ func (b *Backend) Close() error {
 		_ = b.starter.Close() // the helper exits; the sandboxes it started live on
 	}
 	b.releasing.Wait()
+	_ = b.egress.Close() // the name filter; the rules stay with the sandboxes
 	b.releaseViews()
 	if err := unmountStateFS(b.sandboxesDir()); err != nil {
 		b.log.Warn("local backend: close", "err", err)
