@@ -179,3 +179,33 @@ func newBackendWith(t *testing.T, ns string, opts incus.Options) *incus.Backend 
 	t.Cleanup(func() { cleanupBackend(t, b, ns) })
 	return b
 }
+
+// TestEgressPolicy: per-sandbox egress policies, by address and by name
+// (egresstest.CheckPolicy), on Incus sandboxes.
+func TestEgressPolicy(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	if err := egress.HaveNft(); err != nil {
+		t.Skip(err)
+	}
+	one, two := egresstest.NewInet(t, "ip", 1), egresstest.NewInet(t, "iq", 1)
+	names := map[string]netip.Addr{}
+	for _, n := range egresstest.Names {
+		names[n] = one.IP
+	}
+	ns := randHex()
+	opts := options(t, ns)
+	opts.EgressSubnet = egressSubnet(t)
+	opts.EgressDNS = []netip.Addr{one.ServeDNS(t, names)}
+	one.ServeHTTPOn(t, 80)
+	two.ServeHTTPOn(t, 80)
+	b := newBackendWith(t, ns, opts)
+	t.Cleanup(func() { _ = b.Close() })
+	id := runtimetest.NewID()
+	if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1, AllowInternet: true})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	egresstest.CheckPolicy(t, b, id, one, two)
+}

@@ -113,7 +113,11 @@ var DefaultDeny = []netip.Prefix{
 // reverse-path check (fib) keeps a sandbox from borrowing another subnet's
 // exceptions with a forged source. Per-sandbox policies (sandboxes.go)
 // live in the same table: the maps pol4 and nat4, the set fports of the
-// name filter's ports, and a chain and two sets per sandbox.
+// name filter's ports, and a chain and two sets per sandbox. A connection
+// redirected to a name filter carries FilterMark, and every table's input
+// accepts it: the subnets of two tables may overlap (a test's /24 inside a
+// default /16), and the wider one's input would drop the narrower's
+// redirected traffic as its own sandboxes'.
 const rulesetTemplate = `table inet {{.Table}} {
 	set deny4 {
 		type ipv4_addr; flags interval; auto-merge;
@@ -127,9 +131,6 @@ const rulesetTemplate = `table inet {{.Table}} {
 		type ipv4_addr; flags interval; auto-merge;{{if .DNS}}
 		elements = { {{join .DNS}} }{{end}}
 	}
-	set fports {
-		type inet_service;
-	}
 	map pol4 {
 		type ipv4_addr : verdict;
 	}
@@ -139,7 +140,7 @@ const rulesetTemplate = `table inet {{.Table}} {
 	chain input {
 		type filter hook input priority -10; policy accept;
 		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
-		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr {{.Gateway}} ct status dnat meta l4proto { tcp, udp } th dport @fports accept
+		iifname "{{.Prefix}}*" ct status dnat ct mark {{.FilterMark}} accept
 		iifname "{{.Prefix}}*" ip saddr vmap @pol4
 		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
 		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
@@ -191,7 +192,7 @@ var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
 func (e *Egress) ruleset() string {
 	var b strings.Builder
 	if err := rulesetTmpl.Execute(&b, map[string]any{
-		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "Gateway": e.gateway,
+		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "FilterMark": fmt.Sprintf("0x%08x", FilterMark),
 		"Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
 	}); err != nil {
 		panic(err) // the template and its data are ours

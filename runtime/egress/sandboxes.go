@@ -39,6 +39,10 @@ import (
 // for established connections: a connection the new policy allows goes
 // on, one it denies stops.
 
+// FilterMark is the conntrack mark of connections redirected to a name
+// filter (see the ruleset's input chain).
+const FilterMark = 0x5bd0f117
+
 // NameFilter is the user-space side of domain rules.
 type NameFilter interface {
 	ProxyPort() uint16
@@ -140,10 +144,6 @@ func (e *Egress) startFilter(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("start the egress name filter: %w", err)
-	}
-	if err := runNft(fmt.Sprintf("add element inet %s fports { %d, %d }\n", e.table, f.ProxyPort(), f.DNSPort())); err != nil {
-		_ = f.Close()
-		return err
 	}
 	e.filter = f
 	return nil
@@ -279,8 +279,8 @@ func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) str
 	fmt.Fprintf(&b, "add element %s nat4 { %s : jump %s }\n", t, ip, nat)
 	if f != nil {
 		allowRules(nat)
-		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 counter redirect to :%d\n", t, nat, f.DNSPort())
-		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } counter redirect to :%d\n", t, nat, f.ProxyPort())
+		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.DNSPort())
+		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.ProxyPort())
 	} else {
 		fmt.Fprintf(&b, "delete element %s nat4 { %s }\ndelete chain %s %s\n", t, ip, t, nat)
 	}
@@ -343,7 +343,7 @@ func (e *Egress) installTable() error {
 		for _, c := range []string{"input", "forward", "prerouting", "postrouting"} {
 			fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, c, t, c)
 		}
-		for _, s := range []string{"deny4", "allow4", "dns4", "fports"} {
+		for _, s := range []string{"deny4", "allow4", "dns4"} {
 			fmt.Fprintf(&b, "flush set %s %s\n", t, s)
 		}
 		if runNft(b.String()+e.ruleset()) == nil {

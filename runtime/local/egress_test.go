@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"net"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -120,3 +121,35 @@ func mustExec(t *testing.T, b runtime.Backend, id, script string) string {
 }
 
 func hostIfOf(id string) string { return local.HostInterface(id) }
+
+// TestEgressPolicy: per-sandbox egress policies, by address and by name
+// (egresstest.CheckPolicy), on sandboxes of this backend.
+func TestEgressPolicy(t *testing.T) {
+	env := newEnv(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (Debian package nftables) for sandboxes with internet access")
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("needs python3 in the base template for a TCP client")
+	}
+	one, two := egresstest.NewInet(t, "rp", 0), egresstest.NewInet(t, "rq", 0)
+	names := map[string]netip.Addr{}
+	for _, n := range egresstest.Names {
+		names[n] = one.IP
+	}
+	opts := env.options(t)
+	opts.EgressDNS = []netip.Addr{one.ServeDNS(t, names)}
+	one.ServeHTTPOn(t, 80)
+	two.ServeHTTPOn(t, 80)
+	b, err := local.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	id := runtimetest.NewID()
+	if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, MemoryMB: 256, DiskSizeMB: 64, AllowInternet: true})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	egresstest.CheckPolicy(t, b, id, one, two)
+}

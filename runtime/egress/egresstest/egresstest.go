@@ -25,6 +25,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/fakeinet"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 	"github.com/vishvananda/netns"
 )
@@ -368,3 +369,63 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
 }
+
+// CheckPolicy checks b's egress policies (runtime.EgressPolicer) on
+// sandbox id, which has internet access and one's DNS (ServeDNS with
+// Names) as its resolver; one and two serve HTTP on port 80
+// (ServeHTTPOn): an address allowed inside deny-all, then a name, then
+// no policy.
+func CheckPolicy(t testing.TB, b runtime.Backend, id string, one, two Inet) {
+	t.Helper()
+	ep, ok := b.(runtime.EgressPolicer)
+	if !ok {
+		t.Fatal("the backend does not enforce egress policies")
+	}
+	set := func(allow, deny []string) {
+		t.Helper()
+		p, err := policy.Parse(allow, deny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ep.SetEgressPolicy(t.Context(), id, p); err != nil {
+			t.Fatalf("SetEgressPolicy(%v, %v) = %v", allow, deny, err)
+		}
+	}
+	get := func(host, connectTo string) bool {
+		t.Helper()
+		script := fmt.Sprintf(`
+import socket
+s = socket.create_connection((%q, 80), timeout=3)
+s.sendall(b"GET / HTTP/1.0\r\nHost: %s\r\n\r\n")
+print(s.recv(4096).decode(errors="replace"))
+`, connectTo, host)
+		res, err := runtimetest.Exec(t.Context(), b, id, "user", "/usr/bin/python3", "-c", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.ExitCode == 0 && strings.Contains(res.Stdout, Reply)
+	}
+	oneIP, twoIP := one.IP.String(), two.IP.String()
+	for _, step := range []struct {
+		name        string
+		allow, deny []string
+		checks      map[[2]string]bool // {Host, address to connect to} → answered
+	}{
+		{"one allowed in deny-all", []string{oneIP}, []string{policy.AllTraffic},
+			map[[2]string]bool{{"x", oneIP}: true, {"x", twoIP}: false}},
+		{"a name allowed in deny-all", []string{Names[0]}, []string{policy.AllTraffic},
+			map[[2]string]bool{{Names[0], Names[0]}: true, {Names[1], Names[1]}: false, {Names[1], oneIP}: false, {Names[0], twoIP}: true}},
+		{"no policy", nil, nil, map[[2]string]bool{{"x", oneIP}: true, {"x", twoIP}: true}},
+	} {
+		set(step.allow, step.deny)
+		for c, want := range step.checks {
+			if got := get(c[0], c[1]); got != want {
+				t.Errorf("%s: GET Host %s at %s answered = %v, want %v", step.name, c[0], c[1], got, want)
+			}
+		}
+	}
+}
+
+// Names are the names CheckPolicy asks one's DNS for: serve them
+// (ServeDNS) all at one's address.
+var Names = []string{"ok.sbx.test", "no.sbx.test"}
