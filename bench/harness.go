@@ -343,7 +343,12 @@ func (h *Harness) create(ctx context.Context, internet bool) (*Sandbox, error) {
 }
 
 func (h *Harness) createAs(ctx context.Context, key string, internet bool) (*Sandbox, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+h.addr+apiPrefix+"/v2/sandboxes", bytes.NewReader(createBody(internet)))
+	return h.createBody(ctx, key, createBody(internet))
+}
+
+// createBody is createAs with the request's body.
+func (h *Harness) createBody(ctx context.Context, key string, reqBody []byte) (*Sandbox, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+h.addr+apiPrefix+"/v2/sandboxes", bytes.NewReader(reqBody))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-API-Key", key)
 	resp, err := h.api.Do(req)

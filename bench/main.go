@@ -99,6 +99,7 @@ var scenarios = []scenario{
 	{"fairness", "tenant B's create latency while tenant A floods", fairnessScenario},
 	{"incus", "incus launch --ephemeral vs sandboxd cold create", incusScenario},
 	{"sdk", "SDK-observed Sandbox.create() -> first commands.run('true') (Python and JS SDKs)", sdkScenario},
+	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},
 	{"template", "template builds (5 steps, cold and cached) and creates of a template with a 2 s start, warm vs base", templateScenario},
 }
 
