@@ -14,6 +14,15 @@
 #             scripts/incus-setup.sh prepares it); in addition no Incus
 #             instance made during the run may be left afterwards
 #
+# In the sandboxd and incus modes compat-tests/fakeinet stands in for the
+# internet: a network namespace of its own on a free /29 of 192.52.193.0/24
+# with two servers, ONE and TWO (HTTP on 80, HTTPS on 443), and a DNS server
+# on ONE that knows the network suites' names (*.sbx.test) and forwards the
+# rest to the host's resolvers. sandboxd gets --egress-dns=ONE, so every
+# sandbox resolves through it; the suites get COMPAT_INET_ONE and
+# COMPAT_INET_TWO (the network tests skip without them). If it cannot start,
+# that counts as one failure and the suites run without it.
+#
 # Environment:
 #   COMPAT_TARGET="debug sandboxd"  which modes to run, in order (default
 #                             debug and sandboxd; incus must be asked for)
@@ -82,6 +91,8 @@ sbxd_run=
 sbxd_args=() # extra `sandboxd serve` flags of the current mode
 reg_pid=     # the test image's registries (start_registry)
 reg_env=()
+inet_pid=    # the fake internet (start_fakeinet)
+inet_env=()
 stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   if kill "$1" 2>/dev/null; then
     for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
@@ -91,6 +102,7 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
 }
 cleanup() {
   [[ -n $reg_pid ]] && stop "$reg_pid"
+  [[ -n $inet_pid ]] && stop "$inet_pid"
   [[ -n $proxy_pid ]] && stop "$proxy_pid"
   [[ -n $envd_pid ]] && stop "$envd_pid"
   if [[ -n $sbxd_pid ]]; then # interrupted in sandboxd mode
@@ -247,7 +259,7 @@ run_debug() {
     # COMPAT_ENVD: for the tests that start their own envd (secure.test.mjs,
     # test_secure.py).
     # Their ports are picked free here (other runs may share the machine).
-    mode_env=(-u E2B_API_URL -u E2B_SANDBOX_URL COMPAT_TARGET=debug E2B_DEBUG=true
+    mode_env=(-u E2B_API_URL -u E2B_SANDBOX_URL -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=debug E2B_DEBUG=true
       "COMPAT_ENVD=$envd_bin" "COMPAT_LOG_DIR=$log_dir" "E2B_API_KEY=e2b_$(printf '0%.0s' {1..40})"
       "COMPAT_SECURE_PORT=${COMPAT_SECURE_PORT:-$(free_port)}" "COMPAT_SECURE_PY_PORT=${COMPAT_SECURE_PY_PORT:-$(free_port)}")
     run_suites debug
@@ -334,6 +346,35 @@ start_registry() {
   reg_env=("COMPAT_REGISTRY=$open" "COMPAT_PRIVATE_REGISTRY=$private" COMPAT_REGISTRY_USER=compat COMPAT_REGISTRY_PASS=compat-secret)
 }
 
+# start_fakeinet: the fake internet (compat-tests/fakeinet, a network
+# namespace with servers ONE and TWO); sets inet_env for the suites and adds
+# --egress-dns=ONE to sbxd_args. It removes its namespace and veth on
+# SIGTERM (stop), and what a killed one left at its next start.
+start_fakeinet() {
+  local bin log=$log_dir/fakeinet.log one two
+  bin=$(mktemp -d -t compat-fakeinet.XXXXXX); tmp_dirs+=("$bin")
+  inet_env=()
+  if ! (cd "$root" && go build -o "$bin/fakeinet" ./compat-tests/fakeinet) >>"$log" 2>&1; then
+    echo "compat-tests: building compat-tests/fakeinet failed (see $log)" >&2; return 1
+  fi
+  "$bin/fakeinet" >"$log" 2>&1 &
+  inet_pid=$!
+  for _ in $(seq 1 100); do
+    grep -q '^ready' "$log" 2>/dev/null && break
+    kill -0 "$inet_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  one=$(sed -n 's/^COMPAT_INET_ONE=//p' "$log"); two=$(sed -n 's/^COMPAT_INET_TWO=//p' "$log")
+  if ! grep -q '^ready' "$log" || [[ -z $one || -z $two ]]; then
+    cat "$log" >&2; echo "compat-tests: the fake internet did not start: the network tests will skip" >&2
+    stop "$inet_pid"; inet_pid=
+    return 1
+  fi
+  echo "compat-tests: fake internet: ONE $one, TWO $two (log: $log)"
+  sbxd_args+=("--egress-dns=$one")
+  inet_env=("COMPAT_INET_ONE=$one" "COMPAT_INET_TWO=$two")
+}
+
 run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
   local mode=$1 data out left before= layers_before= mode_backend=local
   if [[ $mode == incus ]]; then
@@ -365,6 +406,7 @@ print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_g
     fi
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }
+  start_fakeinet || total_fail=$((total_fail + 1))
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
   sbxd_port=$(free_port)
@@ -378,9 +420,9 @@ print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_g
     total_fail=$((total_fail + 1))
   else
     echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
-    mode_env=(-u E2B_DEBUG COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
+    mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
-      "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}")
+      "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
     run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then
       echo "compat-tests: sandboxd died during the run (see $log_dir/sandboxd.log)" >&2
@@ -412,6 +454,8 @@ print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_g
   fi
   remove_run_dir
   stop "$reg_pid"; reg_pid=
+  [[ -n $inet_pid ]] && stop "$inet_pid"
+  inet_pid= inet_env=()
   if [[ $mode == incus ]]; then
     # Destroy deletes in the background; sandboxd waits for those deletions
     # at SIGTERM, so every instance made during the run must be gone now.
