@@ -491,6 +491,9 @@ func TestNativeSandboxes(t *testing.T) {
 		if rt.Operation == "Exec" {
 			body = map[string]any{"cmd": "true"}
 		}
+		if rt.Operation == "PutSandboxNetwork" {
+			body = map[string]any{"deny_out": []string{"0.0.0.0/0"}}
+		}
 		if rt.Operation == "UploadFile" {
 			body = []byte("x")
 		}
@@ -525,5 +528,29 @@ func TestNativeSandboxes(t *testing.T) {
 		t.Errorf("create idle_ttl 60 = %s; want 201 with idle_ttl 60", r)
 	} else if r := e.do(http.MethodDelete, "/v1/sandboxes/"+idle.Id, tok, nil); r.status != 204 {
 		t.Errorf("delete = %s; want 204", r)
+	}
+}
+
+// TestNativeNetwork: the egress policy on create and through PUT
+// .../network, as the sandbox reports it; a bad rule is a 400 naming it.
+// (Enforcement: runtime/egress and cmd/sandboxd's network E2E tests.)
+func TestNativeNetwork(t *testing.T) {
+	e := newNativeEnv(t, true)
+	tok := e.full()
+	sb := e.create(tok, map[string]any{"allow_internet": true, "network": map[string]any{"deny_out": []string{"0.0.0.0/0"}}})
+	if sb.Network == nil || sb.Network.DenyOut == nil || strings.Join(*sb.Network.DenyOut, ",") != "0.0.0.0/0" || sb.AllowInternet == nil || !*sb.AllowInternet {
+		t.Errorf("created %+v; want deny_out [0.0.0.0/0] with internet", sb)
+	}
+	put := func(body any) resp {
+		return e.do(http.MethodPut, "/v1/sandboxes/"+sb.Id+"/network", tok, body)
+	}
+	if r := put(map[string]any{"allow_out": []string{"1.1.1.1:53"}, "deny_out": []string{"0.0.0.0/0"}}); r.status != 200 || !bytes.Contains(r.body, []byte(`"allow_out":["1.1.1.1:53"]`)) {
+		t.Errorf("PUT network = %s; want 200 with the new policy", r)
+	}
+	if r := put(map[string]any{"deny_out": []string{"example.com"}}); r.status != 400 || !bytes.Contains(r.body, []byte("network.denyOut[0]")) {
+		t.Errorf("PUT a domain in deny_out = %s; want 400 naming it", r)
+	}
+	if r := put(map[string]any{}); r.status != 200 || bytes.Contains(r.body, []byte(`"network"`)) {
+		t.Errorf("PUT {} = %s; want 200 and no policy", r)
 	}
 }
