@@ -26,6 +26,8 @@ if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
 fi
 "$GO" build -o bin/bench ./bench >&2
+# The fake internet of the network scenario's download (compat-tests/fakeinet).
+"$GO" build -o bin/fakeinet ./compat-tests/fakeinet >&2
 # runc at the version whose libcontainer the local backend links: the
 # libcontainer floor of the floor and create scenarios. Built once per
 # version (it needs the Go module proxy the first time); without it those

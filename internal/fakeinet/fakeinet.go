@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,9 +33,21 @@ import (
 const Reply = "from-inet "
 
 // Handler answers Reply, the client's address and " host=" and the Host
-// it asked for.
+// it asked for; GET /bytes/N answers N bytes (a download to time).
 func Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, err := strconv.ParseInt(strings.TrimPrefix(r.URL.Path, "/bytes/"), 10, 64); err == nil && strings.HasPrefix(r.URL.Path, "/bytes/") && n >= 0 {
+			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+			chunk := make([]byte, 256<<10)
+			for n > 0 {
+				m := min(n, int64(len(chunk)))
+				if _, err := w.Write(chunk[:m]); err != nil {
+					return
+				}
+				n -= m
+			}
+			return
+		}
 		fmt.Fprintf(w, "%s%s host=%s", Reply, r.RemoteAddr, r.Host)
 	})
 }
