@@ -477,10 +477,10 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		return "", nil, err
 	}
 	info := map[string]string{}
-	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc"} {
+	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc", "fakeinet"} {
 		src := filepath.Join(from, name)
 		raw, err := os.ReadFile(src)
-		if (name == "runc" || name == "sandboxd-init") && errors.Is(err, fs.ErrNotExist) {
+		if (name == "runc" || name == "sandboxd-init" || name == "fakeinet") && errors.Is(err, fs.ErrNotExist) {
 			// Optional: the libcontainer floor says it is missing; sandboxd
 			// starts sandboxes itself (and logs so).
 			continue

@@ -501,15 +501,21 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		initialized = created != nil && created.EnvdInitialized
 	}
 	tBackend := m.now()
-	// Before anything runs on the sandbox's behalf (a warm member's start
-	// command ran under no policy, as a template's build did).
-	if err := m.applyPolicy(ctx, sb); err != nil {
-		return fmt.Errorf("create sandbox: %w", err)
-	}
+	// The egress policy goes in beside envd's /init (it is an nft
+	// transaction, the longest step of a warm claim with a policy), and
+	// before the template's start command or the caller can run anything.
+	// A warm member's start command ran under no policy, as a template's
+	// build did.
+	policyErr := make(chan error, 1)
+	go func() { policyErr <- m.applyPolicy(ctx, sb) }()
 	if !initialized {
 		if err := m.initEnvd(ctx, sb); err != nil {
+			<-policyErr
 			return fmt.Errorf("create sandbox: init envd: %w", err)
 		}
+	}
+	if err := <-policyErr; err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
 	}
 	if cfg, ok := m.templateConfig(sb.Template); ok && cfg.StartCmd != "" && tk.Member() == nil {
 		// A warm member ran it before it was claimed.

@@ -240,6 +240,7 @@ type Egress struct {
 	policies  map[netip.Addr]sandboxPolicy // in force
 	installed map[netip.Addr]bool          // with rules in the table, maybe an earlier process's
 	filter    NameFilter                   // started with the first domain rule
+	nft       nftSession                   // the policies' changes
 	log       *slog.Logger
 	reg       prometheus.Registerer
 }

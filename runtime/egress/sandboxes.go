@@ -60,6 +60,14 @@ type sandboxPolicy struct {
 	p  *policy.Policy
 }
 
+// known reports whether this process knows what rules ip carries (it put
+// them there, or found none): rules of an earlier process may have names.
+// e.mu is held.
+func (e *Egress) known(ip netip.Addr) bool {
+	_, ours := e.policies[ip]
+	return ours || !e.installed[ip]
+}
+
 // PolicyOf is the policy in force for the sandbox at src, and its id.
 func (e *Egress) PolicyOf(src netip.Addr) (string, *policy.Policy, bool) {
 	e.mu.Lock()
@@ -89,7 +97,10 @@ func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *pol
 		}
 		f = e.filter
 	}
-	if err := runNft(e.policyScript(ip, p, f)); err != nil {
+	// The name-filter half is written (or cleared) only where the new or
+	// the old policy has names: a smaller transaction otherwise.
+	nat := p.Domains() || e.policies[ip].p.Domains() || !e.known(ip)
+	if err := e.nft.run(e.policyScript(ip, p, f, nat)); err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("egress policy of %s: %w", id, err)
 	}
@@ -111,7 +122,7 @@ func (e *Egress) ClearPolicy(ip netip.Addr) error {
 		e.mu.Unlock()
 		return nil
 	}
-	if err := runNft(e.clearScript(ip)); err != nil {
+	if err := e.nft.run(e.clearScript(ip)); err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("clear the egress policy of %s: %w", ip, err)
 	}
@@ -215,6 +226,7 @@ func (e *Egress) Close() error {
 	f := e.filter
 	e.filter = nil
 	e.mu.Unlock()
+	e.nft.close()
 	if f != nil {
 		return f.Close()
 	}
@@ -227,7 +239,8 @@ func objSuffix(ip netip.Addr) string {
 }
 
 // policyScript is the transaction that puts p in force for ip.
-func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) string {
+// withNat says whether to write the name-filter half (n_ and nat4) at all.
+func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter, withNat bool) string {
 	var b strings.Builder
 	t, x := "inet "+e.table, objSuffix(ip)
 	pol, nat, allow, deny := "p_"+x, "n_"+x, "a_"+x, "d_"+x
@@ -273,6 +286,9 @@ func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter) str
 		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
 	}
 	fmt.Fprintf(&b, "add element %s pol4 { %s : jump %s }\n", t, ip, pol)
+	if !withNat {
+		return b.String()
+	}
 	// nat4 and n_: made whether or not p has domains, so that a policy
 	// that had some loses them in the same transaction.
 	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, nat, t, nat)
@@ -310,7 +326,7 @@ func (e *Egress) clearScript(ip netip.Addr) string {
 	return b.String()
 }
 
-func runNft(script string) error {
+func runNftExec(script string) error {
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -332,7 +348,7 @@ func runNft(script string) error {
 // resolver on the host need, whichever subnet's sandboxes they serve.
 func (e *Egress) installTable() error {
 	if e.prefix == HostPrefix && exec.Command("nft", "list", "table", "inet", Table).Run() == nil {
-		if err := runNft("delete table inet " + Table + "\n"); err != nil {
+		if err := runNftExec("delete table inet " + Table + "\n"); err != nil {
 			return fmt.Errorf("remove the egress table of an old sandboxd: %w", err)
 		}
 		e.log.Info("egress: removed the table of an old sandboxd", "table", "inet "+Table)
@@ -346,7 +362,7 @@ func (e *Egress) installTable() error {
 		for _, s := range []string{"deny4", "allow4", "dns4"} {
 			fmt.Fprintf(&b, "flush set %s %s\n", t, s)
 		}
-		if runNft(b.String()+e.ruleset()) == nil {
+		if runNftExec(b.String()+e.ruleset()) == nil {
 			for _, m := range addrRe.FindAll(out, -1) {
 				if a, err := netip.ParseAddr(string(m)); err == nil && e.subnet.Contains(a) {
 					e.installed[a] = true
@@ -355,7 +371,7 @@ func (e *Egress) installTable() error {
 			return nil
 		}
 	}
-	return runNft("table " + t + "\ndelete table " + t + "\n" + e.ruleset())
+	return runNftExec("table " + t + "\ndelete table " + t + "\n" + e.ruleset())
 }
 
 var addrRe = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
