@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -282,6 +283,31 @@ func TestNetworkDomainsE2E(t *testing.T) {
 		}
 	}
 
+	// IPv6 is no way around it (sandboxes have none), and an allow rule
+	// for the gateway does not open the host.
+	if res, err := e.current().run(t.Context(), id, tok, `python3 -c '
+import socket
+socket.create_connection(("2001:db8::1", 443), timeout=3)'`); err != nil || res.exitCode == 0 {
+		t.Errorf("IPv6 connect from the sandbox: %+v %v, want it refused", res, err)
+	}
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
+			c.Close()
+		}
+	}()
+	wantStatus(t, "PUT network", s.api(t, http.MethodPut, "/sandboxes/"+id+"/network", key,
+		map[string]any{"allowOut": []string{"10.196.0.1", "allowed.sbx.test"}, "denyOut": []string{"0.0.0.0/0"}}), http.StatusNoContent)
+	if res, err := e.current().run(t.Context(), id, tok, fmt.Sprintf(`python3 -c '
+import socket
+socket.create_connection(("10.196.0.1", %d), timeout=3)'`, ln.Addr().(*net.TCPAddr).Port)); err != nil || res.exitCode == 0 {
+		t.Errorf("the host through an allowed gateway address: %+v %v, want it refused", res, err)
+	}
+
 	// Live: a proxied connection to allowed.sbx.test, held open across an
 	// update that no longer allows it, is cut; denied.sbx.test opens.
 	held := `python3 -c '
@@ -315,7 +341,8 @@ for i in $(seq 100); do [ -e /tmp/connected ] && exit 0; sleep 0.05; done; cat /
 	// The metrics and the audit trail.
 	r := s.do(t, http.MethodGet, "/metrics", "", nil)
 	for _, want := range []string{`sandboxd_egress_decisions_total{decision="denied",kind="tcp",sandbox_id="` + id + `"}`,
-		`sandboxd_egress_decisions_total{decision="allowed",kind="dns",sandbox_id="` + id + `"}`} {
+		`sandboxd_egress_decisions_total{decision="allowed",kind="dns",sandbox_id="` + id + `"}`,
+		`sandboxd_egress_address_denied_packets_total{sandbox_id="` + id + `"}`} {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

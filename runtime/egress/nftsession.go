@@ -22,12 +22,13 @@ import (
 // cannot exist) follows it, and its error message, which names the
 // marker, tells where the script's output ends.
 type nftSession struct {
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Reader
-	raw *os.File
-	n   uint64
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	raw  *os.File
+	n    uint64
+	last string // the output of the last exchange
 }
 
 // maxSessionLine bounds a script sent through the session; a longer one
@@ -91,10 +92,28 @@ func (s *nftSession) exchange(line string) error {
 		}
 		lines = append(lines, l)
 	}
-	if out := strings.TrimSpace(strings.Join(lines, "")); strings.Contains(out, "Error") {
+	s.last = strings.Join(lines, "")
+	if out := strings.TrimSpace(s.last); strings.Contains(out, "Error") {
 		return fmt.Errorf("nft: %s", out)
 	}
 	return nil
+}
+
+// output runs one command (a listing) and returns what it printed.
+func (s *nftSession) output(cmd string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		if err := s.start(); err != nil {
+			return "", err
+		}
+	}
+	err := s.exchange(cmd)
+	var broken sessionError
+	if errors.As(err, &broken) {
+		s.stop()
+	}
+	return s.last, err
 }
 
 func (s *nftSession) start() error {

@@ -90,6 +90,12 @@ func TestPolicyRules(t *testing.T) {
 			if got := reachable(two); got != tc.wantTwo {
 				t.Errorf("%s reachable = %v, want %v (its host end %s)", two, got, tc.wantTwo, twoHost)
 			}
+			if !tc.wantTwo && !tc.restart {
+				// The refusal is counted (sandboxd_egress_address_denied_packets_total).
+				if d, err := e.addressDenials(); err != nil || d[ip] == 0 {
+					t.Errorf("address denials = %v, %v; want some for %s", d, err, ip)
+				}
+			}
 		})
 	}
 	if out, _ := exec.Command("nft", "list", "table", "inet", e.table).Output(); strings.Contains(string(out), "p_"+objSuffix(ip)) {

@@ -217,6 +217,11 @@ func (e *Egress) Observe(log *slog.Logger, reg prometheus.Registerer) {
 		e.log = log
 	}
 	e.reg = reg
+	if reg != nil {
+		if err := reg.Register(denialsCollector{e}); err != nil {
+			e.log.Warn("egress: register the policies' metrics", "err", err)
+		}
+	}
 }
 
 // Close stops the name filter, if it runs. The rules stay: sandboxes
@@ -283,7 +288,7 @@ func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter, wit
 	allowRules(pol)
 	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s counter reject with icmpx admin-prohibited\n", t, pol, deny)
 	for _, r := range denyPorts {
-		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
+		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s counter reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
 	}
 	fmt.Fprintf(&b, "add element %s pol4 { %s : jump %s }\n", t, ip, pol)
 	if !withNat {
@@ -375,3 +380,69 @@ func (e *Egress) installTable() error {
 }
 
 var addrRe = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
+
+// addressDenials are the packets each policy's address rules refused so
+// far, by sandbox address: the counters of its chain's reject rules.
+func (e *Egress) addressDenials() (map[netip.Addr]uint64, error) {
+	out, err := e.nft.output("list table inet " + e.table)
+	if err != nil {
+		return nil, err
+	}
+	denied := map[netip.Addr]uint64{}
+	var ip netip.Addr
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if hex, ok := strings.CutPrefix(l, "chain p_"); ok {
+			var b [4]byte
+			if n, _ := fmt.Sscanf(strings.TrimSuffix(hex, " {"), "%02x%02x%02x%02x", &b[0], &b[1], &b[2], &b[3]); n == 4 {
+				ip = netip.AddrFrom4(b)
+			} else {
+				ip = netip.Addr{}
+			}
+			continue
+		}
+		if l == "}" {
+			ip = netip.Addr{}
+			continue
+		}
+		if !ip.IsValid() || !strings.Contains(l, " reject") {
+			continue
+		}
+		if _, rest, ok := strings.Cut(l, "counter packets "); ok {
+			var n uint64
+			if _, err := fmt.Sscanf(rest, "%d", &n); err == nil {
+				denied[ip] += n
+			}
+		}
+	}
+	return denied, nil
+}
+
+// denialsCollector exports addressDenials per sandbox.
+type denialsCollector struct{ e *Egress }
+
+var denialsDesc = prometheus.NewDesc("sandboxd_egress_address_denied_packets_total",
+	"Packets a sandbox sent that its egress policy's address rules refused (the name filter's refusals are sandboxd_egress_decisions_total).",
+	[]string{"sandbox_id"}, nil)
+
+func (c denialsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- denialsDesc }
+
+func (c denialsCollector) Collect(ch chan<- prometheus.Metric) {
+	c.e.mu.Lock()
+	ids := make(map[netip.Addr]string, len(c.e.policies))
+	for ip, sp := range c.e.policies {
+		ids[ip] = sp.id
+	}
+	c.e.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	denied, err := c.e.addressDenials()
+	if err != nil {
+		c.e.log.Warn("egress: read the policies' counters", "err", err)
+		return
+	}
+	for ip, id := range ids {
+		ch <- prometheus.MustNewConstMetric(denialsDesc, prometheus.CounterValue, float64(denied[ip]), id)
+	}
+}
