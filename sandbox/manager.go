@@ -980,13 +980,16 @@ func (m *Manager) autoResume(ctx context.Context, id string) error {
 	return errdefs.ErrNotFound
 }
 
-// TrafficToken is the token the proxy requires on non-envd ports, or "".
-func (m *Manager) TrafficToken(ctx context.Context, id string) (string, error) {
+// PortAccess is what the proxy applies to requests for a sandbox's ports
+// other than envd's: the token they must carry, or "", and the Host they
+// reach it with (E2B's maskRequestHost), or "".
+func (m *Manager) PortAccess(ctx context.Context, id string) (token, maskHost string, err error) {
 	sb, err := m.store.GetSandboxAny(ctx, id)
 	if err != nil || !sb.State.Live() {
-		return "", errdefs.ErrNotFound
+		return "", "", errdefs.ErrNotFound
 	}
-	return Network(&sb).TrafficAccessToken, nil
+	n := Network(&sb)
+	return n.TrafficAccessToken, n.MaskRequestHost, nil
 }
 
 // backendErr maps runtime errors to errdefs kinds, keeping the cause.

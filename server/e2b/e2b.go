@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/openapi/e2bapi"
 	"github.com/sandboxd/sandboxd/runtime"
@@ -169,8 +171,9 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 		if err := unsupportedNetwork(nw.EgressProxy != nil, nw.Rules, nw.HttpsPorts); err != nil {
 			return sandbox.View{}, err
 		}
-		if nw.MaskRequestHost != nil && *nw.MaskRequestHost != "" {
-			return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "network.maskRequestHost is not supported by sandboxd yet")
+		mask := httpx.Deref(nw.MaskRequestHost)
+		if mask != "" && !httpguts.ValidHostHeader(strings.ReplaceAll(mask, "${PORT}", "1")) {
+			return sandbox.View{}, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("network.maskRequestHost %q: not a valid Host header (host, host:port, ${PORT} for the port)", mask))
 		}
 		allowOut, denyOut := httpx.Deref(nw.AllowOut), httpx.Deref(nw.DenyOut)
 		switch {
@@ -186,6 +189,7 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 		}
 		req.Network = &sandbox.NetworkConfig{
 			AllowPublicTraffic: nw.AllowPublicTraffic, AllowOut: allowOut, DenyOut: denyOut, DNSServers: httpx.Deref(nw.DnsServers),
+			MaskRequestHost: mask,
 		}
 	}
 	return a.mgr.CreateView(ctx, req)

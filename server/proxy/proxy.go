@@ -33,8 +33,8 @@ import (
 type Lifecycle interface {
 	// DialSandbox opens a stream to port inside sandbox id, resuming the sandbox first if it is paused with auto-resume. A missing, killed or (paused without auto-resume) sandbox fails with an error wrapping errdefs.ErrNotFound; a port nobody listens on wraps errdefs.ErrUnavailable.
 	DialSandbox(ctx context.Context, id string, port int) (net.Conn, error)
-	// TrafficToken returns the token that requests to ports other than envd's must carry in `e2b-traffic-access-token`, or "" when the sandbox's traffic is public. Missing sandbox: errdefs.ErrNotFound.
-	TrafficToken(ctx context.Context, id string) (string, error)
+	// PortAccess returns the token that requests to ports other than envd's must carry in `e2b-traffic-access-token` ("" when the sandbox's traffic is public) and the Host header they reach the sandbox with (E2B's maskRequestHost, `${PORT}` standing for the port; "": the client's). Missing sandbox: errdefs.ErrNotFound.
+	PortAccess(ctx context.Context, id string) (token, maskHost string, err error)
 	// SignedFileSandbox finds the sandbox whose envd access token signed a
 	// `/files` URL (E2B's uploadUrl/downloadUrl), or "" if none did.
 	SignedFileSandbox(ctx context.Context, q url.Values, op string) string
@@ -129,8 +129,9 @@ func (noMetrics) Rejected(string, string) {}
 // proxyTarget is the sandbox and port a request goes to, carried in the
 // request's context from Wrap to Rewrite and the error handler.
 type proxyTarget struct {
-	id   string
-	port int
+	id       string
+	port     int
+	maskHost string // the Host a user port gets, if not the client's
 }
 
 type proxyTargetKey struct{}
@@ -227,12 +228,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 	case !p.allowDataPlane(rec, r, id):
 		return
 	}
+	target := proxyTarget{id: id, port: port}
 	if port != EnvdPort {
-		token, err := p.d.TrafficToken(r.Context(), id)
+		token, maskHost, err := p.d.PortAccess(r.Context(), id)
 		if err != nil {
-			p.writeUpstreamError(rec, r, proxyTarget{id, port}, err)
+			p.writeUpstreamError(rec, r, target, err)
 			return
 		}
+		target.maskHost = strings.ReplaceAll(maskHost, "${PORT}", strconv.Itoa(port))
 		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
 			WriteError(rec, http.StatusForbidden, id, msgBadTrafficToken)
 			return
@@ -249,7 +252,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		// streams, bidirectional protocols); HTTP/2 always can.
 		_ = http.NewResponseController(rec).EnableFullDuplex()
 	}
-	ctx := context.WithValue(r.Context(), proxyTargetKey{}, proxyTarget{id, port})
+	ctx := context.WithValue(r.Context(), proxyTargetKey{}, target)
 	p.rp.ServeHTTP(rec, r.WithContext(ctx))
 }
 
@@ -264,8 +267,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Host = "" // the URL's host
 	} else {
 		// The user's server sees the host the client asked for (virtual
-		// hosts, dev servers checking Host).
+		// hosts, dev servers checking Host), unless the sandbox masks it.
 		pr.Out.Host = pr.In.Host
+		if t.maskHost != "" {
+			pr.Out.Host = t.maskHost
+		}
 		pr.SetXForwarded()
 	}
 	// sandboxd's credentials are not the sandbox's business. Authorization
@@ -306,7 +312,7 @@ func (p *Proxy) writeUpstreamError(w http.ResponseWriter, r *http.Request, t pro
 		// one by asking whether it still exists.
 		status, msg = http.StatusBadGateway, msgUpstreamFailed
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		_, terr := p.d.TrafficToken(ctx, t.id)
+		_, _, terr := p.d.PortAccess(ctx, t.id)
 		cancel()
 		if errors.Is(terr, errdefs.ErrNotFound) {
 			msg = msgSandboxNotFound

@@ -38,8 +38,9 @@ type fakeSandboxDialer struct {
 }
 
 type fakeProxySandbox struct {
-	ports map[int]string // port -> loopback address
-	token string         // traffic token
+	ports    map[int]string // port -> loopback address
+	token    string         // traffic token
+	maskHost string         // maskRequestHost
 }
 
 func (f *fakeSandboxDialer) DialSandbox(ctx context.Context, id string, port int) (net.Conn, error) {
@@ -65,14 +66,14 @@ func (f *fakeSandboxDialer) DialSandbox(ctx context.Context, id string, port int
 	return c, err
 }
 
-func (f *fakeSandboxDialer) TrafficToken(_ context.Context, id string) (string, error) {
+func (f *fakeSandboxDialer) PortAccess(_ context.Context, id string) (string, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb := f.sbx[id]
 	if sb == nil {
-		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		return "", "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	return sb.token, nil
+	return sb.token, sb.maskHost, nil
 }
 
 func (f *fakeSandboxDialer) SignedFileSandbox(context.Context, url.Values, string) string { return "" }
@@ -80,7 +81,7 @@ func (f *fakeSandboxDialer) SignedFileSandbox(context.Context, url.Values, strin
 func (f *fakeSandboxDialer) Active(context.Context, string) func() { return func() {} }
 
 func (f *fakeSandboxDialer) SandboxTenant(_ context.Context, id string) (tenant.ID, error) {
-	if _, err := f.TrafficToken(context.Background(), id); err != nil {
+	if _, _, err := f.PortAccess(context.Background(), id); err != nil {
 		return "", err
 	}
 	return "acme", nil
@@ -555,6 +556,20 @@ func TestProxyTrafficToken(t *testing.T) {
 	resp, body = proxyDo(t, nil, proxyReq(t, "GET", env.srv.URL+"/", nil, map[string]string{headerSandboxID: "sbx3", headerSandboxPort: "8080"}))
 	if resp.StatusCode != 200 || !strings.Contains(body, `"sandboxId":"sbx3"`) {
 		t.Fatalf("public sandbox: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestProxyMaskRequestHost: a sandbox's maskRequestHost is the Host its
+// user ports see, ${PORT} replaced; envd's port keeps its own.
+func TestProxyMaskRequestHost(t *testing.T) {
+	env := newProxyEnv(t)
+	env.d.set("sbx4", &fakeProxySandbox{
+		ports:    map[int]string{8080: proxyUserServer(t), EnvdPort: env.envd.Listener.Addr().String()},
+		maskHost: "localhost:${PORT}",
+	})
+	resp, body := proxyDo(t, nil, proxyReq(t, "GET", env.srv.URL+"/", nil, map[string]string{"Host": "8080-sbx4." + proxyTestDomain}))
+	if resp.StatusCode != 200 || !strings.Contains(body, `"host":"localhost:8080"`) || !strings.Contains(body, `"forwardedHost":"8080-sbx4.`+proxyTestDomain+`"`) {
+		t.Fatalf("masked host: %d %s, want Host localhost:8080 and the client's in X-Forwarded-Host", resp.StatusCode, body)
 	}
 }
 

@@ -579,6 +579,22 @@ test('lifecycle: getHost(port) is routable by Host header (`<port>-<id>.<domain>
   }
 })
 
+test('lifecycle: network.maskRequestHost is the Host a port sees (${PORT} replaced)', S, async () => {
+  const s = await create({ network: { maskRequestHost: 'localhost:${PORT}' } })
+  try {
+    assert.equal((await s.getInfo()).network?.maskRequestHost, 'localhost:${PORT}')
+    const { h, route } = await startServer(s, 8004)
+    try {
+      const res = await fetch(`${ENVD_URL}/`, { headers: route })
+      assert.equal(await res.text(), 'host=localhost:8004')
+    } finally {
+      await h.kill()
+    }
+  } finally {
+    await s.kill()
+  }
+})
+
 test('lifecycle: allowPublicTraffic false: ports need e2b-traffic-access-token, envd does not', S, async () => {
   const s = await create({ network: { allowPublicTraffic: false } })
   try {
