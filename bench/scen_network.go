@@ -26,7 +26,7 @@ func networkScenario(ctx context.Context, b *Bench) error {
 		return nil
 	}
 	const size = 5
-	extra := append(noLimits(b.flags), "--pool=true", fmt.Sprintf("--min-warm=%d", size))
+	var extra []string
 	inet, inetErr := startFakeInet(ctx, b.cfg.BinDir)
 	if inetErr != nil {
 		b.logf("network: no fake internet, so no download rows: %v", inetErr)
@@ -34,17 +34,11 @@ func networkScenario(ctx context.Context, b *Bench) error {
 		defer inet.stop()
 		extra = append(extra, "--egress-dns="+inet.one)
 	}
-	if b.flags["pool-lead"] {
-		extra = append(extra, "--pool-lead=-1s")
-	}
-	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	h, err := b.startPool(ctx, size, extra...)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	if got := h.poolReady(ctx, size, 60*time.Second); got < size {
-		return fmt.Errorf("pool holds %d ready members after 60s, want %d", got, size)
-	}
 	var allow []string
 	for i := range 10 {
 		allow = append(allow, fmt.Sprintf("192.52.193.%d", 16+i), fmt.Sprintf("api%d.example.com", i))

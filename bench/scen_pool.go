@@ -85,6 +85,25 @@ func (h *Harness) poolClaims(ctx context.Context) (hits, misses float64) {
 }
 
 // startSide starts a second sandboxd for one scenario; the caller closes it.
+// startPool starts a second sandboxd with a full warm pool of size for
+// the bench tenant (fixed size where the build can say so), plus extra
+// serve flags.
+func (b *Bench) startPool(ctx context.Context, size int, extra ...string) (*Harness, error) {
+	args := append(noLimits(b.flags), "--pool=true", fmt.Sprintf("--min-warm=%d", size))
+	if b.flags["pool-lead"] {
+		args = append(args, "--pool-lead=-1s") // fixed size: no adaptive growth during the measurement
+	}
+	h, err := b.startSide(ctx, []string{"bench"}, append(args, extra...)...)
+	if err != nil {
+		return nil, err
+	}
+	if got := h.poolReady(ctx, size, 60*time.Second); got < size {
+		h.Close()
+		return nil, fmt.Errorf("pool holds %d ready members after 60s, want %d", got, size)
+	}
+	return h, nil
+}
+
 func (b *Bench) startSide(ctx context.Context, tenants []string, extra ...string) (*Harness, error) {
 	h, err := newHarness(b.cfg.Root, b.cfg.BinDir)
 	if err != nil {
@@ -125,18 +144,11 @@ func warmScenario(ctx context.Context, b *Bench) error {
 		return nil
 	}
 	const size = 5
-	extra := append(noLimits(b.flags), "--pool=true", fmt.Sprintf("--min-warm=%d", size))
-	if b.flags["pool-lead"] {
-		extra = append(extra, "--pool-lead=-1s") // fixed size: no adaptive growth during the measurement
-	}
-	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	h, err := b.startPool(ctx, size)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	if got := h.poolReady(ctx, size, 60*time.Second); got < size {
-		return fmt.Errorf("pool holds %d ready members after 60s, want %d", got, size)
-	}
 
 	n := b.iters(1, 2, 20)
 	var claim, healthy []time.Duration

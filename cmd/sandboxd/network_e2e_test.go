@@ -140,6 +140,25 @@ for i in $(seq 100); do [ -e /tmp/connected ] && exit 0; sleep 0.05; done; cat /
 	n.update(t, denyTwo, map[string]any{})
 	n.want(t, "cleared", denyTwo, denyTwoTok, true, true)
 
+	// Sandboxes stay apart whatever a policy allows: one allowing the
+	// whole egress subnet still does not reach another's server.
+	peer, peerTok := n.create(t, nil)
+	n.e.current().mustRun(t, peer, peerTok, "cd /tmp && (setsid python3 -m http.server 8000 >/dev/null 2>&1 &) && for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000), timeout=1)' 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+	peerIP := strings.TrimSpace(n.e.current().mustRun(t, peer, peerTok, "ip -4 -o addr show dev eth0 | awk '{print $4}' | cut -d/ -f1").stdout)
+	nosy, nosyTok := n.create(t, map[string]any{"allowOut": []string{"10.197.0.0/16"}, "denyOut": []string{all}})
+	connects := func(id, tok string) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res, err := n.e.current().run(ctx, id, tok, fmt.Sprintf(`python3 -c 'import socket; socket.create_connection(("%s", 8000), timeout=3)'`, peerIP))
+		return err == nil && res.exitCode == 0
+	}
+	if !connects(peer, peerTok) {
+		t.Fatalf("sandbox %s does not reach its own server at %s:8000", peer, peerIP) // the check below means something
+	}
+	if connects(nosy, nosyTok) {
+		t.Errorf("a sandbox allowing the egress subnet reached another sandbox at %s:8000", peerIP)
+	}
+
 	// A crash keeps every policy in force, and updates work after it.
 	n.update(t, allowOne, map[string]any{"allowOut": []string{twoIP}, "denyOut": []string{all}})
 	if err := n.e.current().stop(syscall.SIGKILL); err != nil {
