@@ -19,7 +19,7 @@ import (
 type backendOpts struct {
 	egressSubnet string
 	egressAllow  cidrFlag
-	egressDNS    cidrFlag
+	egressDNS    addrFlag
 	incusImages  imageFlag
 	userNS       userNSFlag
 	pauseReserve int
@@ -61,11 +61,7 @@ func (f *cidrFlag) String() string { return fmt.Sprint([]netip.Prefix(*f)) }
 
 func (f *cidrFlag) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
-		s = strings.TrimSpace(s)
-		if a, err := netip.ParseAddr(s); err == nil {
-			s = netip.PrefixFrom(a, a.BitLen()).String()
-		}
-		p, err := netip.ParsePrefix(s)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
 		if err != nil {
 			return err
 		}
@@ -77,17 +73,24 @@ func (f *cidrFlag) Set(v string) error {
 	return nil
 }
 
-// addrs are the flag's entries as addresses: a host prefix each (what
-// --egress-dns takes; a block is refused).
-func (f cidrFlag) addrs(name string) ([]netip.Addr, error) {
-	var out []netip.Addr
-	for _, p := range f {
-		if !p.IsSingleIP() {
-			return nil, fmt.Errorf("%s %s: want an address, not a block", name, p)
+// addrFlag collects repeated --egress-dns flags (or comma-separated
+// lists): IPv4 addresses.
+type addrFlag []netip.Addr
+
+func (f *addrFlag) String() string { return fmt.Sprint([]netip.Addr(*f)) }
+
+func (f *addrFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil {
+			return err
 		}
-		out = append(out, p.Addr())
+		if !a.Is4() {
+			return fmt.Errorf("%s: want IPv4 (sandboxes have no IPv6)", s)
+		}
+		*f = append(*f, a)
 	}
-	return out, nil
+	return nil
 }
 
 // images is the Incus backend's template → image map: base → sandboxd-base

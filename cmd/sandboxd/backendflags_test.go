@@ -38,6 +38,9 @@ func TestBackendOpts(t *testing.T) {
 		{name: "allow a list", args: []string{"--egress-allow-cidr", "192.168.1.0/24, 172.16.0.0/12"}, allow: "[192.168.1.0/24 172.16.0.0/12]"},
 		{name: "allow bad", args: []string{"--egress-allow-cidr", "192.168.1.7"}, wantErr: true},
 		{name: "allow IPv6", args: []string{"--egress-allow-cidr", "fd00::/8"}, wantErr: true},
+		{name: "dns", args: []string{"--egress-dns", "192.0.2.53, 198.51.100.53"}},
+		{name: "dns block", args: []string{"--egress-dns", "192.0.2.0/24"}, wantErr: true},
+		{name: "dns IPv6", args: []string{"--egress-dns", "2001:db8::53"}, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("serve", flag.ContinueOnError)

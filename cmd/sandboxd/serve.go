@@ -307,10 +307,6 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	if err != nil {
 		return nil, err
 	}
-	egressDNS, err := bo.egressDNS.addrs("--egress-dns")
-	if err != nil {
-		return nil, err
-	}
 	switch name {
 	case "local":
 		if bo.userNS.mode != local.UserNSOff {
@@ -328,7 +324,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 			InitPath: initPath,
 			Root:     runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
-			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
+			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: bo.egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			Log: log.With("component", "local"),
 		})
 		if err != nil {
@@ -336,7 +332,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		}
 		return be, nil
 	case "incus":
-		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: egressDNS, Registerer: bo.registerer,
+		opts := incus.Options{EnvdPath: envdPath, Socket: incusSocket, EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: bo.egressDNS, Registerer: bo.registerer,
 			Images: bo.images(), Log: log.With("component", "incus")}
 		if runDir != defaultRunDir {
 			opts.Root = runDir
