@@ -741,12 +741,18 @@ func testPidsLimit(t *testing.T, b runtime.Backend) {
 		t.Fatalf("PidsLimit = %d; want a limit below 100000", st.PidsLimit)
 	}
 	// Start sleepers until fork fails: the bomb must stop at the limit.
-	// When the shell gives up, its exit trap kills the sleepers with the
-	// kill builtin (no fork needed), so the sandbox recovers at once.
-	script := fmt.Sprintf("pids=; trap 'kill $pids 2>/dev/null' EXIT; i=0; "+
-		"while [ $i -lt %d ]; do sleep 120 & pids=\"$pids $!\"; i=$((i+1)); done; echo started $i",
+	// A sleeper is a subshell blocked opening a FIFO: a fork and no exec,
+	// so that a thousand of them start in seconds even where the CPU is
+	// emulated (the cgroup VMs: a thousand execs of sleep took over two
+	// minutes there). When the shell gives up, its exit trap kills them
+	// with the kill builtin (no fork needed), so the sandbox recovers at
+	// once.
+	script := fmt.Sprintf("f=$(mktemp -u) && mkfifo $f || exit 1; pids=; trap 'kill $pids 2>/dev/null; rm -f $f' EXIT; i=0; "+
+		"while [ $i -lt %d ]; do ( read _ < $f ) & pids=\"$pids $!\"; i=$((i+1)); done; echo started $i",
 		st.PidsLimit+100)
-	res, err := sh(ctx, b, victim.ID, "user", script)
+	bombCtx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	res, err := sh(bombCtx, b, victim.ID, "user", script)
 	if err != nil {
 		t.Fatalf("fork bomb: %v", err)
 	}
