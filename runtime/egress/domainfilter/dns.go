@@ -64,21 +64,11 @@ func (f *Filter) serveDNSTCP() {
 	var conns sync.Map // net.Conn → struct{}: closed at shutdown
 	defer conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
 	for {
-		c, err := f.dnsTCP.Accept()
-		if err != nil {
-			if f.ctx.Err() != nil {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			f.log.Warn("dns tcp accept", "err", err)
-			select {
-			case <-time.After(50 * time.Millisecond):
-			case <-f.ctx.Done():
-				return
-			}
+		c, ok := f.accept(f.dnsTCP, "dns tcp accept")
+		if !ok {
+			return
+		}
+		if c == nil {
 			continue
 		}
 		select {

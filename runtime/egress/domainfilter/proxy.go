@@ -25,25 +25,38 @@ type session struct {
 	killed   bool
 }
 
+// accept takes the next connection of ln. ok is false once the filter
+// stops; a nil conn with ok means try again (a failed accept, after a
+// pause so that running out of descriptors does not spin).
+func (f *Filter) accept(ln net.Listener, what string) (c net.Conn, ok bool) {
+	c, err := ln.Accept()
+	if err == nil {
+		return c, true
+	}
+	if f.ctx.Err() != nil {
+		return nil, false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil, true
+	}
+	f.log.Warn(what, "err", err)
+	select {
+	case <-time.After(50 * time.Millisecond):
+		return nil, true
+	case <-f.ctx.Done():
+		return nil, false
+	}
+}
+
 func (f *Filter) serveProxy() {
 	defer f.wg.Done()
 	for {
-		c, err := f.proxyLn.Accept()
-		if err != nil {
-			if f.ctx.Err() != nil {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			f.log.Warn("proxy accept", "err", err)
-			// Out of descriptors and the like: do not spin.
-			select {
-			case <-time.After(50 * time.Millisecond):
-			case <-f.ctx.Done():
-				return
-			}
+		c, ok := f.accept(f.proxyLn, "proxy accept")
+		if !ok {
+			return
+		}
+		if c == nil {
 			continue
 		}
 		s := &session{client: c, src: addrOf(c.RemoteAddr())}
