@@ -42,6 +42,12 @@ func normLanguage(l string) string {
 // kernel is taken for broken rather than leave the client hanging.
 const firstReplyWait = 30 * time.Second
 
+// idleWait bounds the wait for an execution's idle status once its
+// execute_reply came: the kernel publishes idle right after the reply, so
+// a longer silence means iopub lost it, and the execution ends rather than
+// hang its client.
+var idleWait = 5 * time.Second
+
 // drainWait bounds how long an execution whose client went away may take
 // to stop after the interrupt; past it, its kernel is restarted.
 const drainWait = 10 * time.Second
@@ -68,6 +74,9 @@ type execContext struct {
 	// broken: the kernel died, or an interrupted execution did not
 	// stop; the next call restarts it.
 	broken bool
+	// unsure: an execution ended without the kernel's idle status; the
+	// next call makes sure iopub reaches the connection first.
+	unsure bool
 }
 
 func (c *execContext) acquire(ctx context.Context) error {
@@ -96,6 +105,7 @@ func (c *execContext) ready(ctx context.Context) error {
 	if c.conn != nil && !c.conn.alive() {
 		c.conn = nil
 	}
+	fresh := c.conn == nil || c.unsure
 	if c.conn == nil {
 		conn, err := c.j.connect(ctx, c.kernel)
 		if err != nil {
@@ -104,7 +114,16 @@ func (c *execContext) ready(ctx context.Context) error {
 		c.conn, c.env, c.restarts = conn, nil, conn.restarts()
 	}
 	if c.conn.restarts() != c.restarts {
-		c.env, c.restarts = nil, c.conn.restarts()
+		c.env, c.restarts, fresh = nil, c.conn.restarts(), true
+	}
+	if fresh {
+		nctx, cancel := context.WithTimeout(ctx, firstReplyWait)
+		defer cancel()
+		if err := c.conn.nudge(nctx); err != nil {
+			c.broken = true
+			return fmt.Errorf("kernel %s: %w", c.kernel, err)
+		}
+		c.unsure = false
 	}
 	return nil
 }
@@ -264,14 +283,34 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 	cancelled := ctx.Done()
 	first := time.NewTimer(firstReplyWait)
 	defer first.Stop()
+	// Armed by the execute_reply, rearmed by every later message: output
+	// queued ahead of the idle status may still be draining.
+	idle := time.NewTimer(idleWait)
+	idle.Stop()
+	defer idle.Stop()
+	replied := false
 	for !e.done {
 		var lines []Line
 		select {
 		case <-first.C:
 			lines = e.kernelGone("the kernel did not answer")
 			c.broken = true
+		case <-idle.C:
+			if len(ch) > 0 {
+				// Messages wait while a slow client takes the last
+				// ones: the silence is the client's, not the kernel's.
+				idle.Reset(idleWait)
+				continue
+			}
+			c.log.Warn("no idle status after the execute_reply: iopub lost it", "context", c.ID)
+			c.unsure = true
+			e.done = true
 		case m := <-ch:
 			first.Stop()
+			replied = replied || m.Header.MsgType == "execute_reply"
+			if replied {
+				idle.Reset(idleWait)
+			}
 			if strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_") {
 				lines = e.kernelGone("the kernel died; the context has a new kernel for the next execution")
 				// Jupyter restarts a dead kernel itself; one it could

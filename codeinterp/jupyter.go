@@ -237,6 +237,15 @@ func (k *kernelConn) close() {
 // execute sends an execute_request and returns the channel its replies
 // arrive on; done unsubscribes.
 func (k *kernelConn) execute(code string, silent bool) (string, <-chan message, func(), error) {
+	return k.send("execute_request", map[string]any{
+		"code": code, "silent": silent, "store_history": !silent,
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+	})
+}
+
+// send sends a request on the shell channel and returns the channel its
+// replies (shell and iopub) arrive on; done unsubscribes.
+func (k *kernelConn) send(msgType string, content any) (string, <-chan message, func(), error) {
 	id := uuid.NewString()
 	ch := make(chan message, 64)
 	k.mu.Lock()
@@ -247,10 +256,11 @@ func (k *kernelConn) execute(code string, silent bool) (string, <-chan message, 
 		delete(k.subs, id)
 		k.mu.Unlock()
 	}
-	content, _ := json.Marshal(map[string]any{
-		"code": code, "silent": silent, "store_history": !silent,
-		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
-	})
+	body, err := json.Marshal(content)
+	if err != nil {
+		done()
+		return "", nil, nil, err
+	}
 	raw, err := json.Marshal(struct {
 		Header       header          `json:"header"`
 		ParentHeader struct{}        `json:"parent_header"`
@@ -258,9 +268,9 @@ func (k *kernelConn) execute(code string, silent bool) (string, <-chan message, 
 		Content      json.RawMessage `json:"content"`
 		Channel      string          `json:"channel"`
 	}{
-		Header: header{MsgID: id, MsgType: "execute_request", Session: k.session, Username: "sandboxd",
+		Header: header{MsgID: id, MsgType: msgType, Session: k.session, Username: "sandboxd",
 			Date: time.Now().UTC().Format(time.RFC3339Nano), Version: "5.3"},
-		Content: content, Channel: "shell",
+		Content: body, Channel: "shell",
 	})
 	if err != nil {
 		done()
@@ -274,4 +284,64 @@ func (k *kernelConn) execute(code string, silent bool) (string, <-chan message, 
 		return "", nil, nil, fmt.Errorf("%w: %w", errKernelGone, err)
 	}
 	return id, ch, done, nil
+}
+
+// nudgeTries are the waits for a kernel_info_request's answers, one per
+// try: a starting kernel takes a second or more to answer at all.
+var nudgeTries = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, time.Second}
+
+// nudge returns once the kernel answers on the shell channel and what it
+// publishes on iopub reaches this connection. After a kernel (re)starts,
+// the server's iopub subscription to it joins late, and what the kernel
+// publishes before that is lost (ZeroMQ's slow joiner): an execution's
+// outputs and the idle status it ends on among them. jupyter_server nudges
+// a new websocket so, but not one that lives through an automatic restart.
+// Each try sends a kernel_info_request and waits for its reply and an
+// iopub status of it; ctx bounds the whole.
+func (k *kernelConn) nudge(ctx context.Context) error {
+	for try := 0; ; try++ {
+		_, ch, done, err := k.send("kernel_info_request", struct{}{})
+		if err != nil {
+			return err
+		}
+		ok, err := k.nudged(ctx, ch, nudgeTries[min(try, len(nudgeTries)-1)])
+		done()
+		if ok || err != nil {
+			return err
+		}
+	}
+}
+
+// nudged waits up to wait for a kernel_info_request's shell reply and an
+// iopub message about it.
+func (k *kernelConn) nudged(ctx context.Context, ch <-chan message, wait time.Duration) (bool, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	shell, iopub := false, false
+	for !shell || !iopub {
+		select {
+		case m := <-ch:
+			switch {
+			case strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_"):
+				return false, nil // restarting (again): try anew
+			case m.Channel == "iopub":
+				iopub = true
+			case m.Header.MsgType == "kernel_info_reply":
+				shell = true
+			}
+		case <-t.C:
+			return false, nil
+		case <-k.closed:
+			return false, k.failure()
+		case <-ctx.Done():
+			return false, fmt.Errorf("the kernel did not answer: %w", ctx.Err())
+		}
+	}
+	return true, nil
+}
+
+func (k *kernelConn) failure() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.err
 }
