@@ -111,6 +111,7 @@ test-compat-incus: build
 # for both layouts, beside the envd and sandboxd-init they run.
 vm-bin: envd sandboxd-init
 	CGO_ENABLED=1 $(GO) test -c -tags seccomp -o $(BIN)/local.test ./runtime/local/
+	CGO_ENABLED=0 $(GO) test -c -o $(BIN)/envd-cgroup.test ./envd/internal/cgroup/
 
 # Both layouts side by side: the tests run one at a time, so an emulated
 # guest often keeps only one of its two vCPU threads busy, and the other

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	cgtree "github.com/sandboxd/sandboxd/envd/internal/cgroup"
 )
 
 // Metrics is the body of GET /metrics, with E2B's field names. Memory and CPU
@@ -103,6 +105,11 @@ func ownCgroup() cgroup {
 			for _, root := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
 				if fileExists(filepath.Join(root, path, "cgroup.controllers")) {
 					cg.v2 = filepath.Join(root, path)
+					if path == "/"+cgtree.EnvdLeaf {
+						// envd's own leaf of the sandbox's tree: the
+						// sandbox is its parent.
+						cg.v2 = root
+					}
 					break
 				}
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/api/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 	"github.com/sandboxd/sandboxd/envd/internal/auth"
+	cgtree "github.com/sandboxd/sandboxd/envd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 	"github.com/sandboxd/sandboxd/envd/internal/files"
 	"github.com/sandboxd/sandboxd/envd/internal/filesystem"
@@ -43,6 +44,12 @@ type Config struct {
 	// first request has been answered: start-up work that should not take
 	// CPU from that request.
 	AfterFirstAnswer func()
+	// CgroupRoot, when set, is the sandbox's delegated cgroup2 tree:
+	// after the first answer envd moves into a leaf of it and starts each
+	// command in a cgroup of its own, PidsReserve pids below the sandbox's
+	// limit (package cgroup). Without a usable tree, nothing changes.
+	CgroupRoot  string
+	PidsReserve int
 }
 
 // Server holds envd's state: execution defaults, the access token and the
@@ -88,6 +95,9 @@ func New(cfg Config) *Server {
 	s.warm = func() {
 		processH.build()
 		filesystemH.build()
+		if cfg.CgroupRoot != "" {
+			s.useCgroups(cfg.CgroupRoot, cfg.PidsReserve)
+		}
 		if cfg.AfterFirstAnswer != nil {
 			cfg.AfterFirstAnswer()
 		}
@@ -103,6 +113,16 @@ func New(cfg Config) *Server {
 	s.handler = s.afterFirstAnswer(withCORS(s.withAuth(routeConnect(s.tunnel, mux))))
 	s.warmTimer = time.AfterFunc(warmBackstop, s.warmNow)
 	return s
+}
+
+func (s *Server) useCgroups(root string, reserve int) {
+	t, err := cgtree.Open(root, reserve)
+	if err != nil {
+		s.log.Info("commands share envd's cgroup", "reason", err.Error())
+		return
+	}
+	s.process.UseCgroups(t)
+	s.log.Info("commands get cgroups of their own", "root", root, "pids_reserve", reserve)
 }
 
 // Handler serves envd's whole HTTP surface.

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/cgroups"
+
 	"github.com/sandboxd/sandboxd/incus"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/egress"
@@ -762,5 +764,5 @@ func TestForkBomb(t *testing.T) {
 		t.Fatalf("Create: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
-	runtimetest.ForkBomb(t, b, id)
+	runtimetest.ForkBomb(t, b, id, cgroups.IsCgroup2UnifiedMode())
 }

@@ -46,7 +46,7 @@
 #   SANDBOXD_VM_RUN      -test.run pattern (default: SANDBOXD_VM_TESTS's)
 #   SANDBOXD_VM_SKIP     -test.skip pattern (default: SANDBOXD_VM_TESTS's;
 #                        set it empty to skip nothing)
-#   SANDBOXD_VM_BIN      a directory with local.test, envd and sandboxd-init
+#   SANDBOXD_VM_BIN      a directory with local.test, envd-cgroup.test, envd and sandboxd-init
 #                        built already (`build DIR`, or make vm-bin: bin/),
 #                        so that both layouts share one build; default: build
 #                        them for this run
@@ -77,6 +77,7 @@ build() {
   mkdir -p "$1"
   (cd "$repo" &&
     CGO_ENABLED=1 go test -c -tags seccomp -o "$1/local.test" ./runtime/local/ &&
+    CGO_ENABLED=0 go test -c -o "$1/envd-cgroup.test" ./envd/internal/cgroup/ &&
     CGO_ENABLED=1 go build -tags seccomp -trimpath -o "$1/sandboxd-init" ./cmd/sandboxd-init &&
     CGO_ENABLED=0 go build -trimpath -o "$1/envd" ./cmd/envd)
 }
@@ -192,7 +193,7 @@ trap 'rm -rf "$work"' EXIT
 # root: built here, or copied from SANDBOXD_VM_BIN (the guest has fresh
 # tmpfs on /tmp, /run and /var/tmp, and a copy cannot change under it).
 if [[ -n ${SANDBOXD_VM_BIN:-} ]]; then
-  for f in local.test envd sandboxd-init; do
+  for f in local.test envd-cgroup.test envd sandboxd-init; do
     [[ -x $SANDBOXD_VM_BIN/$f ]] || { say "$SANDBOXD_VM_BIN/$f is missing (make vm-bin)"; exit 1; }
     cp "$SANDBOXD_VM_BIN/$f" "$work/$f"
   done
@@ -331,8 +332,13 @@ set -- "$@" $EXTRA_ARGS
 # (runtime/local's copyEnvd), and over 9p in an emulated guest a copy took
 # the better part of a second, each time.
 $bb cp "$WORK/envd" /run/sandboxd-vm/envd
+# envd's own cgroup tree (each command in a cgroup, a pids reserve): its
+# pids cases need a cgroup2 with controllers, which the hybrid host lacks.
+(cd /run/sandboxd-vm && "$WORK/envd-cgroup.test" -test.v -test.timeout 600s 2>&1)
+cgrc=$?
 SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
 rc=$?
+[ $rc -eq 0 ] && rc=$cgrc
 echo "SANDBOXD-VM-RESULT $rc"
 sync
 $bb poweroff -f

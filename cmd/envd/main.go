@@ -32,6 +32,8 @@ func run() int {
 		disk        = flag.String("disk", "/", "filesystem whose usage /metrics reports")
 		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
 		version     = flag.Bool("version", false, "print the envd protocol version and exit")
+		cgroupRoot  = flag.String("cgroup", "auto", "the sandbox's delegated cgroup2 tree, where each command gets a cgroup of its own: auto (/sys/fs/cgroup with --init), off, or a path")
+		pidsReserve = flag.Int("pids-reserve", 64, "pids no single command may take from the sandbox's limit (at most an eighth of it), kept for envd and other commands")
 	)
 	flag.Parse()
 	if *version {
@@ -61,7 +63,16 @@ func run() int {
 		user = "root"
 	}
 
-	cfg := envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk}
+	cfg := envd.Config{Log: log, DefaultUser: user, Workdir: *workdir, DiskPath: *disk, PidsReserve: *pidsReserve}
+	switch *cgroupRoot {
+	case "auto":
+		if *initMode {
+			cfg.CgroupRoot = "/sys/fs/cgroup"
+		}
+	case "off":
+	default:
+		cfg.CgroupRoot = *cgroupRoot
+	}
 	if *initMode {
 		// Off the start-up path, which is the way to sandboxd's first request.
 		cfg.AfterFirstAnswer = envd.SpareInitThreads

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/opencontainers/cgroups"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -1922,5 +1923,5 @@ func TestForkBomb(t *testing.T) {
 	b := env.open(t)
 	id := mustCreate(t, b, runtime.Spec{})
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
-	runtimetest.ForkBomb(t, b, id)
+	runtimetest.ForkBomb(t, b, id, cgroups.IsCgroup2UnifiedMode())
 }

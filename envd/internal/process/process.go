@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	rpc "github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/envd/internal/permissions"
 	"github.com/sandboxd/sandboxd/envd/internal/pid1"
 	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
@@ -71,6 +72,10 @@ type process struct {
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a kill, SIGTERM or timeout asks the process to end
+
+	// cg is the command's own cgroup; nil without a delegated cgroup2
+	// tree (the session is all that ties the command's processes then).
+	cg *cgroup.Cgroup
 
 	done  chan struct{}              // closed once the end event is published
 	end   *rpc.ProcessEvent_EndEvent // set before done is closed
@@ -147,6 +152,11 @@ func (p *process) spawn(spec *spawnSpec) (outs []output, err error) {
 		// A new session makes the child the leader of its own process group,
 		// so signals and timeouts reach everything a shell started, too.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: credential(spec.user)},
+	}
+	if p.cg != nil {
+		// Born in its cgroup (clone3's CLONE_INTO_CGROUP): not even its
+		// first fork happens outside it.
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, p.cg.FD()
 	}
 
 	// Parent-side files are closed on failure; child-side ones always once
@@ -376,9 +386,9 @@ func (p *process) run(outs []output) {
 	// fork bomb's survivors) the next start can end it (leftovers).
 	select {
 	case <-p.stopping:
-		endSession(int(p.pid))
+		leftover{int(p.pid), p.cg}.end()
 	default:
-		go leftovers.add(int(p.pid)) // watches for a second: the end event need not wait
+		go leftovers.add(leftover{int(p.pid), p.cg}) // watches for a second: the end event need not wait
 	}
 	close(settled)
 	helpers.Wait()

@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
 	rpc "github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
 )
@@ -41,6 +43,9 @@ type Service struct {
 	// wg counts admitted processes until their end event is published and
 	// every goroutine serving them has returned.
 	wg sync.WaitGroup
+
+	// cgroups, once set, gives each command a cgroup of its own.
+	cgroups atomic.Pointer[cgroup.Tree]
 
 	mu     sync.Mutex
 	closed bool

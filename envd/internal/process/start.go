@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	rpc "github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/envd/internal/permissions"
 	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
 )
@@ -56,17 +57,36 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 	// backpressure: while it is attached and behind, the process waits for it.
 	sub, _ := p.events.subscribeBlocking()
 	leftovers.check()
+	p.cg = s.newCgroup()
 	outs, err := p.spawn(spec)
 	if errors.Is(err, syscall.EAGAIN) && leftovers.sweep() > 0 {
 		// Out of pids: what ended commands left running (a fork bomb's
 		// survivors, most likely) goes, and envd can start commands again.
 		outs, err = p.spawn(spec)
 	}
+	if err != nil && p.cg != nil && !errors.Is(err, syscall.EAGAIN) {
+		// Once more without the cgroup: if that works, the kernel refused
+		// the clone into it (no clone3, say), and commands run without
+		// cgroups from now on; if not, the error is the command's.
+		cg := p.cg
+		p.cg = nil
+		if outs, err = p.spawn(spec); err == nil {
+			s.log.Warn("commands get no cgroup of their own: the kernel refused the clone into one")
+			s.cgroups.Store(nil)
+		}
+		cg.Discard()
+	}
 	if err != nil {
+		if p.cg != nil {
+			p.cg.Discard()
+		}
 		sub.cancel()
 		p.cancel()
 		s.abandon(p)
 		return nil, nil, err
+	}
+	if p.cg != nil {
+		p.cg.Started()
 	}
 	s.register(p)
 	leftovers.forget(int(p.pid))
@@ -81,6 +101,25 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 	}()
 	return p, sub, nil
 }
+
+// newCgroup is a cgroup for a command about to start, nil without a tree
+// or when none can be made (the backend's cap on the sandbox's cgroups):
+// the command then runs in envd's, as it would without cgroups.
+func (s *Service) newCgroup() *cgroup.Cgroup {
+	t := s.cgroups.Load()
+	if t == nil {
+		return nil
+	}
+	cg, err := t.New()
+	if err != nil {
+		s.log.Warn("a command without a cgroup of its own", "err", err)
+		return nil
+	}
+	return cg
+}
+
+// UseCgroups starts each later command in a cgroup of its own in t.
+func (s *Service) UseCgroups(t *cgroup.Tree) { s.cgroups.Store(t) }
 
 // spawnSpec validates msg and resolves who runs what, where, with which
 // environment.

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/envd/internal/cgroup"
 )
 
 // maxLeftovers bounds the sessions remembered: the oldest are forgotten
@@ -20,8 +22,31 @@ const maxLeftovers = 1024
 var leftovers sessions
 
 type sessions struct {
-	mu   sync.Mutex
-	sids []int
+	mu      sync.Mutex
+	entries []leftover
+}
+
+// leftover is what a command left running: its session, and its cgroup
+// when it has one.
+type leftover struct {
+	sid int
+	cg  *cgroup.Cgroup
+}
+
+// end kills everything the command left: its cgroup whole, then whatever
+// of its session is outside it (a root command may leave its cgroup).
+func (l leftover) end() {
+	if l.cg != nil {
+		l.cg.Kill()
+	}
+	endSession(l.sid)
+}
+
+// gone is a leftover with nothing left: its cgroup can go.
+func (l leftover) gone() {
+	if l.cg != nil {
+		l.cg.Retire()
+	}
 }
 
 // runawayMembers is how many processes a command may leave running when its
@@ -38,21 +63,22 @@ const (
 	watchInterval = 100 * time.Millisecond
 )
 
-// add watches what session sid left running for a second and then
+// add watches what a command left running for a second and then
 // remembers it; a runaway (more than runawayMembers processes seen in that
 // time, or at once) is ended instead.
-func (l *sessions) add(sid int) {
+func (l *sessions) add(e leftover) {
 	seen := map[int]struct{}{}
 	for i := range watchSamples {
-		live, zombies := sessionMembers(sid)
-		if len(live) == 0 {
+		live, zombies := sessionMembers(e.sid)
+		if len(live) == 0 && (e.cg == nil || !e.cg.Populated()) {
+			e.gone()
 			return
 		}
 		for _, pid := range live {
 			seen[pid] = struct{}{}
 		}
 		if len(seen) > runawayMembers || len(live)+zombies > runawayMembers {
-			endSession(sid)
+			e.end()
 			return
 		}
 		if i < watchSamples-1 {
@@ -61,30 +87,32 @@ func (l *sessions) add(sid int) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.sids) == maxLeftovers {
-		l.sids = l.sids[1:]
+	if len(l.entries) == maxLeftovers {
+		l.entries[0].gone()
+		l.entries = l.entries[1:]
 	}
-	l.sids = append(l.sids, sid)
+	l.entries = append(l.entries, e)
 }
 
-// check ends the remembered sessions that have become runaways since their
-// leader exited (a bomb keeps forking) and forgets those that are gone. A
-// start calls it, so a sandbox a bomb's survivors fill up is usable again
-// at the next command.
+// check ends the remembered commands' leftovers that have become runaways
+// since their leader exited (a bomb keeps forking) and forgets those that
+// are gone. A start calls it, so a sandbox a bomb's survivors fill up is
+// usable again at the next command.
 func (l *sessions) check() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.sids) == 0 {
+	if len(l.entries) == 0 {
 		return // the common case: a start pays nothing
 	}
 	// One pass over /proc for every remembered session.
 	sizes := sessionSizes()
-	l.sids = slices.DeleteFunc(l.sids, func(sid int) bool {
-		switch n := sizes[sid]; {
-		case n.live == 0:
+	l.entries = slices.DeleteFunc(l.entries, func(e leftover) bool {
+		switch n := sizes[e.sid]; {
+		case n.live == 0 && (e.cg == nil || !e.cg.Populated()):
+			e.gone()
 			return true
 		case n.live+n.zombies > runawayMembers: // zombies hold pids too
-			endSession(sid)
+			e.end()
 			return true
 		}
 		return false
@@ -97,20 +125,28 @@ func (l *sessions) check() {
 func (l *sessions) forget(sid int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sids = slices.DeleteFunc(l.sids, func(s int) bool { return s == sid })
+	l.entries = slices.DeleteFunc(l.entries, func(e leftover) bool {
+		if e.sid != sid {
+			return false
+		}
+		e.gone()
+		return true
+	})
 }
 
-// sweep ends every remembered session and forgets them all; it returns how
-// many still had members.
+// sweep ends every remembered command's leftovers and forgets them all; it
+// returns how many still had processes.
 func (l *sessions) sweep() (ended int) {
 	l.mu.Lock()
-	sids := l.sids
-	l.sids = nil
+	entries := l.entries
+	l.entries = nil
 	l.mu.Unlock()
-	for _, sid := range sids {
-		if live, _ := sessionMembers(sid); len(live) > 0 {
-			endSession(sid)
+	for _, e := range entries {
+		if live, _ := sessionMembers(e.sid); len(live) > 0 || (e.cg != nil && e.cg.Populated()) {
+			e.end()
 			ended++
+		} else {
+			e.gone()
 		}
 	}
 	return ended

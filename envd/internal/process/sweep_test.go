@@ -72,7 +72,7 @@ func TestEndKillsSession(t *testing.T) {
 func remembered(sid int) bool {
 	leftovers.mu.Lock()
 	defer leftovers.mu.Unlock()
-	return slices.Contains(leftovers.sids, sid)
+	return slices.ContainsFunc(leftovers.entries, func(e leftover) bool { return e.sid == sid })
 }
 
 // alive says whether pid is a process that has not exited (zombies have).
