@@ -8,7 +8,7 @@ dir=$(dirname "$0")
 export IPYTHONDIR="$dir/ipython" JUPYTER_PLATFORM_DIRS=1 MPLBACKEND=module://matplotlib_inline.backend_inline
 mkdir -p /home/user 2>/dev/null
 cd /home/user 2>/dev/null || cd /
-"$dir/venv/bin/jupyter" server --ServerApp.ip=127.0.0.1 --ServerApp.port=8888 --ServerApp.port_retries=0 \
+"$dir/venv/bin/jupyter" server --config="$dir/jupyter_server_config.py" --ServerApp.ip=127.0.0.1 --ServerApp.port=8888 --ServerApp.port_retries=0 \
 	--IdentityProvider.token= --ServerApp.password= --ServerApp.disable_check_xsrf=True \
 	--ServerApp.root_dir=/ --ServerApp.open_browser=False --allow-root \
 	--ServerApp.iopub_data_rate_limit=1e12 --ServerApp.iopub_msg_rate_limit=1e9 \
