@@ -51,6 +51,7 @@ import (
 	"sync/atomic"
 	"text/template"
 
+	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -240,7 +241,7 @@ type Egress struct {
 	policies  map[netip.Addr]sandboxPolicy // in force
 	installed map[netip.Addr]bool          // with rules in the table, maybe an earlier process's
 	filter    NameFilter                   // started with the first domain rule
-	nft       nftSession                   // the policies' changes
+	nl        *nftables.Conn               // the policies' changes (nftnl.go)
 	log       *slog.Logger
 	reg       prometheus.Registerer
 }

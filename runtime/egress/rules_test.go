@@ -115,7 +115,7 @@ func TestRules(t *testing.T) {
 
 // testEgress is an Egress for the test's own table and link prefix, not
 // set up yet: each Setup replaces the table with its rules.
-func testEgress(t *testing.T, subnet netip.Prefix, allow []netip.Prefix, resolvers []netip.Addr) *Egress {
+func testEgress(t testing.TB, subnet netip.Prefix, allow []netip.Prefix, resolvers []netip.Addr) *Egress {
 	t.Helper()
 	e, err := New(subnet, allow...)
 	if err != nil {

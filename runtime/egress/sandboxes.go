@@ -33,8 +33,9 @@ import (
 //   - the sets a_<hex> and d_<hex> hold the address rules on every port;
 //     a rule with ports is a rule of the chain.
 //
-// One nft transaction writes a sandbox's whole policy, so an update takes
-// effect at once and a packet meets either the old policy or the new one.
+// One nftables transaction (a netlink batch, nftnl.go) writes a
+// sandbox's whole policy, so an update takes effect at once and a packet
+// meets either the old policy or the new one.
 // Forwarded packets are checked against the policy each, with no shortcut
 // for established connections: a connection the new policy allows goes
 // on, one it denies stops.
@@ -100,7 +101,7 @@ func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *pol
 	// The name-filter half is written (or cleared) only where the new or
 	// the old policy has names: a smaller transaction otherwise.
 	nat := p.Domains() || e.policies[ip].p.Domains() || !e.known(ip)
-	if err := e.nft.run(e.policyScript(ip, p, f, nat)); err != nil {
+	if err := e.commit(func(b *nlBatch) error { return b.policy(ip, p, f, nat) }); err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("egress policy of %s: %w", id, err)
 	}
@@ -122,7 +123,7 @@ func (e *Egress) ClearPolicy(ip netip.Addr) error {
 		e.mu.Unlock()
 		return nil
 	}
-	if err := e.nft.run(e.clearScript(ip)); err != nil {
+	if err := e.commit(func(b *nlBatch) error { return b.clear(ip) }); err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("clear the egress policy of %s: %w", ip, err)
 	}
@@ -230,8 +231,8 @@ func (e *Egress) Close() error {
 	e.mu.Lock()
 	f := e.filter
 	e.filter = nil
+	e.dropConn()
 	e.mu.Unlock()
-	e.nft.close()
 	if f != nil {
 		return f.Close()
 	}
@@ -241,94 +242,6 @@ func (e *Egress) Close() error {
 func objSuffix(ip netip.Addr) string {
 	b := ip.As4()
 	return fmt.Sprintf("%02x%02x%02x%02x", b[0], b[1], b[2], b[3])
-}
-
-// policyScript is the transaction that puts p in force for ip.
-// withNat says whether to write the name-filter half (n_ and nat4) at all.
-func (e *Egress) policyScript(ip netip.Addr, p *policy.Policy, f NameFilter, withNat bool) string {
-	var b strings.Builder
-	t, x := "inet "+e.table, objSuffix(ip)
-	pol, nat, allow, deny := "p_"+x, "n_"+x, "a_"+x, "d_"+x
-	for _, set := range []string{allow, deny} {
-		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; auto-merge; }\nflush set %s %s\n", t, set, t, set)
-	}
-	var allowAll, denyAll []string
-	var allowPorts, denyPorts []policy.Rule
-	for _, r := range p.Allow {
-		switch {
-		case !r.Prefix.IsValid():
-		case r.AllPorts():
-			allowAll = append(allowAll, r.Prefix.String())
-		default:
-			allowPorts = append(allowPorts, r)
-		}
-	}
-	for _, r := range p.Deny {
-		switch {
-		case !r.Prefix.IsValid() || r.Prefix.Addr().Is6(): // all IPv6 is dropped
-		case r.AllPorts():
-			denyAll = append(denyAll, r.Prefix.String())
-		default:
-			denyPorts = append(denyPorts, r)
-		}
-	}
-	if len(allowAll) > 0 {
-		fmt.Fprintf(&b, "add element %s %s { %s }\n", t, allow, strings.Join(allowAll, ", "))
-	}
-	if len(denyAll) > 0 {
-		fmt.Fprintf(&b, "add element %s %s { %s }\n", t, deny, strings.Join(denyAll, ", "))
-	}
-	allowRules := func(chain string) {
-		fmt.Fprintf(&b, "add rule %s %s ip daddr @%s return\n", t, chain, allow)
-		for _, r := range allowPorts {
-			fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s return\n", t, chain, r.Prefix, ports(r))
-		}
-	}
-	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, pol, t, pol)
-	allowRules(pol)
-	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s counter reject with icmpx admin-prohibited\n", t, pol, deny)
-	for _, r := range denyPorts {
-		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s counter reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
-	}
-	fmt.Fprintf(&b, "add element %s pol4 { %s : jump %s }\n", t, ip, pol)
-	if !withNat {
-		return b.String()
-	}
-	// nat4 and n_: made whether or not p has domains, so that a policy
-	// that had some loses them in the same transaction.
-	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, nat, t, nat)
-	fmt.Fprintf(&b, "add element %s nat4 { %s : jump %s }\n", t, ip, nat)
-	if f != nil {
-		allowRules(nat)
-		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.DNSPort())
-		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.ProxyPort())
-	} else {
-		fmt.Fprintf(&b, "delete element %s nat4 { %s }\ndelete chain %s %s\n", t, ip, t, nat)
-	}
-	return b.String()
-}
-
-func ports(r policy.Rule) string {
-	if r.PortFirst == r.PortEnd {
-		return fmt.Sprint(r.PortFirst)
-	}
-	return fmt.Sprintf("%d-%d", r.PortFirst, r.PortEnd)
-}
-
-// clearScript removes every object of ip's policy, whichever exist: each
-// is added first (a no-op where it exists), so that the deletes cannot
-// fail on a missing one.
-func (e *Egress) clearScript(ip netip.Addr) string {
-	var b strings.Builder
-	t, x := "inet "+e.table, objSuffix(ip)
-	for _, c := range []struct{ m, chain string }{{"pol4", "p_" + x}, {"nat4", "n_" + x}} {
-		fmt.Fprintf(&b, "add chain %s %s\nadd element %s %s { %s : jump %s }\n", t, c.chain, t, c.m, ip, c.chain)
-		fmt.Fprintf(&b, "delete element %s %s { %s }\nflush chain %s %s\ndelete chain %s %s\n", t, c.m, ip, t, c.chain, t, c.chain)
-	}
-	for _, set := range []string{"a_" + x, "d_" + x} {
-		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; }\ndelete set %s %s\n", t, set, t, set)
-	}
-	return b.String()
 }
 
 func runNftExec(script string) error {
@@ -380,43 +293,6 @@ func (e *Egress) installTable() error {
 }
 
 var addrRe = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
-
-// addressDenials are the packets each policy's address rules refused so
-// far, by sandbox address: the counters of its chain's reject rules.
-func (e *Egress) addressDenials() (map[netip.Addr]uint64, error) {
-	out, err := e.nft.output("list table inet " + e.table)
-	if err != nil {
-		return nil, err
-	}
-	denied := map[netip.Addr]uint64{}
-	var ip netip.Addr
-	for _, l := range strings.Split(out, "\n") {
-		l = strings.TrimSpace(l)
-		if hex, ok := strings.CutPrefix(l, "chain p_"); ok {
-			var b [4]byte
-			if n, _ := fmt.Sscanf(strings.TrimSuffix(hex, " {"), "%02x%02x%02x%02x", &b[0], &b[1], &b[2], &b[3]); n == 4 {
-				ip = netip.AddrFrom4(b)
-			} else {
-				ip = netip.Addr{}
-			}
-			continue
-		}
-		if l == "}" {
-			ip = netip.Addr{}
-			continue
-		}
-		if !ip.IsValid() || !strings.Contains(l, " reject") {
-			continue
-		}
-		if _, rest, ok := strings.Cut(l, "counter packets "); ok {
-			var n uint64
-			if _, err := fmt.Sscanf(rest, "%d", &n); err == nil {
-				denied[ip] += n
-			}
-		}
-	}
-	return denied, nil
-}
 
 // denialsCollector exports addressDenials per sandbox.
 type denialsCollector struct{ e *Egress }
