@@ -15,15 +15,22 @@ import (
 )
 
 // Languages and the kernels that run them. A language whose kernel is not
-// installed is refused with 400.
+// installed is refused with 400. Deno runs both JavaScript and TypeScript
+// (E2B's own template runs both on one kernel too).
 var kernels = map[string]string{
 	"python":     "python3",
 	"bash":       "bash",
-	"javascript": "javascript",
-	"typescript": "tslab",
+	"javascript": "deno",
+	"typescript": "deno",
 	"r":          "ir",
 	"java":       "java",
 }
+
+// lateOutput are the kernels that may publish an execution's output after
+// its idle status: Deno sends the result from its JavaScript thread and
+// console output through a queue, both apart from the status it sends
+// (a few percent of `1+1` lost their result so).
+var lateOutput = map[string]bool{"deno": true}
 
 // normLanguage spells a language as E2B's server does.
 func normLanguage(l string) string {
@@ -350,7 +357,66 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 	if interrupted {
 		return ctx.Err()
 	}
+	if !silent && lateOutput[kernels[c.Language]] && !c.broken && !c.unsure {
+		c.settle(ctx, ch, e, emit)
+	}
 	return nil
+}
+
+// settle passes on what a kernel publishes for an execution after its
+// idle status: it sends a kernel_info_request and forwards the
+// execution's messages until the kernel answered that on shell and iopub.
+// The kernel handles requests in order and its answer travels a round
+// trip behind, so the output it had under way is through by then. The
+// request is not an execution: a kernel that tags its console output with
+// the last execution's request still tags this execution's.
+func (c *execContext) settle(ctx context.Context, ch <-chan message, e *execution, emit func(Line) error) {
+	_, fence, done, err := c.conn.send("kernel_info_request", struct{}{})
+	if err != nil {
+		return
+	}
+	defer done()
+	pass := func(m message) {
+		for _, l := range e.handle(m) {
+			_ = emit(l) // a client that left is the caller's to notice
+		}
+	}
+	t := time.NewTimer(idleWait)
+	defer t.Stop()
+	for shell, iopub := false, false; !shell || !iopub; {
+		select {
+		case m := <-ch:
+			pass(m)
+		case m := <-fence:
+			switch {
+			case strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_"):
+				return
+			case m.Channel == "iopub" && m.Header.MsgType == "status":
+				var st statusContent
+				_ = json.Unmarshal(m.Content, &st)
+				iopub = iopub || st.ExecutionState == "idle"
+			case m.Header.MsgType == "kernel_info_reply":
+				shell = true
+			}
+		case <-t.C:
+			c.log.Warn("no answer to the kernel_info_request after an execution", "context", c.ID)
+			return
+		case <-c.conn.closed:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+	// The connection reads in order: what came for the execution before
+	// the answers is queued already.
+	for {
+		select {
+		case m := <-ch:
+			pass(m)
+		default:
+			return
+		}
+	}
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()

@@ -3,6 +3,7 @@ package codeinterp
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,10 +20,12 @@ import (
 // an automatic restart: the shell channel answers, but what the kernel
 // publishes on iopub is lost until lostIopub requests have gone by (the
 // iopub subscription joins late), and with noIdle the idle status of every
-// execution is lost.
+// execution is lost. With afterIdle, an execution's result and output
+// come after its idle status, as Deno's sometimes do.
 type lateKernel struct {
 	lostIopub int
 	noIdle    bool
+	afterIdle bool
 
 	mu       sync.Mutex
 	requests []string
@@ -56,13 +59,17 @@ func (k *lateKernel) serve(t *testing.T) *httptest.Server {
 			case "kernel_info_request":
 				reply("shell", "kernel_info_reply", `{"status":"ok"}`)
 			case "execute_request":
-				if iopub {
+				if iopub && !k.afterIdle {
 					reply("iopub", "execute_result", `{"data":{"text/plain":"False"}}`)
 				}
 				reply("shell", "execute_reply", `{"status":"ok"}`)
 			}
 			if iopub && !k.noIdle {
 				reply("iopub", "status", `{"execution_state":"idle"}`)
+			}
+			if iopub && k.afterIdle && req.Header.MsgType == "execute_request" {
+				reply("iopub", "stream", `{"name":"stdout","text":"late\n"}`)
+				reply("iopub", "execute_result", `{"data":{"text/plain":"2"}}`)
 			}
 		}
 	}))
@@ -131,5 +138,30 @@ func TestExecuteWithoutIdleEnds(t *testing.T) {
 	defer k.mu.Unlock()
 	if got := k.requests[len(k.requests)-1]; got != "kernel_info_request" || c.unsure {
 		t.Errorf("after a lost idle: last request %s, unsure %v", got, c.unsure)
+	}
+}
+
+// A Deno execution's output that comes after its idle status still
+// reaches the execution: it waits for the answer to a kernel_info_request
+// it sends after the idle.
+func TestExecuteOutputAfterIdle(t *testing.T) {
+	k := &lateKernel{afterIdle: true}
+	c := lateContext(t, k)
+	c.Language = "javascript"
+	var got []string
+	err := c.Execute(context.Background(), "1+1", map[string]string{}, nil, func(l Line) error {
+		got = append(got, fmt.Sprintf("%v:%v%v", l["type"], l["text"], l["execution_count"]))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "stdout:late\n<nil>,result:2<nil>"; strings.Join(got, ",") != want {
+		t.Errorf("lines %q, want %q", strings.Join(got, ","), want)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if want := "kernel_info_request,execute_request,kernel_info_request"; strings.Join(k.requests, ",") != want {
+		t.Errorf("requests %v, want %s", k.requests, want)
 	}
 }

@@ -73,8 +73,9 @@ var mimeFields = map[string]string{
 }
 
 // resultLine maps a display_data or execute_result bundle to a result
-// line. A text/plain that is a quoted Python string loses its quotes, as
-// E2B's server does, so 'a' + 'b' reads as ab.
+// line. A text/plain that is a quoted string (in ' or ", as Python and
+// Deno show strings) loses its quotes, as E2B's server does, so 'a' + 'b'
+// reads as ab.
 func resultLine(data map[string]any, main bool) Line {
 	l := Line{"type": typeResult, "is_main_result": main}
 	extra := map[string]any{}
@@ -84,7 +85,7 @@ func resultLine(data map[string]any, main bool) Line {
 			extra[mime] = v
 			continue
 		}
-		if s, isStr := v.(string); isStr && f == "text" && len(s) >= 2 && strings.HasPrefix(s, "'") && strings.HasSuffix(s, "'") {
+		if s, isStr := v.(string); isStr && f == "text" && quoted(s) {
 			v = s[1 : len(s)-1]
 		}
 		l[f] = v
@@ -93,6 +94,10 @@ func resultLine(data map[string]any, main bool) Line {
 		l["extra"] = extra
 	}
 	return l
+}
+
+func quoted(s string) bool {
+	return len(s) >= 2 && (s[0] == '\'' || s[0] == '"') && s[len(s)-1] == s[0]
 }
 
 // execution follows one execute_request through the kernel's replies and
@@ -155,7 +160,9 @@ func (e *execution) handle(m message) []Line {
 		return []Line{resultLine(c.Data, true)}
 	case "error":
 		var c errorContent
-		if json.Unmarshal(m.Content, &c) != nil {
+		// The execute_reply, on another channel, may have told the
+		// error first.
+		if json.Unmarshal(m.Content, &c) != nil || e.failed {
 			return nil
 		}
 		e.failed = true

@@ -56,6 +56,14 @@ func TestExecutionHandle(t *testing.T) {
 		},
 		done: true, failed: true,
 	}, {
+		name: "so is one whose reply comes first (the channels are apart)",
+		msgs: []message{
+			msg("execute_reply", `{"status":"error","ename":"TypeError","evalue":"boom","traceback":["TypeError: boom"]}`),
+			msg("error", `{"ename":"TypeError","evalue":"boom","traceback":["TypeError: boom"]}`),
+		},
+		want:   []Line{{"type": "error", "name": "TypeError", "value": "boom", "traceback": "TypeError: boom"}},
+		failed: true,
+	}, {
 		name: "an aborted request is an error",
 		msgs: []message{msg("execute_reply", `{"status":"aborted"}`)},
 		want: []Line{
@@ -82,6 +90,10 @@ func TestExecutionHandle(t *testing.T) {
 		name: "a quoted string result loses its quotes",
 		msgs: []message{msg("execute_result", `{"data":{"text/plain":"'ab'"}}`)},
 		want: []Line{{"type": "result", "is_main_result": true, "text": "ab"}},
+	}, {
+		name: "so does one in double quotes (Deno's strings, Python's with a ')",
+		msgs: []message{msg("execute_result", `{"data":{"text/plain":"\"it's\""}}`), msg("execute_result", `{"data":{"text/plain":"\"a'"}}`)},
+		want: []Line{{"type": "result", "is_main_result": true, "text": "it's"}, {"type": "result", "is_main_result": true, "text": "\"a'"}},
 	}, {
 		name: "messages an execution does not map are dropped",
 		msgs: []message{

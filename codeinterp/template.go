@@ -31,8 +31,9 @@ var Packages = []string{
 }
 
 // InstallCmd makes the venv: Jupyter Server, the Python kernel with
-// numpy, pandas and matplotlib, and the Bash kernel. It runs as root in a
-// build sandbox that reaches PyPI.
+// numpy, pandas and matplotlib, and the Bash kernel (DenoInstallCmd adds
+// JavaScript and TypeScript). It runs as root in a build sandbox that
+// reaches PyPI.
 func InstallCmd() string {
 	venv := Dir + "/venv"
 	return strings.Join([]string{
@@ -46,6 +47,41 @@ func InstallCmd() string {
 		// Matplotlib's font cache, built once here rather than by the
 		// first plot of every sandbox.
 		venv + "/bin/python -c 'import matplotlib.font_manager'",
+	}, "\n")
+}
+
+// DenoVersion is the Deno that runs the template's JavaScript and
+// TypeScript: its Jupyter kernel answers like E2B's (the last expression
+// is the result, a throw is an error with name and value) and runs
+// TypeScript without a type check. npm's deno package carries the binary
+// for the build's platform in an exactly pinned dependency, so the pin
+// makes the same layer.
+const DenoVersion = "2.9.6"
+
+// denoKernel is the kernelspec of the deno kernel. NO_COLOR: results are
+// plain text rather than ANSI-coloured.
+const denoKernel = `{"argv": ["` + Dir + `/deno/node_modules/deno/deno", "jupyter", "--kernel", "--conn", "{connection_file}"], ` +
+	`"display_name": "Deno", "language": "typescript", "env": {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"}}`
+
+// DenoInstallCmd installs Deno from npm beside the venv and registers its
+// kernel in the venv, where the template's Jupyter finds it. A step of its
+// own after InstallCmd's, so that adding it left the venv's layer cached.
+func DenoInstallCmd() string {
+	deno := Dir + "/deno"
+	kernelDir := Dir + "/venv/share/jupyter/kernels/deno"
+	return strings.Join([]string{
+		"set -e",
+		// As for pip: the system's CA bundle.
+		"if [ -f /etc/ssl/certs/ca-certificates.crt ]; then export NPM_CONFIG_CAFILE=/etc/ssl/certs/ca-certificates.crt; fi",
+		"mkdir -p " + deno,
+		"npm install --prefix " + deno + " --cache /tmp/sandboxd-npm-cache --no-audit --no-fund --no-update-notifier --loglevel=error --fetch-retries=5 deno@" + DenoVersion,
+		"rm -rf /tmp/sandboxd-npm-cache",
+		// The package's postinstall links the platform's binary into
+		// place; an npm that skips install scripts leaves that undone.
+		"[ -x " + deno + "/node_modules/deno/deno ] || (cd " + deno + "/node_modules/deno && node install.cjs)",
+		deno + "/node_modules/deno/deno --version",
+		"mkdir -p " + kernelDir,
+		"printf '%s\\n' '" + denoKernel + "' > " + kernelDir + "/kernel.json",
 	}, "\n")
 }
 

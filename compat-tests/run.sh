@@ -41,6 +41,10 @@
 #   COMPAT_JS_TESTS="a b"     JS test files to run, relative to js/test
 #                             (default: all *.test.mjs)
 #   COMPAT_PY_ARGS="..."      extra pytest arguments, e.g. "-k watch -x"
+#   COMPAT_EGRESS_SUBNET=CIDR sandboxd mode: the --egress-subnet sandboxd gets
+#                             where the code-interpreter build needs an
+#                             --egress-allow-cidr (default 10.198.0.0/16);
+#                             runs at once on one host each take their own
 #   COMPAT_WIRELOG=1          debug mode: put envd on 127.0.0.1:49984 behind
 #                             wirelog.py on :49983 and log all traffic to
 #                             $COMPAT_LOG_DIR/wire.log
@@ -198,7 +202,7 @@ run_py() { # run_py MODE
 # wait_code_interpreter: waits (at most 20 min) until the code-interpreter-v1
 # template that sandboxd builds at start is ready, or its build failed.
 wait_code_interpreter() {
-  echo "compat-tests: waiting for sandboxd's code-interpreter-v1 build (pip from PyPI)"
+  echo "compat-tests: waiting for sandboxd's code-interpreter-v1 build (pip from PyPI, Deno from npm)"
   python3 - "http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "$sbxd_key" <<'EOF2'
 import json, sys, time, urllib.request
 api, key = sys.argv[1], sys.argv[2]
@@ -388,21 +392,31 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
     layers_before=$(incus_layers)
   else
     sbxd_args=()
-    # The code-interpreter template's build pip-installs from PyPI. Where
-    # PyPI resolves to a mirror on an address sandboxes may not reach by
-    # default (private or special-purpose), open that address, else the
+    # The code-interpreter template's build pip-installs from PyPI and
+    # npm-installs Deno from the registry npm is configured with here.
+    # Where they resolve to a mirror on an address sandboxes may not reach
+    # by default (private or special-purpose), open that address, else the
     # build would retry for many minutes and the tests wait for it. On a
     # subnet of its own: the allowance lives in the subnet's nftables
     # table, which any other sandboxd on the default subnet (a test run on
     # this host) rewrites without it.
-    local pypi
-    pypi=$(python3 -c '
-import ipaddress, socket
-ips = {a[4][0] for h in ("pypi.org", "files.pythonhosted.org") for a in socket.getaddrinfo(h, 443, socket.AF_INET)}
-print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))' 2>/dev/null)
+    local pypi npm_host
+    npm_host=$(npm config get registry 2>/dev/null | sed -E 's#^[a-z]+://([^/:]+).*#\1#')
+    pypi=$(python3 - "$npm_host" <<'EOF2' 2>/dev/null
+import ipaddress, socket, sys
+hosts = ["pypi.org", "files.pythonhosted.org"] + [h for h in sys.argv[1:] if h]
+ips = set()
+for h in hosts:
+    try:
+        ips |= {a[4][0] for a in socket.getaddrinfo(h, 443, socket.AF_INET)}
+    except OSError:
+        pass
+print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))
+EOF2
+)
     if [[ -n $pypi ]]; then
-      echo "compat-tests: PyPI resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
-      sbxd_args=("--egress-allow-cidr=$pypi" --egress-subnet 10.198.0.0/16)
+      echo "compat-tests: PyPI or npm's registry resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
+      sbxd_args=("--egress-allow-cidr=$pypi" --egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
     fi
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }

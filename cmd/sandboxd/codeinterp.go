@@ -14,7 +14,8 @@ import (
 )
 
 // codeInterpreterTemplate is E2B's code-interpreter-v1 as sandboxd builds
-// it: a venv with Jupyter from PyPI, then the static code-interpreter
+// it: a venv with Jupyter from PyPI, Deno from npm for JavaScript and
+// TypeScript, then the static code-interpreter
 // server (bin/code-interpreter, beside sandboxd) with its start script.
 func codeInterpreterTemplate(server []byte) (template.SystemTemplate, error) {
 	archive, err := codeinterp.Archive(server)
@@ -28,6 +29,7 @@ func codeInterpreterTemplate(server []byte) (template.SystemTemplate, error) {
 			FromImage: template.DefaultBaseImage,
 			Steps: []template.Step{
 				{Type: "RUN", Args: []string{codeinterp.InstallCmd(), "root"}},
+				{Type: "RUN", Args: []string{codeinterp.DenoInstallCmd(), "root"}},
 				{Type: "COPY", Args: []string{"code-interpreter", codeinterp.Dir + "/", "root", ""}, FilesHash: hash},
 			},
 			StartCmd: codeinterp.StartCmd,
@@ -56,7 +58,7 @@ func ensureCodeInterpreter(ctx context.Context, builds *template.Service, binPat
 	}
 	start := time.Now()
 	last := time.Now()
-	log.Info("code interpreter template: checking, building if needed (a build installs Jupyter, numpy, pandas and matplotlib from PyPI: a few minutes)")
+	log.Info("code interpreter template: checking, building if needed (a build installs Jupyter, numpy, pandas and matplotlib from PyPI and Deno from npm: a few minutes)")
 	built, err := builds.EnsureSystem(ctx, tpl, func(e template.LogEntry) {
 		// Step lines always; pip's chatter every 20 s at most.
 		step := strings.HasPrefix(e.Message, "[") || strings.HasPrefix(e.Message, "CACHED [")

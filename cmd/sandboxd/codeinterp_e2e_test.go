@@ -13,9 +13,10 @@ import (
 // The code-interpreter template end to end: sandboxd builds it at start
 // through its own template builder, any tenant creates sandboxes of it by
 // name, and its server answers E2B's /execute and /contexts through the
-// proxy. The build pip-installs Jupyter from PyPI (a minute or more and
-// the network), so the test runs only with SANDBOXD_E2E_PYPI=1;
-// SANDBOXD_E2E_EGRESS_ALLOW_CIDR opens a PyPI mirror on a private address.
+// proxy. The build pip-installs Jupyter from PyPI and Deno from npm (a
+// minute or more and the network), so the test runs only with
+// SANDBOXD_E2E_PYPI=1; SANDBOXD_E2E_EGRESS_ALLOW_CIDR opens a mirror on a
+// private address.
 func TestCodeInterpreterE2E(t *testing.T) {
 	if os.Getenv("SANDBOXD_E2E_PYPI") != "1" {
 		t.Skip("builds the code-interpreter template from PyPI: set SANDBOXD_E2E_PYPI=1 (and SANDBOXD_E2E_EGRESS_ALLOW_CIDR for a mirror)")
@@ -26,7 +27,13 @@ func TestCodeInterpreterE2E(t *testing.T) {
 		// A subnet of its own: the allowance lives in the subnet's
 		// nftables table, which another sandboxd on the default subnet
 		// (any other test run on this host) rewrites without it.
-		e.serveArgs = append(e.serveArgs, "--egress-allow-cidr="+cidr, "--egress-subnet=10.199.0.0/16")
+		// SANDBOXD_E2E_EGRESS_SUBNET: runs at once on one host each
+		// take their own.
+		subnet := os.Getenv("SANDBOXD_E2E_EGRESS_SUBNET")
+		if subnet == "" {
+			subnet = "10.199.0.0/16"
+		}
+		e.serveArgs = append(e.serveArgs, "--egress-allow-cidr="+cidr, "--egress-subnet="+subnet)
 	}
 	s := e.start()
 	ka := e.keys["a"]
@@ -107,6 +114,12 @@ func TestCodeInterpreterE2E(t *testing.T) {
 		if st, _, msg := execute(tc.body); st != tc.want || msg == "" {
 			t.Errorf("%s: %d %q, want %d with a message", tc.what, st, msg, tc.want)
 		}
+	}
+
+	// JavaScript runs on the template's Deno kernel, its result the main one.
+	_, lines, msg := execute(map[string]any{"code": "console.log(process.env.SBX_E2E); 1+1", "language": "js"})
+	if len(lines) != 4 || lines[1]["text"] != "from-create\n" || lines[2]["text"] != "2" || lines[2]["is_main_result"] != true {
+		t.Errorf("js 1+1: lines %v %s", lines, msg)
 	}
 
 	// A context of its own, listed, with its own state and directory.

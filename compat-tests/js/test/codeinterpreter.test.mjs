@@ -1,7 +1,8 @@
 // E2B's code-interpreter SDK (@e2b/code-interpreter) against sandboxd: the
 // template code-interpreter-v1 that sandboxd builds itself at start, and
 // its server on port 49999 through the proxy. Results, streaming, errors,
-// contexts, charts, DataFrames, env vars, timeouts, languages.
+// contexts, charts, DataFrames, env vars, timeouts, languages (Python, Bash,
+// JavaScript and TypeScript).
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
@@ -191,9 +192,75 @@ plt.show()
     const ex = await sbx.runCode('echo hi from bash | tr a-z A-Z; pwd', { language: 'bash' })
     assert.equal(ex.logs.stdout.join(''), 'HI FROM BASH\n/home/user\n')
     await assert.rejects(sbx.runCode('1', { language: 'cobol', ...NO_REQ_TIMER }), SandboxError)
+    // R has no kernel in the template.
+    await assert.rejects(sbx.runCode('1', { language: 'r', ...NO_REQ_TIMER }), SandboxError)
     const ctx = await sbx.createCodeContext()
     await assert.rejects(sbx.runCode('1', { context: ctx, language: 'python' }), InvalidArgumentError)
     await sbx.removeCodeContext(ctx)
+  })
+
+  // JavaScript and TypeScript run on the template's Deno kernel.
+  test('JavaScript (js, javascript): the last expression is the result, console output streams, a throw is the error', T, async () => {
+    const ex = await sbx.runCode('1+1', { language: 'js' })
+    assert.equal(ex.text, '2')
+    assert.equal(ex.results.length, 1)
+    assert.equal(ex.results[0].isMainResult, true)
+    assert.equal(ex.error, undefined)
+
+    const out = await sbx.runCode('console.log("to", "stdout"); console.error("to stderr"); ["a", "b"].join("")', { language: 'javascript' })
+    assert.deepEqual(out.logs, { stdout: ['to stdout\n'], stderr: ['to stderr\n'] })
+    assert.equal(out.text, 'ab')
+
+    let cb
+    const err = await sbx.runCode('const boom = () => { throw new TypeError("bad input") }\nboom()', { language: 'js', onError: (e) => (cb = e) })
+    assert.equal(err.error?.name, 'TypeError')
+    assert.equal(err.error.value, 'bad input')
+    assert.match(err.error.traceback, /bad input/)
+    assert.equal(cb?.name, 'TypeError')
+    assert.equal(err.results.length, 0)
+    assert.equal((await sbx.runCode('notDefinedAnywhere', { language: 'js' })).error?.name, 'ReferenceError')
+    // The default JavaScript context keeps its state.
+    await sbx.runCode('let jsCounter = 40', { language: 'js' })
+    assert.equal((await sbx.runCode('jsCounter += 2; jsCounter', { language: 'javascript' })).text, '42')
+  })
+
+  test('TypeScript (ts, typescript): types, interfaces, await, node: modules', T, async () => {
+    assert.equal((await sbx.runCode('const n: number = 41; n + 1', { language: 'ts' })).text, '42')
+    const ex = await sbx.runCode(
+      'interface Point { x: number; y: number }\nconst p: Point = { x: 3, y: 4 }\nconst len = (q: Point): number => Math.hypot(q.x, q.y)\nawait new Promise((r) => setTimeout(r, 10))\nlen(p)',
+      { language: 'typescript' },
+    )
+    assert.equal(ex.error, undefined, JSON.stringify(ex.error))
+    assert.equal(ex.text, '5')
+    assert.equal((await sbx.runCode('import { join } from "node:path"; join("a", "b")', { language: 'ts' })).text, 'a/b')
+    assert.equal((await sbx.runCode('throw new RangeError("too far")', { language: 'ts' })).error?.name, 'RangeError')
+  })
+
+  test("JavaScript and TypeScript env vars: the sandbox's, per call (winning, then undone)", T, async () => {
+    for (const language of ['js', 'ts']) {
+      assert.equal((await sbx.runCode('process.env.SBX_LEVEL', { language })).text, 'sandbox', language)
+      const ex = await sbx.runCode('process.env.SBX_LEVEL + "/" + process.env.CALL_ONLY', { language, envs: { SBX_LEVEL: 'call', CALL_ONLY: 'yes' } })
+      assert.equal(ex.text, 'call/yes', language)
+      assert.equal((await sbx.runCode('`${process.env.SBX_LEVEL} ${process.env.CALL_ONLY}`', { language })).text, 'sandbox undefined', language)
+    }
+  })
+
+  test('a TypeScript context keeps its state and cwd; a JavaScript one is apart', T, async () => {
+    const ts = await sbx.createCodeContext({ language: 'ts', cwd: '/tmp' })
+    assert.equal(ts.language, 'typescript')
+    assert.equal(ts.cwd, '/tmp')
+    const js = await sbx.createCodeContext({ language: 'javascript' })
+    assert.equal(js.language, 'javascript')
+    await sbx.runCode('let kept: string[] = ["x"]', { context: ts })
+    await sbx.runCode('kept.push("y")', { context: ts })
+    assert.equal((await sbx.runCode('kept.join(",")', { context: ts })).text, 'x,y')
+    assert.equal((await sbx.runCode('process.cwd()', { context: ts })).text, '/tmp')
+    assert.equal((await sbx.runCode('typeof kept', { context: js })).text, 'undefined')
+    assert.equal((await sbx.runCode('process.cwd()', { context: js })).text, '/home/user')
+    await sbx.restartCodeContext(ts)
+    assert.equal((await sbx.runCode('kept', { context: ts })).error?.name, 'ReferenceError')
+    await sbx.removeCodeContext(ts)
+    await sbx.removeCodeContext(js)
   })
 
   // 10 MB: the JS SDK's line splitting is slow on long lines (50 MB take it

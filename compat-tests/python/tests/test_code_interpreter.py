@@ -1,7 +1,8 @@
 """E2B's code-interpreter SDK (e2b-code-interpreter) against sandboxd: the
 template code-interpreter-v1 that sandboxd builds itself at start, and its
 server on port 49999 through the proxy. Results, streaming, errors,
-contexts, charts, DataFrames, env vars, timeouts, languages."""
+contexts, charts, DataFrames, env vars, timeouts, languages (Python, Bash,
+JavaScript and TypeScript)."""
 
 import base64
 import os
@@ -153,6 +154,60 @@ def test_ci_bash_and_bad_language(ci):
     assert "".join(ex.logs.stdout) == "HI FROM BASH\n"
     with pytest.raises(SandboxException):
         ci.run_code("1", language="cobol")
+    with pytest.raises(SandboxException):  # R has no kernel in the template
+        ci.run_code("1", language="r")
+
+
+# JavaScript and TypeScript run on the template's Deno kernel.
+def test_ci_javascript(ci):
+    ex = ci.run_code("1+1", language="js")
+    assert ex.text == "2"
+    assert len(ex.results) == 1 and ex.results[0].is_main_result
+    assert ex.error is None
+    out = ci.run_code('console.log("to", "stdout"); console.error("to stderr"); "a" + "b"', language="javascript")
+    assert out.logs.stdout == ["to stdout\n"] and out.logs.stderr == ["to stderr\n"]
+    assert out.text == "ab"
+    errors = []
+    err = ci.run_code('throw new TypeError("bad input")', language="js", on_error=errors.append)
+    assert err.error.name == "TypeError" and err.error.value == "bad input"
+    assert "bad input" in err.error.traceback
+    assert errors and errors[0].name == "TypeError"
+    assert not err.results
+    ci.run_code("let pyJsCounter = 40", language="js")
+    assert ci.run_code("pyJsCounter += 2; pyJsCounter", language="javascript").text == "42"
+
+
+def test_ci_typescript(ci):
+    assert ci.run_code("const n: number = 41; n + 1", language="ts").text == "42"
+    ex = ci.run_code(
+        "type Pair = [string, number]\nconst pairs: Pair[] = [['a', 1], ['b', 2]]\npairs.map(([k, v]) => `${k}=${v}`).join('&')",
+        language="typescript",
+    )
+    assert ex.error is None, ex.error
+    assert ex.text == "a=1&b=2"
+    assert ci.run_code('null as unknown as string[]; missingName', language="ts").error.name == "ReferenceError"
+
+
+def test_ci_js_ts_env_vars(ci):
+    for language in ("js", "ts"):
+        assert ci.run_code("process.env.SBX_LEVEL", language=language).text == "sandbox", language
+        ex = ci.run_code('process.env.SBX_LEVEL + "/" + process.env.CALL_ONLY', language=language, envs={"SBX_LEVEL": "call", "CALL_ONLY": "yes"})
+        assert ex.text == "call/yes", language
+        assert ci.run_code("`${process.env.SBX_LEVEL} ${process.env.CALL_ONLY}`", language=language).text == "sandbox undefined", language
+
+
+def test_ci_typescript_context(ci):
+    ctx = ci.create_code_context(language="typescript", cwd="/tmp")
+    assert ctx.language == "typescript" and ctx.cwd == "/tmp"
+    ci.run_code("let kept: number[] = [1]", context=ctx)
+    ci.run_code("kept.push(2)", context=ctx)
+    assert ci.run_code("kept.length", context=ctx).text == "2"
+    assert ci.run_code("process.cwd()", context=ctx).text == "/tmp"
+    other = ci.create_code_context(language="js")
+    assert other.language == "javascript"
+    assert ci.run_code("typeof kept", context=other).text == "undefined"
+    ci.remove_code_context(ctx)
+    ci.remove_code_context(other)
 
 
 def test_ci_big_output(ci):
