@@ -361,7 +361,9 @@ for i in $(seq 100); do [ -e /tmp/connected ] && exit 0; sleep 0.05; done; cat /
 	r := s.do(t, http.MethodGet, "/metrics", "", nil)
 	for _, want := range []string{`sandboxd_egress_decisions_total{decision="denied",kind="tcp",sandbox_id="` + id + `"}`,
 		`sandboxd_egress_decisions_total{decision="allowed",kind="dns",sandbox_id="` + id + `"}`,
-		`sandboxd_egress_address_denied_packets_total{sandbox_id="` + id + `"}`} {
+		`sandboxd_egress_address_denied_packets_total{sandbox_id="` + id + `"}`,
+		`sandboxd_egress_address_denied_connections_total{sandbox_id="` + id + `"}`,
+		`sandboxd_egress_address_allowed_connections_total{sandbox_id="` + id + `"}`} {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -242,8 +242,14 @@ type Egress struct {
 	installed map[netip.Addr]bool          // with rules in the table, maybe an earlier process's
 	filter    NameFilter                   // started with the first domain rule
 	nl        *nftables.Conn               // the policies' changes (nftnl.go)
-	log       *slog.Logger
-	reg       prometheus.Registerer
+	// The address rules' refusals (nflog.go): the reader, started with
+	// the first policy that refuses, and its connection counts by sandbox
+	// id.
+	audit       *auditReader
+	auditTried  bool
+	deniedConns map[string]uint64
+	log         *slog.Logger
+	reg         prometheus.Registerer
 }
 
 // New checks subnet: IPv4, /28 or larger. Its first address is every
@@ -258,7 +264,7 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 	}
 	e := &Egress{
 		subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet),
-		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{}, log: slog.Default(),
+		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{}, deniedConns: map[string]uint64{}, log: slog.Default(),
 	}
 	for _, p := range allow {
 		if !p.IsValid() || !p.Addr().Is4() {

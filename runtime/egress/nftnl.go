@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -57,6 +56,9 @@ func (e *Egress) commit(build func(b *nlBatch) error) error {
 		return err
 	}
 	b := &nlBatch{c: c, t: &nftables.Table{Name: e.table, Family: nftables.TableFamilyINet}}
+	if e.audit != nil || !e.auditTried {
+		b.group = e.logGroup()
+	}
 	if err := build(b); err != nil {
 		e.dropConn() // the queued half of the batch goes with it
 		return err
@@ -76,6 +78,7 @@ type nlBatch struct {
 	// anonymous set by this id within the transaction. The library's own
 	// counter is a global shared by every Conn without a lock.
 	lastID uint32
+	group  uint16 // the refusals' NFLOG group (nflog.go); 0: none
 }
 
 func (b *nlBatch) nextID() uint32 {
@@ -173,9 +176,23 @@ func (b *nlBatch) l4Ports(first, end uint16) ([]expr.Any, error) {
 		&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: port(end)}), nil
 }
 
-// counterReject is `counter reject with icmpx admin-prohibited`.
-func counterReject() []expr.Any {
-	return []expr.Any{&expr.Counter{}, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
+// counterReject is `counter log group G snaplen 64 reject with icmpx
+// admin-prohibited`: the log sends the packet's headers to the Egress's
+// reader for the audit line (nflog.go), and changes nothing of the
+// verdict; with no reader bound to the group, the kernel drops the copy.
+// Where the reader could not bind, the rules go without the log: a kernel
+// without nfnetlink_log refuses a rule that logs to a group, and the
+// policy must hold all the same.
+func (b *nlBatch) counterReject() []expr.Any {
+	reject := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}
+	if b.group == 0 {
+		return []expr.Any{&expr.Counter{}, reject}
+	}
+	return []expr.Any{
+		&expr.Counter{},
+		&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_SNAPLEN, Group: b.group, Snaplen: logSnaplen},
+		reject,
+	}
 }
 
 // markRedirect is `ct mark set FilterMark counter redirect to :to`.
@@ -190,6 +207,17 @@ func markRedirect(to uint16) []expr.Any {
 }
 
 var returns = &expr.Verdict{Kind: expr.VerdictReturn}
+
+// ctNew is `ct state new`, a connection's packets until the reply's
+// first: a refused flow's each (its conntrack entry is never confirmed),
+// an allowed one's first, and its retries where nothing answers.
+func ctNew() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
 
 // span is an interval of IPv4 addresses, both ends included.
 type span struct{ lo, hi uint32 }
@@ -276,29 +304,35 @@ func (b *nlBatch) policy(ip netip.Addr, p *policy.Policy, f NameFilter, withNat 
 			}
 		}
 	}
-	allowRules := func(c *nftables.Chain) error {
-		b.rule(c, append(daddrIn(allow), returns)...)
+	allowRules := func(c *nftables.Chain, v *expr.Verdict) error {
+		b.rule(c, append(daddrIn(allow), v)...)
 		for _, r := range allowPorts {
 			l4, err := b.l4Ports(r.PortFirst, r.PortEnd)
 			if err != nil {
 				return err
 			}
-			b.rule(c, slices.Concat(daddrPrefix(r.Prefix), l4, []expr.Any{returns})...)
+			b.rule(c, slices.Concat(daddrPrefix(r.Prefix), l4, []expr.Any{v})...)
 		}
 		return nil
 	}
+	// An allowed packet goes to c_, which counts new connections and
+	// returns (a goto's return is p_'s): one rule more for an allowed
+	// packet, and none for the others.
+	cnt := b.c.AddChain(b.chain("c_" + x))
+	b.c.FlushChain(cnt)
+	b.rule(cnt, append(ctNew(), &expr.Counter{})...)
 	pol := b.c.AddChain(b.chain("p_" + x))
 	b.c.FlushChain(pol)
-	if err := allowRules(pol); err != nil {
+	if err := allowRules(pol, &expr.Verdict{Kind: expr.VerdictGoto, Chain: cnt.Name}); err != nil {
 		return err
 	}
-	b.rule(pol, append(daddrIn(deny), counterReject()...)...)
+	b.rule(pol, append(daddrIn(deny), b.counterReject()...)...)
 	for _, r := range denyPorts {
 		l4, err := b.l4Ports(r.PortFirst, r.PortEnd)
 		if err != nil {
 			return err
 		}
-		b.rule(pol, slices.Concat(daddrPrefix(r.Prefix), l4, counterReject())...)
+		b.rule(pol, slices.Concat(daddrPrefix(r.Prefix), l4, b.counterReject())...)
 	}
 	if err := b.c.SetAddElements(b.vmap("pol4"), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: pol.Name}}}); err != nil {
 		return err
@@ -321,7 +355,7 @@ func (b *nlBatch) policy(ip netip.Addr, p *policy.Policy, f NameFilter, withNat 
 		b.c.DelChain(nat)
 		return nil
 	}
-	if err := allowRules(nat); err != nil {
+	if err := allowRules(nat, returns); err != nil {
 		return err
 	}
 	dns, err := b.l4Ports(53, 53)
@@ -358,6 +392,9 @@ func (b *nlBatch) clear(ip netip.Addr) error {
 		b.c.FlushChain(c)
 		b.c.DelChain(c)
 	}
+	c := b.c.AddChain(b.chain("c_" + x)) // after p_, which goes to it
+	b.c.FlushChain(c)
+	b.c.DelChain(c)
 	for _, name := range []string{"a_" + x, "d_" + x} {
 		s := b.addrSet(name)
 		if err := b.c.AddSet(s, nil); err != nil {
@@ -368,33 +405,33 @@ func (b *nlBatch) clear(ip netip.Addr) error {
 	return nil
 }
 
-// addressDenials are the packets each policy's address rules refused so
-// far, by sandbox address: the counters of its chain's reject rules. It
-// reads them over a socket of its own: a scrape must not wait for, or
-// interleave with, a policy's batch.
-func (e *Egress) addressDenials() (map[netip.Addr]uint64, error) {
+// addressCounts are the kernel's counts of each policy's address rules,
+// by sandbox address: the packets its chain's reject rules refused, and
+// the new connections its allow rules let through (c_). It reads them
+// over a socket of its own: a scrape must not wait for, or interleave
+// with, a policy's batch.
+func (e *Egress) addressCounts() (denied, allowed map[netip.Addr]uint64, err error) {
 	c, err := nftables.New()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return nil, fmt.Errorf("list the chains of %s: %w", e.table, err)
+		return nil, nil, fmt.Errorf("list the chains of %s: %w", e.table, err)
 	}
-	denied := map[netip.Addr]uint64{}
+	denied, allowed = map[netip.Addr]uint64{}, map[netip.Addr]uint64{}
 	for _, ch := range chains {
-		x, ok := strings.CutPrefix(ch.Name, "p_")
-		if ch.Table == nil || ch.Table.Name != e.table || !ok {
+		if ch.Table == nil || ch.Table.Name != e.table || len(ch.Name) != 10 || (ch.Name[:2] != "p_" && ch.Name[:2] != "c_") {
 			continue
 		}
-		b, err := hex.DecodeString(x)
+		b, err := hex.DecodeString(ch.Name[2:])
 		if err != nil || len(b) != 4 {
 			continue
 		}
 		ip := netip.AddrFrom4([4]byte(b))
 		rules, err := c.GetRules(ch.Table, ch)
 		if err != nil {
-			return nil, fmt.Errorf("list chain %s of %s: %w", ch.Name, e.table, err)
+			return nil, nil, fmt.Errorf("list chain %s of %s: %w", ch.Name, e.table, err)
 		}
 		for _, r := range rules {
 			var n uint64
@@ -407,10 +444,13 @@ func (e *Egress) addressDenials() (map[netip.Addr]uint64, error) {
 					reject = true
 				}
 			}
-			if reject {
+			switch {
+			case ch.Name[0] == 'c':
+				allowed[ip] += n
+			case reject:
 				denied[ip] += n
 			}
 		}
 	}
-	return denied, nil
+	return denied, allowed, nil
 }

@@ -27,7 +27,7 @@ func (fakeFilter) Close() error       { return nil }
 func (e *Egress) scriptPolicy(ip netip.Addr, p *policy.Policy, f NameFilter, withNat bool) string {
 	var b strings.Builder
 	t, x := "inet "+e.table, objSuffix(ip)
-	pol, nat, allow, deny := "p_"+x, "n_"+x, "a_"+x, "d_"+x
+	pol, cnt, nat, allow, deny := "p_"+x, "c_"+x, "n_"+x, "a_"+x, "d_"+x
 	for _, set := range []string{allow, deny} {
 		fmt.Fprintf(&b, "add set %s %s { type ipv4_addr; flags interval; auto-merge; }\nflush set %s %s\n", t, set, t, set)
 	}
@@ -57,17 +57,18 @@ func (e *Egress) scriptPolicy(ip netip.Addr, p *policy.Policy, f NameFilter, wit
 	if len(denyAll) > 0 {
 		fmt.Fprintf(&b, "add element %s %s { %s }\n", t, deny, strings.Join(denyAll, ", "))
 	}
-	allowRules := func(chain string) {
-		fmt.Fprintf(&b, "add rule %s %s ip daddr @%s return\n", t, chain, allow)
+	allowRules := func(chain, verdict string) {
+		fmt.Fprintf(&b, "add rule %s %s ip daddr @%s %s\n", t, chain, allow, verdict)
 		for _, r := range allowPorts {
-			fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s return\n", t, chain, r.Prefix, ports(r))
+			fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s %s\n", t, chain, r.Prefix, ports(r), verdict)
 		}
 	}
+	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\nadd rule %s %s ct state new counter\n", t, cnt, t, cnt, t, cnt)
 	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, pol, t, pol)
-	allowRules(pol)
-	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s counter reject with icmpx admin-prohibited\n", t, pol, deny)
+	allowRules(pol, "goto "+cnt)
+	fmt.Fprintf(&b, "add rule %s %s ip daddr @%s counter log group %d snaplen %d reject with icmpx admin-prohibited\n", t, pol, deny, e.logGroup(), logSnaplen)
 	for _, r := range denyPorts {
-		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s counter reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r))
+		fmt.Fprintf(&b, "add rule %s %s ip daddr %s meta l4proto { tcp, udp } th dport %s counter log group %d snaplen %d reject with icmpx admin-prohibited\n", t, pol, r.Prefix, ports(r), e.logGroup(), logSnaplen)
 	}
 	fmt.Fprintf(&b, "add element %s pol4 { %s : jump %s }\n", t, ip, pol)
 	if !withNat {
@@ -78,7 +79,7 @@ func (e *Egress) scriptPolicy(ip netip.Addr, p *policy.Policy, f NameFilter, wit
 	fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, nat, t, nat)
 	fmt.Fprintf(&b, "add element %s nat4 { %s : jump %s }\n", t, ip, nat)
 	if f != nil {
-		allowRules(nat)
+		allowRules(nat, "return")
 		fmt.Fprintf(&b, "add rule %s %s meta l4proto { tcp, udp } th dport 53 ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.DNSPort())
 		fmt.Fprintf(&b, "add rule %s %s tcp dport { 80, 443 } ct mark set 0x%08x counter redirect to :%d\n", t, nat, FilterMark, f.ProxyPort())
 	} else {
@@ -127,7 +128,7 @@ func TestPolicyObjects(t *testing.T) {
 	}
 	compare := func(t *testing.T, withNat bool) {
 		t.Helper()
-		objs := [][]string{{"set", "a_"}, {"set", "d_"}, {"chain", "p_"}}
+		objs := [][]string{{"set", "a_"}, {"set", "d_"}, {"chain", "c_"}, {"chain", "p_"}}
 		if withNat {
 			objs = append(objs, []string{"chain", "n_"})
 		}
@@ -162,8 +163,8 @@ func TestPolicyObjects(t *testing.T) {
 		name:  "ports and ranges",
 		allow: []string{"1.1.1.1:443", "8.8.8.0/24:53", "9.9.9.9:1000-2000", "104.16.0.0/13:80-443", "0.0.0.0/0:22"},
 		deny:  []string{policy.AllTraffic, "8.8.8.8:25", "151.101.0.0/16:6000-7000"},
-		wantChains: []string{"ip daddr 104.16.0.0/13 meta l4proto { tcp, udp } th dport 80-443 return",
-			"ip daddr 8.8.8.8 meta l4proto { tcp, udp } th dport 25 counter packets 0 bytes 0 reject with icmpx admin-prohibited"},
+		wantChains: []string{"ip daddr 104.16.0.0/13 meta l4proto { tcp, udp } th dport 80-443 goto c_" + nlX, "ct state new counter packets 0 bytes 0",
+			"ip daddr 8.8.8.8 meta l4proto { tcp, udp } th dport 25 counter packets 0 bytes 0 log group " + fmt.Sprint(e.logGroup()) + " snaplen 64 reject with icmpx admin-prohibited"},
 		wantSets: []string{"elements = { 0.0.0.0/0 }"},
 	}, {
 		name:     "overlapping prefixes",

@@ -92,7 +92,7 @@ func TestPolicyRules(t *testing.T) {
 			}
 			if !tc.wantTwo && !tc.restart {
 				// The refusal is counted (sandboxd_egress_address_denied_packets_total).
-				if d, err := e.addressDenials(); err != nil || d[ip] == 0 {
+				if d, _, err := e.addressCounts(); err != nil || d[ip] == 0 {
 					t.Errorf("address denials = %v, %v; want some for %s", d, err, ip)
 				}
 			}

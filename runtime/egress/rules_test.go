@@ -163,6 +163,11 @@ func getIn(pid int, addr string) (string, error) {
 // dialIn connects to addr from the network namespace of process pid: the
 // socket stays there after the thread switches back.
 func dialIn(pid int, addr string) (net.Conn, error) {
+	return dialInWith(pid, addr, &net.Dialer{Timeout: 1500 * time.Millisecond})
+}
+
+// dialInWith is dialIn with d.
+func dialInWith(pid int, addr string, d *net.Dialer) (net.Conn, error) {
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
 	orig, err := netns.Get()
@@ -178,7 +183,7 @@ func dialIn(pid int, addr string) (net.Conn, error) {
 	if err := netns.Set(ns); err != nil {
 		return nil, err
 	}
-	c, derr := net.DialTimeout("tcp", addr, 1500*time.Millisecond)
+	c, derr := d.Dial("tcp", addr)
 	if err := netns.Set(orig); err != nil {
 		panic(err) // this thread must not run anything else
 	}

@@ -23,7 +23,9 @@ import (
 //
 //   - pol4 maps the address to a chain p_<hex address> that forward and
 //     input jump to before the operator's rules: the sandbox's allow
-//     rules return (the operator's rules decide next), its deny rules
+//     rules go to c_<hex>, which counts new connections and returns (the
+//     operator's rules decide next), its deny rules count, log to the
+//     Egress's NFLOG group (nflog.go: audit lines, connection counts) and
 //     reject, and the rest returns;
 //   - a policy with domain rules also maps the address in nat4 to a chain
 //     n_<hex> at prerouting that redirects its DNS (port 53, to any
@@ -98,12 +100,18 @@ func (e *Egress) SetPolicy(ctx context.Context, id string, ip netip.Addr, p *pol
 		}
 		f = e.filter
 	}
+	if refuses(p) {
+		e.startAudit()
+	}
 	// The name-filter half is written (or cleared) only where the new or
 	// the old policy has names: a smaller transaction otherwise.
 	nat := p.Domains() || e.policies[ip].p.Domains() || !e.known(ip)
 	if err := e.commit(func(b *nlBatch) error { return b.policy(ip, p, f, nat) }); err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("egress policy of %s: %w", id, err)
+	}
+	if old, ok := e.policies[ip]; ok && old.id != id {
+		delete(e.deniedConns, old.id)
 	}
 	e.policies[ip] = sandboxPolicy{id: id, p: p}
 	e.installed[ip] = true
@@ -129,6 +137,9 @@ func (e *Egress) ClearPolicy(ip netip.Addr) error {
 	}
 	delete(e.policies, ip)
 	delete(e.installed, ip)
+	if had {
+		delete(e.deniedConns, sp.id) // its chain's counters went too
+	}
 	f := e.filter
 	e.mu.Unlock()
 	if f != nil {
@@ -225,14 +236,15 @@ func (e *Egress) Observe(log *slog.Logger, reg prometheus.Registerer) {
 	}
 }
 
-// Close stops the name filter, if it runs. The rules stay: sandboxes
-// outlive sandboxd.
+// Close stops the name filter and the refusals' reader, if they run. The
+// rules stay: sandboxes outlive sandboxd.
 func (e *Egress) Close() error {
 	e.mu.Lock()
-	f := e.filter
-	e.filter = nil
+	f, r := e.filter, e.audit
+	e.filter, e.audit, e.auditTried = nil, nil, false
 	e.dropConn()
 	e.mu.Unlock()
+	stopAudit(r)
 	if f != nil {
 		return f.Close()
 	}
@@ -294,31 +306,55 @@ func (e *Egress) installTable() error {
 
 var addrRe = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
 
-// denialsCollector exports addressDenials per sandbox.
+// denialsCollector exports addressCounts per sandbox, and the
+// connections the refused packets were (nflog.go).
 type denialsCollector struct{ e *Egress }
 
-var denialsDesc = prometheus.NewDesc("sandboxd_egress_address_denied_packets_total",
-	"Packets a sandbox sent that its egress policy's address rules refused (the name filter's refusals are sandboxd_egress_decisions_total).",
-	[]string{"sandbox_id"}, nil)
+var (
+	denialsDesc = prometheus.NewDesc("sandboxd_egress_address_denied_packets_total",
+		"Packets a sandbox sent that its egress policy's address rules refused, each retry of a connection too (the connections are sandboxd_egress_address_denied_connections_total; the name filter's refusals, sandboxd_egress_decisions_total).",
+		[]string{"sandbox_id"}, nil)
+	deniedConnsDesc = prometheus.NewDesc("sandboxd_egress_address_denied_connections_total",
+		"Connection attempts (flows: a retry of the same one counts once) of a sandbox that its egress policy's address rules refused; absent where the kernel's packet log (NFLOG) cannot be read.",
+		[]string{"sandbox_id"}, nil)
+	allowedConnsDesc = prometheus.NewDesc("sandboxd_egress_address_allowed_connections_total",
+		"New connections of a sandbox that an allow entry of its egress policy's address rules let through (the operator's rules may still refuse some; an unanswered connection's retries count too; what no entry names is not counted).",
+		[]string{"sandbox_id"}, nil)
+)
 
-func (c denialsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- denialsDesc }
+func (c denialsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- denialsDesc
+	ch <- deniedConnsDesc
+	ch <- allowedConnsDesc
+}
 
 func (c denialsCollector) Collect(ch chan<- prometheus.Metric) {
 	c.e.mu.Lock()
 	ids := make(map[netip.Addr]string, len(c.e.policies))
+	var conns map[string]uint64 // nil: no reader, no counts
+	if c.e.audit != nil {
+		conns = make(map[string]uint64, len(c.e.policies))
+	}
 	for ip, sp := range c.e.policies {
 		ids[ip] = sp.id
+		if conns != nil {
+			conns[sp.id] = c.e.deniedConns[sp.id]
+		}
 	}
 	c.e.mu.Unlock()
+	for id, n := range conns {
+		ch <- prometheus.MustNewConstMetric(deniedConnsDesc, prometheus.CounterValue, float64(n), id)
+	}
 	if len(ids) == 0 {
 		return
 	}
-	denied, err := c.e.addressDenials()
+	denied, allowed, err := c.e.addressCounts()
 	if err != nil {
 		c.e.log.Warn("egress: read the policies' counters", "err", err)
 		return
 	}
 	for ip, id := range ids {
 		ch <- prometheus.MustNewConstMetric(denialsDesc, prometheus.CounterValue, float64(denied[ip]), id)
+		ch <- prometheus.MustNewConstMetric(allowedConnsDesc, prometheus.CounterValue, float64(allowed[ip]), id)
 	}
 }

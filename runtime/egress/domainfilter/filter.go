@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime/egress/internal/audit"
 )
 
 // Policy is what the filter needs of a sandbox's egress policy.
@@ -92,7 +94,7 @@ type Filter struct {
 // sandboxStats is the per-sandbox state Forget drops.
 type sandboxStats struct {
 	allowed, denied uint64
-	audit           auditLimiter
+	audit           audit.Limiter
 }
 
 const (
@@ -373,11 +375,10 @@ func (f *Filter) decided(sandboxID, kind string, allowed bool, dst, host, proto,
 		st.allowed++
 	} else {
 		st.denied++
-		logIt = st.audit.allow(now, dst+" "+host)
+		logIt = st.audit.Allow(now, dst+" "+host)
 	}
 	f.mu.Unlock()
 	if logIt {
-		f.log.Info("egress denied", "audit", true, "sandbox_id", sandboxID,
-			"dst", dst, "host", host, "proto", proto, "decision", decision, "reason", reason)
+		audit.Denied(f.log, sandboxID, dst, host, proto, reason)
 	}
 }

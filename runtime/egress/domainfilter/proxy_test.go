@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/runtime/egress/internal/audit"
 )
 
 // evilIP stands for the address a sandbox connects to: never dialled,
@@ -402,13 +404,13 @@ func TestAuditRateLimit(t *testing.T) {
 }
 
 func TestAuditLimiterMemory(t *testing.T) {
-	var a auditLimiter
+	var a audit.Limiter
 	now := time.Now()
 	for i := range 100000 {
-		a.allow(now.Add(time.Duration(i)*time.Millisecond), fmt.Sprint(i))
+		a.Allow(now.Add(time.Duration(i)*time.Millisecond), fmt.Sprint(i))
 	}
-	if len(a.seen) > auditMaxKeys {
-		t.Fatalf("%d keys kept", len(a.seen))
+	if a.Keys() > audit.MaxKeys {
+		t.Fatalf("%d keys kept", a.Keys())
 	}
 }
 
