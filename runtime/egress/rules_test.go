@@ -125,6 +125,7 @@ func testEgress(t testing.TB, subnet netip.Prefix, allow []netip.Prefix, resolve
 	// DeleteTable).
 	e.table, e.prefix, e.resolvers = "test_"+e.table, "sbt", resolvers
 	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", e.table).Run() })
+	t.Cleanup(func() { _ = e.Close() }) // first: its NFLOG group is free for the next
 	return e
 }
 
