@@ -108,7 +108,19 @@ mkdir -p $cg/c1 $cg/n1/n2/n3/n4
 echo 10 >$cg/c1/pids.max
 sh -c "echo \$\$ >$cg/c1/cgroup.procs; exec sleep 300" </dev/null >/dev/null 2>&1 &
 sh -c "echo \$\$ >$cg/n1/n2/n3/n4/cgroup.procs; exec sleep 300" </dev/null >/dev/null 2>&1 &
-sleep 0.2`
+` + waitProcs + `
+waitprocs $cg/c1 && waitprocs $cg/n1/n2/n3/n4`
+
+// waitProcs defines the shell function waitprocs DIR, which waits up to
+// 20 s for a process to have joined the cgroup DIR (a background shell
+// moves itself there: on a loaded, emulated guest that took over 0.2 s).
+const waitProcs = `waitprocs() {
+	i=0
+	while [ -z "$(cat $1/cgroup.procs)" ]; do
+		i=$((i+1)); [ $i -le 200 ] || return 1
+		sleep 0.1
+	done
+}`
 
 // assertNested checks on the host that nestScript's cgroups hold processes.
 func assertNested(t *testing.T, host string) {
@@ -243,7 +255,8 @@ echo "pids.current $n"; cat /sys/fs/cgroup/c1/pids.events
 		{name: "user cannot move into c1", user: "user", script: `echo $$ >/sys/fs/cgroup/c1/cgroup.procs`, fail: true},
 		{name: "depth 4 allowed", user: "root", script: `mkdir -p /sys/fs/cgroup/n1/n2/n3/n4 &&
 sh -c 'echo $$ >/sys/fs/cgroup/n1/n2/n3/n4/cgroup.procs; exec sleep 300' </dev/null >/dev/null 2>&1 &
-sleep 0.2; test -n "$(cat /sys/fs/cgroup/n1/n2/n3/n4/cgroup.procs)"`},
+` + waitProcs + `
+waitprocs /sys/fs/cgroup/n1/n2/n3/n4`},
 		{name: "depth 5 refused", user: "root", script: `mkdir /sys/fs/cgroup/n1/n2/n3/n4/n5`, fail: true},
 		{name: "no more than 256 descendants", user: "root", script: `
 i=0; while [ $i -lt 400 ] && mkdir /sys/fs/cgroup/d$i 2>/dev/null; do i=$((i+1)); done
