@@ -28,7 +28,8 @@
 # time and count), pause (freezer) and
 # pause to disk, adoption of live and paused sandboxes by a new backend, the
 # cgroup parent, favordynmods, failed and cancelled creates leaving no
-# cgroup, and libcontainer's cgroup manager in sandboxd's own process.
+# cgroup, libcontainer's cgroup manager in sandboxd's own process, and the
+# sandboxes' delegated cgroup2 subtree (v2 only).
 # Everything else (OCI import, egress, seccomp, mounts, user-namespace
 # mapping, the conformance suite's isolation, error and port cases) does not
 # touch the cgroup layout and runs on the host in `make test-go`, whose hybrid
@@ -102,7 +103,7 @@ esac
 # same on any cgroup layout; with the guest's CPU shared (the other guest,
 # a busy host) its pip step ran into the case's 3-minute deadline. It runs
 # on the host, in both user-namespace modes.
-cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing)$'
+cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup)$'
 cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec)$'
 case ${SANDBOXD_VM_TESTS:-cgroup} in
 cgroup)

@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/manager"
 	"golang.org/x/sys/unix"
 )
@@ -25,10 +27,17 @@ func cgroupManager(path string) (cgroups.Manager, error) {
 // (a frozen task takes no signal), and waits briefly for them to go. It is
 // for cleanup after a crash, when init may be gone but not its children
 // (they die with init's pid namespace; this is belt and braces).
+//
+// On cgroup v2 the sandbox may have made child cgroups of its own
+// (delegation): cgroup.kill signals the whole subtree at once, frozen
+// children included, and GetAllPids walks every child for what is left.
 func killCgroup(path string) {
 	m, err := cgroupManager(path)
 	if err != nil || !m.Exists() {
 		return
+	}
+	if cgroups.IsCgroup2UnifiedMode() {
+		_ = cgroups.WriteFile(m.Path(""), "cgroup.kill", "1") // Linux ≥ 5.14
 	}
 	_ = m.Freeze(cgroups.Thawed)
 	for i := 0; i < 100; i++ {
@@ -43,8 +52,11 @@ func killCgroup(path string) {
 	}
 }
 
-// removeCgroup removes the cgroup at path from every hierarchy. A missing
-// cgroup is no error.
+// removeCgroup removes the cgroup at path from every hierarchy, with the
+// child cgroups a sandbox made in its delegated subtree, bottom-up (the
+// manager's Destroy is cgroups.RemovePath, which recurses;
+// TestCgroupDelegation checks it). Their processes must be gone
+// (killCgroup). A missing cgroup is no error.
 func removeCgroup(path string) error {
 	m, err := cgroupManager(path)
 	if err != nil {
@@ -52,6 +64,68 @@ func removeCgroup(path string) error {
 	}
 	if err := m.Destroy(); err != nil {
 		return fmt.Errorf("remove cgroup %s: %w", path, err)
+	}
+	return nil
+}
+
+// Delegation limits: how many cgroups a sandbox may create below its own,
+// and how deep. envd needs one for itself and one per running command (a
+// sandbox's pids.max bounds those anyway); nested containers inside need a
+// few levels. Without them root inside could make cgroups, which cost
+// kernel memory, by the thousand.
+const (
+	delegateMaxDescendants = 256
+	delegateMaxDepth       = 4
+)
+
+// cgroupDelegable reports whether this host can give sandboxes a delegated
+// cgroup2 subtree: cgroup v2 alone (unified). On v1 and hybrid hosts the
+// controllers live in v1 hierarchies, which cannot be delegated safely, and
+// sandboxes get no cgroup mount, as before.
+func cgroupDelegable() bool { return cgroups.IsCgroup2UnifiedMode() }
+
+// delegateCgroup makes the cgroup at path (relative to the cgroup2 mount)
+// ready for libcontainer to put a sandbox in, as a subtree the sandbox's
+// root (host uid and gid owner) may organise, the way systemd's
+// Delegate=yes does: it owns the directory (to make child cgroups),
+// cgroup.procs and cgroup.threads (to move its processes between them) and
+// cgroup.subtree_control (to enable controllers for them). Every other file,
+// the limits libcontainer writes next (pids.max, memory.max, cpu.max, ...)
+// and the caps on child cgroups written here, stays the host root's, so the
+// sandbox cannot raise them; what it sets on its children can only lower
+// them further. Child cgroups left by an earlier run of the sandbox (a
+// restart) are removed first: their processes died with that run's pid
+// namespace, and the new envd makes its own.
+//
+// libcontainer takes the existing directory as it is (fs2.CreateCgroupPath
+// accepts it) and still writes the limits and enables the parents'
+// controllers.
+func delegateCgroup(path string, owner int) error {
+	dir := filepath.Join(fs2.UnifiedMountpoint, path)
+	if err := fs2.CreateCgroupPath(dir, &cgroups.Cgroup{Resources: &cgroups.Resources{}}); err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := cgroups.RemovePath(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("cgroup %s: stale child: %w", path, err)
+			}
+		}
+	}
+	if err := cgroups.WriteFile(dir, "cgroup.max.descendants", strconv.Itoa(delegateMaxDescendants)); err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	if err := cgroups.WriteFile(dir, "cgroup.max.depth", strconv.Itoa(delegateMaxDepth)); err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	for _, name := range []string{"", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"} {
+		if err := os.Lchown(filepath.Join(dir, name), owner, owner); err != nil {
+			return fmt.Errorf("cgroup %s: delegate: %w", path, err)
+		}
 	}
 	return nil
 }

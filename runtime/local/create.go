@@ -247,6 +247,19 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 
 	tMounted := time.Now()
+	delegate := b.delegates(s)
+	if delegate {
+		owner := 0
+		if s.meta.UserNS {
+			owner = userNSBase
+		}
+		// Before libcontainer applies the cgroup: once it holds init, the
+		// subtree must already be the sandbox's. The caller's cleanup
+		// removes it, as it does libcontainer's.
+		if err := delegateCgroup(b.cgroupPath(spec.ID), owner); err != nil {
+			return err
+		}
+	}
 	oci := ociSpec(specInput{
 		spec:      spec,
 		pidsMax:   int64(b.opts.PidsMax),
@@ -260,6 +273,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logLevel:  b.opts.EnvdLogLevel,
 		resolv:    resolv,
 		userNS:    s.meta.UserNS,
+		delegate:  delegate,
 	})
 	cfg, err := libcontainerConfig(spec.ID, oci, s.meta.UserNS)
 	if err != nil {

@@ -11,7 +11,11 @@
 // whose upper and work directories live on a per-sandbox tmpfs sized by
 // DiskSizeMB; cgroup limits bound its memory, pids and CPU; it runs with a
 // reduced capability set, no_new_privs, runc's masked /proc paths and, when
-// built with -tags seccomp, a seccomp deny list. envd is bind-mounted
+// built with -tags seccomp, a seccomp deny list. On cgroup v2-only hosts
+// its cgroup is a delegated subtree, mounted at /sys/fs/cgroup inside: its
+// root may make child cgroups (at most 256, 4 deep), move its processes
+// into them and limit them, but not change the sandbox's own limits (see
+// delegateCgroup). envd is bind-mounted
 // read-only, from the backend's copy on a tmpfs with huge pages (<Root>/envd,
 // made by New: see copyEnvd), and started as the sandbox's init; sandboxd
 // reaches it over a unix socket in a per-sandbox host directory
@@ -203,6 +207,10 @@ type Backend struct {
 	// userNS: new sandboxes get a user namespace (of templates with
 	// template.userNS); set by setupUserNS.
 	userNS bool
+	// nsDelegate: the cgroup2 mount has nsdelegate, so the kernel refuses
+	// writes from inside a cgroup namespace to its root's limits whoever
+	// the writer is (see delegates).
+	nsDelegate bool
 
 	viewMu sync.Mutex
 	views  map[string]bool // idmapped views of outside templates mounted
@@ -374,6 +382,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		} else {
 			b.log.Info("local backend: cgroup favordynmods", "state", what)
 		}
+	}
+	if m, err := cgroup2Mount(); err == nil && m != nil {
+		b.nsDelegate = slices.Contains(cgroup2Flags(m), "nsdelegate")
 	}
 	if b.egress, err = newEgress(opts.EgressSubnet, opts.EgressAllow, opts.EgressDNS); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
@@ -561,6 +572,17 @@ func (b *Backend) Close() error {
 }
 
 func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.CgroupParent, id) }
+
+// delegates reports whether sandbox s gets a delegated cgroup2 subtree
+// (delegateCgroup): on cgroup v2 hosts only, and only where the limits on
+// its cgroup stay out of its root's reach: with a user namespace (its root
+// does not own them and has no capability over the host's root's files),
+// or else with nsdelegate (without a user namespace root inside is the
+// host's root, whose CAP_DAC_OVERRIDE would otherwise let it write
+// pids.max; nsdelegate makes the kernel refuse that).
+func (b *Backend) delegates(s *sandbox) bool {
+	return cgroupDelegable() && (s.meta.UserNS || b.nsDelegate)
+}
 
 // HostPaths lists the host paths sandbox id holds while it lives: its state
 // directory, its cgroup in each hierarchy and its veth (with internet). runtimetest checks that none

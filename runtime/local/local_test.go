@@ -354,14 +354,33 @@ func cgroupProcs(env testEnv, id string) string {
 	return filepath.Join("/sys/fs/cgroup/pids", env.cgroupParent, id, "cgroup.procs")
 }
 
-// killSandbox SIGKILLs every process in the sandbox's cgroup from the host.
-func killSandbox(t *testing.T, env testEnv, id string) {
+// sandboxPids lists the processes in sandbox id's cgroup and in the child
+// cgroups it made (on v2 its subtree is delegated: envd may have moved
+// itself and its commands into children, leaving the top one empty).
+func sandboxPids(t *testing.T, env testEnv, id string) []string {
 	t.Helper()
-	raw, err := os.ReadFile(cgroupProcs(env, id))
+	var pids []string
+	err := filepath.WalkDir(filepath.Dir(cgroupProcs(env, id)), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			return err
+		}
+		pids = append(pids, strings.Fields(string(raw))...)
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids := strings.Fields(string(raw))
+	return pids
+}
+
+// killSandbox SIGKILLs every process in the sandbox's cgroup from the host.
+func killSandbox(t *testing.T, env testEnv, id string) {
+	t.Helper()
+	pids := sandboxPids(t, env, id)
 	for _, f := range pids {
 		_ = exec.Command("kill", "-9", f).Run()
 	}
@@ -1199,12 +1218,9 @@ func TestUserNS(t *testing.T) {
 	}
 
 	// On the host, envd runs as the mapped root, not as root.
-	procs, err := os.ReadFile(cgroupProcs(env, id))
-	if err != nil {
-		t.Fatal(err)
-	}
 	checked := 0
-	for _, pid := range strings.Fields(string(procs)) {
+	procs := sandboxPids(t, env, id)
+	for _, pid := range procs {
 		st, err := os.ReadFile("/proc/" + pid + "/status")
 		if err != nil {
 			continue

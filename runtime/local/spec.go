@@ -50,6 +50,10 @@ type specInput struct {
 	logLevel  string // envd's --log-level
 	resolv    string // host file bind-mounted as /etc/resolv.conf; empty: the template's
 	userNS    bool
+	// delegate mounts the sandbox's cgroup (its cgroup namespace's root)
+	// read-write at /sys/fs/cgroup, a subtree delegated to its root
+	// (delegateCgroup).
+	delegate bool
 }
 
 // ociSpec describes a sandbox as an OCI runtime spec, which specconv turns
@@ -88,6 +92,13 @@ func ociSpec(in specInput) *specs.Spec {
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	if in.delegate {
+		// With its own cgroup namespace the sandbox gets a cgroup2 mount
+		// whose root is its cgroup (libcontainer mounts it afresh, not a
+		// bind of the host's), read-write below the read-only /sys: what
+		// root inside may change there is what delegateCgroup gave it.
+		mounts = append(mounts, specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}})
 	}
 	mounts = append(mounts, in.tpl.mounts...)
 	mounts = append(mounts,
