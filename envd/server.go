@@ -84,6 +84,9 @@ func New(cfg Config) *Server {
 	}
 	s.defaults.SetWorkdir(cfg.Workdir)
 	s.process = process.New(cfg.Log.With("service", "process"), s.defaults)
+	if cfg.CgroupRoot != "" {
+		s.useCgroups(cfg.CgroupRoot, cfg.PidsReserve)
+	}
 	s.filesystem = filesystem.New(cfg.Log.With("service", "filesystem"), s.defaults)
 
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}
@@ -95,9 +98,7 @@ func New(cfg Config) *Server {
 	s.warm = func() {
 		processH.build()
 		filesystemH.build()
-		if cfg.CgroupRoot != "" {
-			s.useCgroups(cfg.CgroupRoot, cfg.PidsReserve)
-		}
+		s.process.Cgroups()
 		if cfg.AfterFirstAnswer != nil {
 			cfg.AfterFirstAnswer()
 		}
@@ -115,14 +116,18 @@ func New(cfg Config) *Server {
 	return s
 }
 
+// useCgroups has the tree at root organised on its first use: after the
+// first answer (warm), or by a command started before that.
 func (s *Server) useCgroups(root string, reserve int) {
-	t, err := cgtree.Open(root, reserve)
-	if err != nil {
-		s.log.Info("commands share envd's cgroup", "reason", err.Error())
-		return
-	}
-	s.process.UseCgroups(t)
-	s.log.Info("commands get cgroups of their own", "root", root, "pids_reserve", reserve)
+	s.process.UseCgroups(sync.OnceValue(func() *cgtree.Tree {
+		t, err := cgtree.Open(root, reserve)
+		if err != nil {
+			s.log.Info("commands share envd's cgroup", "reason", err.Error())
+			return nil
+		}
+		s.log.Info("commands get cgroups of their own", "root", root, "pids_reserve", reserve)
+		return t
+	}))
 }
 
 // Handler serves envd's whole HTTP surface.

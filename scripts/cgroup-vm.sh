@@ -103,7 +103,7 @@ esac
 # same on any cgroup layout; with the guest's CPU shared (the other guest,
 # a busy host) its pip step ran into the case's 3-minute deadline. It runs
 # on the host, in both user-namespace modes.
-cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup)$'
+cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb)$'
 cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec)$'
 case ${SANDBOXD_VM_TESTS:-cgroup} in
 cgroup)

@@ -216,7 +216,11 @@ func runDelegationSteps(t *testing.T, env testEnv, b *local.Backend, id string) 
 	}
 	steps := []delegationStep{
 		{name: "host: ownership and caps", host: checkOwners},
-		{name: "own cgroup is the namespace's root", user: "root", script: `grep -qx '0::/' /proc/self/cgroup`},
+		// envd (package envd/internal/cgroup) organised the tree before
+		// this first command: itself in envd/, each command in a cgroup of
+		// its own.
+		{name: "a command in a cgroup of its own, envd in its leaf", user: "root",
+			script: `grep -Eqx '0::/cmd-[0-9]+' /proc/self/cgroup && grep -qx '0::/envd' /proc/1/cgroup`},
 		{name: "cgroup2 mounted rw with the sandbox's cgroup as its root", user: "root",
 			script: `grep ' /sys/fs/cgroup ' /proc/self/mountinfo | grep -Eq '^[0-9]+ [0-9]+ [0-9:]+ / /sys/fs/cgroup rw[, ].* - cgroup2 '`},
 		{name: "/sys stays read-only", user: "root", script: `grep -Eq '^[0-9]+ [0-9]+ [0-9:]+ / /sys ro[, ]' /proc/self/mountinfo`},
@@ -231,20 +235,15 @@ func runDelegationSteps(t *testing.T, env testEnv, b *local.Backend, id string) 
 		// it can chmod, and nsdelegate still refuses the write.
 		{name: "root cannot chmod pids.max", user: "root", script: `chmod 666 /sys/fs/cgroup/pids.max`, fail: true, userNSOnly: true},
 		{name: "host: limits unchanged", host: checkOwners},
-		{name: "mkdir envd", user: "root", script: `mkdir /sys/fs/cgroup/envd`},
-		// A domain controller (memory) cannot be enabled for children while
-		// processes sit in the sandbox's cgroup (no internal processes
-		// below the root); pids, a threaded controller, could be.
-		{name: "+memory refused while processes sit in the root", user: "root", script: `echo +memory >/sys/fs/cgroup/cgroup.subtree_control`, fail: true},
-		{name: "move PID 1 into envd", user: "root", script: `echo 1 >/sys/fs/cgroup/envd/cgroup.procs && grep -qx '0::/envd' /proc/1/cgroup`},
-		{name: "move the rest and enable +pids", user: "root", script: `set -e
-for p in $(cat /sys/fs/cgroup/cgroup.procs); do echo $p >/sys/fs/cgroup/envd/cgroup.procs 2>/dev/null || true; done
+		// No process is left in the root (the no-internal-processes rule),
+		// so root inside can enable a domain controller (memory) too.
+		{name: "the root empty, pids enabled, +memory allowed", user: "root", script: `set -e
 test -z "$(cat /sys/fs/cgroup/cgroup.procs)"
-echo +pids >/sys/fs/cgroup/cgroup.subtree_control
-echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 grep -qw pids /sys/fs/cgroup/cgroup.subtree_control
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 grep -qw memory /sys/fs/cgroup/cgroup.subtree_control`},
-		{name: "new commands start in envd", user: "root", script: `grep -qx '0::/envd' /proc/self/cgroup`},
+		{name: "a command's pids.max keeps envd's reserve", user: "root",
+			script: `test "$(cat /sys/fs/cgroup/$(cut -d/ -f2 /proc/self/cgroup)/pids.max)" = 960`},
 		{name: "child with pids.max", user: "root", script: `mkdir /sys/fs/cgroup/c1 && echo 10 >/sys/fs/cgroup/c1/pids.max && test "$(cat /sys/fs/cgroup/c1/pids.max)" = 10`},
 		{name: "child's pids.max holds", user: "root", script: `
 sh -c 'echo $$ >/sys/fs/cgroup/c1/cgroup.procs; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do sleep 300 </dev/null >/dev/null 2>&1 & done' >/dev/null 2>&1
@@ -267,7 +266,7 @@ echo "made $i, $n descendants"; [ "$n" -eq 256 ] && [ $i -lt 400 ]`},
 		{name: "processes in children survive the pause", user: "root", script: `[ "$(cat /sys/fs/cgroup/c1/pids.current)" -ge 5 ] && test -n "$(cat /sys/fs/cgroup/n1/n2/n3/n4/cgroup.procs)"`},
 		{name: "pause to disk removes the subtree, resume delegates anew", host: pause(runtime.PauseDisk)},
 		{name: "host: delegated again", host: checkOwners},
-		{name: "a fresh subtree inside", user: "root", script: `grep -qx '0::/' /proc/self/cgroup && test ! -e /sys/fs/cgroup/c1`},
+		{name: "a fresh subtree inside", user: "root", script: `grep -Eqx '0::/cmd-[0-9]+' /proc/self/cgroup && test ! -e /sys/fs/cgroup/c1`},
 		{name: "nest again", user: "root", script: nestScript},
 		{name: "host: nested again", host: func(t *testing.T) { assertNested(t, host) }},
 		{name: "Destroy removes every cgroup of the sandbox", host: func(t *testing.T) {

@@ -72,7 +72,7 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 		p.cg = nil
 		if outs, err = p.spawn(spec); err == nil {
 			s.log.Warn("commands get no cgroup of their own: the kernel refused the clone into one")
-			s.cgroups.Store(nil)
+			s.noCgroups.Store(true)
 		}
 		cg.Discard()
 	}
@@ -106,7 +106,11 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 // or when none can be made (the backend's cap on the sandbox's cgroups):
 // the command then runs in envd's, as it would without cgroups.
 func (s *Service) newCgroup() *cgroup.Cgroup {
-	t := s.cgroups.Load()
+	tree := s.cgroups.Load()
+	if tree == nil || s.noCgroups.Load() {
+		return nil
+	}
+	t := (*tree)()
 	if t == nil {
 		return nil
 	}
@@ -118,8 +122,18 @@ func (s *Service) newCgroup() *cgroup.Cgroup {
 	return cg
 }
 
-// UseCgroups starts each later command in a cgroup of its own in t.
-func (s *Service) UseCgroups(t *cgroup.Tree) { s.cgroups.Store(t) }
+// UseCgroups starts each later command in a cgroup of its own in the tree
+// that tree returns (nil: none). Its first call organises the tree; a start
+// that comes first waits for it (sync.OnceValue), so no command escapes.
+func (s *Service) UseCgroups(tree func() *cgroup.Tree) { s.cgroups.Store(&tree) }
+
+// Cgroups organises the tree now, if UseCgroups gave one: off the way of
+// the first command.
+func (s *Service) Cgroups() {
+	if tree := s.cgroups.Load(); tree != nil {
+		(*tree)()
+	}
+}
 
 // spawnSpec validates msg and resolves who runs what, where, with which
 // environment.
