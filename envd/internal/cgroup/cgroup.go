@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +49,8 @@ type Tree struct {
 	// sandbox has no pids limit).
 	pidsMax string
 	seq     atomic.Uint64
+	// traceExec: clone3 answered ENOSYS, commands move at their exec.
+	traceExec atomic.Bool
 
 	mu      sync.Mutex
 	retired map[*Cgroup]struct{} // killed or left: removed once empty
@@ -165,6 +169,59 @@ func (t *Tree) New() (*Cgroup, error) {
 
 // FD is the cgroup's directory, for CLONE_INTO_CGROUP.
 func (c *Cgroup) FD() int { return int(c.dir.Fd()) }
+
+// Start starts cmd with start (cmd.Start, or a wrapper of it) so that the
+// command runs in the cgroup from its first instruction: born there by
+// clone3's CLONE_INTO_CGROUP, or, where a seccomp profile answers clone3
+// with ENOSYS (so that clone's namespace flags stay visible to it, as the
+// local backend's does), stopped at its exec under ptrace, moved, and let
+// go. Either way no fork of the command happens outside the cgroup.
+func (c *Cgroup) Start(cmd *exec.Cmd, start func(*exec.Cmd) error) error {
+	if !c.t.traceExec.Load() {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, c.FD()
+		err := start(cmd)
+		if !errors.Is(err, syscall.ENOSYS) {
+			return err
+		}
+		// Nothing started: the caller builds the command anew.
+		c.t.traceExec.Store(true)
+		return fmt.Errorf("clone3: %w", ErrRetry)
+	}
+	return c.startTraced(cmd, start)
+}
+
+// ErrRetry: the command did not start and may be started again with a new
+// exec.Cmd.
+var ErrRetry = errors.New("start again")
+
+func (c *Cgroup) startTraced(cmd *exec.Cmd, start func(*exec.Cmd) error) error {
+	// The tracer is the thread that forked: it must also be the one that
+	// waits and detaches.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cmd.SysProcAttr.Ptrace = true
+	if err := start(cmd); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	// A traced child stops with SIGTRAP once its execve succeeded.
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if err == nil || !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if !ws.Stopped() {
+		return nil // killed before its exec completed: its Wait tells
+	}
+	err := write(c.path, "cgroup.procs", strconv.Itoa(pid))
+	if err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = unix.PtraceDetach(pid)
+	return err
+}
 
 // Started releases what the clone needed.
 func (c *Cgroup) Started() { _ = c.dir.Close() }

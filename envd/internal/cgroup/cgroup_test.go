@@ -205,3 +205,44 @@ func TestRetireWaitsForLeftovers(t *testing.T) {
 		t.Errorf("%s: %v", cg.path, err)
 	}
 }
+
+// TestStartInCgroup: a command is in its cgroup from its first
+// instruction, born there (clone3) or moved at its exec (where clone3 is
+// refused), and so is what it forks at once.
+func TestStartInCgroup(t *testing.T) {
+	for _, traced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clone3", true: "traced exec"}[traced], func(t *testing.T) {
+			root, _ := scratch(t, 0)
+			tr, err := Open(root, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.traceExec.Store(traced)
+			cg, err := tr.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cg.Kill)
+			var out strings.Builder
+			cmd := exec.Command("sh", "-c", "grep ^0:: /proc/self/cgroup; (grep ^0:: /proc/self/cgroup)")
+			cmd.Stdout = &out
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			if err := cg.Start(cmd, (*exec.Cmd).Start); err != nil {
+				t.Fatal(err)
+			}
+			cg.Started()
+			if err := cmd.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			want := "/" + filepath.Base(cg.path)
+			for i, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				if !strings.HasSuffix(l, want) {
+					t.Errorf("line %d: %q, want the cgroup %s", i, l, want)
+				}
+			}
+			if strings.Count(out.String(), "\n") != 2 {
+				t.Errorf("output %q", out.String())
+			}
+		})
+	}
+}

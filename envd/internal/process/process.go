@@ -153,11 +153,6 @@ func (p *process) spawn(spec *spawnSpec) (outs []output, err error) {
 		// so signals and timeouts reach everything a shell started, too.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: credential(spec.user)},
 	}
-	if p.cg != nil {
-		// Born in its cgroup (clone3's CLONE_INTO_CGROUP): not even its
-		// first fork happens outside it.
-		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, p.cg.FD()
-	}
 
 	// Parent-side files are closed on failure; child-side ones always once
 	// the child has its copies.
@@ -218,8 +213,13 @@ func (p *process) spawn(spec *spawnSpec) (outs []output, err error) {
 	}
 
 	// pid1.Start, not cmd.Start: envd as PID 1 reaps orphans, and must
-	// know this child is not one (its status is Wait's).
-	if err := pid1.Start(cmd); err != nil {
+	// know this child is not one (its status is Wait's). With a cgroup of
+	// its own, the child is in it before its first instruction.
+	start := pid1.Start
+	if p.cg != nil {
+		start = func(cmd *exec.Cmd) error { return p.cg.Start(cmd, pid1.Start) }
+	}
+	if err := start(cmd); err != nil {
 		return nil, fmt.Errorf("start %q: %w", spec.cfg.GetCmd(), err)
 	}
 	preferOOMVictim(cmd.Process.Pid)

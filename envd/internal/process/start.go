@@ -59,6 +59,9 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 	leftovers.check()
 	p.cg = s.newCgroup()
 	outs, err := p.spawn(spec)
+	if errors.Is(err, cgroup.ErrRetry) {
+		outs, err = p.spawn(spec) // clone3 is refused: the other way in
+	}
 	if errors.Is(err, syscall.EAGAIN) && leftovers.sweep() > 0 {
 		// Out of pids: what ended commands left running (a fork bomb's
 		// survivors, most likely) goes, and envd can start commands again.
