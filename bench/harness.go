@@ -36,6 +36,8 @@ type Harness struct {
 	root    string // repository root
 	binDir  string
 	workDir string // throw-away: sandboxd's data dir, logs
+	data    string // a data dir kept across runs instead (a built template's cache); "" for workDir's
+	keep    bool   // data and runDir (the local backend's template layers) outlive the run
 	runDir  string // sandboxd's --run-dir under /run/sandboxd
 
 	sandboxd *exec.Cmd
@@ -82,7 +84,12 @@ func newHarness(root, binDir string) (*Harness, error) {
 	return h, nil
 }
 
-func (h *Harness) dataDir() string { return filepath.Join(h.workDir, "data") }
+func (h *Harness) dataDir() string {
+	if h.data != "" {
+		return h.data
+	}
+	return filepath.Join(h.workDir, "data")
+}
 
 // serveFlags lists the flags `sandboxd serve` knows, so that the bench
 // works with builds that have (or lack) rate limits and warm pools.
@@ -633,6 +640,12 @@ func (h *Harness) Close() {
 		}
 		wg.Wait()
 		if h.runDir != "" {
+			left, _ := os.ReadDir(filepath.Join(h.runDir, "sandboxes"))
+			if h.keep && len(left) > 0 {
+				fmt.Fprintf(os.Stderr, "bench: %d sandbox(es) left in %s; the next run with it reconciles them\n", len(left), h.runDir)
+			}
+		}
+		if h.runDir != "" && !h.keep {
 			left, _ := os.ReadDir(filepath.Join(h.runDir, "sandboxes"))
 			if len(left) > 0 || mountedUnder(h.runDir) {
 				fmt.Fprintf(os.Stderr, "bench: %d sandbox(es) left in %s; start `sandboxd serve --run-dir %s --data-dir %s` to reconcile them\n",

@@ -51,6 +51,8 @@ type Config struct {
 	Procs          int           // concurrent processes in the procs scenario
 	Budget         time.Duration // time limit of one scenario's measuring loops
 	SDKs           []string
+	CIData         string // the codeinterp scenario's data dir, kept across runs (its built template)
+	CISubnet       string // the codeinterp scenario's --egress-subnet
 	Out            string
 	BinDir         string
 	Root           string
@@ -101,6 +103,7 @@ var scenarios = []scenario{
 	{"sdk", "SDK-observed Sandbox.create() -> first commands.run('true') (Python and JS SDKs)", sdkScenario},
 	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},
 	{"template", "template builds (5 steps, cold and cached) and creates of a template with a 2 s start, warm vs base", templateScenario},
+	{"codeinterp", "E2B's code-interpreter SDK (Python): create → first run_code cold and warm, run_code round trip and where its time goes, idle memory", codeInterpScenario},
 }
 
 func main() {
@@ -122,6 +125,8 @@ func run() int {
 	fs.IntVar(&cfg.Procs, "procs", 100, "concurrent processes in the procs scenario")
 	fs.DurationVar(&cfg.Budget, "budget", 3*time.Minute, "time limit of one scenario's measuring loop (density gets 4x)")
 	fs.StringVar(&sdks, "sdk", "python,js", "SDKs for the sdk scenario")
+	fs.StringVar(&cfg.CIData, "codeinterp-data", "/var/cache/sandboxd/bench-codeinterp", "codeinterp scenario: sandboxd's data dir, kept across runs so that code-interpreter-v1 (pip from PyPI, minutes) is built once")
+	fs.StringVar(&cfg.CISubnet, "codeinterp-subnet", "10.182.0.0/16", "codeinterp scenario: --egress-subnet of its sandboxd (its PyPI allowance lives in the subnet's nftables table: one no other sandboxd on the host uses)")
 	fs.StringVar(&cfg.Out, "out", "bench/out/results.json", "JSON results file")
 	fs.StringVar(&cfg.BinDir, "bin", "bin", "directory with envd and sandboxd")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep sandboxd's and envd's logs (their directory is printed)")
@@ -477,12 +482,13 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		return "", nil, err
 	}
 	info := map[string]string{}
-	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc", "fakeinet"} {
+	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc", "fakeinet", "code-interpreter"} {
 		src := filepath.Join(from, name)
 		raw, err := os.ReadFile(src)
-		if (name == "runc" || name == "sandboxd-init" || name == "fakeinet") && errors.Is(err, fs.ErrNotExist) {
+		if (name == "runc" || name == "sandboxd-init" || name == "fakeinet" || name == "code-interpreter") && errors.Is(err, fs.ErrNotExist) {
 			// Optional: the libcontainer floor says it is missing; sandboxd
-			// starts sandboxes itself (and logs so).
+			// starts sandboxes itself (and logs so); without the
+			// code-interpreter server its template is not built.
 			continue
 		}
 		if err != nil {

@@ -84,6 +84,20 @@ func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string
 }
 
 func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]sdkIter, error) {
+	lines, err := b.runSDKLines(ctx, h, argv, env)
+	var res []sdkIter
+	for _, l := range lines {
+		var it sdkIter
+		if json.Unmarshal(l, &it) == nil && it.Kind != "" {
+			res = append(res, it)
+		}
+	}
+	return res, err
+}
+
+// runSDKLines runs an SDK script against h's sandboxd (within the
+// scenario budget) and returns its stdout's lines.
+func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string) ([][]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.Budget)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -102,13 +116,11 @@ func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]s
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	var res []sdkIter
+	var res [][]byte
 	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
-		var it sdkIter
-		if json.Unmarshal(sc.Bytes(), &it) == nil && it.Kind != "" {
-			res = append(res, it)
-		}
+		res = append(res, bytes.Clone(sc.Bytes()))
 	}
 	if err != nil {
 		tail := strings.TrimSpace(stderr.String())

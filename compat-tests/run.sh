@@ -158,7 +158,7 @@ run_js() { # run_js MODE
   echo "=== [$mode] JS suite: e2b@$ver (node $(node --version))"
   # A file has --test-timeout in all: the code-interpreter file cannot also
   # wait out the template build sandboxd started, so that wait is here.
-  if [[ $mode == sandboxd && ( -z ${COMPAT_JS_TESTS:-} || $js_files == *codeinterpreter* ) ]]; then wait_code_interpreter; fi
+  if [[ $mode != debug && ( -z ${COMPAT_JS_TESTS:-} || $js_files == *codeinterpreter* ) ]]; then wait_code_interpreter; fi
   (cd "$dir" && env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
     --test-timeout=300000 $js_files) 2>&1 | tee "$out"
   local p f c
@@ -383,26 +383,30 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
   local mode=$1 data out left before= layers_before= mode_backend=local
   if [[ $mode == incus ]]; then
     mode_backend=incus
-    # --egress-subnet: 10.134.0.0/24, the one /24 of Incus's default subnet
-    # that the incus package's tests never pick, so both can run at once.
-    # --code-interpreter=off: its suites skip on Incus (see README), so its
-    # build would only take the build slots of the template suites.
-    sbxd_args=(--backend incus --egress-subnet 10.134.0.0/24 --code-interpreter=off)
+    # --egress-subnet: one outside the Incus backend's default 10.134.0.0/16
+    # (whose random /24s the incus package's tests pick), so both can run
+    # at once. Outside it, not a /24 of it: the rules of a sandboxd on the
+    # default subnet (running, or left after it: they outlive sandboxd)
+    # drop whatever their own --egress-allow-cidr does not list for every
+    # address in it, the code-interpreter build's PyPI too.
+    sbxd_args=(--backend incus --egress-subnet 10.199.0.0/24)
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
     layers_before=$(incus_layers)
   else
     sbxd_args=()
-    # The code-interpreter template's build pip-installs from PyPI and
-    # npm-installs Deno from the registry npm is configured with here.
-    # Where they resolve to a mirror on an address sandboxes may not reach
-    # by default (private or special-purpose), open that address, else the
-    # build would retry for many minutes and the tests wait for it. On a
-    # subnet of its own: the allowance lives in the subnet's nftables
-    # table, which any other sandboxd on the default subnet (a test run on
-    # this host) rewrites without it.
-    local pypi npm_host
-    npm_host=$(npm config get registry 2>/dev/null | sed -E 's#^[a-z]+://([^/:]+).*#\1#')
-    pypi=$(python3 - "$npm_host" <<'EOF2' 2>/dev/null
+  fi
+  # The code-interpreter template's build pip-installs from PyPI and
+  # npm-installs Deno from the registry npm is configured with here. Where
+  # they resolve to a mirror on an address sandboxes may not reach by
+  # default (private or special-purpose), open that address, else the build
+  # would retry for many minutes and the tests wait for it. The local
+  # backend gets a subnet of its own: the allowance lives in the subnet's
+  # nftables table, which any other sandboxd on the default subnet (a test
+  # run on this host) rewrites without it; the incus mode's /24 is its own
+  # already.
+  local pypi npm_host
+  npm_host=$(npm config get registry 2>/dev/null | sed -E 's#^[a-z]+://([^/:]+).*#\1#')
+  pypi=$(python3 - "$npm_host" <<'EOF2' 2>/dev/null
 import ipaddress, socket, sys
 hosts = ["pypi.org", "files.pythonhosted.org"] + [h for h in sys.argv[1:] if h]
 ips = set()
@@ -414,10 +418,10 @@ for h in hosts:
 print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))
 EOF2
 )
-    if [[ -n $pypi ]]; then
-      echo "compat-tests: PyPI or npm's registry resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
-      sbxd_args=("--egress-allow-cidr=$pypi" --egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
-    fi
+  if [[ -n $pypi ]]; then
+    echo "compat-tests: PyPI or npm's registry resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
+    sbxd_args+=("--egress-allow-cidr=$pypi")
+    [[ $mode == sandboxd ]] && sbxd_args+=(--egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }
   start_fakeinet || total_fail=$((total_fail + 1))

@@ -18,7 +18,7 @@ import (
 )
 
 // egressSubnet is a random /24 of the Incus default 10.134.0.0/16, never
-// 10.134.0.0/24 (which compat-tests/run.sh gives its sandboxd), so that
+// 10.134.0.0/24 (which compat-tests/run.sh gave its sandboxd once), so that
 // tests running side by side do not share addresses.
 func egressSubnet(t testing.TB) netip.Prefix {
 	var b [1]byte

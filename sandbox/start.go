@@ -76,7 +76,15 @@ func (m *Manager) startTemplate(ctx context.Context, id, token string, cfg Templ
 	}, token, "root")
 	defer c.Close()
 	cmd := envdconn.Command{Cmd: "/bin/sh", Args: []string{"-c", cfg.StartCmd}, Env: cfg.Env, Cwd: cfg.Workdir, Tag: StartTag}
-	if _, err := c.Start(ctx, cmd); err != nil {
+	// envd takes a Start's deadline (Connect-Timeout-Ms, E2B's command
+	// timeout) for the process's lifetime: with ctx's, every start command
+	// (a code interpreter's Jupyter and server) was killed StartTimeout
+	// after the create, in use or waiting in a pool. So the Start carries
+	// no deadline; ctx's end still cancels it.
+	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer scancel()
+	defer context.AfterFunc(ctx, scancel)()
+	if _, err := c.Start(sctx, cmd); err != nil {
 		return fmt.Errorf("template start command: %w", err)
 	}
 	ended := func(ctx context.Context) bool {

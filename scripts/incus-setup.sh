@@ -8,10 +8,11 @@
 #   4. creates a btrfs storage pool on a loop file (no network: sandboxes
 #      are network-less, and this script never creates one);
 #   5. builds the test image: a debootstrap minbase bookworm with python3
-#      (and venv), nodejs, iproute2 (ss) and procps,
-#      a user "user" (uid 1000) and a fallback /sbin/init, cached as a
-#      unified tarball under /var/cache/sandboxd/incus, and imports it with
-#      an alias.
+#      (and venv), nodejs, iproute2 (ss) and procps, a user "user" (uid
+#      1000), a fallback /sbin/init and the host's CA bundle (what the local
+#      backend's sandboxes see: a mirror or an egress proxy the host trusts
+#      works from a template build's pip too), cached as a unified tarball
+#      under /var/cache/sandboxd/incus, and imports it with an alias.
 # Each step is skipped when already done. Prints how long each step took.
 #
 # Environment:
@@ -28,7 +29,7 @@ CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
 DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
-IMAGE_VERSION=3
+IMAGE_VERSION=4
 
 log() { echo "incus-setup: $*" >&2; }
 step_start=0
@@ -134,12 +135,19 @@ if [[ ! -s $tarball ]]; then
   printf '#!/bin/sh\nexec sleep infinity\n' >"$r/sbin/init"
   chmod 755 "$r/sbin/init"
   mkdir -p "$r/opt/sandboxd" "$r/run/envd"
+  # minbase has no ca-certificates; the host's bundle is what the local
+  # backend's sandboxes trust (they see the host's /etc), so templates
+  # built on either backend reach the same mirrors. A changed host bundle
+  # needs an IMAGE_VERSION bump (or removing the cached tarball).
+  if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
+    install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
+  fi
   printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$r/etc/resolv.conf"
   cat >"$work/metadata.yaml" <<EOF
 architecture: x86_64
 creation_date: $(date +%s)
 properties:
-  description: sandboxd test image (Debian bookworm minbase + python3, python3-venv, nodejs, iproute2, procps)
+  description: sandboxd test image (Debian bookworm minbase + python3, python3-venv, nodejs, iproute2, procps, the host's CA bundle)
   os: debian
   release: bookworm
   variant: sandboxd-base-v$IMAGE_VERSION

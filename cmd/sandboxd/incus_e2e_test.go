@@ -28,7 +28,7 @@ import (
 const incusE2EKey = "user.sandboxd.id"
 
 // newIncusE2EEnv is newE2EEnv with sandboxd on the Incus backend and a
-// random egress /24 of its own (never 10.134.0.0/24, compat-tests/run.sh's).
+// random egress /24 of its own (never 10.134.0.0/24, compat-tests/run.sh's once).
 // Its cleanup, run after the env's own (which kills every sandbox through
 // the API), checks that Incus holds no instance of the test's sandboxes.
 func newIncusE2EEnv(t *testing.T, tenants ...string) (*e2eEnv, *incus.Client) {

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
 import { NotFoundError, SandboxError, TimeoutError, InvalidArgumentError } from 'e2b'
-import { BACKEND, SANDBOXD } from './helpers.mjs'
+import { SANDBOXD } from './helpers.mjs'
 
 const T = { timeout: 120_000 }
 // runCode leaves its request timer (60 s) running when the answer is an
@@ -43,10 +43,9 @@ async function templateReady(limitMs = 20 * 60_000) {
   assert.fail(`${TEMPLATE} not built within ${limitMs / 1000} s (last: ${last})`)
 }
 
-// sandboxd builds the template with its template builder; the Incus
-// backend's template builds are not on this branch yet.
-const skip = !SANDBOXD ? 'sandboxd mode only (the template is sandboxd-built)'
-  : BACKEND === 'incus' ? 'sandboxd does not build code-interpreter-v1 on Incus yet (its test image has no python3-venv; see README)' : false
+// sandboxd builds the template with its template builder, on either
+// backend.
+const skip = !SANDBOXD ? 'sandboxd mode only (the template is sandboxd-built)' : false
 
 describe('code interpreter', { skip }, () => {
   let sbx

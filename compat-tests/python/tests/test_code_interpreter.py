@@ -11,14 +11,12 @@ import time
 import httpx
 import pytest
 
-from conftest import BACKEND, SANDBOXD_ONLY
+from conftest import SANDBOXD_ONLY
 
 # The first test waits for the template build (minutes on a fresh data dir).
-# sandboxd builds the template with its template builder; the Incus
-# backend's template builds are not on this branch yet.
+# sandboxd builds the template with its template builder, on either backend.
 pytestmark = [
     SANDBOXD_ONLY,
-    pytest.mark.skipif(BACKEND == "incus", reason="sandboxd does not build code-interpreter-v1 on Incus yet (its test image has no python3-venv; see README)"),
     pytest.mark.timeout(22 * 60),
 ]
 
