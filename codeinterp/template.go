@@ -71,6 +71,9 @@ func DenoInstallCmd() string {
 	kernelDir := Dir + "/venv/share/jupyter/kernels/deno"
 	return strings.Join([]string{
 		"set -e",
+		// A base without npm (the Incus test image) gets no JavaScript
+		// and TypeScript: those languages then answer 400, as R does.
+		"if ! command -v npm >/dev/null; then echo 'sandboxd: no npm in the base: the JavaScript and TypeScript kernels are left out'; exit 0; fi",
 		// As for pip: the system's CA bundle.
 		"if [ -f /etc/ssl/certs/ca-certificates.crt ]; then export NPM_CONFIG_CAFILE=/etc/ssl/certs/ca-certificates.crt; fi",
 		"mkdir -p " + deno,
