@@ -31,17 +31,10 @@ import re
 import sys
 import time
 
-for var in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-    os.environ.pop(var, None)
-assert os.environ["E2B_API_URL"].startswith("http://127.0.0.1:")
-assert os.environ["E2B_SANDBOX_URL"].startswith("http://127.0.0.1:")
+from benchutil import ms  # noqa: E402  (first: it checks the environment)
 
 import httpx  # noqa: E402
 from e2b_code_interpreter import Sandbox  # noqa: E402
-
-
-def ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000
 
 
 def emit(obj) -> None:

@@ -12,20 +12,12 @@ usage: sdk_bench.py ITERATIONS RUNS_PER_SANDBOX [DIRECT_ENVD_URL]
 """
 
 import json
-import os
 import sys
 import time
 
-for var in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-    os.environ.pop(var, None)
-assert os.environ["E2B_API_URL"].startswith("http://127.0.0.1:")
-assert os.environ["E2B_SANDBOX_URL"].startswith("http://127.0.0.1:")
+from benchutil import ms  # noqa: E402  (first: it checks the environment)
 
 from e2b import Sandbox  # noqa: E402
-
-
-def ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000
 
 
 def main() -> None:
