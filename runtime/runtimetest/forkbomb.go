@@ -15,10 +15,10 @@ import (
 // again within twenty seconds of the bomb's end: a command starts and no
 // more than a handful of processes are left.
 //
-// With reserve (the sandbox has a delegated cgroup2 tree: a v2 host), a
-// command must also start while the bomb still runs and holds every pid
-// its cgroup allows: envd keeps a reserve of the sandbox's pids that no
-// single command can take.
+// With reserve (the sandbox has a delegated cgroup2 tree: a v2 host),
+// commands must also start while another command holds every pid its
+// cgroup allows (reserveHeld): envd keeps a reserve of the sandbox's pids
+// that no single command can take.
 //
 // The bomb's processes are reparented to envd (PID 1) as their parents die,
 // and timeout runs them in a process group of its own: only envd's kill of
@@ -27,8 +27,11 @@ import (
 // and burn its CPU.
 func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
+	if reserve {
+		reserveHeld(ctx, t, b, id)
+	}
 	// The command's timeout (the deadline, sent as Connect-Timeout-Ms, as
 	// the SDKs' commands.run(cmd, timeout=6) sends it) ends the bomb.
 	bombDone := make(chan struct{})
@@ -38,15 +41,6 @@ func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 		defer bombCancel()
 		_, _ = Exec(bombCtx, b, id, "user", "/bin/sh", "-c", "f(){ f|f& };f; sleep 60")
 	}()
-	if reserve {
-		time.Sleep(3 * time.Second) // the bomb at its limit
-		beside, cancelBeside := context.WithTimeout(ctx, 20*time.Second)
-		res, err := Exec(beside, b, id, "root", "/bin/sh", "-c", "echo ok")
-		cancelBeside()
-		if err != nil || res.ExitCode != 0 || res.Stdout != "ok\n" {
-			t.Errorf("a command beside a running fork bomb: %+v %v", res, err)
-		}
-	}
 	<-bombDone
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -61,5 +55,70 @@ func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 			t.Fatalf("20 s after the bomb's end: %+v %v", res, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// reserveHeld has a command take every pid it can and keep them (subshells
+// blocked on a FIFO: they neither exit nor churn, so nothing frees a pid
+// by chance; the loop keeps trying to fork), waits until the sandbox's
+// pids are nine tenths used, and
+// fails t unless three commands still start and run beside it. The holder
+// stops when told (a file), killing its subshells with the kill builtin.
+func reserveHeld(ctx context.Context, t *testing.T, b runtime.Backend, id string) {
+	t.Helper()
+	const stop = "/tmp/.sandboxd-hold-stop"
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		// bash, not sh: where a fork fails dash gives up the script (and
+		// frees every pid), bash retries it and goes on; SECONDS bounds
+		// the holder without a fork should nothing be able to stop it.
+		_, _ = Exec(ctx, b, id, "user", "/bin/bash", "-c", "f=$(mktemp -u) && mkfifo $f || exit 1; pids=; "+
+			"trap 'kill $pids 2>/dev/null; rm -f $f' EXIT; "+
+			"while [ ! -e "+stop+" ] && [ $SECONDS -lt 150 ]; do ( read _ < $f ) 2>/dev/null & pids=\"$pids $!\"; done")
+	}()
+	defer func() {
+		// Told to stop by a command: that needs the reserve too.
+		_, _ = Exec(ctx, b, id, "root", "/bin/sh", "-c", "touch "+stop)
+		<-held
+		_, _ = Exec(ctx, b, id, "root", "/bin/rm", "-f", stop)
+	}()
+	// At its limit once the count is nine tenths of the sandbox's and has
+	// stopped growing for a second and a half: where forks are slow (an
+	// emulated CPU) the holder is still filling up long after nine tenths.
+	var last uint64
+	steady := 0
+	for steady < 3 {
+		st, err := b.Stats(ctx, id)
+		switch {
+		case err != nil || st.PidsLimit == 0 || st.Pids*10 < st.PidsLimit*9:
+			steady = 0
+		case st.Pids <= last:
+			steady++
+		default:
+			steady = 0
+		}
+		if err == nil {
+			last = st.Pids
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the pids never filled up: %+v %v", st, err)
+		case <-held:
+			t.Fatalf("the command holding pids ended early")
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	t.Logf("the holder is at its limit: %d pids in the sandbox", last)
+	for i := range 3 {
+		beside, cancelBeside := context.WithTimeout(ctx, 30*time.Second)
+		res, err := Exec(beside, b, id, "root", "/bin/sh", "-c", "echo ok")
+		cancelBeside()
+		if st, err := b.Stats(ctx, id); err == nil {
+			t.Logf("command %d beside the holder: %d of %d pids", i+1, st.Pids, st.PidsLimit)
+		}
+		if err != nil || res.ExitCode != 0 || res.Stdout != "ok\n" {
+			t.Errorf("command %d beside one that holds every pid it may: %+v %v", i+1, res, err)
+		}
 	}
 }
