@@ -44,10 +44,10 @@ type Service struct {
 	// every goroutine serving them has returned.
 	wg sync.WaitGroup
 
-	// cgroups, once set, gives the tree each command gets a cgroup of its
-	// own in (nil: none); it organises the tree on its first call.
-	// noCgroups: the kernel refused a clone into one.
-	cgroups   atomic.Pointer[func() *cgroup.Tree]
+	// cgroups, set before anything is served, gives the tree each command
+	// gets a cgroup of its own in (nil: none); it organises the tree on its
+	// first call. noCgroups: the kernel refused a clone into one.
+	cgroups   func() *cgroup.Tree
 	noCgroups atomic.Bool
 
 	mu     sync.Mutex

@@ -109,11 +109,10 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 // or when none can be made (the backend's cap on the sandbox's cgroups):
 // the command then runs in envd's, as it would without cgroups.
 func (s *Service) newCgroup() *cgroup.Cgroup {
-	tree := s.cgroups.Load()
-	if tree == nil || s.noCgroups.Load() {
+	if s.cgroups == nil || s.noCgroups.Load() {
 		return nil
 	}
-	t := (*tree)()
+	t := s.cgroups()
 	if t == nil {
 		return nil
 	}
@@ -125,16 +124,17 @@ func (s *Service) newCgroup() *cgroup.Cgroup {
 	return cg
 }
 
-// UseCgroups starts each later command in a cgroup of its own in the tree
-// that tree returns (nil: none). Its first call organises the tree; a start
-// that comes first waits for it (sync.OnceValue), so no command escapes.
-func (s *Service) UseCgroups(tree func() *cgroup.Tree) { s.cgroups.Store(&tree) }
+// UseCgroups starts each command in a cgroup of its own in the tree that
+// tree returns (nil: none); it is called before anything is served. Its
+// first call organises the tree; a start that comes first waits for it
+// (sync.OnceValue), so no command escapes.
+func (s *Service) UseCgroups(tree func() *cgroup.Tree) { s.cgroups = tree }
 
 // Cgroups organises the tree now, if UseCgroups gave one: off the way of
 // the first command.
 func (s *Service) Cgroups() {
-	if tree := s.cgroups.Load(); tree != nil {
-		(*tree)()
+	if s.cgroups != nil {
+		s.cgroups()
 	}
 }
 
