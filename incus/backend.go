@@ -492,13 +492,19 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	}
 	// The /init body is for this start only (it holds the access token):
 	// the sandbox's kept spec goes without it.
-	init := spec.EnvdInit
-	spec.EnvdInit = nil
+	init, forkOf := spec.EnvdInit, spec.ForkOf
+	spec.EnvdInit, spec.ForkOf = nil, ""
 	// Resolved now: a template defined again later does not change
 	// this sandbox.
 	im, stack, err := b.templateImage(ctx, spec.Template)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	var forkSrc string
+	if forkOf != "" {
+		if forkSrc, err = b.forkSource(ctx, forkOf, spec, im); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: fork of %s: %w", spec.ID, forkOf, err)
+		}
 	}
 	if spec.AllowInternet {
 		if err := b.egress.Setup(); err != nil {
@@ -611,6 +617,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	if err != nil {
 		return nil, wrap("config", err)
 	}
+	if forkSrc != "" {
+		// A copy of the source's root volume (a btrfs snapshot: one
+		// moment's files) under this sandbox's config and devices, which
+		// override the source's; a pause-to-disk mark is not inherited.
+		req.Source = InstanceSource{Type: "copy", Source: forkSrc, InstanceOnly: true}
+		req.Config[keyPaused] = ""
+	}
 	tDir := time.Now()
 	// The POST itself is not cancelled half-way (we would not know whether
 	// the instance exists); it returns as soon as the operation is queued.
@@ -655,6 +668,27 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	s.mu.Unlock()
 	info.EnvdInitialized = init != nil
 	return info, nil
+}
+
+// forkSource returns the instance of sandbox src for a fork into a new
+// sandbox of template, whose image is im: src must have been created from
+// the same image, so that its root is one of template's, and have the same
+// network devices (the copy keeps the source's devices the new sandbox's
+// config does not override).
+func (b *Backend) forkSource(ctx context.Context, src string, spec runtime.Spec, im *imageInfo) (string, error) {
+	s, err := b.get(ctx, src)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.spec.Template != spec.Template || s.fingerprint != im.fingerprint:
+		return "", fmt.Errorf("%w: sandbox %s was created from another version of template %q", runtime.ErrInvalidSpec, src, spec.Template)
+	case s.spec.AllowInternet != spec.AllowInternet:
+		return "", fmt.Errorf("%w: sandbox %s and its fork differ in internet access", runtime.ErrInvalidSpec, src)
+	}
+	return s.name, nil
 }
 
 // createError is err, the failure of a create from image im, unless im is

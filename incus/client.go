@@ -363,9 +363,13 @@ func (c *Client) Server(ctx context.Context) (*Server, error) {
 
 // InstanceSource is where a new instance's root comes from.
 type InstanceSource struct {
-	Type        string `json:"type"` // "image"
+	Type        string `json:"type"` // "image" or "copy"
 	Alias       string `json:"alias,omitempty"`
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// Source is the instance a "copy" copies; InstanceOnly leaves its
+	// snapshots behind.
+	Source       string `json:"source,omitempty"`
+	InstanceOnly bool   `json:"instance_only,omitempty"`
 }
 
 // InstancesPost creates an instance.

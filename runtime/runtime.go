@@ -173,6 +173,15 @@ type Spec struct {
 	// sandbox. It is not kept: envd started again (a resume from disk)
 	// needs /init again.
 	EnvdInit []byte `json:"-"`
+	// ForkOf, if set, names a live sandbox of the same Template and
+	// AllowInternet whose root
+	// filesystem changes (its writable layer) the new sandbox starts with:
+	// a copy taken while ForkOf's processes are frozen, so that it is
+	// consistent, after which the two diverge. Processes are not copied.
+	// Like EnvdInit it is for this create only. A backend that cannot fork
+	// fails with ErrUnsupported; ErrNotFound when ForkOf is gone,
+	// ErrNotRunning when it is not running.
+	ForkOf string `json:"-"`
 }
 
 // Compiled on first use, not at package init: every sandbox start

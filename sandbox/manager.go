@@ -386,7 +386,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if alias != sb.Template {
 		sb.Alias = alias
 	}
-	if err := m.create(ctx, sb, key, start); err != nil {
+	if err := m.create(ctx, sb, key, start, ""); err != nil {
 		m.audit(ctx, "create", sb, err)
 		return nil, err
 	}
@@ -463,9 +463,10 @@ func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeo
 }
 
 // create admits sb, brings it up and commits it; on failure it leaves
-// nothing behind.
-func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time) error {
-	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key})
+// nothing behind. With forkOf, sb starts with a copy of that sandbox's
+// files (runtime.Spec.ForkOf), so it is always the backend's create.
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, forkOf string) error {
+	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key, Cold: forkOf != ""})
 	if err != nil {
 		return err
 	}
@@ -488,6 +489,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 			ID: sb.ID, Template: sb.Template,
 			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
+			ForkOf: forkOf,
 		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
 			return fmt.Errorf("create sandbox: %w", err)
@@ -535,12 +537,16 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	} else if m.cfg.OnCreate != nil {
 		m.cfg.OnCreate(sb.Template, took)
 	}
-	m.audit(ctx, "create", sb, nil, "took_ms", took.Milliseconds(), "timeout_s", int(sb.EndAt.Sub(start).Seconds()),
+	action, from := "create", []any{}
+	if forkOf != "" {
+		action, from = "fork", []any{"fork_of", forkOf}
+	}
+	m.audit(ctx, action, sb, nil, append(from, "took_ms", took.Milliseconds(), "timeout_s", int(sb.EndAt.Sub(start).Seconds()),
 		"served_from", tk.ServedFrom(), "waited_ms", tk.Waited().Milliseconds(),
 		// Where the time went: quota, claim, wait and row; the backend's
 		// create (0 from a pool); envd's /init; the rest (row update).
 		"admit_ms", tAdmitted.Sub(start).Milliseconds(), "backend_ms", tBackend.Sub(tAdmitted).Milliseconds(),
-		"init_ms", tInit.Sub(tBackend).Milliseconds())
+		"init_ms", tInit.Sub(tBackend).Milliseconds())...)
 	return nil
 }
 

@@ -143,9 +143,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		rows[live[i].ID] = &live[i]
 	}
 	inBackend := make(map[string]runtime.State, len(held))
+	onDisk := map[string]bool{}
 	for _, h := range held {
 		inBackend[h.ID] = h.State
 		if h.OnDisk {
+			onDisk[h.ID] = true
 			// Holds no memory: out of the host budget until resumed.
 			m.adm.pausedToDisk(h.ID)
 		}
@@ -171,6 +173,18 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		switch {
 		case !ok:
 			m.markKilled(ctx, row, "reconcile_vanished")
+		case state == runtime.StatePaused && row.State == store.StateRunning && !onDisk[row.ID]:
+			// Frozen while the row says running: a snapshot, fork or
+			// pause a crash cut short (none of them answered), whose
+			// freeze nobody will lift. It runs on.
+			_, err := m.backend.Resume(ctx, row.ID)
+			m.audit(ctx, "reconcile_thawed", row, err)
+			if err == nil {
+				inBackend[row.ID] = runtime.StateRunning
+			} else {
+				row.State = store.StatePaused
+				m.update(ctx, row, "reconcile_paused")
+			}
 		case state == runtime.StatePaused && row.State != store.StatePaused:
 			row.State = store.StatePaused
 			m.update(ctx, row, "reconcile_paused")

@@ -4,15 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// TestE2BUnimplementedSandboxRoutes: a route sandboxd does not serve yet
-// still answers 404 for a sandbox the caller cannot see (unknown, killed,
-// another tenant's) before it answers 501, as E2B would.
+// TestE2BUnimplementedSandboxRoutes: a route a server cannot serve (here:
+// snapshots without a template service, forks on a backend that cannot
+// copy files) still answers 404 for a sandbox the caller cannot see
+// (unknown, killed, another tenant's) before it answers 501, as E2B would;
+// a fork says so per fork.
 func TestE2BUnimplementedSandboxRoutes(t *testing.T) {
 	e := newFakeEnv(t, nil)
 	ctx := context.Background()
@@ -41,8 +44,12 @@ func TestE2BUnimplementedSandboxRoutes(t *testing.T) {
 			{"unknown", "nosuchsandbox", http.StatusNotFound},
 		} {
 			p := fmt.Sprintf(path, tc.id)
-			if r, b := e.do(t, http.MethodPost, p, `{}`, map[string]string{"Content-Type": "application/json"}); r.StatusCode != tc.want {
-				t.Errorf("POST %s (%s) = %d %s; want %d", p, tc.name, r.StatusCode, b, tc.want)
+			want, wantBody := tc.want, ""
+			if tc.want == http.StatusNotImplemented && strings.HasSuffix(path, "/fork") {
+				want, wantBody = http.StatusCreated, `"code":501`
+			}
+			if r, b := e.do(t, http.MethodPost, p, `{}`, map[string]string{"Content-Type": "application/json"}); r.StatusCode != want || !strings.Contains(string(b), wantBody) {
+				t.Errorf("POST %s (%s) = %d %s; want %d %s", p, tc.name, r.StatusCode, b, want, wantBody)
 			}
 		}
 	}

@@ -33,6 +33,9 @@ var undoMigration = map[int][]string{
 		`ALTER TABLE tenants DROP COLUMN build_disk_mb`,
 		`ALTER TABLE tenants DROP COLUMN build_timeout_s`,
 	},
+	6: {
+		`ALTER TABLE templates DROP COLUMN snapshot_of`,
+	},
 }
 
 // downgrade takes s's schema back to version to.

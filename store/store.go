@@ -217,3 +217,6 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// nullString stores "" as NULL.
+func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }

@@ -13,14 +13,17 @@ import (
 // Template is a template built through E2B's template API. Its name is
 // unique within its tenant; other tenants see it only when it is public.
 type Template struct {
-	ID        string
-	Tenant    tenant.ID
-	Name      string
-	Public    bool
-	CPUCount  int // 0: the server's default
-	MemoryMB  int // 0: the server's default
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	ID       string
+	Tenant   tenant.ID
+	Name     string
+	Public   bool
+	CPUCount int // 0: the server's default
+	MemoryMB int // 0: the server's default
+	// SnapshotOf is the sandbox the template's newest build was taken
+	// from when it is a snapshot (E2B's snapshot template); "" when built.
+	SnapshotOf string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // BuildStatus is where a template build is.
@@ -56,7 +59,7 @@ type Tag struct {
 	CreatedAt time.Time
 }
 
-const templateCols = `id, tenant_id, name, public, cpu_count, memory_mb, created_at, updated_at`
+const templateCols = `id, tenant_id, name, public, cpu_count, memory_mb, created_at, updated_at, snapshot_of`
 const buildCols = `id, template_id, status, reason, reason_step, result, logs, created_at, updated_at`
 
 func scanTemplate(row rowScanner) (Template, error) {
@@ -64,11 +67,12 @@ func scanTemplate(row rowScanner) (Template, error) {
 		t        Template
 		pub      int
 		cre, upd int64
+		snap     sql.NullString
 	)
-	if err := row.Scan(&t.ID, &t.Tenant, &t.Name, &pub, &t.CPUCount, &t.MemoryMB, &cre, &upd); err != nil {
+	if err := row.Scan(&t.ID, &t.Tenant, &t.Name, &pub, &t.CPUCount, &t.MemoryMB, &cre, &upd, &snap); err != nil {
 		return Template{}, err
 	}
-	t.Public = pub != 0
+	t.Public, t.SnapshotOf = pub != 0, snap.String
 	t.CreatedAt, t.UpdatedAt = fromUnixNano(cre), fromUnixNano(upd)
 	return t, nil
 }
@@ -96,6 +100,22 @@ func scanBuild(row rowScanner) (Build, error) {
 // the tenant has none of that name, else it is the existing one (its
 // resources updated to t's). It returns the template as stored.
 func (s *Store) RequestBuild(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
+	t.SnapshotOf = ""
+	return s.addBuild(ctx, t, buildID, BuildWaiting, now)
+}
+
+// StartSnapshot is RequestBuild for a snapshot of sandbox t.SnapshotOf: the
+// build is "building" (the files are being taken), and the template, new
+// or existing, becomes a snapshot of that sandbox. FinishSnapshot makes
+// the build ready.
+func (s *Store) StartSnapshot(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
+	if t.SnapshotOf == "" {
+		return Template{}, fmt.Errorf("start snapshot: no sandbox")
+	}
+	return s.addBuild(ctx, t, buildID, BuildBuilding, now)
+}
+
+func (s *Store) addBuild(ctx context.Context, t Template, buildID string, status BuildStatus, now time.Time) (Template, error) {
 	var out Template
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		if ok, err := s.tenantExists(ctx, tx, t.Tenant); err != nil {
@@ -108,8 +128,8 @@ func (s *Store) RequestBuild(ctx context.Context, t Template, buildID string, no
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			t.CreatedAt, t.UpdatedAt = now.UTC(), now.UTC()
-			if _, err := tx.ExecContext(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-				t.ID, t.Tenant, t.Name, boolInt(t.Public), t.CPUCount, t.MemoryMB, unixNano(now), unixNano(now)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				t.ID, t.Tenant, t.Name, boolInt(t.Public), t.CPUCount, t.MemoryMB, unixNano(now), unixNano(now), nullString(t.SnapshotOf)); err != nil {
 				if isUniqueViolation(err) {
 					return fmt.Errorf("template %s: %w", t.ID, ErrConflict)
 				}
@@ -120,14 +140,17 @@ func (s *Store) RequestBuild(ctx context.Context, t Template, buildID string, no
 			return err
 		default:
 			cur.CPUCount, cur.MemoryMB, cur.UpdatedAt = t.CPUCount, t.MemoryMB, now.UTC()
-			if _, err := tx.ExecContext(ctx, `UPDATE templates SET cpu_count = ?, memory_mb = ?, updated_at = ? WHERE id = ?`,
-				cur.CPUCount, cur.MemoryMB, unixNano(now), cur.ID); err != nil {
+			if t.SnapshotOf != "" {
+				cur.SnapshotOf = t.SnapshotOf
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE templates SET cpu_count = ?, memory_mb = ?, updated_at = ?, snapshot_of = ? WHERE id = ?`,
+				cur.CPUCount, cur.MemoryMB, unixNano(now), nullString(cur.SnapshotOf), cur.ID); err != nil {
 				return err
 			}
 			out = cur
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO template_builds (`+buildCols+`) VALUES (?, ?, ?, '', '', NULL, '[]', ?, ?)`,
-			buildID, out.ID, BuildWaiting, unixNano(now), unixNano(now))
+			buildID, out.ID, status, unixNano(now), unixNano(now))
 		if isUniqueViolation(err) {
 			return fmt.Errorf("build %s: %w", buildID, ErrConflict)
 		}
@@ -336,4 +359,45 @@ func (s *Store) GetTemplate(ctx context.Context, id string) (Template, error) {
 		return Template{}, fmt.Errorf("template %q: %w", id, ErrNotFound)
 	}
 	return tpl, err
+}
+
+// FinishSnapshot makes snapshot build b ready with its result and points
+// tag at it, in one transaction: a snapshot is listed whole or not at all.
+func (s *Store) FinishSnapshot(ctx context.Context, b Build, tag string, now time.Time) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE template_builds SET status = ?, result = ?, updated_at = ?
+			WHERE id = ? AND template_id = ? AND status = ?`,
+			BuildReady, string(b.Result), unixNano(now), b.ID, b.TemplateID, BuildBuilding)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("snapshot build %q: %w: missing or finished", b.ID, ErrConflict)
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO template_tags (template_id, tag, build_id, created_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id, created_at = excluded.created_at`,
+			b.TemplateID, tag, b.ID, unixNano(now))
+		return err
+	})
+}
+
+// ListSnapshotTemplates returns tenant t's snapshot templates, newest
+// first; of sandbox sandboxID only, when not empty.
+func (s *Store) ListSnapshotTemplates(ctx context.Context, t tenant.ID, sandboxID string) ([]Template, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+templateCols+` FROM templates
+		WHERE tenant_id = ? AND snapshot_of IS NOT NULL AND (? = '' OR snapshot_of = ?)
+		ORDER BY created_at DESC, id`, t, sandboxID, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Template
+	for rows.Next() {
+		tpl, err := scanTemplate(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tpl)
+	}
+	return out, rows.Err()
 }

@@ -211,6 +211,10 @@ func (s *Service) Start(ctx context.Context) error {
 				return fmt.Errorf("templates: mark build %s failed: %w", b.ID, err)
 			}
 			s.log.Info("template build failed by restart", "build_id", b.ID, "template_id", b.TemplateID)
+			if tpl, err := s.templateOfBuild(ctx, b); err == nil && tpl.SnapshotOf != "" && s.cfg.Layered != nil {
+				// A snapshot cut short: its layer may be half made.
+				s.dropSnapshot(ctx, tpl, b.ID, true)
+			}
 		}
 	}
 	builds, err := s.cfg.Store.ListBuilds(ctx, "", store.BuildReady)
@@ -372,23 +376,14 @@ type Requested struct {
 // for its steps (StartBuild).
 func (s *Service) Request(ctx context.Context, t tenant.ID, ref string, tags []string, cpu, memMB int) (Requested, error) {
 	name, tag := splitRef(ref)
-	if !nameRE.MatchString(name) {
-		return Requested{}, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
-			"template name %q: 1 to 128 letters, digits, '.', '_', '-' and '/', starting with a letter or digit", name))
-	}
-	if s.cfg.Builtin(name) {
-		return Requested{}, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("template name %q is taken by a built-in template", name))
-	}
 	all := slices.Clone(tags)
 	if strings.Contains(ref, ":") || len(all) == 0 {
 		all = append(all, tag)
 	}
 	slices.Sort(all)
 	all = slices.Compact(all)
-	for _, tg := range all {
-		if !tagRE.MatchString(tg) {
-			return Requested{}, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("tag %q: 1 to 64 letters, digits, '.', '_' and '-'", tg))
-		}
+	if err := s.checkName(name, all); err != nil {
+		return Requested{}, err
 	}
 	if cpu < 0 || memMB < 0 {
 		return Requested{}, errdefs.New(errdefs.ErrInvalidArgument, "resources must not be negative")
@@ -406,6 +401,23 @@ func (s *Service) Request(ctx context.Context, t tenant.ID, ref string, tags []s
 	s.mu.Unlock()
 	s.log.Info("template build requested", "tenant", t, "template_id", tpl.ID, "build_id", id, "name", name, "tags", all)
 	return Requested{Template: tpl, BuildID: id, Tags: all}, nil
+}
+
+// checkName refuses a template name or tags a tenant may not give.
+func (s *Service) checkName(name string, tags []string) error {
+	if !nameRE.MatchString(name) {
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
+			"template name %q: 1 to 128 letters, digits, '.', '_', '-' and '/', starting with a letter or digit", name))
+	}
+	if s.cfg.Builtin(name) {
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("template name %q is taken by a built-in template", name))
+	}
+	for _, tg := range tags {
+		if !tagRE.MatchString(tg) {
+			return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("tag %q: 1 to 64 letters, digits, '.', '_' and '-'", tg))
+		}
+	}
+	return nil
 }
 
 // Find returns the template tenant t may use by id or name[:tag].

@@ -1350,7 +1350,7 @@ type ServerInterface interface {
 	// ConnectSandbox Connect to a sandbox (v1)
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
-	// ForkSandbox Fork a sandbox (not implemented, 501)
+	// ForkSandbox Fork a sandbox
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 	// GetSandboxLogs Sandbox logs (v1)
@@ -1375,13 +1375,13 @@ type ServerInterface interface {
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
-	// CreateSnapshot Snapshot a sandbox (not implemented, 501)
+	// CreateSnapshot Snapshot a sandbox
 	// (POST /sandboxes/{sandboxID}/snapshots)
 	CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 	// SetSandboxTimeout Set a sandbox's timeout
 	// (POST /sandboxes/{sandboxID}/timeout)
 	SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
-	// ListSnapshots List snapshots (not implemented, 501)
+	// ListSnapshots List snapshots
 	// (GET /snapshots)
 	ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams)
 	// ListTemplates List templates
@@ -1487,7 +1487,7 @@ func (_ Unimplemented) ConnectSandbox(w http.ResponseWriter, r *http.Request, sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ForkSandbox Fork a sandbox (not implemented, 501)
+// ForkSandbox Fork a sandbox
 // (POST /sandboxes/{sandboxID}/fork)
 func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1533,7 +1533,7 @@ func (_ Unimplemented) ResumeSandbox(w http.ResponseWriter, r *http.Request, san
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// CreateSnapshot Snapshot a sandbox (not implemented, 501)
+// CreateSnapshot Snapshot a sandbox
 // (POST /sandboxes/{sandboxID}/snapshots)
 func (_ Unimplemented) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1545,7 +1545,7 @@ func (_ Unimplemented) SetSandboxTimeout(w http.ResponseWriter, r *http.Request,
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ListSnapshots List snapshots (not implemented, 501)
+// ListSnapshots List snapshots
 // (GET /snapshots)
 func (_ Unimplemented) ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -3939,6 +3939,20 @@ func (response ForkSandbox201JSONResponse) VisitForkSandboxResponse(w http.Respo
 	return err
 }
 
+type ForkSandbox400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ForkSandbox400JSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ForkSandbox401JSONResponse struct{ UnauthorizedJSONResponse }
 
 func (response ForkSandbox401JSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
@@ -4761,6 +4775,20 @@ func (response CreateSnapshot404JSONResponse) VisitCreateSnapshotResponse(w http
 	return err
 }
 
+type CreateSnapshot409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateSnapshot409JSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateSnapshot429JSONResponse struct{ TooManyRequestsJSONResponse }
 
 func (response CreateSnapshot429JSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
@@ -4938,6 +4966,20 @@ func (response ListSnapshots200JSONResponse) VisitListSnapshotsResponse(w http.R
 		w.Header().Set("X-Next-Token", fmt.Sprint(*response.Headers.XNextToken))
 	}
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSnapshots400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListSnapshots400JSONResponse) VisitListSnapshotsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6928,7 +6970,7 @@ type StrictServerInterface interface {
 	// ConnectSandbox Connect to a sandbox (v1)
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandbox(ctx context.Context, request ConnectSandboxRequestObject) (ConnectSandboxResponseObject, error)
-	// ForkSandbox Fork a sandbox (not implemented, 501)
+	// ForkSandbox Fork a sandbox
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
 	// GetSandboxLogs Sandbox logs (v1)
@@ -6953,13 +6995,13 @@ type StrictServerInterface interface {
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	ResumeSandbox(ctx context.Context, request ResumeSandboxRequestObject) (ResumeSandboxResponseObject, error)
-	// CreateSnapshot Snapshot a sandbox (not implemented, 501)
+	// CreateSnapshot Snapshot a sandbox
 	// (POST /sandboxes/{sandboxID}/snapshots)
 	CreateSnapshot(ctx context.Context, request CreateSnapshotRequestObject) (CreateSnapshotResponseObject, error)
 	// SetSandboxTimeout Set a sandbox's timeout
 	// (POST /sandboxes/{sandboxID}/timeout)
 	SetSandboxTimeout(ctx context.Context, request SetSandboxTimeoutRequestObject) (SetSandboxTimeoutResponseObject, error)
-	// ListSnapshots List snapshots (not implemented, 501)
+	// ListSnapshots List snapshots
 	// (GET /snapshots)
 	ListSnapshots(ctx context.Context, request ListSnapshotsRequestObject) (ListSnapshotsResponseObject, error)
 	// ListTemplates List templates

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,11 +35,16 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	}
 	// The /init body is for this start only (it holds the access token):
 	// the sandbox's kept spec goes without it.
-	init := spec.EnvdInit
-	spec.EnvdInit = nil
+	init, forkOf := spec.EnvdInit, spec.ForkOf
+	spec.EnvdInit, spec.ForkOf = nil, ""
 	tpl := b.template(spec.Template)
 	if tpl == nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %q", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
+	}
+	if forkOf != "" {
+		if err := b.checkFork(ctx, forkOf, tpl); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: fork of %s: %w", spec.ID, forkOf, err)
+		}
 	}
 	if ncpu := numCPU(); spec.CPUCount > ncpu {
 		spec.CPUCount = ncpu // the host keeps one; report what holds
@@ -115,7 +121,17 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		}
 	})
 
-	if err := s.prepareDisk(nil); err != nil {
+	var restore func(upper string) error
+	if forkOf != "" {
+		// Written by a child in the new sandbox's cgroup, as a resume from
+		// disk restores: the copy is charged to the fork, not to sandboxd.
+		restore = func(upper string) error {
+			return b.withFrozenUpper(ctx, forkOf, func(_ *sandbox, src string) error {
+				return copyTreeInCgroup(ctx, b.cgroupPath(spec.ID), src, upper)
+			})
+		}
+	}
+	if err := s.prepareDisk(restore); err != nil {
 		return nil, wrap("disk", err)
 	}
 	if err := b.start(ctx, s, tpl, ip, init, r); err != nil {
@@ -134,6 +150,28 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	}
 	info.EnvdInitialized = init != nil
 	return info, nil
+}
+
+// checkFork checks that sandbox src can be forked into a new sandbox of
+// tpl: src runs on the same lower directories (tpl has not been redefined
+// since) with the same user namespace, so its writable layer reads the
+// same on top of tpl's and its file owners mean the same.
+func (b *Backend) checkFork(ctx context.Context, src string, tpl *template) error {
+	s, err := b.get(ctx, src)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.gone:
+		return fmt.Errorf("sandbox %s: %w", src, runtime.ErrNotFound)
+	case s.meta.Spec.Template != tpl.name || !slices.Equal(s.meta.Lowers, tpl.lowers):
+		return fmt.Errorf("%w: sandbox %s was created from another version of template %q", runtime.ErrInvalidSpec, src, tpl.name)
+	case s.meta.UserNS != (b.userNS && tpl.userNS):
+		return fmt.Errorf("%w: sandbox %s runs in another kind of user namespace", runtime.ErrUnsupported, src)
+	}
+	return nil
 }
 
 // makeStateDir makes a sandbox's state directory dir, which must not exist.

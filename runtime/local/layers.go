@@ -101,50 +101,62 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 	if _, err := os.Lstat(dst); err == nil {
 		return nil // no need to freeze the sandbox
 	}
+	err := b.withFrozenUpper(ctx, id, func(s *sandbox, upper string) error {
+		var idBase uint32
+		if s.meta.UserNS {
+			idBase = userNSBase
+		}
+		return buildDir(dst, b.layerTemp(key), func(tmp string) error { return copyTreeIDs(upper, tmp, idBase) })
+	})
+	if err != nil {
+		return fmt.Errorf("commit sandbox %s as layer %s: %w", id, key, err)
+	}
+	return nil
+}
+
+// withFrozenUpper runs fn on sandbox id's writable layer (the saved one of
+// a sandbox paused to disk) while its processes are frozen, so that what fn
+// reads is one moment's files, and under its lock, so that it is not
+// destroyed, paused or resumed meanwhile. A sandbox paused in memory stays
+// frozen; a running one is thawed afterwards.
+func (b *Backend) withFrozenUpper(ctx context.Context, id string, fn func(s *sandbox, upper string) error) error {
 	s, err := b.get(ctx, id)
 	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.gone {
-		return fmt.Errorf("commit sandbox %s: %w", id, runtime.ErrNotFound)
+		return fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
 	}
-	src := s.upperDir()
+	upper := s.upperDir()
 	var thaw func() error
 	if s.meta.Paused == pausedDisk {
-		src = filepath.Join(b.savedDir(id), "upper")
+		upper = filepath.Join(b.savedDir(id), "upper")
 	} else {
 		ctr, err := s.container()
 		if err != nil {
-			return fmt.Errorf("commit sandbox %s: %w", id, err)
+			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		switch st, err := ctr.Status(); {
 		case err != nil:
-			return fmt.Errorf("commit sandbox %s: %w", id, err)
+			return fmt.Errorf("sandbox %s: %w", id, err)
 		case st == libcontainer.Running:
 			if err := ctr.Pause(); err != nil {
-				return fmt.Errorf("commit sandbox %s: freeze: %w", id, err)
+				return fmt.Errorf("sandbox %s: freeze: %w", id, err)
 			}
 			thaw = ctr.Resume
 		case st != libcontainer.Paused:
-			return fmt.Errorf("commit sandbox %s: %w", id, runtime.ErrNotRunning)
+			return fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotRunning)
 		}
 	}
-	var idBase uint32
-	if s.meta.UserNS {
-		idBase = userNSBase
-	}
-	err = buildDir(dst, b.layerTemp(key), func(tmp string) error { return copyTreeIDs(src, tmp, idBase) })
+	err = fn(s, upper)
 	if thaw != nil {
 		if terr := thaw(); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("commit sandbox %s as layer %s: %w", id, key, err)
-	}
-	return nil
+	return err
 }
 
 // HasLayer reports whether layer key exists.

@@ -65,6 +65,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend) {
 		{"CreateCancelled", testCreateCancelled},
 		{"DestroyTwice", testDestroyTwice},
 		{"PauseResume", testPauseResume},
+		{"Fork", testFork},
 		{"Stats", testStats},
 		{"List", testList},
 		{"Concurrency", testConcurrency},
@@ -952,4 +953,44 @@ func testTemplate(t *testing.T, b runtime.Backend) {
 	if strings.TrimSpace(res.Stdout) != "" {
 		t.Errorf("sandbox %s sees files written by %s: %q", y.ID, x.ID, res.Stdout)
 	}
+}
+
+// testFork: a fork starts with the source's files as they were at the fork
+// (a file written by the user, a deletion of a template file), then the two
+// diverge; forking a missing sandbox fails with ErrNotFound and leaves
+// nothing; a failed fork leaves nothing either.
+func testFork(t *testing.T, b runtime.Backend) {
+	ctx := ctxFor(t)
+	src := create(t, b)
+	mustSh(t, b, src.ID, "user", "echo before > ~/f && mkdir -p ~/d/e && echo deep > ~/d/e/g")
+	mustSh(t, b, src.ID, "root", "rm /etc/hostname 2>/dev/null; echo root-only > /root/r")
+
+	sp := spec(NewID())
+	sp.ForkOf = src.ID
+	fork := createSpec(t, b, sp)
+	if fork.Spec.ForkOf != "" {
+		t.Errorf("the kept spec has ForkOf %q: it is for the create only", fork.Spec.ForkOf)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, fork.ID, "user", "cat ~/f ~/d/e/g; id -un; stat -c %U ~/f").Stdout); got != "before\ndeep\nuser\nuser" {
+		t.Errorf("fork sees %q, want the source's files owned by user", got)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, fork.ID, "root", "cat /root/r; test -e /etc/hostname && echo present || echo deleted").Stdout); got != "root-only\ndeleted" {
+		t.Errorf("fork sees %q, want root's file and the deletion", got)
+	}
+	mustSh(t, b, src.ID, "user", "echo after > ~/f")
+	mustSh(t, b, fork.ID, "user", "echo fork > ~/only-fork")
+	if got := strings.TrimSpace(mustSh(t, b, fork.ID, "user", "cat ~/f").Stdout); got != "before" {
+		t.Errorf("fork's file after the source wrote: %q, want before", got)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, src.ID, "user", "cat ~/f; test -e ~/only-fork && echo leaked || echo apart").Stdout); got != "after\napart" {
+		t.Errorf("source after the fork wrote: %q", got)
+	}
+	mustHealthy(t, b, src.ID)
+
+	missing := spec(NewID())
+	missing.ForkOf = NewID()
+	if _, err := b.Create(ctx, missing); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("fork of a missing sandbox: %v, want ErrNotFound", err)
+	}
+	assertNoTrace(t, b, missing.ID)
 }

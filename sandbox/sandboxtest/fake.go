@@ -194,6 +194,10 @@ func (b *Backend) Create(ctx context.Context, s runtime.Spec) (*runtime.Sandbox,
 	if p := b.FailCreate.Load(); p != nil && *p != nil {
 		return nil, *p
 	}
+	if s.ForkOf != "" {
+		// It holds no files to copy: a fork would be a fresh sandbox.
+		return nil, fmt.Errorf("fork: %w", runtime.ErrUnsupported)
+	}
 	if b.CreateDelay > 0 {
 		t := time.NewTimer(b.CreateDelay)
 		select {

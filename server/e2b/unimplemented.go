@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/openapi/e2bapi"
 )
 
 // notImplemented answers the E2B routes sandboxd does not serve yet with 501
@@ -23,16 +22,4 @@ func (a *API) unimplementedOn(ctx context.Context, id, what string) error {
 		return err
 	}
 	return unimplemented(what)
-}
-
-func (a *API) ForkSandbox(ctx context.Context, req e2bapi.ForkSandboxRequestObject) (e2bapi.ForkSandboxResponseObject, error) {
-	return nil, a.unimplementedOn(ctx, req.SandboxID, "ForkSandbox")
-}
-
-func (a *API) CreateSnapshot(ctx context.Context, req e2bapi.CreateSnapshotRequestObject) (e2bapi.CreateSnapshotResponseObject, error) {
-	return nil, a.unimplementedOn(ctx, req.SandboxID, "CreateSnapshot")
-}
-
-func (notImplemented) ListSnapshots(context.Context, e2bapi.ListSnapshotsRequestObject) (e2bapi.ListSnapshotsResponseObject, error) {
-	return nil, unimplemented("ListSnapshots")
 }

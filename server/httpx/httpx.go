@@ -81,12 +81,12 @@ func WriteErrorStatus(w http.ResponseWriter, status int, msg string) {
 	WriteJSON(w, status, ErrorBody{Code: status, Message: msg})
 }
 
-// WriteError answers err with its mapped status. A user-facing message
-// (errdefs.Public) is shown as is; any other cause is logged, and the client
-// gets the status text plus the request id to quote, never internals.
-func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	status := StatusOf(err)
-	msg, public := errdefs.Public(err)
+// Describe is what a client is told of err: its mapped status and a
+// message, err's own when public (errdefs.Public) or for a 4xx kind, else
+// the status text.
+func Describe(err error) (status int, msg string, public bool) {
+	status = StatusOf(err)
+	msg, public = errdefs.Public(err)
 	if !public {
 		msg = http.StatusText(status)
 		if status < 500 {
@@ -94,6 +94,14 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 			msg = err.Error()
 		}
 	}
+	return status, msg, public
+}
+
+// WriteError answers err with its mapped status. A user-facing message
+// (errdefs.Public) is shown as is; any other cause is logged, and the client
+// gets the status text plus the request id to quote, never internals.
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	status, msg, public := Describe(err)
 	if status >= 500 && status != http.StatusNotImplemented {
 		reqID := middleware.GetReqID(r.Context())
 		log.ErrorContext(r.Context(), "request failed", "status", status, "err", err, "request_id", reqID,
