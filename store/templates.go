@@ -178,8 +178,13 @@ func (s *Store) FindTemplate(ctx context.Context, t tenant.ID, idOrName string) 
 // ListTemplates returns the templates tenant t may use (its own and the
 // public ones), oldest first.
 func (s *Store) ListTemplates(ctx context.Context, t tenant.ID) ([]Template, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+templateCols+` FROM templates
+	return s.queryTemplates(ctx, `SELECT `+templateCols+` FROM templates
 		WHERE tenant_id = ? OR public = 1 ORDER BY created_at, id`, t)
+}
+
+// queryTemplates runs a query of templateCols rows.
+func (s *Store) queryTemplates(ctx context.Context, query string, args ...any) ([]Template, error) {
+	rows, err := s.r.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -384,20 +389,7 @@ func (s *Store) FinishSnapshot(ctx context.Context, b Build, tag string, now tim
 // ListSnapshotTemplates returns tenant t's snapshot templates, newest
 // first; of sandbox sandboxID only, when not empty.
 func (s *Store) ListSnapshotTemplates(ctx context.Context, t tenant.ID, sandboxID string) ([]Template, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+templateCols+` FROM templates
+	return s.queryTemplates(ctx, `SELECT `+templateCols+` FROM templates
 		WHERE tenant_id = ? AND snapshot_of IS NOT NULL AND (? = '' OR snapshot_of = ?)
 		ORDER BY created_at DESC, id`, t, sandboxID, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Template
-	for rows.Next() {
-		tpl, err := scanTemplate(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, tpl)
-	}
-	return out, rows.Err()
 }
