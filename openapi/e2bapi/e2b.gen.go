@@ -683,6 +683,11 @@ type SandboxRefreshRequest struct {
 
 // SandboxSnapshotRequest defines model for SandboxSnapshotRequest.
 type SandboxSnapshotRequest struct {
+	// Memory The Python SDK's `mode` (`full`: true, `filesystem`: false). sandboxd's snapshots keep
+	// the filesystem only, whatever is asked when this is absent; an explicit `true` is 501.
+	Memory *bool `json:"memory,omitempty"`
+
+	// Name `name[:tag]`; a template of the team with that name gets a new build.
 	Name *string `json:"name,omitempty"`
 }
 

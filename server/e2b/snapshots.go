@@ -50,8 +50,18 @@ func (a *API) CreateSnapshot(ctx context.Context, req e2bapi.CreateSnapshotReque
 		return nil, a.unimplementedOn(ctx, req.SandboxID, "CreateSnapshot")
 	}
 	name := ""
-	if req.Body != nil && req.Body.Name != nil {
-		name = *req.Body.Name
+	if b := req.Body; b != nil {
+		if b.Memory != nil && *b.Memory {
+			// Kept processes need CRIU or a VM; the default (memory
+			// absent) is taken as the filesystem snapshot sandboxd makes.
+			if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
+				return nil, err
+			}
+			return nil, errdefs.New(errdefs.ErrNotImplemented, "memory snapshots are not supported by sandboxd: snapshots keep the filesystem only (mode 'filesystem')")
+		}
+		if b.Name != nil {
+			name = *b.Name
+		}
 	}
 	info, err := a.tpl.Snapshot(ctx, a.mgr, tenantOf(ctx), req.SandboxID, name)
 	if err != nil {
