@@ -103,6 +103,7 @@ var scenarios = []scenario{
 	{"sdk", "SDK-observed Sandbox.create() -> first commands.run('true') (Python and JS SDKs)", sdkScenario},
 	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},
 	{"template", "template builds (5 steps, cold and cached) and creates of a template with a 2 s start, warm vs base", templateScenario},
+	{"snapshot", "snapshot and fork of a sandbox with 100 MB written, and a create from the snapshot vs a cold create of its template", snapshotScenario},
 	{"codeinterp", "E2B's code-interpreter SDK (Python): create → first run_code cold and warm, run_code round trip and where its time goes, idle memory", codeInterpScenario},
 }
 
