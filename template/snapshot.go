@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	"github.com/google/uuid"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/revert"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -24,6 +26,7 @@ import (
 // while it is frozen and locked.
 type Sandboxes interface {
 	Get(ctx context.Context, id string) (*store.Sandbox, error)
+	Stats(ctx context.Context, id string) (*store.Sandbox, runtime.Stats, error)
 	Checkpoint(ctx context.Context, id, key string) (*store.Sandbox, error)
 }
 
@@ -58,6 +61,8 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 			return SnapshotInfo{}, err
 		}
 	}
+	unlock := s.lockSnapshots(t)
+	defer unlock()
 	src, err := sbx.Get(ctx, id)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -65,10 +70,18 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	if err := sandbox.RunningFor(src, "snapshotted"); err != nil {
 		return SnapshotInfo{}, err
 	}
+	_, st, err := sbx.Stats(ctx, id)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := s.checkSnapshotQuota(ctx, t, int64(st.DiskBytes)); err != nil {
+		return SnapshotInfo{}, err
+	}
 	res, err := s.resultOf(ctx, src.Template)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	res.Bytes = int64(st.DiskBytes)
 	buildID := uuid.NewString()
 	key := snapshotLayer(buildID)
 	res.Layers = append(slices.Clone(res.Layers), key)
@@ -106,6 +119,56 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	s.log.Info("snapshot created", "audit", true, "tenant", t, "sandbox_id", id, "template_id", tpl.ID,
 		"build_id", buildID, "snapshot_id", info.ID)
 	return info, nil
+}
+
+// lockSnapshots serialises tenant t's snapshots (its quota's check and use).
+func (s *Service) lockSnapshots(t tenant.ID) func() {
+	s.mu.Lock()
+	m := s.snapshotting[t]
+	if m == nil {
+		m = &sync.Mutex{}
+		s.snapshotting[t] = m
+	}
+	s.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// checkSnapshotQuota refuses (ErrResourceExhausted, 429) a snapshot of
+// size bytes that would take tenant t over MaxSnapshots or MaxSnapshotMB.
+// Every ready snapshot build counts: deleting a snapshot frees its share.
+func (s *Service) checkSnapshotQuota(ctx context.Context, t tenant.ID, size int64) error {
+	if s.cfg.MaxSnapshots <= 0 && s.cfg.MaxSnapshotMB <= 0 {
+		return nil
+	}
+	tpls, err := s.cfg.Store.ListSnapshotTemplates(ctx, t, "")
+	if err != nil {
+		return err
+	}
+	n, used := 0, int64(0)
+	for _, tpl := range tpls {
+		builds, err := s.cfg.Store.ListBuilds(ctx, tpl.ID, store.BuildReady)
+		if err != nil {
+			return err
+		}
+		for _, b := range builds {
+			var res Result
+			if json.Unmarshal(b.Result, &res) == nil {
+				n, used = n+1, used+res.Bytes
+			}
+		}
+	}
+	const mib = 1 << 20
+	switch {
+	case s.cfg.MaxSnapshots > 0 && n >= s.cfg.MaxSnapshots:
+		return errdefs.New(errdefs.ErrResourceExhausted, fmt.Sprintf(
+			"snapshot quota reached: %d of %d snapshots; delete some first", n, s.cfg.MaxSnapshots))
+	case s.cfg.MaxSnapshotMB > 0 && (used+size+mib-1)/mib > int64(s.cfg.MaxSnapshotMB):
+		return errdefs.New(errdefs.ErrResourceExhausted, fmt.Sprintf(
+			"snapshot quota reached: %d MiB of snapshots + %d MiB asked exceeds the quota of %d MiB; delete some first",
+			used/mib, (size+mib-1)/mib, s.cfg.MaxSnapshotMB))
+	}
+	return nil
 }
 
 // resultOf returns what backend template name is made of, as a base for a

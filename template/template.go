@@ -68,6 +68,10 @@ type Result struct {
 	Workdir  string            `json:"workdir"`
 	StartCmd string            `json:"startCmd,omitempty"`
 	ReadyCmd string            `json:"readyCmd,omitempty"`
+	// Bytes is, for a snapshot, what its own (top) layer holds: the
+	// sandbox's disk use when it was taken. It counts against the
+	// tenant's MaxSnapshotMB.
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // Config configures a Service.
@@ -97,6 +101,10 @@ type Config struct {
 	// PlainHTTPRegistries are registry hosts pulled over plain HTTP (a
 	// registry on loopback for tests and air-gapped installs).
 	PlainHTTPRegistries []string
+	// MaxSnapshots and MaxSnapshotMB bound each tenant's snapshots: how
+	// many (every snapshot build counts) and their layers' total size.
+	// 0: no bound.
+	MaxSnapshots, MaxSnapshotMB int
 	// UploadSecret signs upload links; random when empty.
 	UploadSecret []byte
 	Log          *slog.Logger
@@ -121,6 +129,9 @@ type Service struct {
 	running map[string]*buildLog
 	// forget is told of every build undefined (its warm members go).
 	forget func(ctx context.Context, backend string)
+	// snapshotting serialises a tenant's snapshots, so that two cannot
+	// both pass its quota.
+	snapshotting map[tenant.ID]*sync.Mutex
 	// resolved caches Resolve's answers, so that a create from a built
 	// template costs no query more than one from base; every change of
 	// names, tags, visibility or ready builds clears it.
@@ -191,7 +202,7 @@ func New(cfg Config) (*Service, error) {
 	return &Service{
 		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds), stopCtx: stopCtx, stop: stop,
 		ready: map[string]sandbox.TemplateConfig{}, running: map[string]*buildLog{},
-		resolved: map[resolveKey]string{},
+		resolved: map[resolveKey]string{}, snapshotting: map[tenant.ID]*sync.Mutex{},
 	}, nil
 }
 

@@ -48,6 +48,8 @@ func serve(args []string) error {
 		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
 		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
 		maxBuilds   = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
+		maxSnaps    = fs.Int("max-snapshots", 50, "snapshots a tenant may keep (0: no limit)")
+		maxSnapMB   = fs.Int("max-snapshot-mb", 10240, "MiB of snapshot layers a tenant may keep (0: no limit); on the local backend they live under --run-dir")
 		buildTime   = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
 		buildCPU    = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
 		buildMemMB  = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
@@ -144,7 +146,7 @@ func serve(args []string) error {
 		return fmt.Errorf("tenant settings: %w", err)
 	}
 	var mgr *sandbox.Manager
-	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, *plainHTTP,
+	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, snapshotLimits{*maxSnaps, *maxSnapMB}, *plainHTTP,
 		func() sbxruntime.Resources { return mgr.TemplateResources("") }, log)
 	if err != nil {
 		return err

@@ -313,3 +313,31 @@ func TestSnapshotCrashE2E(t *testing.T) {
 		})
 	}
 }
+
+// A tenant's snapshots are bounded in number and size (the server's
+// --max-snapshots and --max-snapshot-mb): over either, a snapshot is 429
+// naming the quota and makes nothing; deleting one frees its share.
+func TestSnapshotQuotaE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	e.serveArgs = append(e.serveArgs, "--max-snapshots=1", "--max-snapshot-mb=16")
+	s := e.start()
+	ka := e.keys["a"]
+	src, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"timeout": 600})
+	tok := *src.EnvdAccessToken
+	first := snapshot(t, s, ka, src.SandboxID, nil)
+	msg := wantError(t, "a second snapshot", s.api(t, http.MethodPost, "/sandboxes/"+src.SandboxID+"/snapshots", ka, map[string]any{}), http.StatusTooManyRequests)
+	if !strings.Contains(msg, "1 of 1 snapshots") {
+		t.Errorf("quota message %q does not name the limit", msg)
+	}
+	wantStatus(t, "delete", s.api(t, http.MethodDelete, "/templates/"+url.PathEscape(first.SnapshotID), ka, nil), http.StatusNoContent)
+	s.mustRun(t, src.SandboxID, tok, "head -c 20971520 /dev/zero > ~/big")
+	msg = wantError(t, "a 20 MB snapshot", s.api(t, http.MethodPost, "/sandboxes/"+src.SandboxID+"/snapshots", ka, map[string]any{}), http.StatusTooManyRequests)
+	if !strings.Contains(msg, "quota of 16 MiB") {
+		t.Errorf("quota message %q does not name the limit", msg)
+	}
+	if l, _ := listSnapshots(t, s, ka, ""); len(l) != 0 {
+		t.Errorf("snapshots after refusals: %v", l)
+	}
+	s.mustRun(t, src.SandboxID, tok, "rm ~/big")
+	snapshot(t, s, ka, src.SandboxID, nil)
+}

@@ -13,11 +13,15 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
+// snapshotLimits bound each tenant's snapshots (--max-snapshots,
+// --max-snapshot-mb).
+type snapshotLimits struct{ count, mb int }
+
 // newTemplates makes the template registry and builder on backend be.
 // Builds need a backend that holds layers (runtime.Layered); on another,
 // everything but a build works and a build fails saying why.
 func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds int, limits func(tenant.ID) tenant.BuildBudget,
-	plainHTTP string, defaults func() runtime.Resources, log *slog.Logger) (*template.Service, error) {
+	snapshots snapshotLimits, plainHTTP string, defaults func() runtime.Resources, log *slog.Logger) (*template.Service, error) {
 	layered, _ := be.(runtime.Layered)
 	lister, _ := be.(runtime.TemplateLister)
 	var svc *template.Service
@@ -37,6 +41,7 @@ func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds
 	svc, err := template.New(template.Config{
 		Store: st, Backend: be, Layered: layered, Builtin: builtin,
 		Dir: filepath.Join(dataDir, "templates"), MaxBuilds: maxBuilds, Limits: limits,
+		MaxSnapshots: snapshots.count, MaxSnapshotMB: snapshots.mb,
 		Defaults: defaults, PlainHTTPRegistries: plain,
 		Log: log.With("component", "template"),
 	})
