@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -108,5 +109,78 @@ func TestTemplates(t *testing.T) {
 	}
 	if _, err := s.GetBuild(ctx, "t1", "b1"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("builds outlive their template: %v", err)
+	}
+}
+
+// Snapshots are templates with the sandbox they were taken from: a new
+// name makes one, the same name adds a build to it (and a built template
+// becomes a snapshot); a snapshot build is ready and tagged at once when
+// finished, and only once; the list is the tenant's, newest first, by
+// sandbox when asked.
+func TestSnapshotTemplates(t *testing.T) {
+	s := openStore(t, "")
+	ctx := t.Context()
+	mustTenant(t, s, "a")
+	mustTenant(t, s, "b")
+	now := time.Unix(1700000000, 0).UTC()
+	if _, err := s.StartSnapshot(ctx, Template{ID: "x", Tenant: "a", Name: "x"}, "bx", now); err == nil {
+		t.Error("a snapshot without its sandbox was started")
+	}
+	steps := []struct {
+		tpl       Template
+		build     string
+		wantID    string
+		wantOfSbx string
+	}{
+		{Template{ID: "s1", Tenant: "a", Name: "s1", SnapshotOf: "sbx1"}, "b1", "s1", "sbx1"},
+		{Template{ID: "s2", Tenant: "a", Name: "named", SnapshotOf: "sbx1"}, "b2", "s2", "sbx1"},
+		{Template{ID: "s3", Tenant: "a", Name: "named", SnapshotOf: "sbx2"}, "b3", "s2", "sbx2"},
+		{Template{ID: "s4", Tenant: "b", Name: "named", SnapshotOf: "sbx3"}, "b4", "s4", "sbx3"},
+	}
+	for i, st := range steps {
+		at := now.Add(time.Duration(i) * time.Second)
+		tpl, err := s.StartSnapshot(ctx, st.tpl, st.build, at)
+		if err != nil || tpl.ID != st.wantID || tpl.SnapshotOf != st.wantOfSbx {
+			t.Fatalf("StartSnapshot(%+v) = %+v, %v; want id %s of %s", st.tpl, tpl, err, st.wantID, st.wantOfSbx)
+		}
+		if b, err := s.GetBuild(ctx, tpl.ID, st.build); err != nil || b.Status != BuildBuilding {
+			t.Fatalf("build %s: %+v, %v; want building", st.build, b, err)
+		}
+		if err := s.FinishSnapshot(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", at); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FinishSnapshot(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", at); !errors.Is(err, ErrConflict) {
+			t.Errorf("finishing %s twice: %v, want ErrConflict", st.build, err)
+		}
+		tags, err := s.ListTags(ctx, tpl.ID)
+		if err != nil || len(tags) != 1 || tags[0].BuildID != st.build {
+			t.Errorf("tags of %s after %s: %+v, %v", tpl.ID, st.build, tags, err)
+		}
+	}
+	if _, err := s.RequestBuild(ctx, Template{ID: "built", Tenant: "a", Name: "built"}, "bb", now); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tenant  tenant.ID
+		sandbox string
+		want    []string
+	}{
+		{"a", "", []string{"s2", "s1"}},
+		{"a", "sbx2", []string{"s2"}},
+		{"a", "sbx1", []string{"s1"}},
+		{"a", "sbx3", nil},
+		{"b", "", []string{"s4"}},
+	} {
+		got, err := s.ListSnapshotTemplates(ctx, tc.tenant, tc.sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, g := range got {
+			ids = append(ids, g.ID)
+		}
+		if !slices.Equal(ids, tc.want) {
+			t.Errorf("ListSnapshotTemplates(%s, %q) = %v, want %v", tc.tenant, tc.sandbox, ids, tc.want)
+		}
 	}
 }
