@@ -40,7 +40,9 @@ type Config struct {
 	Store     *store.Store
 	Templates runtime.TemplateLister // optional
 	// Builds serves E2B's template build API; nil answers it with 501.
-	Builds      *template.Service
+	Builds *template.Service
+	// Differ is the backend's, for workspaces; nil answers them with 501.
+	Differ      runtime.Differ
 	Metrics     *Metrics
 	Log         *slog.Logger
 	EnvdVersion string

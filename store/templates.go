@@ -104,14 +104,12 @@ func (s *Store) RequestBuild(ctx context.Context, t Template, buildID string, no
 	return s.addBuild(ctx, t, buildID, BuildWaiting, now)
 }
 
-// StartSnapshot is RequestBuild for a snapshot of sandbox t.SnapshotOf: the
-// build is "building" (the files are being taken), and the template, new
-// or existing, becomes a snapshot of that sandbox. FinishSnapshot makes
-// the build ready.
-func (s *Store) StartSnapshot(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
-	if t.SnapshotOf == "" {
-		return Template{}, fmt.Errorf("start snapshot: no sandbox")
-	}
+// StartCommit is RequestBuild for a build made of a sandbox's files (a
+// snapshot, or a publish of its changes): the build is "building" while
+// they are taken, and with t.SnapshotOf set the template, new or
+// existing, becomes a snapshot of that sandbox. FinishCommit makes the
+// build ready.
+func (s *Store) StartCommit(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
 	return s.addBuild(ctx, t, buildID, BuildBuilding, now)
 }
 
@@ -366,10 +364,23 @@ func (s *Store) GetTemplate(ctx context.Context, id string) (Template, error) {
 	return tpl, err
 }
 
-// FinishSnapshot makes snapshot build b ready with its result and points
-// tag at it, in one transaction: a snapshot is listed whole or not at all.
-func (s *Store) FinishSnapshot(ctx context.Context, b Build, tag string, now time.Time) error {
+// FinishCommit makes build b (StartCommit) ready with its result and
+// points tag at it, in one transaction: a snapshot or version is there
+// whole or not at all. With expect set, tag must still point at build
+// expect (ErrConflict otherwise, and nothing changes): two publishes made
+// from the same version cannot both become the next one.
+func (s *Store) FinishCommit(ctx context.Context, b Build, tag, expect string, now time.Time) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
+		if expect != "" {
+			var cur string
+			err := tx.QueryRowContext(ctx, `SELECT build_id FROM template_tags WHERE template_id = ? AND tag = ?`, b.TemplateID, tag).Scan(&cur)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			if cur != expect {
+				return fmt.Errorf("tag %q of template %q moved to build %q: %w", tag, b.TemplateID, cur, ErrConflict)
+			}
+		}
 		res, err := tx.ExecContext(ctx, `UPDATE template_builds SET status = ?, result = ?, updated_at = ?
 			WHERE id = ? AND template_id = ? AND status = ?`,
 			BuildReady, string(b.Result), unixNano(now), b.ID, b.TemplateID, BuildBuilding)

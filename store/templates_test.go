@@ -123,9 +123,6 @@ func TestSnapshotTemplates(t *testing.T) {
 	mustTenant(t, s, "a")
 	mustTenant(t, s, "b")
 	now := time.Unix(1700000000, 0).UTC()
-	if _, err := s.StartSnapshot(ctx, Template{ID: "x", Tenant: "a", Name: "x"}, "bx", now); err == nil {
-		t.Error("a snapshot without its sandbox was started")
-	}
 	steps := []struct {
 		tpl       Template
 		build     string
@@ -139,17 +136,17 @@ func TestSnapshotTemplates(t *testing.T) {
 	}
 	for i, st := range steps {
 		at := now.Add(time.Duration(i) * time.Second)
-		tpl, err := s.StartSnapshot(ctx, st.tpl, st.build, at)
+		tpl, err := s.StartCommit(ctx, st.tpl, st.build, at)
 		if err != nil || tpl.ID != st.wantID || tpl.SnapshotOf != st.wantOfSbx {
-			t.Fatalf("StartSnapshot(%+v) = %+v, %v; want id %s of %s", st.tpl, tpl, err, st.wantID, st.wantOfSbx)
+			t.Fatalf("StartCommit(%+v) = %+v, %v; want id %s of %s", st.tpl, tpl, err, st.wantID, st.wantOfSbx)
 		}
 		if b, err := s.GetBuild(ctx, tpl.ID, st.build); err != nil || b.Status != BuildBuilding {
 			t.Fatalf("build %s: %+v, %v; want building", st.build, b, err)
 		}
-		if err := s.FinishSnapshot(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", at); err != nil {
+		if err := s.FinishCommit(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", "", at); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.FinishSnapshot(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", at); !errors.Is(err, ErrConflict) {
+		if err := s.FinishCommit(ctx, Build{ID: st.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", "", at); !errors.Is(err, ErrConflict) {
 			t.Errorf("finishing %s twice: %v, want ErrConflict", st.build, err)
 		}
 		tags, err := s.ListTags(ctx, tpl.ID)
@@ -159,6 +156,25 @@ func TestSnapshotTemplates(t *testing.T) {
 	}
 	if _, err := s.RequestBuild(ctx, Template{ID: "built", Tenant: "a", Name: "built"}, "bb", now); err != nil {
 		t.Fatal(err)
+	}
+	// A publish: a commit build of a template that is no snapshot, ready
+	// only while the tag still points where the publish began.
+	for _, tc := range []struct {
+		build, expect string
+		want          error
+	}{
+		{"p1", "b3", nil},
+		{"p2", "b3", ErrConflict}, // p1 moved the tag
+		{"p3", "p1", nil},
+	} {
+		tpl, err := s.StartCommit(ctx, Template{ID: "unused", Tenant: "a", Name: "named"}, tc.build, now)
+		if err != nil || tpl.SnapshotOf != "sbx2" {
+			t.Fatalf("StartCommit(%s) = %+v, %v; want the snapshot template kept as it was", tc.build, tpl, err)
+		}
+		err = s.FinishCommit(ctx, Build{ID: tc.build, TemplateID: tpl.ID, Result: []byte(`{}`)}, "default", tc.expect, now)
+		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("FinishCommit(%s, expect %s) = %v, want %v", tc.build, tc.expect, err, tc.want)
+		}
 	}
 	for _, tc := range []struct {
 		tenant  tenant.ID

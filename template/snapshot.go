@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 
 	"github.com/google/uuid"
 
@@ -92,7 +91,7 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	maps.Copy(res.Env, src.EnvVars)
 
 	newID := sandbox.NewID()
-	tpl, err := s.cfg.Store.StartSnapshot(ctx, store.Template{
+	tpl, err := s.cfg.Store.StartCommit(ctx, store.Template{
 		ID: newID, Tenant: t, Name: cmp.Or(alias, newID), CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, SnapshotOf: id,
 	}, buildID, s.cfg.Now())
 	if err != nil {
@@ -110,7 +109,7 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 		return SnapshotInfo{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
 	}
 	raw, _ := json.Marshal(res)
-	if err := s.cfg.Store.FinishSnapshot(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Result: raw}, tag, s.cfg.Now()); err != nil {
+	if err := s.cfg.Store.FinishCommit(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Result: raw}, tag, "", s.cfg.Now()); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
 	}
 	r.Success()
@@ -122,17 +121,7 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 }
 
 // lockSnapshots serialises tenant t's snapshots (its quota's check and use).
-func (s *Service) lockSnapshots(t tenant.ID) func() {
-	s.mu.Lock()
-	m := s.snapshotting[t]
-	if m == nil {
-		m = &sync.Mutex{}
-		s.snapshotting[t] = m
-	}
-	s.mu.Unlock()
-	m.Lock()
-	return m.Unlock
-}
+func (s *Service) lockSnapshots(t tenant.ID) func() { return lockOf(&s.mu, s.snapshotting, t) }
 
 // checkSnapshotQuota refuses (ErrResourceExhausted, 429) a snapshot of
 // size bytes that would take tenant t over MaxSnapshots or MaxSnapshotMB.

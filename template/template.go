@@ -72,6 +72,11 @@ type Result struct {
 	// sandbox's disk use when it was taken. It counts against the
 	// tenant's MaxSnapshotMB.
 	Bytes int64 `json:"bytes,omitempty"`
+	// A published version (Publish): the build it was made from, the
+	// sandbox that made it and the paths it changed.
+	Parent  string       `json:"parent,omitempty"`
+	Sandbox string       `json:"sandbox,omitempty"`
+	Paths   []PathChange `json:"paths,omitempty"`
 }
 
 // Config configures a Service.
@@ -132,6 +137,8 @@ type Service struct {
 	// snapshotting serialises a tenant's snapshots, so that two cannot
 	// both pass its quota.
 	snapshotting map[tenant.ID]*sync.Mutex
+	// publishing serialises the publishes to one template (by id).
+	publishing map[string]*sync.Mutex
 	// resolved caches Resolve's answers, so that a create from a built
 	// template costs no query more than one from base; every change of
 	// names, tags, visibility or ready builds clears it.
@@ -202,7 +209,7 @@ func New(cfg Config) (*Service, error) {
 	return &Service{
 		cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxBuilds), stopCtx: stopCtx, stop: stop,
 		ready: map[string]sandbox.TemplateConfig{}, running: map[string]*buildLog{},
-		resolved: map[resolveKey]string{}, snapshotting: map[tenant.ID]*sync.Mutex{},
+		resolved: map[resolveKey]string{}, snapshotting: map[tenant.ID]*sync.Mutex{}, publishing: map[string]*sync.Mutex{},
 	}, nil
 }
 
@@ -222,9 +229,10 @@ func (s *Service) Start(ctx context.Context) error {
 				return fmt.Errorf("templates: mark build %s failed: %w", b.ID, err)
 			}
 			s.log.Info("template build failed by restart", "build_id", b.ID, "template_id", b.TemplateID)
-			if tpl, err := s.templateOfBuild(ctx, b); err == nil && tpl.SnapshotOf != "" && s.cfg.Layered != nil {
-				// A snapshot cut short: its layer may be half made.
-				s.dropSnapshot(ctx, tpl, b.ID, true)
+			if tpl, err := s.templateOfBuild(ctx, b); err == nil && s.cfg.Layered != nil {
+				// A snapshot or publish cut short: its layer may be half
+				// made (a build of steps has none of that name).
+				s.dropSnapshot(ctx, tpl, b.ID, tpl.SnapshotOf != "")
 			}
 		}
 	}

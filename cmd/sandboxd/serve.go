@@ -168,7 +168,7 @@ func serve(args []string) error {
 	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
 	handler := server.New(server.Config{
-		Manager: mgr, Store: st, Templates: be, Builds: builds, Metrics: metrics, Log: log,
+		Manager: mgr, Store: st, Templates: be, Builds: builds, Differ: differOf(be), Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 		NativeIdleTTL: lim.nativeIdleTTL,
@@ -429,4 +429,10 @@ func (t templateFlag) resources() map[string]sbxruntime.Resources {
 		}
 	}
 	return out
+}
+
+// differOf is the backend's runtime.Differ, or nil.
+func differOf(be sbxruntime.Backend) sbxruntime.Differ {
+	d, _ := be.(sbxruntime.Differ)
+	return d
 }

@@ -13,6 +13,51 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for ChangeKind.
+const (
+	ChangeKindAdded    ChangeKind = "added"
+	ChangeKindDeleted  ChangeKind = "deleted"
+	ChangeKindModified ChangeKind = "modified"
+)
+
+// Valid indicates whether the value is a known member of the ChangeKind enum.
+func (e ChangeKind) Valid() bool {
+	switch e {
+	case ChangeKindAdded:
+		return true
+	case ChangeKindDeleted:
+		return true
+	case ChangeKindModified:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChangeType.
+const (
+	ChangeTypeDir     ChangeType = "dir"
+	ChangeTypeFile    ChangeType = "file"
+	ChangeTypeOther   ChangeType = "other"
+	ChangeTypeSymlink ChangeType = "symlink"
+)
+
+// Valid indicates whether the value is a known member of the ChangeType enum.
+func (e ChangeType) Valid() bool {
+	switch e {
+	case ChangeTypeDir:
+		return true
+	case ChangeTypeFile:
+		return true
+	case ChangeTypeOther:
+		return true
+	case ChangeTypeSymlink:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDir     FileEntryType = "dir"
@@ -64,12 +109,49 @@ func (e SandboxState) Valid() bool {
 	}
 }
 
+// Change defines model for Change.
+type Change struct {
+	Kind ChangeKind `json:"kind"`
+
+	// Mode Example: -rw-r--r--
+	Mode *string `json:"mode,omitempty"`
+
+	// Opaque A directory that replaced the template's directory of that path.
+	Opaque *bool `json:"opaque,omitempty"`
+
+	// Path Absolute, as the sandbox sees it; invalid UTF-8 bytes are replaced (see path_base64).
+	Path string `json:"path"`
+
+	// PathBase64 The path's bytes, base64, when they are not valid UTF-8.
+	PathBase64 *string `json:"path_base64,omitempty"`
+
+	// Size A regular file's size.
+	Size *int64 `json:"size,omitempty"`
+
+	// Type What is there now; for a deletion: other.
+	Type ChangeType `json:"type"`
+}
+
+// ChangeKind defines model for Change.Kind.
+type ChangeKind string
+
+// ChangeType What is there now; for a deletion: other.
+type ChangeType string
+
+// ChangeList defines model for ChangeList.
+type ChangeList struct {
+	Changes []Change `json:"changes"`
+}
+
 // Error defines model for Error.
 type Error struct {
 	Error struct {
 		// Code Stable machine code: invalid_argument, unauthenticated, permission_denied, not_found, method_not_allowed, conflict, resource_exhausted, not_implemented, unavailable, deadline_exceeded, internal.
-		Code    string `json:"code"`
-		Message string `json:"message"`
+		Code string `json:"code"`
+
+		// Conflicts A publish's conflicting paths.
+		Conflicts *[]string `json:"conflicts,omitempty"`
+		Message   string    `json:"message"`
 	} `json:"error"`
 	RequestId *string `json:"request_id,omitempty"`
 }
@@ -146,6 +228,15 @@ type NetworkPolicy struct {
 
 	// DenyOut Example: ["0.0.0.0/0"]
 	DenyOut *[]string `json:"deny_out,omitempty"`
+}
+
+// PublishPost defines model for PublishPost.
+type PublishPost struct {
+	// Finalize Kill the sandbox once the version is made.
+	Finalize *bool `json:"finalize,omitempty"`
+
+	// Template The template to publish to; default the one the sandbox was created from.
+	Template *string `json:"template,omitempty"`
 }
 
 // Sandbox A sandbox as the server reports it; SandboxPut plus read-only fields.
@@ -238,6 +329,39 @@ type SandboxPut struct {
 // SandboxState defines model for SandboxState.
 type SandboxState string
 
+// Version defines model for Version.
+type Version struct {
+	// BuildId What E2B's API and a create name this version by.
+	BuildId   string    `json:"build_id"`
+	CreatedAt time.Time `json:"created_at"`
+
+	// Current New sandboxes of the template start from it.
+	Current bool `json:"current"`
+
+	// Number 1 for the template's oldest version.
+	Number int `json:"number"`
+
+	// Parent The version it was published from (absent for a build of steps).
+	Parent *string `json:"parent,omitempty"`
+
+	// Paths How many paths it changed.
+	Paths *int `json:"paths,omitempty"`
+
+	// Sandbox The sandbox that published it.
+	Sandbox *string `json:"sandbox,omitempty"`
+
+	// Template The template's name.
+	Template   string `json:"template"`
+	TemplateId string `json:"template_id"`
+}
+
+// VersionList defines model for VersionList.
+type VersionList struct {
+	// StartedFrom The build the sandbox was created from.
+	StartedFrom *string   `json:"started_from,omitempty"`
+	Versions    []Version `json:"versions"`
+}
+
 // FilePath defines model for FilePath.
 type FilePath = string
 
@@ -259,6 +383,12 @@ type ListSandboxesParams struct {
 
 	// Cursor next_cursor of the previous page.
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
+// ExportChangesParams defines parameters for ExportChanges.
+type ExportChangesParams struct {
+	// Finalize Kill the sandbox once the whole export was written.
+	Finalize *bool `form:"finalize,omitempty" json:"finalize,omitempty"`
 }
 
 // DeleteFileParams defines parameters for DeleteFile.
@@ -307,6 +437,9 @@ type ExecJSONRequestBody = ExecPost
 // PutSandboxNetworkJSONRequestBody defines body for PutSandboxNetwork for application/json ContentType.
 type PutSandboxNetworkJSONRequestBody = NetworkPolicy
 
+// PublishJSONRequestBody defines body for Publish for application/json ContentType.
+type PublishJSONRequestBody = PublishPost
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// ListSandboxes List the caller's sandboxes (scope sandboxes:read)
@@ -321,12 +454,21 @@ type ServerInterface interface {
 	// GetSandbox Get one sandbox (scope sandboxes:read)
 	// (GET /v1/sandboxes/{id})
 	GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// GetChanges What the sandbox changed against its template, from its writable layer (scope sandboxes:read)
+	// (GET /v1/sandboxes/{id}/changes)
+	GetChanges(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// GetDiff The changes to regular files as a git-style unified patch (scope sandboxes:read)
+	// (GET /v1/sandboxes/{id}/diff)
+	GetDiff(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// Exec Run a command to completion (scope sandboxes:write)
 	// (POST /v1/sandboxes/{id}/exec)
 	Exec(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// ExecWebsocket Streaming exec over a websocket (scope sandboxes:write)
 	// (GET /v1/sandboxes/{id}/exec/ws)
 	ExecWebsocket(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ExportChanges The changes as an OCI layer tar, taken while the sandbox is frozen (scope sandboxes:write)
+	// (GET /v1/sandboxes/{id}/export)
+	ExportChanges(w http.ResponseWriter, r *http.Request, id SandboxID, params ExportChangesParams)
 	// DeleteFile Remove a file or a directory tree; a missing path is no error (scope sandboxes:write)
 	// (DELETE /v1/sandboxes/{id}/files)
 	DeleteFile(w http.ResponseWriter, r *http.Request, id SandboxID, params DeleteFileParams)
@@ -342,6 +484,12 @@ type ServerInterface interface {
 	// PutSandboxNetwork Replace a running sandbox's egress policy (scope sandboxes:write)
 	// (PUT /v1/sandboxes/{id}/network)
 	PutSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// Publish Make the sandbox's changes the next version of a template (scope sandboxes:write)
+	// (POST /v1/sandboxes/{id}/publish)
+	Publish(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ListVersions The versions of the template the sandbox runs, newest first (scope sandboxes:read)
+	// (GET /v1/sandboxes/{id}/versions)
+	ListVersions(w http.ResponseWriter, r *http.Request, id SandboxID)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -372,6 +520,18 @@ func (_ Unimplemented) GetSandbox(w http.ResponseWriter, r *http.Request, id San
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetChanges What the sandbox changed against its template, from its writable layer (scope sandboxes:read)
+// (GET /v1/sandboxes/{id}/changes)
+func (_ Unimplemented) GetChanges(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetDiff The changes to regular files as a git-style unified patch (scope sandboxes:read)
+// (GET /v1/sandboxes/{id}/diff)
+func (_ Unimplemented) GetDiff(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // Exec Run a command to completion (scope sandboxes:write)
 // (POST /v1/sandboxes/{id}/exec)
 func (_ Unimplemented) Exec(w http.ResponseWriter, r *http.Request, id SandboxID) {
@@ -381,6 +541,12 @@ func (_ Unimplemented) Exec(w http.ResponseWriter, r *http.Request, id SandboxID
 // ExecWebsocket Streaming exec over a websocket (scope sandboxes:write)
 // (GET /v1/sandboxes/{id}/exec/ws)
 func (_ Unimplemented) ExecWebsocket(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ExportChanges The changes as an OCI layer tar, taken while the sandbox is frozen (scope sandboxes:write)
+// (GET /v1/sandboxes/{id}/export)
+func (_ Unimplemented) ExportChanges(w http.ResponseWriter, r *http.Request, id SandboxID, params ExportChangesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -411,6 +577,18 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 // PutSandboxNetwork Replace a running sandbox's egress policy (scope sandboxes:write)
 // (PUT /v1/sandboxes/{id}/network)
 func (_ Unimplemented) PutSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// Publish Make the sandbox's changes the next version of a template (scope sandboxes:write)
+// (POST /v1/sandboxes/{id}/publish)
+func (_ Unimplemented) Publish(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListVersions The versions of the template the sandbox runs, newest first (scope sandboxes:read)
+// (GET /v1/sandboxes/{id}/versions)
+func (_ Unimplemented) ListVersions(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -574,6 +752,58 @@ func (siw *ServerInterfaceWrapper) GetSandbox(w http.ResponseWriter, r *http.Req
 	handler.ServeHTTP(w, r)
 }
 
+// GetChanges operation middleware
+func (siw *ServerInterfaceWrapper) GetChanges(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetChanges(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetDiff operation middleware
+func (siw *ServerInterfaceWrapper) GetDiff(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetDiff(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // Exec operation middleware
 func (siw *ServerInterfaceWrapper) Exec(w http.ResponseWriter, r *http.Request) {
 
@@ -617,6 +847,48 @@ func (siw *ServerInterfaceWrapper) ExecWebsocket(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ExecWebsocket(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ExportChanges operation middleware
+func (siw *ServerInterfaceWrapper) ExportChanges(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ExportChangesParams
+
+	// ------------- Optional query parameter "finalize" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "finalize", r.URL.Query(), &params.Finalize, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "finalize"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "finalize", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ExportChanges(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -885,6 +1157,58 @@ func (siw *ServerInterfaceWrapper) PutSandboxNetwork(w http.ResponseWriter, r *h
 	handler.ServeHTTP(w, r)
 }
 
+// Publish operation middleware
+func (siw *ServerInterfaceWrapper) Publish(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.Publish(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListVersions operation middleware
+func (siw *ServerInterfaceWrapper) ListVersions(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVersions(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -1030,6 +1354,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/files/list", wrapper.ListFiles)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/changes", wrapper.GetChanges)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/diff", wrapper.GetDiff)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/export", wrapper.ExportChanges)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/publish", wrapper.Publish)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/versions", wrapper.ListVersions)
 	})
 
 	return r

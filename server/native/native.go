@@ -26,12 +26,14 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/proxy"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // API implements openapi/native.yaml on the lifecycle manager and on
 // each sandbox's envd. Wire types stop here.
 type API struct {
 	mgr *sandbox.Manager
+	ws  *workspace.Service
 	log *slog.Logger
 	// idleTTL is the idle TTL of a create that names none; 0: none.
 	idleTTL time.Duration
@@ -47,6 +49,8 @@ var _ nativeapi.ServerInterface = (*API)(nil)
 // Config configures an API.
 type Config struct {
 	Manager *sandbox.Manager
+	// Workspace serves changes, diff, export, publish and versions.
+	Workspace *workspace.Service
 	Log     *slog.Logger
 	// IdleTTL is the idle TTL of creates that name none; 0: none.
 	IdleTTL time.Duration
@@ -56,7 +60,7 @@ type Config struct {
 // the caller routes them, authenticates (WithScopes) and answers its own
 // errors with WriteError.
 func New(cfg Config) *API {
-	a := &API{mgr: cfg.Manager, log: cfg.Log, idleTTL: cfg.IdleTTL}
+	a := &API{mgr: cfg.Manager, ws: cfg.Workspace, log: cfg.Log, idleTTL: cfg.IdleTTL}
 	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
 	a.client = &http.Client{Transport: a.up.Transport()}
 	// A connection pooled across a pause would hang; see proxy.Upstream.
@@ -102,6 +106,11 @@ func Routes(siw *nativeapi.ServerInterfaceWrapper) []Route {
 		{http.MethodGet, "/{id}/files", write, "DownloadFile", siw.DownloadFile},
 		{http.MethodDelete, "/{id}/files", write, "DeleteFile", siw.DeleteFile},
 		{http.MethodGet, "/{id}/files/list", write, "ListFiles", siw.ListFiles},
+		{http.MethodGet, "/{id}/changes", read, "GetChanges", siw.GetChanges},
+		{http.MethodGet, "/{id}/diff", read, "GetDiff", siw.GetDiff},
+		{http.MethodGet, "/{id}/export", write, "ExportChanges", siw.ExportChanges},
+		{http.MethodPost, "/{id}/publish", write, "Publish", siw.Publish},
+		{http.MethodGet, "/{id}/versions", read, "ListVersions", siw.ListVersions},
 	}
 }
 

@@ -1,0 +1,164 @@
+package native
+
+import (
+	"encoding/base64"
+	"errors"
+	"io/fs"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/template"
+)
+
+func changeType(c runtime.Change) nativeapi.ChangeType {
+	switch {
+	case c.Kind == runtime.ChangeDeleted:
+		return nativeapi.ChangeTypeOther
+	case c.Mode.IsRegular():
+		return nativeapi.ChangeTypeFile
+	case c.Mode.IsDir():
+		return nativeapi.ChangeTypeDir
+	case c.Mode&fs.ModeSymlink != 0:
+		return nativeapi.ChangeTypeSymlink
+	}
+	return nativeapi.ChangeTypeOther
+}
+
+func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
+	changes, err := a.ws.Changes(r.Context(), id)
+	if err != nil {
+		WriteError(w, r, a.log, err)
+		return
+	}
+	out := nativeapi.ChangeList{Changes: make([]nativeapi.Change, 0, len(changes))}
+	for _, c := range changes {
+		nc := nativeapi.Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), Kind: nativeapi.ChangeKind(c.Kind), Type: changeType(c)}
+		if !utf8.ValidString(c.Path) {
+			nc.PathBase64 = ptr(base64.StdEncoding.EncodeToString([]byte(c.Path)))
+		}
+		if c.Kind != runtime.ChangeDeleted {
+			nc.Mode = ptr(c.Mode.String())
+		}
+		if c.Mode.IsRegular() {
+			nc.Size = ptr(c.Size)
+		}
+		if c.Opaque {
+			nc.Opaque = ptr(true)
+		}
+		out.Changes = append(out.Changes, nc)
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+// streamed answers with the body write produces: errors before its first
+// byte get the error shape; after it, the connection is cut (a truncated
+// body is never taken for a whole one).
+func (a *API) streamed(w http.ResponseWriter, r *http.Request, ctype string, write func(w *firstWrite) error) {
+	fw := &firstWrite{w: w, ctype: ctype}
+	if err := write(fw); err != nil {
+		if !fw.started {
+			WriteError(w, r, a.log, err)
+			return
+		}
+		a.log.WarnContext(r.Context(), "streamed answer cut", "path", r.URL.Path, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	if !fw.started {
+		w.Header().Set("Content-Type", ctype)
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// firstWrite sends the 200 and its content type with the first byte.
+type firstWrite struct {
+	w       http.ResponseWriter
+	ctype   string
+	started bool
+}
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	if !f.started {
+		f.started = true
+		f.w.Header().Set("Content-Type", f.ctype)
+		f.w.WriteHeader(http.StatusOK)
+	}
+	return f.w.Write(p)
+}
+
+func (a *API) GetDiff(w http.ResponseWriter, r *http.Request, id string) {
+	a.streamed(w, r, "text/x-diff; charset=utf-8", func(fw *firstWrite) error { return a.ws.Diff(r.Context(), id, fw) })
+}
+
+func (a *API) ExportChanges(w http.ResponseWriter, r *http.Request, id string, p nativeapi.ExportChangesParams) {
+	finalize := p.Finalize != nil && *p.Finalize
+	a.streamed(w, r, "application/x-tar", func(fw *firstWrite) error { return a.ws.Export(r.Context(), id, fw, finalize) })
+}
+
+func (a *API) Publish(w http.ResponseWriter, r *http.Request, id string) {
+	var body nativeapi.PublishPost
+	if r.ContentLength != 0 {
+		if err := httpx.DecodeJSON(r, &body); err != nil {
+			WriteError(w, r, a.log, err)
+			return
+		}
+	}
+	v, err := a.ws.Publish(r.Context(), id, deref(body.Template), body.Finalize != nil && *body.Finalize)
+	var ce *template.ConflictError
+	if errors.As(err, &ce) {
+		var eb nativeapi.Error
+		eb.Error.Code = nativeErrorCode(http.StatusConflict)
+		eb.Error.Message = ce.Error()
+		eb.Error.Conflicts = &ce.Paths
+		if id := middleware.GetReqID(r.Context()); id != "" {
+			eb.RequestId = &id
+		}
+		httpx.WriteJSON(w, http.StatusConflict, eb)
+		return
+	}
+	if err != nil {
+		WriteError(w, r, a.log, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusCreated, nativeVersion(v))
+}
+
+func nativeVersion(v template.Version) nativeapi.Version {
+	nv := nativeapi.Version{
+		TemplateId: v.TemplateID, Template: v.Template, BuildId: v.BuildID, Number: v.Number,
+		Current: v.Current, CreatedAt: v.CreatedAt, Paths: ptr(v.Paths),
+	}
+	if v.Parent != "" {
+		nv.Parent = ptr(v.Parent)
+	}
+	if v.Sandbox != "" {
+		nv.Sandbox = ptr(v.Sandbox)
+	}
+	return nv
+}
+
+func (a *API) ListVersions(w http.ResponseWriter, r *http.Request, id string) {
+	vs, from, err := a.ws.Versions(r.Context(), id)
+	if err != nil {
+		WriteError(w, r, a.log, err)
+		return
+	}
+	out := nativeapi.VersionList{Versions: make([]nativeapi.Version, 0, len(vs)), StartedFrom: ptr(from)}
+	for _, v := range vs {
+		out.Versions = append(out.Versions, nativeVersion(v))
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
