@@ -51,7 +51,7 @@ type Config struct {
 	Manager *sandbox.Manager
 	// Workspace serves changes, diff, export, publish and versions.
 	Workspace *workspace.Service
-	Log     *slog.Logger
+	Log       *slog.Logger
 	// IdleTTL is the idle TTL of creates that name none; 0: none.
 	IdleTTL time.Duration
 }
