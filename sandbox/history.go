@@ -69,8 +69,13 @@ func (h *history) add(id string, at time.Time, st runtime.Stats, first *Sample) 
 		r = newRing[Sample](h.limit)
 		h.rings[id] = r
 	}
-	s := sampleOf(st, at)
 	prev, ok := r.last()
+	if ok && at.Before(prev.At) {
+		// Two samplers (the pass, a request) raced: keep the ring in
+		// order, which between's binary search relies on.
+		at = prev.At
+	}
+	s := sampleOf(st, at)
 	if !ok && first != nil {
 		prev, ok = *first, true
 	}

@@ -146,3 +146,16 @@ func TestHistoryFirstSample(t *testing.T) {
 		t.Errorf("first sample without a reading: cpuUsedPct %v; want 0", s.CPUUsedPct)
 	}
 }
+
+func TestHistoryStaysOrdered(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	h := newHistory(10)
+	h.add("a", t0.Add(time.Second), runtime.Stats{CPUCount: 1}, nil)
+	s := h.add("a", t0, runtime.Stats{CPUCount: 1}, nil) // measured earlier, added later
+	if !s.At.Equal(t0.Add(time.Second)) {
+		t.Errorf("a late sample at %v; want it at its predecessor's %v", s.At, t0.Add(time.Second))
+	}
+	if got := h.between("a", t0.Add(time.Second), t0.Add(time.Second)); len(got) != 2 {
+		t.Errorf("between = %d samples; want both", len(got))
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -231,12 +232,14 @@ func (m *Manager) Logs(ctx context.Context, id string, q LogQuery) ([]LogEntry, 
 }
 
 // logEvent records an audit line in the sandbox's log: the action, its
-// result and the line's attributes as fields.
+// result and the line's attributes as fields. The tenant reads it, so a
+// failure's cause shows only when it is meant for users (errdefs.Public):
+// others carry host details (paths, cgroups), which stay in sandboxd's log.
 func (m *Manager) logEvent(id, action string, err error, attrs []any) {
 	e := LogEntry{At: m.now().UTC(), Level: LogInfo, Fields: map[string]string{"source": "sandboxd", "action": action}}
 	for i := 0; i+1 < len(attrs); i += 2 {
 		k, ok := attrs[i].(string)
-		if !ok {
+		if !ok || k == "cause" || k == "err" {
 			continue
 		}
 		e.Fields[k] = fmt.Sprint(attrs[i+1])
@@ -244,7 +247,10 @@ func (m *Manager) logEvent(id, action string, err error, attrs []any) {
 	e.Message = "sandbox " + actionText(action)
 	if err != nil {
 		e.Level = LogError
-		e.Message += " failed: " + err.Error()
+		e.Message = "sandbox " + action + " failed"
+		if msg, ok := errdefs.Public(err); ok {
+			e.Message += ": " + msg
+		}
 		e.Fields["result"] = "error"
 	} else {
 		e.Fields["result"] = "ok"

@@ -1,10 +1,14 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 func TestSelectEntries(t *testing.T) {
@@ -140,5 +144,40 @@ func TestStartLines(t *testing.T) {
 	}
 	if got[0].Message != "one" || got[1].Message != "oops" || got[2].Message != "two" || got[5].Message != "last" {
 		t.Errorf("messages = %q, %q, %q, %q; want one, oops, two, last", got[0].Message, got[1].Message, got[2].Message, got[5].Message)
+	}
+}
+
+func TestLogEvent(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0).UTC()
+	tests := []struct {
+		action string
+		err    error
+		attrs  []any
+		want   string
+		level  LogLevel
+		fields map[string]string
+	}{
+		{"create", nil, []any{"took_ms", int64(12), "served_from", "pool"}, "sandbox created", LogInfo,
+			map[string]string{"source": "sandboxd", "action": "create", "result": "ok", "took_ms": "12", "served_from": "pool"}},
+		{"auto_resume", nil, nil, "sandbox auto resumed", LogInfo, map[string]string{"source": "sandboxd", "action": "auto_resume", "result": "ok"}},
+		{"timeout_kill", nil, []any{"cause", "pause failed: /sys/fs/cgroup/x: busy"}, "sandbox timed out and was killed", LogInfo,
+			map[string]string{"source": "sandboxd", "action": "timeout_kill", "result": "ok"}},
+		{"pause", errors.New("freeze /sys/fs/cgroup/sandboxd/x: device busy"), []any{"memory", true}, "sandbox pause failed", LogError,
+			map[string]string{"source": "sandboxd", "action": "pause", "result": "error", "memory": "true"}},
+		{"pause", errdefs.New(errdefs.ErrConflict, `sandbox "x" is already paused`), nil, `sandbox pause failed: sandbox "x" is already paused`, LogError,
+			map[string]string{"source": "sandboxd", "action": "pause", "result": "error"}},
+	}
+	for _, tt := range tests {
+		m := &Manager{logs: newLogBook(10, 1<<20), now: func() time.Time { return t0 }}
+		m.logs.open("x")
+		m.logEvent("x", tt.action, tt.err, tt.attrs)
+		got, _ := m.logs.query("x", LogQuery{})
+		if len(got) != 1 {
+			t.Fatalf("logEvent(%s): %d entries; want 1", tt.action, len(got))
+		}
+		e := got[0]
+		if e.Message != tt.want || e.Level != tt.level || !maps.Equal(e.Fields, tt.fields) || !e.At.Equal(t0) {
+			t.Errorf("logEvent(%s, %v) = %q %s %v; want %q %s %v", tt.action, tt.err, e.Message, e.Level, e.Fields, tt.want, tt.level, tt.fields)
+		}
 	}
 }
