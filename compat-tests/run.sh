@@ -287,10 +287,11 @@ start_sandboxd() {
   # --domain: a reserved TLD that never resolves, so getHost() is
   # `<port>-<id>.sandboxd.test` (tested by sending it as Host to sandboxd), and
   # nothing can fall back to E2B's default domain e2b.app.
+  # --metrics-interval 1s: the metrics history tests see samples in seconds.
   # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
   # check has killed the sandboxes through it.
   setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1

@@ -125,6 +125,18 @@ type Config struct {
 	// TouchInterval throttles the store writes of sandbox activity (idle
 	// TTLs): at most one per sandbox per interval. 0: TouchInterval.
 	TouchInterval time.Duration
+	// MetricsHistory is how many metrics samples (RunMetrics) are kept per
+	// sandbox; 0: DefaultMetricsHistory.
+	MetricsHistory int
+	// OnMetricsPass, when set, observes every sampling pass: how many
+	// sandboxes it measured and how long it took.
+	OnMetricsPass func(sampled int, took time.Duration)
+	// LogEntries and LogBytes bound each sandbox's log (logs.go); 0:
+	// DefaultLogEntries and DefaultLogBytes.
+	LogEntries, LogBytes int
+	// OnLogDrop, when set, counts log entries evicted to keep within them.
+	OnLogDrop func(n int)
+
 	// ColdParallel bounds the cold creates in flight (backend creates of
 	// creates that missed the pool); one tenant may hold all but one of
 	// them. The rest wait their turn, fairly between tenants. 0:
@@ -173,6 +185,10 @@ type Manager struct {
 	// adm admits creates (quota, host, pool claim, cold-create slot) and
 	// resumes from disk.
 	adm *Admitter
+
+	history *history  // metrics samples per sandbox
+	logs    *logBook  // log per sandbox
+	follow  followers // start command output, into logs
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -186,6 +202,7 @@ func (m *Manager) OnStop(fn func(id string)) {
 
 func (m *Manager) stopped(id string) {
 	m.live.Delete(id)
+	m.follow.stop(id)
 	m.hookMu.Lock()
 	hooks := m.stopHooks
 	m.hookMu.Unlock()
@@ -229,7 +246,18 @@ func New(cfg Config) *Manager {
 	if cfg.TouchInterval == 0 {
 		cfg.TouchInterval = TouchInterval
 	}
-	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now, wake: make(chan struct{}, 1)}
+	if cfg.MetricsHistory <= 0 {
+		cfg.MetricsHistory = DefaultMetricsHistory
+	}
+	if cfg.LogEntries <= 0 {
+		cfg.LogEntries = DefaultLogEntries
+	}
+	if cfg.LogBytes <= 0 {
+		cfg.LogBytes = DefaultLogBytes
+	}
+	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now, wake: make(chan struct{}, 1),
+		history: newHistory(cfg.MetricsHistory), logs: newLogBook(cfg.LogEntries, cfg.LogBytes)}
+	m.logs.onDrop = cfg.OnLogDrop
 	m.adm = &Admitter{
 		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
 		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB,
@@ -260,8 +288,11 @@ func New(cfg Config) *Manager {
 func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
 
 // audit writes the one line every state change gets: who, what, which
-// sandbox, and the result.
+// sandbox, and the result. The sandbox's log gets it too.
 func (m *Manager) audit(ctx context.Context, action string, sb *store.Sandbox, err error, attrs ...any) {
+	if sb != nil {
+		m.logEvent(sb.ID, action, err, attrs)
+	}
 	t, _ := tenant.FromContext(ctx)
 	if t == "" && sb != nil {
 		t = sb.Tenant
@@ -473,6 +504,10 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	defer tk.Release() // after the undos below
 	r := revert.New()
 	defer r.Fail()
+	// The log opens before the start command runs, which writes to it
+	// (sb.ID is a claimed member's from here).
+	m.logs.open(sb.ID)
+	r.Add(func() { m.logs.drop(sb.ID) })
 	cleanupCtx := context.WithoutCancel(ctx)
 	destroy := func() {
 		if derr := m.backend.Destroy(cleanupCtx, sb.ID); derr != nil {
@@ -634,6 +669,7 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string, at
 	}
 	m.stopped(sb.ID)
 	m.adm.forget(sb.ID)
+	m.ended(sb.ID)
 	sb.State = store.StateKilled
 	sb.EndAt = m.now().UTC()
 	err := m.store.UpdateSandbox(ctx, sb)
@@ -659,6 +695,14 @@ func (m *Manager) destroyUninitialised(ctx context.Context, sb *store.Sandbox, c
 		return
 	}
 	m.stopped(sb.ID)
+	m.ended(sb.ID)
+}
+
+// ended drops what the Manager keeps of a killed sandbox: its metrics
+// history now, its log after KilledRetention (Sweep), as the store its row.
+func (m *Manager) ended(id string) {
+	m.history.forget(id)
+	m.logs.end(id, m.now())
 }
 
 // Pause stops a running sandbox. A paused one is ErrConflict (E2B's 409).
@@ -874,6 +918,11 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	}
 	err = m.store.UpdateSandbox(ctx, sb)
 	m.audit(ctx, reason, sb, err, "restarted", restarted)
+	if err == nil {
+		// Its follower stopped at the pause; a start command that runs on
+		// (paused in memory) is followed again.
+		m.attachStart(sb.ID, sb.Template, sb.EnvdAccessToken)
+	}
 	return err
 }
 

@@ -132,6 +132,15 @@ func (s *Settings) Refresh(ctx context.Context) error {
 
 // Run refreshes the cache every interval until ctx ends.
 func (s *Settings) Run(ctx context.Context, interval time.Duration) {
+	every(ctx, interval, func(ctx context.Context) {
+		if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("refresh tenant settings", "err", err)
+		}
+	})
+}
+
+// every calls fn each interval until ctx ends; it returns when ctx is done.
+func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -139,9 +148,7 @@ func (s *Settings) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
-				s.log.Error("refresh tenant settings", "err", err)
-			}
+			fn(ctx)
 		}
 	}
 }

@@ -2,12 +2,10 @@ package sandbox
 
 import (
 	"context"
-
+	"errors"
 	"fmt"
-	"net"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 )
 
@@ -71,20 +69,40 @@ func WaitReady(ctx context.Context, c *envdconn.Client, cfg TemplateConfig, ende
 func (m *Manager) startTemplate(ctx context.Context, id, token string, cfg TemplateConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
-	c := envdconn.NewClient(func(ctx context.Context) (net.Conn, error) {
-		return m.backend.Dial(ctx, id, runtime.EnvdPort)
-	}, token, "root")
+	c := m.envdClient(id, token)
 	defer c.Close()
 	cmd := envdconn.Command{Cmd: "/bin/sh", Args: []string{"-c", cfg.StartCmd}, Env: cfg.Env, Cwd: cfg.Workdir, Tag: StartTag}
 	// envd takes a Start's deadline (Connect-Timeout-Ms, E2B's command
 	// timeout) for the process's lifetime: with ctx's, every start command
 	// (a code interpreter's Jupyter and server) was killed StartTimeout
 	// after the create, in use or waiting in a pool. So the Start carries
-	// no deadline; ctx's end still cancels it.
-	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer scancel()
-	defer context.AfterFunc(ctx, scancel)()
-	if _, err := c.Start(sctx, cmd); err != nil {
+	// no deadline; ctx's end cancels it until it has started. Its stream
+	// then goes on, the sandbox's follower's, copying the output into the
+	// sandbox's log (a warm member's too: its log opens at the claim).
+	started := make(chan error, 1)
+	ok := m.follow.run(id, func(fctx context.Context) {
+		// A client of its own: the stream's connection lives as long as
+		// the follower, and c's idle ones go when this returns.
+		fc := m.envdClient(id, token)
+		sctx, scancel := context.WithCancel(fctx)
+		defer scancel()
+		detach := context.AfterFunc(ctx, scancel)
+		o, err := fc.StartOutput(sctx, cmd)
+		if !detach() && err == nil {
+			o.Close() // ctx ended meanwhile: the create is failing
+			err = ctx.Err()
+		}
+		started <- err
+		if err != nil {
+			fc.Close()
+			return
+		}
+		m.followStart(sctx, id, fc, o)
+	})
+	if !ok {
+		return errors.New("template start command: the manager is closed")
+	}
+	if err := <-started; err != nil {
 		return fmt.Errorf("template start command: %w", err)
 	}
 	ended := func(ctx context.Context) bool {

@@ -65,6 +65,7 @@ func (m *Manager) Sweep(ctx context.Context) {
 	if _, err := m.store.PurgeKilled(ctx, now.Add(-m.cfg.KilledRetention)); err != nil {
 		m.log.Error("sweep: purge killed", "err", err)
 	}
+	m.logs.purge(now.Add(-m.cfg.KilledRetention))
 }
 
 func (m *Manager) expire(ctx context.Context, seen store.Sandbox) {
@@ -141,6 +142,8 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	rows := make(map[string]*store.Sandbox, len(live))
 	for i := range live {
 		rows[live[i].ID] = &live[i]
+		// Adopted after a restart: the log starts afresh (it is in memory).
+		m.logs.open(live[i].ID)
 	}
 	inBackend := make(map[string]runtime.State, len(held))
 	onDisk := map[string]bool{}
@@ -195,6 +198,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	m.reapplyPolicies(ctx, rows, inBackend)
+	for _, row := range rows {
+		if row.State == store.StateRunning {
+			m.attachStart(row.ID, row.Template, row.EnvdAccessToken)
+		}
+	}
 	m.log.Info("reconciled", "backend_sandboxes", len(inBackend), "store_rows", len(rows))
 	return nil
 }
@@ -218,6 +226,7 @@ func (m *Manager) markKilled(ctx context.Context, row *store.Sandbox, reason str
 	row.State = store.StateKilled
 	row.EndAt = m.now().UTC()
 	m.update(ctx, row, reason)
+	m.ended(row.ID)
 }
 
 func (m *Manager) update(ctx context.Context, row *store.Sandbox, reason string) {

@@ -35,6 +35,12 @@ type Metrics struct {
 
 	sandboxCounts atomic.Pointer[func() map[string]map[string]int]
 
+	// The sandbox metrics history's sampling passes (ObserveMetricsPass)
+	// and the sandbox log entries evicted to stay in bounds (LogsDropped).
+	metricsPass     prometheus.Histogram
+	metricsSampled  prometheus.Gauge
+	logEntryDropped prometheus.Counter
+
 	proxyRequests *prometheus.CounterVec // port_class, code
 	proxyBytes    *prometheus.CounterVec // direction
 	proxyStreams  prometheus.Gauge
@@ -76,6 +82,19 @@ func NewMetrics() *Metrics {
 		Name: "sandboxd_proxy_open_streams",
 		Help: "Data-plane requests in flight, including long-lived streams and upgraded connections.",
 	})
+	m.metricsPass = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sandboxd_sandbox_metrics_pass_seconds",
+		Help:    "Time of one pass sampling every running sandbox's resource use for the metrics history.",
+		Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2.5, 5, 10},
+	})
+	m.metricsSampled = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sandboxd_sandbox_metrics_sampled",
+		Help: "Sandboxes the last metrics history pass sampled.",
+	})
+	m.logEntryDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_sandbox_log_entries_dropped_total",
+		Help: "Sandbox log entries evicted (oldest first) to keep each sandbox's log within its bounds.",
+	})
 	m.proxyBytesIn = m.proxyBytes.WithLabelValues(proxy.DirectionIn)
 	m.proxyBytesOut = m.proxyBytes.WithLabelValues(proxy.DirectionOut)
 
@@ -84,6 +103,7 @@ func NewMetrics() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.CreateLatency,
 		m.proxyRequests, m.proxyBytes, m.proxyStreams,
+		m.metricsPass, m.metricsSampled, m.logEntryDropped,
 		sandboxCollector{m},
 	)
 	return m
@@ -112,6 +132,23 @@ func (m *Metrics) ObserveCreate(template, servedFrom string, d time.Duration) {
 		return
 	}
 	m.CreateLatency.WithLabelValues(template, servedFrom).Observe(d.Seconds())
+}
+
+// ObserveMetricsPass records one pass of the sandbox metrics sampler.
+func (m *Metrics) ObserveMetricsPass(sampled int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.metricsPass.Observe(d.Seconds())
+	m.metricsSampled.Set(float64(sampled))
+}
+
+// LogsDropped counts sandbox log entries evicted to stay in bounds.
+func (m *Metrics) LogsDropped(n int) {
+	if m == nil {
+		return
+	}
+	m.logEntryDropped.Add(float64(n))
 }
 
 // RegisterSandboxCounter sets the function that reports live sandboxes as

@@ -128,7 +128,6 @@ func New(cfg Config) http.Handler {
 	p := proxy.New(cfg.Manager, proxy.Config{Domain: cfg.Domain, Log: log,
 		Metrics: proxyMetrics{cfg.Metrics, lm}, Limits: cfg.Limits})
 	cfg.Manager.OnStop(p.CloseSandbox)
-	cfg.Manager.OnStop(api.Forget)
 	return p.Wrap(root)
 }
 

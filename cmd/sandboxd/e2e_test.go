@@ -229,8 +229,8 @@ func TestLifecycle(t *testing.T) {
 	wantStatus(t, "metrics", r, http.StatusOK)
 	var metrics []json.RawMessage
 	e2eDecode(t, "metrics", r, &metrics)
-	if len(metrics) != 1 {
-		t.Errorf("metrics of a running sandbox: %s, want the current sample", r.body)
+	if len(metrics) == 0 {
+		t.Errorf("metrics of a running sandbox: %s, want its history, or at least the current sample", r.body)
 	}
 	for _, m := range metrics {
 		wantKeys(t, "metric", m, "timestamp", "timestampUnix", "cpuCount", "cpuUsedPct", "memUsed", "memTotal", "memCache", "diskUsed", "diskTotal")

@@ -35,27 +35,29 @@ const defaultRunDir = "/run/sandboxd/local"
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var (
-		listen      = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
-		dataDir     = fs.String("data-dir", "./data", "state directory (SQLite store)")
-		backend     = fs.String("backend", "local", "isolation backend: local or incus")
-		incusSocket = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
-		domain      = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
-		envdPath    = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
-		runRoot     = fs.String("run-dir", defaultRunDir, "host state of the local backend")
-		pauseDir    = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
-		maxTimeout  = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
-		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
-		tlsCert     = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
-		tlsKey      = fs.String("tls-key", "", "PEM private key of --tls-cert")
-		maxBuilds   = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
-		maxSnaps    = fs.Int("max-snapshots", 50, "snapshots a tenant may keep (0: no limit)")
-		maxSnapMB   = fs.Int("max-snapshot-mb", 10240, "MiB of snapshot layers a tenant may keep (0: no limit); on the local backend they live under --run-dir")
-		buildTime   = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
-		buildCPU    = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
-		buildMemMB  = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
-		buildDiskMB = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB; per tenant: tenants set --build-disk-mb")
-		plainHTTP   = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
-		codeInterp  = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
+		listen       = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
+		dataDir      = fs.String("data-dir", "./data", "state directory (SQLite store)")
+		backend      = fs.String("backend", "local", "isolation backend: local or incus")
+		incusSocket  = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
+		domain       = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
+		envdPath     = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
+		runRoot      = fs.String("run-dir", defaultRunDir, "host state of the local backend")
+		pauseDir     = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
+		maxTimeout   = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
+		tlsCert      = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
+		tlsKey       = fs.String("tls-key", "", "PEM private key of --tls-cert")
+		maxBuilds    = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
+		maxSnaps     = fs.Int("max-snapshots", 50, "snapshots a tenant may keep (0: no limit)")
+		maxSnapMB    = fs.Int("max-snapshot-mb", 10240, "MiB of snapshot layers a tenant may keep (0: no limit); on the local backend they live under --run-dir")
+		buildTime    = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
+		buildCPU     = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
+		buildMemMB   = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
+		buildDiskMB  = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB; per tenant: tenants set --build-disk-mb")
+		plainHTTP    = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
+		metricsEvery = fs.Duration("metrics-interval", sandbox.DefaultMetricsInterval, "how often every running sandbox's resource use is sampled for its metrics history (getMetrics)")
+		metricsKeep  = fs.Int("metrics-history", sandbox.DefaultMetricsHistory, "metrics samples kept per sandbox, in memory (720 at 5 s: the last hour)")
+		codeInterp   = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
 	)
 	templates := templateFlag{}
 	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
@@ -159,8 +161,11 @@ func serve(args []string) error {
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel,
 		MaxCPU:       lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
-		DiskInMemory: *backend == "local", // its disk is a tmpfs
+		DiskInMemory:   *backend == "local", // its disk is a tmpfs
+		MetricsHistory: *metricsKeep, OnMetricsPass: metrics.ObserveMetricsPass,
+		OnLogDrop: metrics.LogsDropped,
 	})
+	defer mgr.Close() // after the HTTP server, pools and builds (deferred later)
 	pools := lim.newPools(mgr, be, log)
 	if pools != nil {
 		builds.OnForget(pools.Drop)
@@ -233,6 +238,8 @@ func serve(args []string) error {
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); mgr.Run(sweepCtx, time.Second) }()
+	stopSampler := background(ctx, func(ctx context.Context) { mgr.RunMetrics(ctx, *metricsEvery) })
+	defer stopSampler()
 	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
 		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version}
 	if lb, ok := be.(*local.Backend); ok {

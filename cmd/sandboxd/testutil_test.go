@@ -13,6 +13,11 @@ package main
 //	                   instead of building them
 //	SANDBOXD_E2E_RACE  "1": build sandboxd with -race; any data race it
 //	                   reports on stderr fails the test that ran it
+//	SANDBOXD_E2E_EGRESS_SUBNET
+//	                   the --egress-subnet of every sandboxd a test starts
+//	                   without one of its own (default the backend's,
+//	                   10.133.0.0/16): runs at once on one host each take
+//	                   their own
 //	SANDBOXD_E2E_KNOWN_BUGS
 //	                   "1": also run the tests that known bugs of sandboxd
 //	                   fail (they skip otherwise, naming the bug)
@@ -571,6 +576,10 @@ func launchE2EServer(dataDir, runDir, logPath string, extraArgs ...string) (*e2e
 	}
 	defer logf.Close() // the child has its own copy
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if subnet := os.Getenv("SANDBOXD_E2E_EGRESS_SUBNET"); subnet != "" &&
+		!slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--egress-subnet") }) {
+		extraArgs = append(extraArgs, "--egress-subnet="+subnet)
+	}
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), append([]string{"serve",
 		"--listen", addr,
 		"--data-dir", dataDir,

@@ -1021,10 +1021,10 @@ type GetSandboxLogsParams struct {
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
 type GetSandboxMetricsParams struct {
-	// Start Interval start, unix seconds.
+	// Start Interval start, unix seconds, inclusive; default the oldest sample kept.
 	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
 
-	// End Interval end, unix seconds.
+	// End Interval end, unix seconds, inclusive (the whole second); default now.
 	End *int64 `form:"end,omitempty" json:"end,omitempty"`
 }
 
@@ -1113,13 +1113,13 @@ type CreateSandboxV2Params struct {
 
 // GetSandboxLogsV2Params defines parameters for GetSandboxLogsV2.
 type GetSandboxLogsV2Params struct {
-	// Cursor Start from this instant, unix milliseconds.
+	// Cursor Start from this instant, unix milliseconds (inclusive).
 	Cursor *int64 `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit At most this many entries.
 	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// Direction Read forward (older to newer) or backward from the cursor.
+	// Direction Read forward (older to newer) or backward (newer to older, the default) from the cursor.
 	Direction *LogsDirection `form:"direction,omitempty" json:"direction,omitempty"`
 
 	// Level Minimum level to include.
@@ -4082,6 +4082,20 @@ func (response GetSandboxLogs200JSONResponse) VisitGetSandboxLogsResponse(w http
 	return err
 }
 
+type GetSandboxLogs400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetSandboxLogs400JSONResponse) VisitGetSandboxLogsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxLogs401JSONResponse struct{ UnauthorizedJSONResponse }
 
 func (response GetSandboxLogs401JSONResponse) VisitGetSandboxLogsResponse(w http.ResponseWriter) error {
@@ -6422,6 +6436,20 @@ func (response GetSandboxLogsV2200JSONResponse) VisitGetSandboxLogsV2Response(w 
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxLogsV2400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetSandboxLogsV2400JSONResponse) VisitGetSandboxLogsV2Response(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
 	_, err := buf.WriteTo(w)
 	return err
 }

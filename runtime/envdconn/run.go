@@ -53,47 +53,27 @@ func (c *Client) start(ctx context.Context, cmd Command) (*connect.ServerStreamF
 // start it or the stream broke; a command that ran and failed is an Exit
 // with a non-zero code and a nil error.
 func (c *Client) Run(ctx context.Context, cmd Command, out func(stdout, stderr []byte)) (Exit, error) {
-	stream, err := c.start(ctx, cmd)
+	o, err := c.StartOutput(ctx, cmd)
 	if err != nil {
-		return Exit{}, fmt.Errorf("start %s: %w", cmd.Cmd, err)
+		return Exit{}, err
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil && out != nil {
-			out(d.GetStdout(), d.GetStderr())
-		}
-		if e := ev.GetEnd(); e != nil {
-			x := Exit{ExitCode: int(e.GetExitCode()), Status: e.GetStatus()}
-			if x.Status == "" {
-				x.Status = e.GetError()
-			}
-			return x, nil
-		}
-	}
-	if err := stream.Err(); err != nil {
+	defer o.Close()
+	x, err := o.Follow(out)
+	if err != nil {
 		return Exit{}, fmt.Errorf("run %s: %w", cmd.Cmd, err)
 	}
-	return Exit{}, fmt.Errorf("run %s: %w", cmd.Cmd, ErrNoEnd)
+	return x, nil
 }
 
 // Start starts cmd and returns its pid once envd has it running, leaving
 // it to run on its own: envd does not end a process whose client went away.
 func (c *Client) Start(ctx context.Context, cmd Command) (pid uint32, err error) {
-	stream, err := c.start(ctx, cmd)
+	o, err := c.StartOutput(ctx, cmd)
 	if err != nil {
-		return 0, fmt.Errorf("start %s: %w", cmd.Cmd, err)
+		return 0, err
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		if s := stream.Msg().GetEvent().GetStart(); s != nil {
-			return s.GetPid(), nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return 0, fmt.Errorf("start %s: %w", cmd.Cmd, err)
-	}
-	return 0, fmt.Errorf("start %s: stream ended before the process started", cmd.Cmd)
+	o.Close()
+	return o.Pid, nil
 }
 
 // Running reports whether a process tagged tag is still running.

@@ -8,10 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -34,7 +32,6 @@ type API struct {
 	envdVersion string
 	domain      string // returned as the sandbox domain; "" = the client's own
 	log         *slog.Logger
-	cpu         sync.Map // sandbox id -> cpuSample, the previous metrics call's
 	// started is reported as the built-in templates' creation time (they
 	// are made, or found, when the server starts).
 	started time.Time
@@ -54,15 +51,11 @@ type Config struct {
 	Log    *slog.Logger
 }
 
-// New returns E2B's API on cfg.Manager. The caller calls Forget when a
-// sandbox stops.
+// New returns E2B's API on cfg.Manager.
 func New(cfg Config) *API {
 	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log,
 		started: time.Now().UTC()}
 }
-
-// Forget drops what the API keeps of sandbox id (its last CPU sample).
-func (a *API) Forget(id string) { a.cpu.Delete(id) }
 
 // clientID is a dead field E2B's Python SDK still requires.
 const clientID = "sandboxd"
@@ -589,106 +582,4 @@ func unsupportedNetwork(egressProxy bool, rules *map[string][]e2bapi.SandboxNetw
 		return errdefs.New(errdefs.ErrNotImplemented, "network.httpsPorts: the port proxy speaks plain HTTP to sandboxes; HTTPS upstreams are not supported by sandboxd")
 	}
 	return nil
-}
-
-func metric(st runtime.Stats, at time.Time, cpuPct float64) e2bapi.SandboxMetric {
-	return e2bapi.SandboxMetric{
-		Timestamp:     at.UTC(),
-		TimestampUnix: at.Unix(),
-		CpuCount:      int32(st.CPUCount),
-		CpuUsedPct:    float32(cpuPct),
-		MemUsed:       int64(st.MemoryBytes),
-		MemTotal:      int64(st.MemoryLimitBytes),
-		DiskUsed:      int64(st.DiskBytes),
-		DiskTotal:     int64(st.DiskLimitBytes),
-	}
-}
-
-// cpuSample is a sandbox's cumulative CPU time at one moment.
-type cpuSample struct {
-	at  time.Time
-	cpu time.Duration
-}
-
-// firstSampleWindow is how long the first metrics call of a sandbox measures
-// CPU use over, when no earlier sample exists.
-const firstSampleWindow = 100 * time.Millisecond
-
-// sample measures a sandbox now, with its CPU utilisation since the previous
-// call (E2B's cpuUsedPct: percent of the sandbox's CPUs, 0..100).
-func (a *API) sample(ctx context.Context, id string) (e2bapi.SandboxMetric, error) {
-	_, st, err := a.mgr.StatsView(ctx, id)
-	if err != nil {
-		return e2bapi.SandboxMetric{}, err
-	}
-	now := time.Now()
-	prev, ok := a.cpu.Load(id)
-	if !ok {
-		select {
-		case <-ctx.Done():
-			return e2bapi.SandboxMetric{}, ctx.Err()
-		case <-time.After(firstSampleWindow):
-		}
-		prev = cpuSample{at: now, cpu: st.CPUTime}
-		if _, st, err = a.mgr.StatsView(ctx, id); err != nil {
-			return e2bapi.SandboxMetric{}, err
-		}
-		now = time.Now()
-	}
-	a.cpu.Store(id, cpuSample{at: now, cpu: st.CPUTime})
-	return metric(st, now, cpuPercent(prev.(cpuSample), cpuSample{now, st.CPUTime}, st.CPUCount)), nil
-}
-
-func cpuPercent(prev, cur cpuSample, cpus int) float64 {
-	elapsed := cur.at.Sub(prev.at)
-	used := cur.cpu - prev.cpu
-	if elapsed <= 0 || used < 0 || cpus <= 0 {
-		return 0
-	}
-	pct := float64(used) / float64(elapsed) / float64(cpus) * 100
-	return math.Round(min(pct, 100)*100) / 100
-}
-
-// GetSandboxMetrics answers with the current sample: sandboxd keeps no
-// metric history, so a window yields at most one point (the latest).
-func (a *API) GetSandboxMetrics(ctx context.Context, req e2bapi.GetSandboxMetricsRequestObject) (e2bapi.GetSandboxMetricsResponseObject, error) {
-	m, err := a.sample(ctx, req.SandboxID)
-	if err != nil {
-		return nil, err
-	}
-	if req.Params.End != nil && *req.Params.End < m.TimestampUnix-60 {
-		return e2bapi.GetSandboxMetrics200JSONResponse{}, nil
-	}
-	return e2bapi.GetSandboxMetrics200JSONResponse{m}, nil
-}
-
-func (a *API) ListSandboxesMetrics(ctx context.Context, req e2bapi.ListSandboxesMetricsRequestObject) (e2bapi.ListSandboxesMetricsResponseObject, error) {
-	if len(req.Params.SandboxIds) > 100 {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most 100")
-	}
-	out := e2bapi.ListSandboxesMetrics200JSONResponse{Sandboxes: map[string]e2bapi.SandboxMetric{}}
-	for _, id := range req.Params.SandboxIds {
-		m, err := a.sample(ctx, id)
-		if err != nil {
-			continue // E2B omits sandboxes it cannot measure
-		}
-		out.Sandboxes[id] = m
-	}
-	return out, nil
-}
-
-// Logs: sandboxd does not collect a sandbox's system logs (E2B streams its
-// VM's journal); the routes answer an empty, well-formed list.
-func (a *API) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsRequestObject) (e2bapi.GetSandboxLogsResponseObject, error) {
-	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
-		return nil, err
-	}
-	return e2bapi.GetSandboxLogs200JSONResponse{Logs: []e2bapi.SandboxLog{}, LogEntries: []e2bapi.SandboxLogEntry{}}, nil
-}
-
-func (a *API) GetSandboxLogsV2(ctx context.Context, req e2bapi.GetSandboxLogsV2RequestObject) (e2bapi.GetSandboxLogsV2ResponseObject, error) {
-	if _, err := a.mgr.GetView(ctx, req.SandboxID); err != nil {
-		return nil, err
-	}
-	return e2bapi.GetSandboxLogsV2200JSONResponse{Logs: []e2bapi.SandboxLogEntry{}}, nil
 }

@@ -1,0 +1,92 @@
+// Metrics history and sandbox logs through the real e2b JS SDK against a
+// real sandboxd: getMetrics({ start, end }) answers the samples sandboxd
+// took periodically (run.sh starts it with --metrics-interval 1s), and the
+// logs routes, which the SDK has no method for, answer through its own
+// ApiClient. sandboxd mode only.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, ApiClient, ConnectionConfig, NotFoundError } from 'e2b'
+import { SANDBOXD, SANDBOXD_ONLY as S, sleep, waitFor } from './helpers.mjs'
+
+let sbx
+let createdAt
+before(async () => {
+  if (!SANDBOXD) return
+  createdAt = new Date()
+  sbx = await Sandbox.create({ timeoutMs: 300_000 })
+})
+after(async () => {
+  if (sbx) await sbx.kill().catch(() => {})
+})
+
+test('metrics: getMetrics({ start, end }) returns the history, oldest first, in range', S, async () => {
+  let ms = []
+  await waitFor(async () => {
+    ms = await sbx.getMetrics({ start: new Date(createdAt.getTime() - 1000), end: new Date() })
+    return ms.length >= 3
+  }, () => `3 samples, have ${JSON.stringify(ms)}`, 20_000)
+  const lo = Math.floor(createdAt.getTime() / 1000) - 2
+  const hi = Math.ceil(Date.now() / 1000) + 1
+  for (let i = 0; i < ms.length; i++) {
+    const t = ms[i].timestamp.getTime() / 1000
+    assert.ok(t >= lo && t <= hi, `sample ${i} at ${t}, outside [${lo}, ${hi}]`)
+    if (i > 0) assert.ok(ms[i].timestamp >= ms[i - 1].timestamp, `sample ${i} older than ${i - 1}`)
+    for (const k of ['cpuUsedPct', 'cpuCount', 'memUsed', 'memTotal', 'memCache', 'diskUsed', 'diskTotal']) {
+      assert.equal(typeof ms[i][k], 'number', `${k}: ${JSON.stringify(ms[i])}`)
+    }
+  }
+  // Distinct moments: a history, not one sample repeated.
+  assert.ok(new Set(ms.map((m) => m.timestamp.getTime())).size >= 3, JSON.stringify(ms))
+
+  // A window that ends before the sandbox existed has no samples; one
+  // from the newest sample on has the newest.
+  assert.deepEqual(await sbx.getMetrics({ start: new Date(createdAt.getTime() - 3_600_000), end: new Date(createdAt.getTime() - 60_000) }), [])
+  const newest = ms[ms.length - 1].timestamp
+  const tail = await sbx.getMetrics({ start: new Date(Math.floor(newest.getTime() / 1000) * 1000) })
+  assert.ok(tail.length >= 1 && tail.every((m) => m.timestamp.getTime() >= Math.floor(newest.getTime() / 1000) * 1000), JSON.stringify(tail))
+  // The static form answers the same history.
+  assert.ok((await Sandbox.getMetrics(sbx.sandboxId)).length >= ms.length)
+})
+
+test('metrics: the history grows with time', S, async () => {
+  const before = (await sbx.getMetrics()).length
+  await sleep(2_500)
+  const now = await sbx.getMetrics()
+  assert.ok(now.length >= before + 1, `${before} samples, then ${now.length} 2.5 s later`)
+})
+
+test('logs: the v2 route answers the lifecycle through the SDK client', S, async () => {
+  await sbx.setTimeout(240_000)
+  const client = new ApiClient(new ConnectionConfig())
+  const get = (query) => client.api.GET('/v2/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: sbx.sandboxId }, query } })
+  const res = await get({})
+  assert.equal(res.response.status, 200, JSON.stringify(res.error))
+  const logs = res.data.logs
+  const msgs = logs.map((e) => e.message)
+  assert.ok(msgs.includes('sandbox created') && msgs.includes('sandbox timeout set'), JSON.stringify(msgs))
+  // Newest first by default.
+  assert.equal(msgs[0], 'sandbox timeout set', JSON.stringify(msgs))
+  for (const e of logs) {
+    assert.ok(!Number.isNaN(new Date(e.timestamp).getTime()) && ['debug', 'info', 'warn', 'error'].includes(e.level), JSON.stringify(e))
+    assert.equal(typeof e.fields, 'object')
+  }
+  const fwd = await get({ direction: 'forward', limit: 1 })
+  assert.deepEqual(fwd.data.logs.map((e) => [e.message, e.fields.action]), [['sandbox created', 'create']])
+  const none = await get({ level: 'error' })
+  assert.deepEqual(none.data.logs, [])
+
+  const v1 = await client.api.GET('/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: sbx.sandboxId } } })
+  assert.equal(v1.response.status, 200)
+  assert.equal(v1.data.logs.length, v1.data.logEntries.length)
+  assert.equal(v1.data.logs[0].line, 'sandbox created')
+
+  const missing = await client.api.GET('/v2/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: 'compatnosuchsandbox0' } } })
+  assert.equal(missing.response.status, 404)
+  assert.equal(missing.error.code, 404)
+})
+
+test('metrics: a killed sandbox has none', S, async () => {
+  const s = await Sandbox.create({ timeoutMs: 60_000 })
+  await s.kill()
+  await assert.rejects(Sandbox.getMetrics(s.sandboxId), NotFoundError)
+})

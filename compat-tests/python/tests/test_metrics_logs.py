@@ -1,0 +1,98 @@
+"""Metrics history and sandbox logs through the real e2b Python SDK against a
+real sandboxd: get_metrics(start, end) answers the samples sandboxd took
+periodically (run.sh starts it with --metrics-interval 1s), and the logs
+routes answer through the SDK's own generated API client (the SDK has no
+Sandbox method for them), parsed by its models. sandboxd mode only."""
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from e2b import NotFoundException, Sandbox
+from e2b.api.client.api.sandboxes import (
+    get_sandboxes_sandbox_id_logs,
+    get_v_2_sandboxes_sandbox_id_logs,
+)
+from e2b.api.client.models import LogLevel, LogsDirection, SandboxLogs, SandboxLogsV2Response
+from e2b.connection_config import ConnectionConfig
+from e2b.sandbox_sync.paginator import get_api_client
+
+from conftest import SANDBOXD, wait_for
+
+pytestmark = pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only (COMPAT_TARGET=sandboxd)")
+
+
+@pytest.fixture(scope="module")
+def sbx():
+    created = datetime.now(timezone.utc)
+    s = Sandbox.create(timeout=300)
+    s.created_at = created
+    yield s
+    s.kill()
+
+
+@pytest.mark.timeout(60)
+def test_get_metrics_history_in_range(sbx: Sandbox):
+    start = sbx.created_at - timedelta(seconds=1)
+    ms = wait_for(
+        lambda: (lambda got: got if len(got) >= 3 else None)(sbx.get_metrics(start=start, end=datetime.now(timezone.utc))),
+        "3 metrics samples",
+        timeout=20,
+        interval=0.2,
+    )
+    lo = sbx.created_at - timedelta(seconds=2)
+    hi = datetime.now(timezone.utc) + timedelta(seconds=1)
+    for i, m in enumerate(ms):
+        assert lo <= m.timestamp <= hi, (i, m.timestamp, lo, hi)
+        if i:
+            assert m.timestamp >= ms[i - 1].timestamp, "not oldest first"
+        for k in ("cpu_used_pct", "cpu_count", "mem_used", "mem_total", "mem_cache", "disk_used", "disk_total"):
+            assert isinstance(getattr(m, k), (int, float)), (k, m)
+    assert len({m.timestamp for m in ms}) >= 3, "one sample repeated, not a history"
+
+    before = sbx.get_metrics(start=sbx.created_at - timedelta(hours=1), end=sbx.created_at - timedelta(minutes=1))
+    assert before == [], before
+
+    n = len(sbx.get_metrics())
+    time.sleep(2.5)
+    assert len(sbx.get_metrics()) >= n + 1, "the history did not grow in 2.5 s"
+
+
+def test_get_metrics_of_a_killed_sandbox():
+    s = Sandbox.create(timeout=60)
+    s.kill()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_metrics(s.sandbox_id)
+
+
+def test_logs_through_the_sdk_client(sbx: Sandbox):
+    sbx.set_timeout(240)
+    client = get_api_client(ConnectionConfig())
+
+    res = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client)
+    assert res.status_code == 200, res.content
+    assert isinstance(res.parsed, SandboxLogsV2Response), res.parsed
+    msgs = [e.message for e in res.parsed.logs]
+    assert "sandbox created" in msgs and "sandbox timeout set" in msgs, msgs
+    assert msgs[0] == "sandbox timeout set", "v2 is newest first by default"
+    timeout_set = res.parsed.logs[0]
+    assert timeout_set.level == LogLevel.INFO
+    assert timeout_set.fields["action"] == "set_timeout" and timeout_set.fields["timeout_s"] == "240", timeout_set.fields.to_dict()
+
+    fwd = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(
+        sbx.sandbox_id, client=client, direction=LogsDirection.FORWARD, limit=1
+    ).parsed
+    assert [e.message for e in fwd.logs] == ["sandbox created"]
+    found = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client, search="timeout").parsed
+    assert [e.message for e in found.logs] == ["sandbox timeout set"]
+    errors = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client, level=LogLevel.ERROR).parsed
+    assert errors.logs == []
+
+    v1 = get_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client)
+    assert v1.status_code == 200 and isinstance(v1.parsed, SandboxLogs), v1.content
+    assert [line.line for line in v1.parsed.logs] == [e.message for e in v1.parsed.log_entries]
+    assert v1.parsed.logs[0].line == "sandbox created"
+
+    missing = get_v_2_sandboxes_sandbox_id_logs.sync_detailed("compatnosuchsandbox0", client=client)
+    assert missing.status_code == 404
