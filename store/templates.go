@@ -101,19 +101,23 @@ func scanBuild(row rowScanner) (Build, error) {
 // resources updated to t's). It returns the template as stored.
 func (s *Store) RequestBuild(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
 	t.SnapshotOf = ""
-	return s.addBuild(ctx, t, buildID, BuildWaiting, now)
+	return s.addBuild(ctx, t, buildID, BuildWaiting, nil, now)
 }
 
 // StartCommit is RequestBuild for a build made of a sandbox's files (a
 // snapshot, or a publish of its changes): the build is "building" while
-// they are taken, and with t.SnapshotOf set the template, new or
-// existing, becomes a snapshot of that sandbox. FinishCommit makes the
-// build ready.
-func (s *Store) StartCommit(ctx context.Context, t Template, buildID string, now time.Time) (Template, error) {
-	return s.addBuild(ctx, t, buildID, BuildBuilding, now)
+// they are taken, with its result already (what it will be: a build of
+// steps has none until it is ready, which tells the two apart after a
+// crash), and with t.SnapshotOf set the template, new or existing,
+// becomes a snapshot of that sandbox. FinishCommit makes the build ready.
+func (s *Store) StartCommit(ctx context.Context, t Template, buildID string, result []byte, now time.Time) (Template, error) {
+	if result == nil {
+		return Template{}, fmt.Errorf("start commit %s: no result", buildID)
+	}
+	return s.addBuild(ctx, t, buildID, BuildBuilding, result, now)
 }
 
-func (s *Store) addBuild(ctx context.Context, t Template, buildID string, status BuildStatus, now time.Time) (Template, error) {
+func (s *Store) addBuild(ctx context.Context, t Template, buildID string, status BuildStatus, result []byte, now time.Time) (Template, error) {
 	var out Template
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		if ok, err := s.tenantExists(ctx, tx, t.Tenant); err != nil {
@@ -147,8 +151,12 @@ func (s *Store) addBuild(ctx context.Context, t Template, buildID string, status
 			}
 			out = cur
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO template_builds (`+buildCols+`) VALUES (?, ?, ?, '', '', NULL, '[]', ?, ?)`,
-			buildID, out.ID, status, unixNano(now), unixNano(now))
+		var res any
+		if result != nil {
+			res = string(result)
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO template_builds (`+buildCols+`) VALUES (?, ?, ?, '', '', ?, '[]', ?, ?)`,
+			buildID, out.ID, status, res, unixNano(now), unixNano(now))
 		if isUniqueViolation(err) {
 			return fmt.Errorf("build %s: %w", buildID, ErrConflict)
 		}

@@ -136,7 +136,7 @@ func TestSnapshotTemplates(t *testing.T) {
 	}
 	for i, st := range steps {
 		at := now.Add(time.Duration(i) * time.Second)
-		tpl, err := s.StartCommit(ctx, st.tpl, st.build, at)
+		tpl, err := s.StartCommit(ctx, st.tpl, st.build, []byte(`{}`), at)
 		if err != nil || tpl.ID != st.wantID || tpl.SnapshotOf != st.wantOfSbx {
 			t.Fatalf("StartCommit(%+v) = %+v, %v; want id %s of %s", st.tpl, tpl, err, st.wantID, st.wantOfSbx)
 		}
@@ -167,7 +167,7 @@ func TestSnapshotTemplates(t *testing.T) {
 		{"p2", "b3", ErrConflict}, // p1 moved the tag
 		{"p3", "p1", nil},
 	} {
-		tpl, err := s.StartCommit(ctx, Template{ID: "unused", Tenant: "a", Name: "named"}, tc.build, now)
+		tpl, err := s.StartCommit(ctx, Template{ID: "unused", Tenant: "a", Name: "named"}, tc.build, []byte(`{}`), now)
 		if err != nil || tpl.SnapshotOf != "sbx2" {
 			t.Fatalf("StartCommit(%s) = %+v, %v; want the snapshot template kept as it was", tc.build, tpl, err)
 		}

@@ -202,7 +202,8 @@ func (s *Service) Publish(ctx context.Context, sbx Sandboxes, t tenant.ID, id, t
 	res.Layers = append(slices.Clone(res.Layers), key)
 	res.Parent, res.Sandbox, res.Paths, res.Bytes = cur, id, mine, size
 
-	stored, err := s.cfg.Store.StartCommit(ctx, tpl, buildID, s.cfg.Now())
+	raw, _ := json.Marshal(res)
+	stored, err := s.cfg.Store.StartCommit(ctx, tpl, buildID, raw, s.cfg.Now())
 	if err != nil {
 		return Version{}, err
 	}
@@ -216,7 +217,6 @@ func (s *Service) Publish(ctx context.Context, sbx Sandboxes, t tenant.ID, id, t
 	if err := s.define(ctx, stored, buildID, res); err != nil {
 		return Version{}, fmt.Errorf("publish sandbox %s: %w", id, err)
 	}
-	raw, _ := json.Marshal(res)
 	err = s.cfg.Store.FinishCommit(ctx, store.Build{ID: buildID, TemplateID: stored.ID, Result: raw}, DefaultTag, cur, s.cfg.Now())
 	if errors.Is(err, store.ErrConflict) {
 		return Version{}, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("template %q got another version meanwhile: publish again", tpl.Name))

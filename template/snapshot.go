@@ -91,9 +91,10 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	maps.Copy(res.Env, src.EnvVars)
 
 	newID := sandbox.NewID()
+	raw, _ := json.Marshal(res)
 	tpl, err := s.cfg.Store.StartCommit(ctx, store.Template{
 		ID: newID, Tenant: t, Name: cmp.Or(alias, newID), CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, SnapshotOf: id,
-	}, buildID, s.cfg.Now())
+	}, buildID, raw, s.cfg.Now())
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -108,7 +109,6 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	if err := s.define(ctx, tpl, buildID, res); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
 	}
-	raw, _ := json.Marshal(res)
 	if err := s.cfg.Store.FinishCommit(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Result: raw}, tag, "", s.cfg.Now()); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
 	}

@@ -229,10 +229,11 @@ func (s *Service) Start(ctx context.Context) error {
 				return fmt.Errorf("templates: mark build %s failed: %w", b.ID, err)
 			}
 			s.log.Info("template build failed by restart", "build_id", b.ID, "template_id", b.TemplateID)
-			if tpl, err := s.templateOfBuild(ctx, b); err == nil && s.cfg.Layered != nil {
-				// A snapshot or publish cut short: its layer may be half
-				// made (a build of steps has none of that name).
-				s.dropSnapshot(ctx, tpl, b.ID, tpl.SnapshotOf != "")
+			if tpl, err := s.templateOfBuild(ctx, b); err == nil && b.Result != nil && s.cfg.Layered != nil {
+				// A snapshot or publish cut short (a build of steps has no
+				// result before it is ready): its layer may be half made,
+				// and a template it made has no version.
+				s.dropSnapshot(ctx, tpl, b.ID, true)
 			}
 		}
 	}

@@ -150,7 +150,7 @@ func (c *apiClient) json(ctx context.Context, method, path string, in, out any) 
 
 func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 	if len(args) == 0 {
-		return errors.New("sandbox: want create, list, get, rm, exec, shell or cp")
+		return errors.New("sandbox: want create, list, get, rm, exec, shell, cp, changes, diff, export, publish or versions")
 	}
 	sub, args := args[0], args[1:]
 	fs, rawURL, token := clientFlags(sub)
@@ -312,6 +312,50 @@ func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 			}
 			return c.copy(ctx, fs.Arg(0), fs.Arg(1), *user, cio)
 		}
+	case "changes", "versions":
+		run = func(c *apiClient) error {
+			id, err := oneID(fs.Args())
+			if err != nil {
+				return err
+			}
+			var out any
+			if err := c.json(ctx, http.MethodGet, "/"+url.PathEscape(id)+"/"+sub, nil, &out); err != nil {
+				return err
+			}
+			return printJSON(cio.out, out)
+		}
+	case "diff", "export":
+		output := fs.String("o", "-", "write to this file (- is stdout)")
+		finalize := fs.Bool("finalize", false, "export: kill the sandbox once the export is complete")
+		run = func(c *apiClient) error {
+			id, err := oneID(fs.Args())
+			if err != nil {
+				return err
+			}
+			path := "/" + url.PathEscape(id) + "/" + sub
+			if sub == "export" && *finalize {
+				path += "?finalize=true"
+			}
+			return c.download(ctx, path, *output, cio.out)
+		}
+	case "publish":
+		template := fs.String("template", "", "template to publish to (default: the one the sandbox was created from)")
+		finalize := fs.Bool("finalize", false, "kill the sandbox once the version is made")
+		run = func(c *apiClient) error {
+			id, err := oneID(fs.Args())
+			if err != nil {
+				return err
+			}
+			body := nativeapi.PublishPost{Finalize: finalize}
+			if *template != "" {
+				body.Template = template
+			}
+			var v nativeapi.Version
+			if err := c.json(ctx, http.MethodPost, "/"+url.PathEscape(id)+"/publish", body, &v); err != nil {
+				return err
+			}
+			return printJSON(cio.out, v)
+		}
 	default:
 		return fmt.Errorf("sandbox: unknown subcommand %q", sub)
 	}
@@ -449,4 +493,32 @@ func baseName(p string) string {
 		return p[i+1:]
 	}
 	return p
+}
+
+// download streams the answer of GET path to the file named output (-:
+// stdout); a cut answer is an error, and a partly written file is removed.
+func (c *apiClient) download(ctx context.Context, path, output string, stdout io.Writer) (err error) {
+	resp, err := c.do(ctx, http.MethodGet, path, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	w := stdout
+	if output != "-" {
+		f, err := os.Create(output)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				_ = os.Remove(output)
+			}
+		}()
+		w = f
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
 }

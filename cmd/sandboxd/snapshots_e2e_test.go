@@ -250,10 +250,11 @@ func e2eJSON(v any) string {
 	return string(b)
 }
 
-// A snapshot or fork cut short by SIGKILL leaves no snapshot, layer or
-// fork once sandboxd is back, and the source (frozen at the time) runs on.
+// A snapshot, fork or publish cut short by SIGKILL leaves no snapshot,
+// version, layer or fork once sandboxd is back, and the source (frozen at
+// the time) runs on.
 func TestSnapshotCrashE2E(t *testing.T) {
-	for _, op := range []string{"snapshots", "fork"} {
+	for _, op := range []string{"snapshots", "fork", "publish"} {
 		t.Run(op, func(t *testing.T) {
 			e := newE2EEnv(t, "a")
 			s := e.start()
@@ -277,14 +278,18 @@ func TestSnapshotCrashE2E(t *testing.T) {
 				}
 				return len(layers()) > 0
 			}
-			body := map[string]any{}
-			if op == "snapshots" {
+			body, path := map[string]any{}, e2eAPIPrefix+"/sandboxes/"+src.SandboxID+"/"+op
+			switch op {
+			case "snapshots":
 				body["name"] = "cut"
+			case "publish": // the native API's, to a new template
+				body["template"] = "cut"
+				path = "/v1/sandboxes/" + src.SandboxID + "/publish"
 			}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				_, _ = s.tryDo(http.MethodPost, e2eAPIPrefix+"/sandboxes/"+src.SandboxID+"/"+op, ka, body, nil)
+				_, _ = s.tryDo(http.MethodPost, path, ka, body, nil)
 			}()
 			e2eEventually(t, "the "+op+" copying", time.Minute, time.Millisecond, func() (bool, string) { return inProgress(), "" })
 			if err := s.stop(syscall.SIGKILL); err != nil {
@@ -297,6 +302,9 @@ func TestSnapshotCrashE2E(t *testing.T) {
 			}
 			if left := layers(); len(left) > 0 {
 				t.Errorf("layers left by the cut %s: %v", op, left)
+			}
+			if r := s.api(t, http.MethodGet, "/templates/aliases/cut", ka, nil); r.status != http.StatusNotFound {
+				t.Errorf("the template of the cut %s: %s, want 404", op, r)
 			}
 			if l, _ := s.list(t, ka, ""); !slices.Equal(e2eIDs(l), []string{src.SandboxID}) {
 				t.Errorf("sandboxes after a crash mid-%s: %v, want the source alone", op, e2eIDs(l))

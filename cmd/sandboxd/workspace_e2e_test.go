@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -93,6 +96,7 @@ func TestWorkspaceE2E(t *testing.T) {
 		}
 		r = s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil)
 		wantStatus(t, "diff", r, http.StatusOK)
+		diffBody := r.body
 		if d := string(r.body); !strings.Contains(d, "diff --git a/home/user/proj/app.txt b/home/user/proj/app.txt\nnew file mode 100644\n--- /dev/null\n+++ b/home/user/proj/app.txt\n@@ -0,0 +1,3 @@\n+line 1\n") {
 			t.Errorf("diff:\n%s", d)
 		}
@@ -115,6 +119,27 @@ func TestWorkspaceE2E(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("the export lacks app.txt as written by user")
+		}
+		// git takes the patch: applied to an empty tree it makes the file.
+		if git, err := exec.LookPath("git"); err == nil {
+			dir := t.TempDir()
+			patch := filepath.Join(t.TempDir(), "p.diff")
+			_ = os.WriteFile(patch, diffBody, 0o644)
+			if out, err := exec.Command(git, "-C", dir, "apply", patch).CombinedOutput(); err != nil {
+				t.Errorf("git apply: %v: %s", err, out)
+			} else if b, _ := os.ReadFile(filepath.Join(dir, "home/user/proj/app.txt")); string(b) != "line 1\nline 2\nline 3\n" {
+				t.Errorf("git apply made %q", b)
+			}
+		}
+		// The CLI says the same.
+		if out, errOut, err := cli(t, s.base, ka, "", "diff", seed.SandboxID); err != nil || out != string(s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil).body) {
+			t.Errorf("sandboxd sandbox diff: %v %s\n%s", err, errOut, out)
+		}
+		tarPath := filepath.Join(t.TempDir(), "changes.tar")
+		if _, errOut, err := cli(t, s.base, ka, "", "export", "-o", tarPath, seed.SandboxID); err != nil {
+			t.Errorf("sandboxd sandbox export: %v %s", err, errOut)
+		} else if b, _ := os.ReadFile(tarPath); len(b) == 0 || !bytes.Contains(b, []byte("line 2\n")) {
+			t.Errorf("the CLI's export (%d bytes) lacks app.txt", len(b))
 		}
 		for _, path := range []string{"/changes", "/diff", "/export"} {
 			wantStatus(t, "b's "+path, s.native(t, http.MethodGet, "/"+seed.SandboxID+path, kb, nil), http.StatusNotFound)
