@@ -37,7 +37,14 @@ func TestChanges(t *testing.T) {
 			run("root", `echo extra >> /etc/hostname && rm /etc/hosts &&
 				mkdir -p /etc/opq && rm -rf /etc/opq && mkdir /etc/opq && touch /etc/opq/new`)
 			run("user", `mkdir -p ~/proj/src && echo hello > ~/proj/src/main.go && printf x > "$HOME/odd
-name" && ln -s main.go ~/proj/src/link`)
+name" && ln -s main.go ~/proj/src/link && mkfifo ~/fifo && touch "$HOME/$(printf 'bad\377')"`)
+			// A directory of the template replaced by a new one: opaque.
+			res, err := runtimetest.Exec(t.Context(), b, id, "root", "/bin/sh", "-c",
+				`d=$(find /etc -mindepth 1 -maxdepth 1 -type d | sort | head -1) && rm -rf "$d" && mkdir "$d" && touch "$d/new" && printf %s "$d"`)
+			if err != nil || res.ExitCode != 0 || res.Stdout == "" {
+				t.Fatalf("replace a directory of /etc: %v %v", res, err)
+			}
+			opaqueDir := res.Stdout
 			chs, err := b.Changes(t.Context(), id)
 			if err != nil {
 				t.Fatal(err)
@@ -57,6 +64,10 @@ name" && ln -s main.go ~/proj/src/link`)
 				{"/home/user/proj/src/main.go", runtime.ChangeAdded, false},
 				{"/home/user/proj/src/link", runtime.ChangeAdded, false},
 				{"/home/user/odd\nname", runtime.ChangeAdded, false},
+				{"/home/user/fifo", runtime.ChangeAdded, false},
+				{"/home/user/bad\xff", runtime.ChangeAdded, false},
+				{opaqueDir, runtime.ChangeModified, true},
+				{opaqueDir + "/new", runtime.ChangeAdded, false},
 			} {
 				c, ok := got[w.path]
 				if !ok || c.Kind != w.kind || c.Opaque != w.opaque {
@@ -96,7 +107,8 @@ name" && ln -s main.go ~/proj/src/link`)
 					contents[h.Name] = string(data)
 				}
 			}
-			for _, name := range []string{"etc/.wh.hosts", "etc/hostname", "home/user/proj/src/main.go", "home/user/odd\nname", "home/user/proj/src/link", "home/user/proj/"} {
+			for _, name := range []string{"etc/.wh.hosts", "etc/hostname", "home/user/proj/src/main.go", "home/user/odd\nname",
+				"home/user/proj/src/link", "home/user/proj/", "home/user/fifo", "home/user/bad\xff", opaqueDir[1:] + "/", opaqueDir[1:] + "/.wh..wh..opq"} {
 				if entries[name] == nil {
 					t.Errorf("export lacks %q", name)
 				}
