@@ -107,6 +107,9 @@ type AdmitRequest struct {
 	Sandbox *store.Sandbox
 	// Key is the pool the create claims from.
 	Key pool.Key
+	// Cold: the create needs a sandbox of its own (it mounts volumes),
+	// never a warm member.
+	Cold bool
 }
 
 // Ticket is one admitted create. It holds the sandbox's lock, its share
@@ -273,7 +276,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 	if err := a.checkQuota(ctx, sb.Tenant, charge, ts); err != nil {
 		return nil, err
 	}
-	if a.pool != nil {
+	if a.pool != nil && !req.Cold {
 		tk.member, _ = a.pool.Claim(req.Key)
 	}
 	if tk.member == nil && a.gate != nil {
@@ -284,7 +287,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		ts.pendingMB += charge
 		unlockTenant()
 		t0 := time.Now()
-		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key)
+		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold)
 		tk.waited = time.Since(t0)
 		ts.mu.Lock()
 		locked = true
@@ -341,7 +344,7 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 // awaitCold waits for whichever comes first: a cold-create slot of the
 // gate (w, held until released with gate.leave) or a member of key that a
 // pool refill made ready.
-func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key) (*pool.Member, *gateWaiter, error) {
+func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold bool) (*pool.Member, *gateWaiter, error) {
 	w := a.gate.enter(t)
 	for {
 		select {
@@ -350,7 +353,7 @@ func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key) (*p
 		default:
 		}
 		var ready <-chan struct{}
-		if a.pool != nil {
+		if a.pool != nil && !cold {
 			ready = a.pool.Ready() // before Take: a member readied in between wakes us
 			if mb, ok := a.pool.Take(key); ok {
 				a.gate.leave(w)

@@ -294,6 +294,10 @@ type CreateRequest struct {
 	// IdleTTL, when above zero, kills the sandbox after that long without
 	// activity (see Touch). The native API sets it; E2B's never does.
 	IdleTTL time.Duration
+	// Volumes are mounted into the sandbox (resolved and checked by the
+	// caller, package volume). A create with volumes is never served from
+	// a warm pool: its members have none.
+	Volumes []runtime.Mount
 }
 
 // NetworkConfig is what sandboxd stores of E2B's network settings:
@@ -386,9 +390,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if alias != sb.Template {
 		sb.Alias = alias
 	}
-	if err := m.create(ctx, sb, key, start); err != nil {
+	if err := m.create(ctx, sb, key, start, req.Volumes); err != nil {
 		m.audit(ctx, "create", sb, err)
 		return nil, err
+	}
+	for _, v := range req.Volumes {
+		m.log.InfoContext(ctx, "volume mounted", "audit", true, "tenant", sb.Tenant, "sandbox_id", sb.ID, "volume_id", v.Volume, "path", v.Path)
 	}
 	return sb, nil
 }
@@ -464,8 +471,8 @@ func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeo
 
 // create admits sb, brings it up and commits it; on failure it leaves
 // nothing behind.
-func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time) error {
-	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key})
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, mounts []runtime.Mount) error {
+	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key, Cold: len(mounts) > 0})
 	if err != nil {
 		return err
 	}
@@ -488,6 +495,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 			ID: sb.ID, Template: sb.Template,
 			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
+			Mounts: mounts,
 		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
 			return fmt.Errorf("create sandbox: %w", err)

@@ -94,6 +94,8 @@ type settingFlags struct {
 	minWarm, maxSandboxes, maxMemory opt[int]
 	buildCPU, buildMemory, buildDisk opt[int]
 	buildTimeout                     opt[int]
+	maxVolumes, maxVolumesMB         opt[int]
+	volumeSize                       opt[int]
 	limits                           map[tenant.Class]*limitFlags
 }
 
@@ -105,6 +107,9 @@ func (f *settingFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.buildMemory, "build-memory-mb", `memory of a template build's sandbox, MiB, at most ("default": server default)`)
 	fs.Var(&f.buildDisk, "build-disk-mb", `disk of a template build's sandbox, MiB ("default": server default)`)
 	fs.Var(&f.buildTimeout, "build-timeout-s", `longest a template build may run, seconds ("default": server default)`)
+	fs.Var(&f.maxVolumes, "max-volumes", `volumes the tenant may have (0: no limit; "default": server default)`)
+	fs.Var(&f.maxVolumesMB, "max-volumes-mb", `total size of the tenant's volumes, MiB (0: no limit; "default": server default)`)
+	fs.Var(&f.volumeSize, "volume-size-mb", `size of a new volume, MiB ("default": server default)`)
 	f.limits = make(map[tenant.Class]*limitFlags, len(tenant.Classes))
 	for _, c := range tenant.Classes {
 		l := &limitFlags{}
@@ -121,7 +126,8 @@ func (f *settingFlags) any() bool {
 		}
 	}
 	return f.minWarm.set || f.maxSandboxes.set || f.maxMemory.set ||
-		f.buildCPU.set || f.buildMemory.set || f.buildDisk.set || f.buildTimeout.set
+		f.buildCPU.set || f.buildMemory.set || f.buildDisk.set || f.buildTimeout.set ||
+		f.maxVolumes.set || f.maxVolumesMB.set || f.volumeSize.set
 }
 
 func (f *settingFlags) apply(s *tenant.Settings) {
@@ -132,6 +138,9 @@ func (f *settingFlags) apply(s *tenant.Settings) {
 	f.buildMemory.apply(&s.Build.MemoryMB)
 	f.buildDisk.apply(&s.Build.DiskMB)
 	f.buildTimeout.apply(&s.Build.TimeoutS)
+	f.maxVolumes.apply(&s.Volumes.Max)
+	f.maxVolumesMB.apply(&s.Volumes.MaxMB)
+	f.volumeSize.apply(&s.Volumes.SizeMB)
 	for c, lf := range f.limits {
 		l := s.Limit(c)
 		lf.rate.apply(&l.Rate)

@@ -54,6 +54,8 @@ func StatusOf(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, errdefs.ErrNotImplemented):
 		return http.StatusNotImplemented
+	case errors.Is(err, errdefs.ErrNoSpace):
+		return http.StatusInsufficientStorage
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, errdefs.ErrDeadlineExceeded):
@@ -94,7 +96,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 			msg = err.Error()
 		}
 	}
-	if status >= 500 && status != http.StatusNotImplemented {
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusInsufficientStorage {
 		reqID := middleware.GetReqID(r.Context())
 		log.ErrorContext(r.Context(), "request failed", "status", status, "err", err, "request_id", reqID,
 			"method", r.Method, "path", r.URL.Path)
