@@ -325,3 +325,52 @@ func TestErrorsAreErrdefsKinds(t *testing.T) {
 		}
 	}
 }
+
+func TestVolumesRecord(t *testing.T) {
+	s, err := Open(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, n := range []string{"a", "b"} {
+		if _, err := s.EnsureTenant(t.Context(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := Volume{ID: "v1", Tenant: "a", Name: "data", Token: "tok", SizeMB: 100, CreatedAt: time.Now().UTC()}
+	if err := s.InsertVolume(t.Context(), v, VolumeQuota{Max: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		v    Volume
+		q    VolumeQuota
+		want error
+	}{
+		{"count", Volume{ID: "v2", Tenant: "a", Name: "x", SizeMB: 1}, VolumeQuota{Max: 1}, ErrQuota},
+		{"size", Volume{ID: "v2", Tenant: "a", Name: "x", SizeMB: 101}, VolumeQuota{MaxMB: 200}, ErrQuota},
+		{"name", Volume{ID: "v2", Tenant: "a", Name: "data", SizeMB: 1}, VolumeQuota{}, ErrConflict},
+		{"unknown tenant", Volume{ID: "v2", Tenant: "zz", Name: "x", SizeMB: 1}, VolumeQuota{}, ErrNotFound},
+		{"other tenant, same name", Volume{ID: "v3", Tenant: "b", Name: "data", SizeMB: 1}, VolumeQuota{Max: 1}, nil},
+	} {
+		err := s.InsertVolume(t.Context(), tc.v, tc.q)
+		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("%s: InsertVolume = %v; want %v", tc.name, err, tc.want)
+		}
+	}
+	if got, err := s.GetVolume(t.Context(), "a", "v1"); err != nil || got.Token != "tok" || got.SizeMB != 100 {
+		t.Errorf("GetVolume = %+v, %v", got, err)
+	}
+	if _, err := s.GetVolume(t.Context(), "b", "v1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetVolume(other tenant) = %v; want not found", err)
+	}
+	if err := s.DeleteVolume(t.Context(), "b", "v1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("DeleteVolume(other tenant) = %v; want not found", err)
+	}
+	if err := s.DeleteVolume(t.Context(), "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := s.ListVolumes(t.Context(), ""); err != nil || len(vs) != 1 || vs[0].ID != "v3" {
+		t.Errorf("ListVolumes(all) = %v, %v; want v3 only", vs, err)
+	}
+}
