@@ -104,6 +104,14 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   fi
   wait "$1" 2>/dev/null
 }
+# unmount_volumes DIR: a stopped sandboxd leaves its volumes mounted (they
+# outlive it by design); a data dir being removed takes them along.
+unmount_volumes() {
+  local m
+  for m in $(awk -v d="$1/volumes/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
+}
 cleanup() {
   [[ -n $reg_pid ]] && stop "$reg_pid"
   [[ -n $inet_pid ]] && stop "$inet_pid"
@@ -114,7 +122,7 @@ cleanup() {
     stop "$sbxd_pid"
     remove_run_dir
   fi
-  for d in "${tmp_dirs[@]}"; do rm -rf "$d"; done
+  for d in "${tmp_dirs[@]}"; do unmount_volumes "$d"; rm -rf "$d"; done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

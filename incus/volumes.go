@@ -118,14 +118,7 @@ func (b *Backend) awaitDeletes(ctx context.Context, usedBy []string) bool {
 		}
 	}
 	b.mu.Unlock()
-	for _, w := range waits {
-		select {
-		case <-w:
-		case <-ctx.Done():
-			return false
-		}
-	}
-	return len(waits) > 0
+	return len(waits) > 0 && waitClosed(ctx, waits) == nil
 }
 
 // OpenVolume returns the root of volume id's files on the host.

@@ -51,6 +51,11 @@ func apiKey(r *http.Request) string {
 	if k := r.Header.Get("X-API-KEY"); k != "" {
 		return k
 	}
+	return bearer(r)
+}
+
+// bearer is an Authorization: Bearer credential (a volume's token).
+func bearer(r *http.Request) string {
 	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "bearer") {
 		return strings.TrimSpace(tok)
 	}
@@ -68,7 +73,7 @@ func authenticate(keys keyLookup, vols *volume.Service, log *slog.Logger) func(h
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if id, ok := volumeContentID(r); ok {
-				v, err := vols.Authenticate(r.Context(), id, apiKey(r))
+				v, err := vols.Authenticate(r.Context(), id, bearer(r))
 				if err != nil {
 					httpx.WriteError(w, r, log, err)
 					return

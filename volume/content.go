@@ -190,19 +190,25 @@ func ensureParents(root *os.Root, rel string, uid, gid int) error {
 		if err := root.Mkdir(d, DefaultDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		if err := root.Lchown(d, uid, gid); err != nil {
-			return err
-		}
-		if err := root.Chmod(d, DefaultDirMode); err != nil {
+		if err := setOwner(root, d, uid, gid, DefaultDirMode); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// setOwner gives rel its owner and mode; the mode again after the create,
+// which the umask cut.
+func setOwner(root *os.Root, rel string, uid, gid, mode int) error {
+	if err := root.Lchown(rel, uid, gid); err != nil {
+		return err
+	}
+	return root.Chmod(rel, fs.FileMode(mode).Perm())
+}
+
 // WriteFile writes body to p. Without force p must not exist (409, as on
 // E2B); with force its parents are made and an existing file replaced.
-func WriteFile(root *os.Root, p string, body io.Reader, o Owner, force bool) (Entry, error) {
+func WriteFile(root *os.Root, p string, body io.Reader, o Owner, force bool) (_ Entry, err error) {
 	abs, rel, err := Clean(p)
 	if err != nil {
 		return Entry{}, err
@@ -230,6 +236,15 @@ func WriteFile(root *os.Root, p string, body io.Reader, o Owner, force bool) (En
 		return Entry{}, fsErr("write", abs, err)
 	}
 	defer f.Close()
+	if !force {
+		// A file this call made goes again if the write fails (a full
+		// volume): no half file is left behind.
+		defer func() {
+			if err != nil {
+				_ = root.Remove(rel)
+			}
+		}()
+	}
 	fi, err := f.Stat()
 	if err != nil {
 		return Entry{}, fsErr("write", abs, err)
@@ -286,10 +301,7 @@ func MakeDir(root *os.Root, p string, o Owner, force bool) (Entry, error) {
 		}
 		return entryOf(root, abs, rel, fi), nil
 	}
-	if err := root.Lchown(rel, uid, gid); err != nil {
-		return Entry{}, fsErr("mkdir", abs, err)
-	}
-	if err := root.Chmod(rel, fs.FileMode(mode).Perm()); err != nil {
+	if err := setOwner(root, rel, uid, gid, mode); err != nil {
 		return Entry{}, fsErr("mkdir", abs, err)
 	}
 	return Stat(root, abs)

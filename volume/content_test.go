@@ -192,3 +192,27 @@ func TestMakeDirListRemove(t *testing.T) {
 		t.Errorf("Remove(removed) = %v; want not found", err)
 	}
 }
+
+// A full volume is ErrNoSpace (507), not a 500.
+func TestWriteFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	_, err = WriteFile(root, "/big", strings.NewReader(strings.Repeat("x", 1<<20)), Owner{}, false)
+	if !errors.Is(err, errdefs.ErrNoSpace) {
+		t.Errorf("WriteFile(1 MiB into 64 KiB) = %v; want ErrNoSpace", err)
+	}
+	if _, err := root.Stat("big"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the failed write left its file: %v", err)
+	}
+}

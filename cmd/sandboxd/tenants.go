@@ -174,7 +174,7 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tMIN_WARM\tCREATE_RATE\tCREATE_BURST\tMAX_SANDBOXES\tMAX_MEMORY_MB\t"+
 		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST\t"+
-		"BUILD_CPU\tBUILD_MEMORY_MB\tBUILD_DISK_MB\tBUILD_TIMEOUT_S")
+		"BUILD_CPU\tBUILD_MEMORY_MB\tBUILD_DISK_MB\tBUILD_TIMEOUT_S\tMAX_VOLUMES\tMAX_VOLUMES_MB\tVOLUME_SIZE_MB")
 	for _, t := range ts {
 		s := t.Settings
 		create := s.Limit(tenant.Create)
@@ -184,7 +184,8 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 			l := s.Limit(c)
 			row = append(row, show(l.Rate), show(l.Burst))
 		}
-		row = append(row, show(s.Build.CPU), show(s.Build.MemoryMB), show(s.Build.DiskMB), show(s.Build.TimeoutS))
+		row = append(row, show(s.Build.CPU), show(s.Build.MemoryMB), show(s.Build.DiskMB), show(s.Build.TimeoutS),
+			show(s.Volumes.Max), show(s.Volumes.MaxMB), show(s.Volumes.SizeMB))
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()
