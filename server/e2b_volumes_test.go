@@ -38,6 +38,7 @@ func newVolumeEnv(t *testing.T) *fakeEnv {
 			return tenant.VolumeBudget{Max: 3, SizeMB: 64}
 		}, slog.New(slog.DiscardHandler))
 		c.Volumes = vols
+		c.Domain = "sbx.test"
 	})
 	return e
 }
@@ -119,6 +120,17 @@ func TestE2BVolumes(t *testing.T) {
 		if status != tc.want || !strings.Contains(string(body), tc.wantBody) {
 			t.Errorf("%s: %s %s = %d %.200s; want %d with %q", tc.name, tc.method, tc.path, status, body, tc.want, tc.wantBody)
 		}
+	}
+
+	// With --domain D, the SDKs' default content URL (https://api.D, when
+	// E2B_VOLUME_API_URL is unset) reaches the content API at the root.
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/volumecontent/"+v.VolumeID+"/file?path=/big", nil)
+	req.Host = "api.sbx.test"
+	req.Header.Set("Authorization", "Bearer "+v.Token)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 || resp.ContentLength != 2<<20 {
+		t.Errorf("GET file through Host api.sbx.test = %v, %v; want 200 with the 2 MiB file", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	// Another volume's token opens only that volume.

@@ -60,11 +60,14 @@ func Clean(p string) (abs, rel string, err error) {
 func fsErr(op, p string, err error) error {
 	msg := fmt.Sprintf("%s %s: %v", op, p, unwrapPathErr(err))
 	switch {
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, fs.ErrNotExist):
 		return errdefs.New(errdefs.ErrNotFound, msg)
+	case errors.Is(err, syscall.ENOTDIR): // E2B's words and status
+		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s %s: a component of the path is a file, but must be a directory", op, p))
 	case errors.Is(err, fs.ErrExist), errors.Is(err, syscall.ENOTEMPTY):
 		return errdefs.New(errdefs.ErrConflict, msg)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// E2B's orchestrator answers 500 here; 507 says what it is.
 		return errdefs.New(errdefs.ErrNoSpace, fmt.Sprintf("%s %s: the volume is full", op, p))
 	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ELOOP),
 		errors.Is(err, syscall.ENAMETOOLONG), strings.Contains(err.Error(), "escapes from parent"):

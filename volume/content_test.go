@@ -90,6 +90,9 @@ func TestWriteReadStat(t *testing.T) {
 	if _, _, err := OpenFile(root, "/x"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("OpenFile(dir) = %v; want invalid argument", err)
 	}
+	if _, err := Stat(root, "/a.txt/sub"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Stat(through a file) = %v; want invalid argument (E2B's 400)", err)
+	}
 }
 
 // A sandbox's root can put any symlink or FIFO in a volume it mounts: the
