@@ -448,7 +448,7 @@ func TestCreateWithVolumesIsCold(t *testing.T) {
 		p := e.startPools(t)
 		waitFor(t, "a warm member", func() bool { return ready(p, "a") == 1 })
 		mounts := []runtime.Mount{{Volume: "v1", Path: "/mnt/data"}}
-		sb, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, Volumes: mounts})
+		sb, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, Volumes: []store.SandboxVolume{{VolumeID: "v1", Name: "data", Path: "/mnt/data"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,6 +460,9 @@ func TestCreateWithVolumesIsCold(t *testing.T) {
 		}
 		if ready(p, "a") != 1 {
 			t.Errorf("the warm member was taken")
+		}
+		if v, err := e.m.GetView(as("a"), sb.ID); err != nil || len(v.VolumeMounts) != 1 || v.VolumeMounts[0].Name != "data" {
+			t.Errorf("GetView = %+v, %v; want the volume mount", v.VolumeMounts, err)
 		}
 	})
 }

@@ -297,7 +297,7 @@ type CreateRequest struct {
 	// Volumes are mounted into the sandbox (resolved and checked by the
 	// caller, package volume). A create with volumes is never served from
 	// a warm pool: its members have none.
-	Volumes []runtime.Mount
+	Volumes []store.SandboxVolume
 }
 
 // NetworkConfig is what sandboxd stores of E2B's network settings:
@@ -390,12 +390,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if alias != sb.Template {
 		sb.Alias = alias
 	}
-	if err := m.create(ctx, sb, key, start, req.Volumes); err != nil {
+	mounts := make([]runtime.Mount, 0, len(req.Volumes))
+	for _, v := range req.Volumes {
+		mounts = append(mounts, runtime.Mount{Volume: v.VolumeID, Path: v.Path})
+	}
+	if err := m.create(ctx, sb, key, start, mounts); err != nil {
 		m.audit(ctx, "create", sb, err)
 		return nil, err
 	}
+	if len(req.Volumes) > 0 {
+		// What GET reports; the backend's spec is what mounts them.
+		if err := m.store.SetSandboxVolumes(context.WithoutCancel(ctx), sb.ID, req.Volumes); err != nil {
+			m.log.ErrorContext(ctx, "record volume mounts", "tenant", sb.Tenant, "sandbox_id", sb.ID, "err", err)
+		}
+	}
 	for _, v := range req.Volumes {
-		m.log.InfoContext(ctx, "volume mounted", "audit", true, "tenant", sb.Tenant, "sandbox_id", sb.ID, "volume_id", v.Volume, "path", v.Path)
+		m.log.InfoContext(ctx, "volume mounted", "audit", true, "tenant", sb.Tenant, "sandbox_id", sb.ID, "volume_id", v.VolumeID,
+			"volume_name", v.Name, "path", v.Path)
 	}
 	return sb, nil
 }

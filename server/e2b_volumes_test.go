@@ -86,6 +86,22 @@ func TestE2BVolumes(t *testing.T) {
 		}
 	}
 
+	// A sandbox with the volume reports its mounts, as E2B's detail does.
+	r, b = e.do(t, http.MethodPost, api+"/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"data","path":"/mnt/data"}]}`, nil)
+	var sb e2bapi.Sandbox
+	if r.StatusCode != http.StatusCreated || json.Unmarshal(b, &sb) != nil {
+		t.Fatalf("create with a volume = %d %s", r.StatusCode, b)
+	}
+	r, b = e.do(t, http.MethodGet, api+"/sandboxes/"+sb.SandboxID, "", nil)
+	var d e2bapi.SandboxDetail
+	if r.StatusCode != 200 || json.Unmarshal(b, &d) != nil || d.VolumeMounts == nil || len(*d.VolumeMounts) != 1 ||
+		(*d.VolumeMounts)[0] != (e2bapi.SandboxVolumeMount{Name: "data", Path: "/mnt/data"}) {
+		t.Errorf("GET sandbox = %d %s; want volumeMounts [{data /mnt/data}]", r.StatusCode, b)
+	}
+	if r, _ := e.do(t, http.MethodDelete, api+"/sandboxes/"+sb.SandboxID, "", nil); r.StatusCode != 204 {
+		t.Fatalf("kill = %d", r.StatusCode)
+	}
+
 	c := api + "/volumecontent/" + v.VolumeID
 	big := strings.Repeat("x", 2<<20) // above the JSON body bound
 	for _, tc := range []struct {

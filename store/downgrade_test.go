@@ -34,6 +34,7 @@ var undoMigration = map[int][]string{
 		`ALTER TABLE tenants DROP COLUMN build_timeout_s`,
 	},
 	7: {
+		`DROP TABLE sandbox_volumes`,
 		`DROP TABLE volumes`,
 		`ALTER TABLE tenants DROP COLUMN max_volumes`,
 		`ALTER TABLE tenants DROP COLUMN max_volumes_mb`,

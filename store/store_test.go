@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -372,5 +373,35 @@ func TestVolumesRecord(t *testing.T) {
 	}
 	if vs, err := s.ListVolumes(t.Context(), ""); err != nil || len(vs) != 1 || vs[0].ID != "v3" {
 		t.Errorf("ListVolumes(all) = %v, %v; want v3 only", vs, err)
+	}
+}
+
+func TestSandboxVolumes(t *testing.T) {
+	s, err := Open(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.EnsureTenant(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertSandbox(t.Context(), newSandbox("sb1", "a", 0)); err != nil {
+		t.Fatal(err)
+	}
+	want := []SandboxVolume{{VolumeID: "v1", Name: "data", Path: "/a"}, {VolumeID: "v1", Name: "data", Path: "/b"}}
+	if err := s.SetSandboxVolumes(t.Context(), "sb1", want); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.SandboxVolumes(t.Context(), "sb1"); err != nil || !slices.Equal(got, want) {
+		t.Errorf("SandboxVolumes = %v, %v; want %v", got, err, want)
+	}
+	if err := s.SetSandboxVolumes(t.Context(), "nope", want); err == nil {
+		t.Error("SetSandboxVolumes(unknown sandbox) = nil; want a foreign key error")
+	}
+	if err := s.DeleteSandbox(t.Context(), "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.SandboxVolumes(t.Context(), "sb1"); err != nil || len(got) != 0 {
+		t.Errorf("after the sandbox's delete: %v, %v; want none", got, err)
 	}
 }

@@ -148,3 +148,51 @@ func (s *Store) DeleteVolume(ctx context.Context, t tenant.ID, id string) error 
 	}
 	return nil
 }
+
+// SandboxVolume is a volume mounted in a sandbox: the volume, the name the
+// create gave it, and where.
+type SandboxVolume struct {
+	VolumeID, Name, Path string
+}
+
+// SetSandboxVolumes records the volumes sandbox id mounts; they are removed
+// with its row.
+func (s *Store) SetSandboxVolumes(ctx context.Context, id string, vs []SandboxVolume) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_volumes WHERE sandbox_id = ?`, id); err != nil {
+			return err
+		}
+		for _, v := range vs {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_volumes (sandbox_id, volume_id, name, path) VALUES (?, ?, ?, ?)`,
+				id, v.VolumeID, v.Name, v.Path); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("set volumes of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SandboxVolumes returns the volumes sandbox id mounts, by path.
+func (s *Store) SandboxVolumes(ctx context.Context, id string) ([]SandboxVolume, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT volume_id, name, path FROM sandbox_volumes WHERE sandbox_id = ? ORDER BY path`, id)
+	if err != nil {
+		return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []SandboxVolume
+	for rows.Next() {
+		var v SandboxVolume
+		if err := rows.Scan(&v.VolumeID, &v.Name, &v.Path); err != nil {
+			return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+	}
+	return out, nil
+}

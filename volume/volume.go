@@ -238,7 +238,7 @@ func CheckMountPath(p string) string {
 
 // Mounts resolves E2B's volumeMounts for the tenant in ctx, checking every
 // entry; all failures are reported at once, in E2B's words.
-func (s *Service) Mounts(ctx context.Context, reqs []MountRequest) ([]runtime.Mount, error) {
+func (s *Service) Mounts(ctx context.Context, reqs []MountRequest) ([]store.SandboxVolume, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -251,7 +251,7 @@ func (s *Service) Mounts(ctx context.Context, reqs []MountRequest) ([]runtime.Mo
 	}
 	var bad []string
 	used := map[string]bool{}
-	var out []runtime.Mount
+	var out []store.SandboxVolume
 	for i, r := range reqs {
 		if reason := CheckMountPath(r.Path); reason != "" {
 			bad = append(bad, fmt.Sprintf("\t- volume mount #%d: %s", i, reason))
@@ -270,7 +270,7 @@ func (s *Service) Mounts(ctx context.Context, reqs []MountRequest) ([]runtime.Mo
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, runtime.Mount{Volume: v.ID, Path: r.Path})
+		out = append(out, store.SandboxVolume{VolumeID: v.ID, Name: v.Name, Path: r.Path})
 	}
 	if len(bad) > 0 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid mounts:\n"+strings.Join(bad, "\n"))

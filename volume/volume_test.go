@@ -212,7 +212,7 @@ func TestMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.Mounts(as("a"), []MountRequest{{Name: "data", Path: "/mnt/a"}, {Name: "data", Path: "/mnt/b"}})
-	want := []runtime.Mount{{Volume: v.ID, Path: "/mnt/a"}, {Volume: v.ID, Path: "/mnt/b"}}
+	want := []store.SandboxVolume{{VolumeID: v.ID, Name: "data", Path: "/mnt/a"}, {VolumeID: v.ID, Name: "data", Path: "/mnt/b"}}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("Mounts = %v, %v; want %v", got, err, want)
 	}

@@ -213,7 +213,7 @@ func (a *API) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequest
 		template: b.TemplateID, timeout: b.Timeout, secure: b.Secure == nil || *b.Secure,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, mounts: a.volumeMounts(ctx, b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
+		mcp: b.Mcp != nil, mounts: mountRequests(b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -232,7 +232,7 @@ func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2Req
 		template: b.TemplateID, timeout: b.Timeout, secure: true,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, mounts: a.volumeMounts(ctx, b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
+		mcp: b.Mcp != nil, mounts: mountRequests(b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -270,6 +270,13 @@ func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	}
 	if a.domain != "" {
 		d.Domain = ptr(a.domain)
+	}
+	if len(sb.VolumeMounts) > 0 {
+		ms := make([]e2bapi.SandboxVolumeMount, 0, len(sb.VolumeMounts))
+		for _, v := range sb.VolumeMounts {
+			ms = append(ms, e2bapi.SandboxVolumeMount{Name: v.Name, Path: v.Path})
+		}
+		d.VolumeMounts = &ms
 	}
 	if n := sb.Network; n != nil {
 		nc := &e2bapi.SandboxNetworkConfig{AllowPublicTraffic: n.AllowPublicTraffic}

@@ -199,11 +199,13 @@ func (a *API) DeleteVolumePath(ctx context.Context, req e2bapi.DeleteVolumePathR
 	return e2bapi.DeleteVolumePath204Response{}, nil
 }
 
-// volumeMounts resolves a create's volumeMounts.
-func (a *API) volumeMounts(ctx context.Context, ms *[]e2bapi.SandboxVolumeMount) (reqs []volume.MountRequest) {
+// mountRequests converts a create's volumeMounts; package volume checks and
+// resolves them (create).
+func mountRequests(ms *[]e2bapi.SandboxVolumeMount) []volume.MountRequest {
 	if ms == nil {
 		return nil
 	}
+	reqs := make([]volume.MountRequest, 0, len(*ms))
 	for _, m := range *ms {
 		reqs = append(reqs, volume.MountRequest{Name: m.Name, Path: m.Path})
 	}

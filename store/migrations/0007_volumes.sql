@@ -17,6 +17,16 @@ CREATE TABLE volumes (
 	UNIQUE (tenant_id, name)
 ) STRICT;
 
+-- The volumes a sandbox mounts, as its create named them (what GET
+-- /sandboxes/{id} reports); they go with the sandbox's row.
+CREATE TABLE sandbox_volumes (
+	sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	volume_id  TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	path       TEXT NOT NULL,
+	PRIMARY KEY (sandbox_id, path)
+) STRICT;
+
 ALTER TABLE tenants ADD COLUMN max_volumes    INTEGER;
 ALTER TABLE tenants ADD COLUMN max_volumes_mb INTEGER;
 ALTER TABLE tenants ADD COLUMN volume_size_mb INTEGER;

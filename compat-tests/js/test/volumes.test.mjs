@@ -31,6 +31,7 @@ test('volume: create, content API, mounted in two sandboxes, delete', T, async (
 
   const a = await newSandbox({ volumeMounts: { '/mnt/data': vol } })
   const b = await newSandbox({ volumeMounts: { '/mnt/data': vol.name } })
+  assert.deepEqual((await a.getInfo()).volumeMounts, [{ name: vol.name, path: '/mnt/data' }])
   const r = await a.commands.run('cat /mnt/data/hello.txt && id -u')
   assert.equal(r.stdout, 'from the api\n1000\n')
   await a.commands.run('echo from a > /mnt/data/a.txt')

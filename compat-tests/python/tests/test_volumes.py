@@ -54,6 +54,7 @@ def test_volume_mounted_in_two_sandboxes(volume: Volume):
     try:
         b = Sandbox.create(timeout=300, volume_mounts={"/mnt/data": volume.name})
         try:
+            assert a.get_info().volume_mounts == [{"name": volume.name, "path": "/mnt/data"}]
             r = a.commands.run("cat /mnt/data/hello.txt && id -u")
             assert r.stdout == "from the api\n1000\n"
             a.commands.run("echo from a > /mnt/data/a.txt")
