@@ -104,6 +104,14 @@ stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
   fi
   wait "$1" 2>/dev/null
 }
+# unmount_volumes DIR: a stopped sandboxd leaves its volumes mounted (they
+# outlive it by design); a data dir being removed takes them along.
+unmount_volumes() {
+  local m
+  for m in $(awk -v d="$1/volumes/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
+}
 cleanup() {
   [[ -n $reg_pid ]] && stop "$reg_pid"
   [[ -n $inet_pid ]] && stop "$inet_pid"
@@ -114,7 +122,7 @@ cleanup() {
     stop "$sbxd_pid"
     remove_run_dir
   fi
-  for d in "${tmp_dirs[@]}"; do rm -rf "$d"; done
+  for d in "${tmp_dirs[@]}"; do unmount_volumes "$d"; rm -rf "$d"; done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -437,6 +445,8 @@ EOF2
     echo "compat-tests: sandboxd keys create failed (see $log_dir/sandboxd.log)" >&2
     total_fail=$((total_fail + 1)); return
   fi
+  # A second tenant's key, for the suites' cross-tenant checks (volumes).
+  sbxd_key2=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat-other 2>>"$log_dir/sandboxd.log") || sbxd_key2=
   if ! start_sandboxd "$data"; then
     tail -n 30 "$log_dir/sandboxd.log" >&2
     echo "compat-tests: sandboxd did not answer GET /health within 30 s" >&2
@@ -445,6 +455,7 @@ EOF2
     echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
     mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
+      "E2B_VOLUME_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "COMPAT_OTHER_API_KEY=$sbxd_key2"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
     run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then

@@ -19,6 +19,8 @@ var (
 	ErrUnavailable       = errors.New("unavailable") // host capacity, backend down: retry later
 	ErrNotImplemented    = errors.New("not implemented")
 	ErrDeadlineExceeded  = errors.New("deadline exceeded")
+	// ErrNoSpace: a write found the volume or disk full (ENOSPC).
+	ErrNoSpace = errors.New("no space left")
 )
 
 // IsNotFound reports whether err is of kind ErrNotFound.

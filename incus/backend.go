@@ -463,6 +463,7 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
 		"sock": {"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"},
 	}
+	maps.Copy(devices, b.volumeDevices(sp.Mounts))
 	if s.ip.IsValid() {
 		// A bare veth: Incus names the host end (so that the egress rules,
 		// which match its prefix, cover it) and moves the other in as

@@ -267,8 +267,10 @@ func (c *Client) async(ctx context.Context, method, path string, body any) (stri
 	if r.Type != "async" || r.Operation == "" {
 		return "", newError(method, path, r.StatusCode, "expected an async answer, got "+r.Type)
 	}
-	return strings.TrimPrefix(r.Operation, "/1.0/operations/"), nil
+	return trimOperation(r.Operation), nil
 }
+
+func trimOperation(op string) string { return strings.TrimPrefix(op, "/1.0/operations/") }
 
 // Operation is a background task of the daemon.
 type Operation struct {

@@ -546,6 +546,11 @@ func (b *Backend) WaitDeletes(ctx context.Context) error {
 		waits = append(waits, ch)
 	}
 	b.mu.Unlock()
+	return waitClosed(ctx, waits)
+}
+
+// waitClosed waits until every channel of waits is closed, or ctx ends.
+func waitClosed(ctx context.Context, waits []chan struct{}) error {
 	for _, w := range waits {
 		select {
 		case <-w:

@@ -17,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path"
 
 	"github.com/sandboxd/sandboxd/runtime/egress/policy"
 	"regexp"
@@ -133,6 +135,28 @@ type EgressPolicer interface {
 	SetEgressPolicy(ctx context.Context, id string, p *policy.Policy) error
 }
 
+// VolumeStore is a backend that keeps volumes: directories that outlive
+// sandboxes, each with a size the kernel enforces, mounted into sandboxes
+// through Spec.Mounts (several at once see the same files). Volumes survive
+// a restart of sandboxd and the sandboxes that used them.
+type VolumeStore interface {
+	// CreateVolume makes volume id of sizeMB MiB, empty. On error nothing
+	// of it is left. An id in use is ErrAlreadyExists.
+	CreateVolume(ctx context.Context, id string, sizeMB int) error
+	// DeleteVolume removes volume id and its files. It fails with ErrInUse
+	// while a live sandbox (running or paused) mounts it, and returns nil
+	// for a volume that does not exist.
+	DeleteVolume(ctx context.Context, id string) error
+	// OpenVolume returns the root of volume id's files as the sandboxes
+	// see them (owners as inside), for the control plane to read and write
+	// without leaving it; the caller closes it. ErrNotFound if it does not
+	// exist.
+	OpenVolume(ctx context.Context, id string) (*os.Root, error)
+	// Volumes lists the volumes the backend holds, so that the control
+	// plane can remove those a crash left without a record.
+	Volumes(ctx context.Context) ([]string, error)
+}
+
 // Resources are a sandbox's limits, in Spec's units. Zero means unset.
 type Resources struct {
 	CPUCount   int
@@ -182,6 +206,18 @@ type Spec struct {
 	// fails with ErrUnsupported; ErrNotFound when ForkOf is gone,
 	// ErrNotRunning when it is not running.
 	ForkOf string `json:"-"`
+	// Mounts are volumes (VolumeStore) mounted read-write into the
+	// sandbox. They are part of the sandbox: a resume or a re-adopt mounts
+	// them again.
+	Mounts []Mount `json:",omitempty"`
+}
+
+// Mount is a volume mounted into a sandbox at Path.
+type Mount struct {
+	// Volume is the volume's id (see ValidID).
+	Volume string
+	// Path is an absolute, clean path inside the sandbox, not "/".
+	Path string
 }
 
 // Compiled on first use, not at package init: every sandbox start
@@ -207,6 +243,16 @@ func (s Spec) Validate() error {
 	if s.Template == "" || s.CPUCount == 0 || s.MemoryMB == 0 || s.DiskSizeMB == 0 {
 		return fmt.Errorf("%w: unfinished spec (template %q, cpu %d, memory %d MiB, disk %d MiB): defaults are the control plane's to resolve",
 			ErrInvalidSpec, s.Template, s.CPUCount, s.MemoryMB, s.DiskSizeMB)
+	}
+	for i, m := range s.Mounts {
+		if !ValidID(m.Volume) || !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" || strings.ContainsRune(m.Path, 0) {
+			return fmt.Errorf("%w: mount %d: bad volume %q or path %q", ErrInvalidSpec, i, m.Volume, m.Path)
+		}
+		for _, o := range s.Mounts[:i] {
+			if o.Path == m.Path {
+				return fmt.Errorf("%w: mount %d: path %q is used twice", ErrInvalidSpec, i, m.Path)
+			}
+		}
 	}
 	for k, v := range s.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {

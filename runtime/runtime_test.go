@@ -67,3 +67,27 @@ func TestSpecValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestSpecValidateMounts(t *testing.T) {
+	base := Spec{ID: "a", Template: "base", CPUCount: 1, MemoryMB: 128, DiskSizeMB: 64}
+	for _, tc := range []struct {
+		name   string
+		mounts []Mount
+		ok     bool
+	}{
+		{"none", nil, true},
+		{"one", []Mount{{Volume: "v1", Path: "/mnt/v"}}, true},
+		{"one volume twice", []Mount{{Volume: "v1", Path: "/a"}, {Volume: "v1", Path: "/a/b"}}, true},
+		{"relative", []Mount{{Volume: "v1", Path: "mnt"}}, false},
+		{"root", []Mount{{Volume: "v1", Path: "/"}}, false},
+		{"unclean", []Mount{{Volume: "v1", Path: "/a/../etc"}}, false},
+		{"path twice", []Mount{{Volume: "v1", Path: "/a"}, {Volume: "v2", Path: "/a"}}, false},
+		{"bad volume id", []Mount{{Volume: "../x", Path: "/a"}}, false},
+	} {
+		s := base
+		s.Mounts = tc.mounts
+		if err := s.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v; want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}

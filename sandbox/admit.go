@@ -107,8 +107,9 @@ type AdmitRequest struct {
 	Sandbox *store.Sandbox
 	// Key is the pool the create claims from.
 	Key pool.Key
-	// Cold: the create needs the backend's (a fork copies another
-	// sandbox's files into a new one), never a warm member.
+	// Cold: the create needs a sandbox of its own, never a warm member:
+	// it mounts volumes, or it is a fork (a copy of another sandbox's
+	// files made by the backend's create).
 	Cold bool
 }
 
@@ -276,12 +277,8 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 	if err := a.checkQuota(ctx, sb.Tenant, charge, ts); err != nil {
 		return nil, err
 	}
-	warm := a.pool
-	if req.Cold {
-		warm = nil
-	}
-	if warm != nil {
-		tk.member, _ = warm.Claim(req.Key)
+	if a.pool != nil && !req.Cold {
+		tk.member, _ = a.pool.Claim(req.Key)
 	}
 	if tk.member == nil && a.gate != nil {
 		if err := a.checkHost(ctx, charge); err != nil {
@@ -291,7 +288,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		ts.pendingMB += charge
 		unlockTenant()
 		t0 := time.Now()
-		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, warm)
+		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold)
 		tk.waited = time.Since(t0)
 		ts.mu.Lock()
 		locked = true
@@ -348,7 +345,7 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 // awaitCold waits for whichever comes first: a cold-create slot of the
 // gate (w, held until released with gate.leave) or a member of key that a
 // pool refill made ready.
-func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, warm Pool) (*pool.Member, *gateWaiter, error) {
+func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold bool) (*pool.Member, *gateWaiter, error) {
 	w := a.gate.enter(t)
 	for {
 		select {
@@ -357,9 +354,9 @@ func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, war
 		default:
 		}
 		var ready <-chan struct{}
-		if warm != nil {
-			ready = warm.Ready() // before Take: a member readied in between wakes us
-			if mb, ok := warm.Take(key); ok {
+		if a.pool != nil && !cold {
+			ready = a.pool.Ready() // before Take: a member readied in between wakes us
+			if mb, ok := a.pool.Take(key); ok {
 				a.gate.leave(w)
 				return mb, nil, nil
 			}

@@ -68,6 +68,11 @@ func (m *Manager) Fork(ctx context.Context, id string, timeout time.Duration, co
 		n.TrafficAccessToken = "" // each fork gets its own (newRow)
 		req.Network = &n
 	}
+	// The forks mount the source's volumes, shared as any volume is.
+	vols, err := m.store.SandboxVolumes(ctx, src.ID)
+	if err != nil {
+		return nil, err
+	}
 	key := pool.Key{
 		Tenant: t, Template: src.Template, CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
 		AllowInternet: src.AllowInternetAccess,
@@ -80,13 +85,14 @@ func (m *Manager) Fork(ctx context.Context, id string, timeout time.Duration, co
 			sb, err := m.newRow(key, req, start, timeout)
 			if err == nil {
 				sb.Alias = src.Alias
-				err = m.create(ctx, sb, key, start, src.ID)
+				err = m.create(ctx, sb, key, start, createExtra{forkOf: src.ID, mounts: mounts(vols)})
 			}
 			if err != nil {
 				m.audit(ctx, "fork", sb, err, "fork_of", src.ID)
 				out[i].Err = err
 				return
 			}
+			m.recordVolumes(ctx, sb, vols)
 			out[i].Sandbox = viewOf(sb)
 		})
 	}

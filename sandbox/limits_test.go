@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -435,4 +436,33 @@ func TestColdCreateFailedInitRevertsEverything(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A create with volumes is never a warm member (members have no mounts):
+// it is cold even with members of its shape ready, and the backend gets
+// the mounts in the spec.
+func TestCreateWithVolumesIsCold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
+		p := e.startPools(t)
+		waitFor(t, "a warm member", func() bool { return ready(p, "a") == 1 })
+		mounts := []runtime.Mount{{Volume: "v1", Path: "/mnt/data"}}
+		sb, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, Volumes: []store.SandboxVolume{{VolumeID: "v1", Name: "data", Path: "/mnt/data"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := e.served.Load("base"); v != "cold" {
+			t.Fatalf("served_from = %v, want cold", v)
+		}
+		if got := e.be.Get(sb.ID).Spec.Mounts; !slices.Equal(got, mounts) {
+			t.Errorf("backend spec mounts = %v; want %v", got, mounts)
+		}
+		if ready(p, "a") != 1 {
+			t.Errorf("the warm member was taken")
+		}
+		if v, err := e.m.GetView(as("a"), sb.ID); err != nil || len(v.VolumeMounts) != 1 || v.VolumeMounts[0].Name != "data" {
+			t.Errorf("GetView = %+v, %v; want the volume mount", v.VolumeMounts, err)
+		}
+	})
 }

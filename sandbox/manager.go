@@ -325,6 +325,10 @@ type CreateRequest struct {
 	// IdleTTL, when above zero, kills the sandbox after that long without
 	// activity (see Touch). The native API sets it; E2B's never does.
 	IdleTTL time.Duration
+	// Volumes are mounted into the sandbox (resolved and checked by the
+	// caller, package volume). A create with volumes is never served from
+	// a warm pool: its members have none.
+	Volumes []store.SandboxVolume
 }
 
 // NetworkConfig is what sandboxd stores of E2B's network settings:
@@ -417,11 +421,36 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if alias != sb.Template {
 		sb.Alias = alias
 	}
-	if err := m.create(ctx, sb, key, start, ""); err != nil {
+	if err := m.create(ctx, sb, key, start, createExtra{mounts: mounts(req.Volumes)}); err != nil {
 		m.audit(ctx, "create", sb, err)
 		return nil, err
 	}
+	m.recordVolumes(ctx, sb, req.Volumes)
 	return sb, nil
+}
+
+// mounts are the backend's mounts of vols.
+func mounts(vols []store.SandboxVolume) []runtime.Mount {
+	out := make([]runtime.Mount, 0, len(vols))
+	for _, v := range vols {
+		out = append(out, runtime.Mount{Volume: v.VolumeID, Path: v.Path})
+	}
+	return out
+}
+
+// recordVolumes keeps what sandbox sb mounts (what GET reports; the
+// backend's spec is what mounts them), with an audit line each.
+func (m *Manager) recordVolumes(ctx context.Context, sb *store.Sandbox, vols []store.SandboxVolume) {
+	if len(vols) == 0 {
+		return
+	}
+	if err := m.store.SetSandboxVolumes(context.WithoutCancel(ctx), sb.ID, vols); err != nil {
+		m.log.ErrorContext(ctx, "record volume mounts", "tenant", sb.Tenant, "sandbox_id", sb.ID, "err", err)
+	}
+	for _, v := range vols {
+		m.log.InfoContext(ctx, "volume mounted", "audit", true, "tenant", sb.Tenant, "sandbox_id", sb.ID, "volume_id", v.VolumeID,
+			"volume_name", v.Name, "path", v.Path)
+	}
 }
 
 func (m *Manager) validateCreate(req CreateRequest) error {
@@ -493,11 +522,19 @@ func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeo
 	return sb, nil
 }
 
+// createExtra is what a create takes beside its row.
+type createExtra struct {
+	// forkOf: the sandbox whose files it starts with (runtime.Spec.ForkOf).
+	forkOf string
+	// mounts: the volumes it mounts.
+	mounts []runtime.Mount
+}
+
 // create admits sb, brings it up and commits it; on failure it leaves
-// nothing behind. With forkOf, sb starts with a copy of that sandbox's
-// files (runtime.Spec.ForkOf), so it is always the backend's create.
-func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, forkOf string) error {
-	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key, Cold: forkOf != ""})
+// nothing behind. extra makes it a fork or mounts volumes; either makes
+// it the backend's create, never a warm member's claim.
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra) error {
+	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key, Cold: extra.forkOf != "" || len(extra.mounts) > 0})
 	if err != nil {
 		return err
 	}
@@ -524,7 +561,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 			ID: sb.ID, Template: sb.Template,
 			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
-			ForkOf: forkOf,
+			ForkOf: extra.forkOf, Mounts: extra.mounts,
 		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
 			return fmt.Errorf("create sandbox: %w", err)
@@ -573,8 +610,8 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		m.cfg.OnCreate(sb.Template, took)
 	}
 	action, from := "create", []any{}
-	if forkOf != "" {
-		action, from = "fork", []any{"fork_of", forkOf}
+	if extra.forkOf != "" {
+		action, from = "fork", []any{"fork_of", extra.forkOf}
 	}
 	m.audit(ctx, action, sb, nil, append(from, "took_ms", took.Milliseconds(), "timeout_s", int(sb.EndAt.Sub(start).Seconds()),
 		"served_from", tk.ServedFrom(), "waited_ms", tk.Waited().Milliseconds(),

@@ -96,6 +96,14 @@ func (s *Settings) Build(t tenant.ID) tenant.BuildBudget {
 	return s.Stored(t).Over(s.defaults).Build
 }
 
+// Volumes returns tenant t's volume settings in effect.
+func (s *Settings) Volumes(t tenant.ID) tenant.VolumeBudget {
+	if s == nil {
+		return tenant.VolumeBudget{}
+	}
+	return s.Stored(t).Over(s.defaults).Volumes
+}
+
 // Tenants returns the tenants the cache knows of.
 func (s *Settings) Tenants() []tenant.ID {
 	s.mu.RLock()

@@ -67,6 +67,8 @@ type View struct {
 	// activity the store has seen (zero: none yet).
 	IdleTTL      time.Duration
 	LastActiveAt time.Time
+	// VolumeMounts are the volumes it mounts (GetView only).
+	VolumeMounts []store.SandboxVolume
 }
 
 // viewOf renders a stored row for the surfaces.
@@ -99,7 +101,14 @@ func (v View) TrafficAccessToken() string {
 
 // GetView is Get.
 func (m *Manager) GetView(ctx context.Context, id string) (View, error) {
-	return view(m.Get(ctx, id))
+	v, err := view(m.Get(ctx, id))
+	if err != nil {
+		return v, err
+	}
+	if v.VolumeMounts, err = m.store.SandboxVolumes(ctx, id); err != nil {
+		return View{}, err
+	}
+	return v, nil
 }
 
 // ListViews is List.

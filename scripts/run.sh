@@ -15,6 +15,7 @@ sandboxd on http://$listen (local backend, data in $data). In the shell that run
 
   export E2B_API_URL=http://$listen/v1/sandboxes/e2b
   export E2B_SANDBOX_URL=http://$listen
+  export E2B_VOLUME_API_URL=http://$listen/v1/sandboxes/e2b
   export E2B_API_KEY=$(cat "$keyfile")
 
 MSG

@@ -39,6 +39,11 @@ cleanup() {
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
+  # The volumes stay mounted when sandboxd stops (by design): unmount them
+  # before the data dir goes.
+  for m in $(awk -v d="$work/data/volumes/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
   # The run dir, unless something is still mounted below it.
   grep -q " $run_dir" /proc/mounts || rm -rf --one-file-system "$run_dir"
   [[ -n ${SCHEMA_KEEP:-} ]] && echo "schemathesis: kept $work" >&2 || rm -rf "$work"

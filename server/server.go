@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
+	"github.com/sandboxd/sandboxd/volume"
 )
 
 // E2BPrefix is where E2B's REST API is mounted; users set
@@ -42,7 +43,9 @@ type Config struct {
 	// Builds serves E2B's template build API; nil answers it with 501.
 	Builds *template.Service
 	// Differ is the backend's, for workspaces; nil answers them with 501.
-	Differ      runtime.Differ
+	Differ runtime.Differ
+	// Volumes serves E2B's volumes; nil answers them with 501.
+	Volumes     *volume.Service
 	Metrics     *Metrics
 	Log         *slog.Logger
 	EnvdVersion string
@@ -74,7 +77,7 @@ func New(cfg Config) http.Handler {
 	}
 	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Manager, log))
 
-	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, Builds: cfg.Builds, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
+	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, Builds: cfg.Builds, Volumes: cfg.Volumes, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
 		return func(w http.ResponseWriter, r *http.Request, err error) {
 			if status == http.StatusBadRequest {
@@ -90,8 +93,8 @@ func New(cfg Config) http.Handler {
 	})
 	lm := newLimitMetrics(cfg.Metrics.Registry(), cfg.Pools)
 	e2bRouter := chi.NewRouter()
-	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), e2b.WithAPIBase(E2BPrefix), authenticate(cfg.Store, log), limitTenants(cfg.Limits, lm, refuseE2B),
-		httpx.LimitJSONBody(e2b.MaxBody, jsonErr(http.StatusInternalServerError)))
+	e2bRouter.Use(limitIPs(cfg.IPLimiter, cfg.IPLimit, lm), e2b.WithAPIBase(E2BPrefix), authenticate(cfg.Store, cfg.Volumes, log), limitTenants(cfg.Limits, lm, refuseE2B),
+		unlessRawBody(httpx.LimitJSONBody(e2b.MaxBody, jsonErr(http.StatusInternalServerError))))
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, r, log, errdefs.New(errdefs.ErrNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by sandboxd"))
 	}

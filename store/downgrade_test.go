@@ -36,6 +36,13 @@ var undoMigration = map[int][]string{
 	6: {
 		`ALTER TABLE templates DROP COLUMN snapshot_of`,
 	},
+	7: {
+		`DROP TABLE sandbox_volumes`,
+		`DROP TABLE volumes`,
+		`ALTER TABLE tenants DROP COLUMN max_volumes`,
+		`ALTER TABLE tenants DROP COLUMN max_volumes_mb`,
+		`ALTER TABLE tenants DROP COLUMN volume_size_mb`,
+	},
 }
 
 // downgrade takes s's schema back to version to.
@@ -45,7 +52,18 @@ func downgrade(t *testing.T, s *Store, to int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	known := map[int]bool{}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		known[m.version] = true
+	}
 	for v := from; v > to; v-- {
+		if !known[v] {
+			continue // a gap: another branch's number
+		}
 		undo, ok := undoMigration[v]
 		if !ok {
 			t.Fatalf("no undo for schema version %d: add it to undoMigration", v)
@@ -65,5 +83,5 @@ func latestSchema(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(ms)
+	return lastVersion(ms)
 }

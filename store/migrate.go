@@ -24,8 +24,9 @@ type migration struct {
 	sql     string
 }
 
-// migrations returns the embedded migrations sorted by version, which must
-// run 1, 2, 3... without gaps.
+// migrations returns the embedded migrations sorted by version. Versions
+// increase but may leave gaps: branches developed side by side reserve
+// their numbers, and migrate applies a gap's migration when it arrives.
 func migrations() ([]migration, error) {
 	names, err := fs.Glob(migrationFS, "migrations/*.sql")
 	if err != nil {
@@ -39,8 +40,8 @@ func migrations() ([]migration, error) {
 		if !ok || err != nil {
 			return nil, fmt.Errorf("migration %s: name is not NNNN_name.sql", base)
 		}
-		if v != len(ms)+1 {
-			return nil, fmt.Errorf("migration %s: version %d, want %d", base, v, len(ms)+1)
+		if v < 1 || (len(ms) > 0 && v <= ms[len(ms)-1].version) {
+			return nil, fmt.Errorf("migration %s: version %d does not follow %d", base, v, lastVersion(ms))
 		}
 		b, err := migrationFS.ReadFile(p)
 		if err != nil {
@@ -68,15 +69,19 @@ func (s *Store) migrate(ctx context.Context) error {
 		) STRICT`); err != nil {
 			return fmt.Errorf("create schema_migrations: %w", err)
 		}
-		var cur int
-		if err := tx.QueryRowContext(ctx,
-			`SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&cur); err != nil {
-			return fmt.Errorf("read schema version: %w", err)
+		applied, err := appliedVersions(ctx, tx)
+		if err != nil {
+			return err
 		}
-		if cur > len(ms) {
-			return fmt.Errorf("schema version %d is newer than this sandboxd knows (%d): upgrade sandboxd", cur, len(ms))
+		for v := range applied {
+			if v > lastVersion(ms) {
+				return fmt.Errorf("schema version %d is newer than this sandboxd knows (%d): upgrade sandboxd", v, lastVersion(ms))
+			}
 		}
-		for _, m := range ms[cur:] {
+		for _, m := range ms {
+			if applied[m.version] {
+				continue
+			}
 			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 				return fmt.Errorf("migration %s: %w", m.name, err)
 			}
@@ -88,6 +93,34 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+func lastVersion(ms []migration) int {
+	if len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].version
+}
+
+// appliedVersions reads which migrations tx's database has.
+func appliedVersions(ctx context.Context, tx *sql.Tx) (map[int]bool, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT version FROM schema_migrations`)
+	if err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
+	defer rows.Close()
+	out := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("read schema versions: %w", err)
+		}
+		out[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
+	return out, nil
 }
 
 // SchemaVersion returns the version of the newest migration applied.

@@ -51,6 +51,8 @@ var (
 	// ErrInvalid: an argument failed validation (name, id, state, settings,
 	// cursor).
 	ErrInvalid = errdefs.ErrInvalidArgument
+	// ErrQuota: a tenant's quota does not allow it (volumes).
+	ErrQuota = errdefs.ErrResourceExhausted
 )
 
 // Store is an open sandboxd database. It is safe for concurrent use.

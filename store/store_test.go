@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -79,8 +80,8 @@ func TestOpenTwiceIsIdempotent(t *testing.T) {
 			t.Fatalf("Open #%d = %v", i+1, err)
 		}
 		v, err := s.SchemaVersion(t.Context())
-		if err != nil || v != len(ms) {
-			t.Errorf("Open #%d: SchemaVersion() = %d, %v; want %d, nil", i+1, v, err, len(ms))
+		if err != nil || v != lastVersion(ms) {
+			t.Errorf("Open #%d: SchemaVersion() = %d, %v; want %d, nil", i+1, v, err, lastVersion(ms))
 		}
 		var applied int
 		if err := s.r.QueryRow(`SELECT COUNT(*) FROM schema_migrations`).Scan(&applied); err != nil || applied != len(ms) {
@@ -323,5 +324,84 @@ func TestErrorsAreErrdefsKinds(t *testing.T) {
 		if !errors.Is(tt.err, tt.kind) {
 			t.Errorf("errors.Is(%v, %v) = false; want true", tt.err, tt.kind)
 		}
+	}
+}
+
+func TestVolumesRecord(t *testing.T) {
+	s, err := Open(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, n := range []string{"a", "b"} {
+		if _, err := s.EnsureTenant(t.Context(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := Volume{ID: "v1", Tenant: "a", Name: "data", Token: "tok", SizeMB: 100, CreatedAt: time.Now().UTC()}
+	if err := s.InsertVolume(t.Context(), v, VolumeQuota{Max: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		v    Volume
+		q    VolumeQuota
+		want error
+	}{
+		{"count", Volume{ID: "v2", Tenant: "a", Name: "x", SizeMB: 1}, VolumeQuota{Max: 1}, ErrQuota},
+		{"size", Volume{ID: "v2", Tenant: "a", Name: "x", SizeMB: 101}, VolumeQuota{MaxMB: 200}, ErrQuota},
+		{"name", Volume{ID: "v2", Tenant: "a", Name: "data", SizeMB: 1}, VolumeQuota{}, ErrConflict},
+		{"unknown tenant", Volume{ID: "v2", Tenant: "zz", Name: "x", SizeMB: 1}, VolumeQuota{}, ErrNotFound},
+		{"other tenant, same name", Volume{ID: "v3", Tenant: "b", Name: "data", SizeMB: 1}, VolumeQuota{Max: 1}, nil},
+	} {
+		err := s.InsertVolume(t.Context(), tc.v, tc.q)
+		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("%s: InsertVolume = %v; want %v", tc.name, err, tc.want)
+		}
+	}
+	if got, err := s.GetVolume(t.Context(), "a", "v1"); err != nil || got.Token != "tok" || got.SizeMB != 100 {
+		t.Errorf("GetVolume = %+v, %v", got, err)
+	}
+	if _, err := s.GetVolume(t.Context(), "b", "v1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetVolume(other tenant) = %v; want not found", err)
+	}
+	if err := s.DeleteVolume(t.Context(), "b", "v1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("DeleteVolume(other tenant) = %v; want not found", err)
+	}
+	if err := s.DeleteVolume(t.Context(), "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := s.ListVolumes(t.Context(), ""); err != nil || len(vs) != 1 || vs[0].ID != "v3" {
+		t.Errorf("ListVolumes(all) = %v, %v; want v3 only", vs, err)
+	}
+}
+
+func TestSandboxVolumes(t *testing.T) {
+	s, err := Open(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.EnsureTenant(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertSandbox(t.Context(), newSandbox("sb1", "a", 0)); err != nil {
+		t.Fatal(err)
+	}
+	want := []SandboxVolume{{VolumeID: "v1", Name: "data", Path: "/a"}, {VolumeID: "v1", Name: "data", Path: "/b"}}
+	if err := s.SetSandboxVolumes(t.Context(), "sb1", want); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.SandboxVolumes(t.Context(), "sb1"); err != nil || !slices.Equal(got, want) {
+		t.Errorf("SandboxVolumes = %v, %v; want %v", got, err, want)
+	}
+	if err := s.SetSandboxVolumes(t.Context(), "nope", want); err == nil {
+		t.Error("SetSandboxVolumes(unknown sandbox) = nil; want a foreign key error")
+	}
+	if err := s.DeleteSandbox(t.Context(), "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.SandboxVolumes(t.Context(), "sb1"); err != nil || len(got) != 0 {
+		t.Errorf("after the sandbox's delete: %v, %v; want none", got, err)
 	}
 }

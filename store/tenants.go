@@ -48,7 +48,8 @@ var settingCols = func() []string {
 	for _, cc := range classCols {
 		cols = append(cols, cc.rate, cc.burst)
 	}
-	return append(cols, "build_cpu", "build_memory_mb", "build_disk_mb", "build_timeout_s")
+	return append(cols, "build_cpu", "build_memory_mb", "build_disk_mb", "build_timeout_s",
+		"max_volumes", "max_volumes_mb", "volume_size_mb")
 }()
 
 var (
@@ -64,7 +65,9 @@ func settingArgs(st tenant.Settings) []any {
 		args = append(args, sqlValue(l.Rate), sqlValue(l.Burst))
 	}
 	b := st.Build
-	return append(args, sqlValue(b.CPU), sqlValue(b.MemoryMB), sqlValue(b.DiskMB), sqlValue(b.TimeoutS))
+	v := st.Volumes
+	return append(args, sqlValue(b.CPU), sqlValue(b.MemoryMB), sqlValue(b.DiskMB), sqlValue(b.TimeoutS),
+		sqlValue(v.Max), sqlValue(v.MaxMB), sqlValue(v.SizeMB))
 }
 
 func sqlValue[T int | float64](v tenant.Value[T]) any {
@@ -91,6 +94,7 @@ func scanTenant(row rowScanner) (Tenant, error) {
 		bursts                        = make([]sql.Null[int], len(classCols))
 		created, updated              int64
 		build                         [4]sql.Null[int]
+		volumes                       [3]sql.Null[int]
 	)
 	dest := []any{&t.ID, &minWarm, &maxSandboxes, &maxMem}
 	for i := range classCols {
@@ -98,6 +102,9 @@ func scanTenant(row rowScanner) (Tenant, error) {
 	}
 	for i := range build {
 		dest = append(dest, &build[i])
+	}
+	for i := range volumes {
+		dest = append(dest, &volumes[i])
 	}
 	if err := row.Scan(append(dest, &created, &updated)...); err != nil {
 		return Tenant{}, err
@@ -108,6 +115,7 @@ func scanTenant(row rowScanner) (Tenant, error) {
 		MaxMemoryMB:  fromNull(maxMem),
 		Build: tenant.BuildLimits{CPU: fromNull(build[0]), MemoryMB: fromNull(build[1]),
 			DiskMB: fromNull(build[2]), TimeoutS: fromNull(build[3])},
+		Volumes: tenant.VolumeLimits{Max: fromNull(volumes[0]), MaxMB: fromNull(volumes[1]), SizeMB: fromNull(volumes[2])},
 	}
 	for i, cc := range classCols {
 		t.Settings.SetLimit(cc.class, tenant.Limit{Rate: fromNull(rates[i]), Burst: fromNull(bursts[i])})

@@ -92,6 +92,8 @@ type Settings struct {
 	MaxMemoryMB  Value[int] // total memory of live sandboxes, MiB
 	// Build limits the tenant's template builds.
 	Build BuildLimits
+	// Volumes limits the tenant's volumes.
+	Volumes VolumeLimits
 	// Limits holds the rate limits by route class; a class absent from it
 	// has both halves unset.
 	Limits map[Class]Limit
@@ -103,6 +105,18 @@ type Settings struct {
 // long one build may run.
 type BuildLimits struct {
 	CPU, MemoryMB, DiskMB, TimeoutS Value[int]
+}
+
+// VolumeLimits are a tenant's settings for its volumes: how many it may
+// have, their total size (MiB), and the size a new volume gets (MiB; E2B's
+// create names none).
+type VolumeLimits struct {
+	Max, MaxMB, SizeMB Value[int]
+}
+
+// VolumeBudget is VolumeLimits in effect; 0 Max or MaxMB means no limit.
+type VolumeBudget struct {
+	Max, MaxMB, SizeMB int
 }
 
 // BuildBudget is BuildLimits in effect; 0 CPU means the server's default
@@ -129,7 +143,7 @@ func (s *Settings) SetLimit(c Class, l Limit) {
 
 // Equal reports whether s and o set the same values.
 func (s Settings) Equal(o Settings) bool {
-	if s.MinWarm != o.MinWarm || s.MaxSandboxes != o.MaxSandboxes || s.MaxMemoryMB != o.MaxMemoryMB || s.Build != o.Build {
+	if s.MinWarm != o.MinWarm || s.MaxSandboxes != o.MaxSandboxes || s.MaxMemoryMB != o.MaxMemoryMB || s.Build != o.Build || s.Volumes != o.Volumes {
 		return false
 	}
 	for c, l := range s.Limits {
@@ -153,7 +167,8 @@ func (s Settings) Validate() error {
 		name string
 		v    Value[int]
 	}{{"min warm", s.MinWarm}, {"max sandboxes", s.MaxSandboxes}, {"max memory", s.MaxMemoryMB},
-		{"build cpu", s.Build.CPU}, {"build memory", s.Build.MemoryMB}, {"build disk", s.Build.DiskMB}, {"build timeout", s.Build.TimeoutS}} {
+		{"build cpu", s.Build.CPU}, {"build memory", s.Build.MemoryMB}, {"build disk", s.Build.DiskMB}, {"build timeout", s.Build.TimeoutS},
+		{"max volumes", s.Volumes.Max}, {"max volumes size", s.Volumes.MaxMB}, {"volume size", s.Volumes.SizeMB}} {
 		if err := nonNegative(f.name, f.v); err != nil {
 			return err
 		}
@@ -188,6 +203,7 @@ type Effective struct {
 	MaxSandboxes int
 	MaxMemoryMB  int
 	Build        BuildBudget
+	Volumes      VolumeBudget
 	Limits       map[Class]Bucket
 }
 
@@ -203,6 +219,10 @@ func (s Settings) Over(def Effective) Effective {
 		Build: BuildBudget{
 			CPU: s.Build.CPU.Or(def.Build.CPU), MemoryMB: s.Build.MemoryMB.Or(def.Build.MemoryMB),
 			DiskMB: s.Build.DiskMB.Or(def.Build.DiskMB), TimeoutS: s.Build.TimeoutS.Or(def.Build.TimeoutS),
+		},
+		Volumes: VolumeBudget{
+			Max: s.Volumes.Max.Or(def.Volumes.Max), MaxMB: s.Volumes.MaxMB.Or(def.Volumes.MaxMB),
+			SizeMB: s.Volumes.SizeMB.Or(def.Volumes.SizeMB),
 		},
 		Limits: make(map[Class]Bucket, len(Classes)),
 	}

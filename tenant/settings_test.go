@@ -134,3 +134,17 @@ func TestEqualAndSetLimit(t *testing.T) {
 		})
 	}
 }
+
+func TestVolumeSettings(t *testing.T) {
+	def := Effective{Volumes: VolumeBudget{Max: 20, MaxMB: 20480, SizeMB: 1024}}
+	s := Settings{Volumes: VolumeLimits{Max: Of(0), SizeMB: Of(256)}}
+	if got, want := s.Over(def).Volumes, (VolumeBudget{Max: 0, MaxMB: 20480, SizeMB: 256}); got != want {
+		t.Errorf("Over(def).Volumes = %+v; want %+v", got, want)
+	}
+	if s.Equal(Settings{}) {
+		t.Error("settings with volume limits Equal the empty settings")
+	}
+	if err := (Settings{Volumes: VolumeLimits{MaxMB: Of(-1)}}).Validate(); err == nil {
+		t.Error("Validate(negative max volumes size) = nil; want an error")
+	}
+}

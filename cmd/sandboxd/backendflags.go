@@ -17,6 +17,7 @@ import (
 
 // backendOpts are serve's flags that configure a backend beyond its name.
 type backendOpts struct {
+	volumeDir    string // local: where volumes live (<data-dir>/volumes)
 	egressSubnet string
 	egressAllow  cidrFlag
 	egressDNS    addrFlag

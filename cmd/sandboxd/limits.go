@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/tenant"
+	"github.com/sandboxd/sandboxd/volume"
 )
 
 // limitOpts are serve's flags for rate limits, quotas, the host guard and
@@ -26,6 +27,7 @@ type limitOpts struct {
 	maxSandboxes, maxMemoryMB, minWarm              int
 	hostMemoryMB, hostReserveMB                     int
 	maxCPU, maxDiskMB                               int
+	maxVolumes, maxVolumesMB, volumeSizeMB          int
 	settingsPoll                                    time.Duration
 	nativeIdleTTL                                   time.Duration
 
@@ -54,6 +56,9 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.hostReserveMB, "host-memory-reserve-mb", 512, "refuse creates (503) when MemAvailable minus this is below the sandbox's memory; 0: off")
 	fs.IntVar(&o.maxCPU, "max-cpu", 0, "most CPUs one sandbox may ask for; a create asking more is refused (400), a template's or the default count above it is lowered to it; 0: all but one of the host's (at least 1)")
 	fs.IntVar(&o.maxDiskMB, "max-disk-mb", sandbox.DefaultMaxDiskMB, "largest disk (MiB) one sandbox may ask for; a create asking more is refused (400), a template's or the default size above it is lowered to it. With --backend local the disk is a tmpfs: it is RAM, and counts with memory in quotas and the host guard")
+	fs.IntVar(&o.maxVolumes, "max-volumes", volume.DefaultMax, "default volumes per tenant; 0: no limit (tenants set --max-volumes overrides)")
+	fs.IntVar(&o.maxVolumesMB, "max-volumes-mb", volume.DefaultMaxMB, "default total size (MiB) of a tenant's volumes; 0: no limit")
+	fs.IntVar(&o.volumeSizeMB, "volume-size-mb", volume.DefaultSizeMB, "default size (MiB) of a new volume (E2B's create names none): an ext4 image on the local backend, the kernel enforces it")
 	fs.DurationVar(&o.nativeIdleTTL, "native-idle-ttl", 5*time.Minute, "kill a native-API sandbox after this long without activity, unless its create names an idle_ttl; 0: off (E2B sandboxes never have one)")
 	fs.DurationVar(&o.settingsPoll, "settings-poll", 2*time.Second, "how often tenant settings are re-read from the store")
 	fs.BoolVar(&o.pool, "pool", true, "keep warm pools (min_warm and adaptive)")

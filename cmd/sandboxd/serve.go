@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/tenant"
+	"github.com/sandboxd/sandboxd/volume"
 )
 
 const defaultRunDir = "/run/sandboxd/local"
@@ -117,6 +118,7 @@ func serve(args []string) error {
 	}
 	metrics := server.NewMetrics()
 	bo.registerer = metrics.Registry()
+	bo.volumeDir = filepath.Join(*dataDir, "volumes")
 	be, err := openBackend(ctx, *backend, *runRoot, *pauseDir, *envdPath, *incusSocket, bo, templates, log)
 	if err != nil {
 		return err
@@ -143,6 +145,7 @@ func serve(args []string) error {
 
 	defaults := lim.defaults()
 	defaults.Build = tenant.BuildBudget{CPU: *buildCPU, MemoryMB: *buildMemMB, DiskMB: *buildDiskMB, TimeoutS: int(buildTime.Seconds())}
+	defaults.Volumes = tenant.VolumeBudget{Max: lim.maxVolumes, MaxMB: lim.maxVolumesMB, SizeMB: lim.volumeSizeMB}
 	settings := sandbox.NewSettings(st, defaults, log.With("component", "settings"))
 	if err := settings.Refresh(ctx); err != nil {
 		return fmt.Errorf("tenant settings: %w", err)
@@ -170,10 +173,12 @@ func serve(args []string) error {
 	if pools != nil {
 		builds.OnForget(pools.Drop)
 	}
+	volStore, _ := be.(sbxruntime.VolumeStore)
+	vols := volume.New(st, volStore, settings.Volumes, log.With("component", "volume"))
 	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
 	handler := server.New(server.Config{
-		Manager: mgr, Store: st, Templates: be, Builds: builds, Differ: differOf(be), Metrics: metrics, Log: log,
+		Manager: mgr, Store: st, Templates: be, Builds: builds, Differ: differOf(be), Volumes: vols, Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 		NativeIdleTTL: lim.nativeIdleTTL,
@@ -209,6 +214,10 @@ func serve(args []string) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		_ = hs.Close()
 		return fmt.Errorf("reconcile: %w", err)
+	}
+	// Volumes a crash left without a record are removed.
+	if err := vols.Prune(ctx); err != nil {
+		log.Warn("prune volumes", "err", err)
 	}
 	// Builds a crash interrupted are failed; ready ones are defined on the
 	// backend again, before any create can name them.
@@ -331,7 +340,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		}
 		be, err := local.New(ctx, local.Options{
 			InitPath: initPath,
-			Root:     runDir, SaveDir: pauseDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
+			Root:     runDir, SaveDir: pauseDir, VolumeDir: bo.volumeDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
 			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: bo.egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			Log: log.With("component", "local"),

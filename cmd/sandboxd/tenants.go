@@ -94,6 +94,8 @@ type settingFlags struct {
 	minWarm, maxSandboxes, maxMemory opt[int]
 	buildCPU, buildMemory, buildDisk opt[int]
 	buildTimeout                     opt[int]
+	maxVolumes, maxVolumesMB         opt[int]
+	volumeSize                       opt[int]
 	limits                           map[tenant.Class]*limitFlags
 }
 
@@ -105,6 +107,9 @@ func (f *settingFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.buildMemory, "build-memory-mb", `memory of a template build's sandbox, MiB, at most ("default": server default)`)
 	fs.Var(&f.buildDisk, "build-disk-mb", `disk of a template build's sandbox, MiB ("default": server default)`)
 	fs.Var(&f.buildTimeout, "build-timeout-s", `longest a template build may run, seconds ("default": server default)`)
+	fs.Var(&f.maxVolumes, "max-volumes", `volumes the tenant may have (0: no limit; "default": server default)`)
+	fs.Var(&f.maxVolumesMB, "max-volumes-mb", `total size of the tenant's volumes, MiB (0: no limit; "default": server default)`)
+	fs.Var(&f.volumeSize, "volume-size-mb", `size of a new volume, MiB ("default": server default)`)
 	f.limits = make(map[tenant.Class]*limitFlags, len(tenant.Classes))
 	for _, c := range tenant.Classes {
 		l := &limitFlags{}
@@ -121,7 +126,8 @@ func (f *settingFlags) any() bool {
 		}
 	}
 	return f.minWarm.set || f.maxSandboxes.set || f.maxMemory.set ||
-		f.buildCPU.set || f.buildMemory.set || f.buildDisk.set || f.buildTimeout.set
+		f.buildCPU.set || f.buildMemory.set || f.buildDisk.set || f.buildTimeout.set ||
+		f.maxVolumes.set || f.maxVolumesMB.set || f.volumeSize.set
 }
 
 func (f *settingFlags) apply(s *tenant.Settings) {
@@ -132,6 +138,9 @@ func (f *settingFlags) apply(s *tenant.Settings) {
 	f.buildMemory.apply(&s.Build.MemoryMB)
 	f.buildDisk.apply(&s.Build.DiskMB)
 	f.buildTimeout.apply(&s.Build.TimeoutS)
+	f.maxVolumes.apply(&s.Volumes.Max)
+	f.maxVolumesMB.apply(&s.Volumes.MaxMB)
+	f.volumeSize.apply(&s.Volumes.SizeMB)
 	for c, lf := range f.limits {
 		l := s.Limit(c)
 		lf.rate.apply(&l.Rate)
@@ -165,7 +174,7 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tMIN_WARM\tCREATE_RATE\tCREATE_BURST\tMAX_SANDBOXES\tMAX_MEMORY_MB\t"+
 		"LIFECYCLE_RATE\tLIFECYCLE_BURST\tREAD_RATE\tREAD_BURST\tDATAPLANE_RATE\tDATAPLANE_BURST\t"+
-		"BUILD_CPU\tBUILD_MEMORY_MB\tBUILD_DISK_MB\tBUILD_TIMEOUT_S")
+		"BUILD_CPU\tBUILD_MEMORY_MB\tBUILD_DISK_MB\tBUILD_TIMEOUT_S\tMAX_VOLUMES\tMAX_VOLUMES_MB\tVOLUME_SIZE_MB")
 	for _, t := range ts {
 		s := t.Settings
 		create := s.Limit(tenant.Create)
@@ -175,7 +184,8 @@ func printTenants(out io.Writer, ts []store.Tenant) error {
 			l := s.Limit(c)
 			row = append(row, show(l.Rate), show(l.Burst))
 		}
-		row = append(row, show(s.Build.CPU), show(s.Build.MemoryMB), show(s.Build.DiskMB), show(s.Build.TimeoutS))
+		row = append(row, show(s.Build.CPU), show(s.Build.MemoryMB), show(s.Build.DiskMB), show(s.Build.TimeoutS),
+			show(s.Volumes.Max), show(s.Volumes.MaxMB), show(s.Volumes.SizeMB))
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()

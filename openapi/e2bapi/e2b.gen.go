@@ -201,6 +201,30 @@ func (e TemplateBuildStatus) Valid() bool {
 	}
 }
 
+// Defines values for VolumeEntryStatType.
+const (
+	VolumeEntryStatTypeDirectory VolumeEntryStatType = "directory"
+	VolumeEntryStatTypeFile      VolumeEntryStatType = "file"
+	VolumeEntryStatTypeSymlink   VolumeEntryStatType = "symlink"
+	VolumeEntryStatTypeUnknown   VolumeEntryStatType = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the VolumeEntryStatType enum.
+func (e VolumeEntryStatType) Valid() bool {
+	switch e {
+	case VolumeEntryStatTypeDirectory:
+		return true
+	case VolumeEntryStatTypeFile:
+		return true
+	case VolumeEntryStatTypeSymlink:
+		return true
+	case VolumeEntryStatTypeUnknown:
+		return true
+	default:
+		return false
+	}
+}
+
 // AWSRegistry defines model for AWSRegistry.
 type AWSRegistry struct {
 	AwsAccessKeyId     string          `json:"awsAccessKeyId"`
@@ -413,6 +437,11 @@ type NewSandboxV2 struct {
 	// Timeout Seconds until the sandbox times out.
 	Timeout      *int32                `json:"timeout,omitempty"`
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// NewVolume defines model for NewVolume.
+type NewVolume struct {
+	Name string `json:"name"`
 }
 
 // OrderDirection defines model for OrderDirection.
@@ -702,7 +731,10 @@ type SandboxTimeoutRequest struct {
 
 // SandboxVolumeMount defines model for SandboxVolumeMount.
 type SandboxVolumeMount struct {
+	// Name Name of one of the tenant's volumes.
 	Name string `json:"name"`
+
+	// Path Absolute, clean path in the sandbox; not `/` nor a system path (`/proc`, `/sys`, `/dev`, `/etc`, `/usr`, `/bin`, `/sbin`, `/lib*`, `/boot`, `/run` or below).
 	Path string `json:"path"`
 }
 
@@ -942,6 +974,48 @@ type TemplateWithBuilds struct {
 	UpdatedAt     time.Time       `json:"updatedAt"`
 }
 
+// Volume defines model for Volume.
+type Volume struct {
+	Name     string `json:"name"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeAndToken defines model for VolumeAndToken.
+type VolumeAndToken struct {
+	// Domain E2B's BYOC content domain; sandboxd never sets it (set E2B_VOLUME_API_URL instead).
+	Domain *string `json:"domain,omitempty"`
+	Name   string  `json:"name"`
+
+	// Token Bearer token of the volume content API.
+	Token    string `json:"token"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeEntryStat defines model for VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime  time.Time           `json:"atime"`
+	Ctime  time.Time           `json:"ctime"`
+	Gid    uint32              `json:"gid"`
+	Mode   uint32              `json:"mode"`
+	Mtime  time.Time           `json:"mtime"`
+	Name   string              `json:"name"`
+	Path   string              `json:"path"`
+	Size   int64               `json:"size"`
+	Target *string             `json:"target,omitempty"`
+	Type   VolumeEntryStatType `json:"type"`
+	Uid    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeEntryUpdate defines model for VolumeEntryUpdate.
+type VolumeEntryUpdate struct {
+	Gid  *int `json:"gid,omitempty"`
+	Mode *int `json:"mode,omitempty"`
+	Uid  *int `json:"uid,omitempty"`
+}
+
 // BuildID defines model for buildID.
 type BuildID = string
 
@@ -960,6 +1034,9 @@ type SandboxID = string
 // TemplateID defines model for templateID.
 type TemplateID = string
 
+// VolumeID defines model for volumeID.
+type VolumeID = string
+
 // BadRequest defines model for BadRequest.
 type BadRequest = Error
 
@@ -971,6 +1048,9 @@ type Forbidden = Error
 
 // GatewayTimeout defines model for GatewayTimeout.
 type GatewayTimeout = Error
+
+// InsufficientStorage defines model for InsufficientStorage.
+type InsufficientStorage = Error
 
 // InternalError defines model for InternalError.
 type InternalError = Error
@@ -1141,6 +1221,75 @@ type ListTemplatesV2Params struct {
 	Limit *PaginationLimit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+
+	// Depth Levels to list, 1 to 10 (default 1).
+	Depth *int `form:"depth,omitempty" json:"depth,omitempty"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+
+	// Uid Owner of what is created, as the sandboxes see it (default 1000, the templates' user).
+	Uid *int `form:"uid,omitempty" json:"uid,omitempty"`
+
+	// Gid Group of what is created (default 1000).
+	Gid *int `form:"gid,omitempty" json:"gid,omitempty"`
+
+	// Mode Permission bits (default 0666 for files, 0777 for directories).
+	Mode *int `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Make missing parent directories; replace an existing file (a directory that exists is no error).
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
+}
+
+// GetVolumeFileParams defines parameters for GetVolumeFile.
+type GetVolumeFileParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+}
+
+// PutVolumeFileParams defines parameters for PutVolumeFile.
+type PutVolumeFileParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+
+	// Uid Owner of what is created, as the sandboxes see it (default 1000, the templates' user).
+	Uid *int `form:"uid,omitempty" json:"uid,omitempty"`
+
+	// Gid Group of what is created (default 1000).
+	Gid *int `form:"gid,omitempty" json:"gid,omitempty"`
+
+	// Mode Permission bits (default 0666 for files, 0777 for directories).
+	Mode *int `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Make missing parent directories; replace an existing file (a directory that exists is no error).
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
+}
+
+// DeleteVolumePathParams defines parameters for DeleteVolumePath.
+type DeleteVolumePathParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	// Path Path inside the volume (absolute or relative to its root).
+	Path string `form:"path" json:"path"`
+}
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
 
@@ -1195,6 +1344,12 @@ type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
 
 // CreateTemplateV3JSONRequestBody defines body for CreateTemplateV3 for application/json ContentType.
 type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeEntryUpdate
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = NewVolume
 
 // AsAWSRegistry returns the union data inside the FromImageRegistry as a AWSRegistry
 func (t FromImageRegistry) AsAWSRegistry() (AWSRegistry, error) {
@@ -1448,6 +1603,39 @@ type ServerInterface interface {
 	// CreateTemplateV3 Request a template build
 	// (POST /v3/templates)
 	CreateTemplateV3(w http.ResponseWriter, r *http.Request)
+	// ListVolumeDir List a directory of a volume
+	// (GET /volumecontent/{volumeID}/dir)
+	ListVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params ListVolumeDirParams)
+	// MakeVolumeDir Make a directory in a volume
+	// (POST /volumecontent/{volumeID}/dir)
+	MakeVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params MakeVolumeDirParams)
+	// GetVolumeFile Read a file of a volume
+	// (GET /volumecontent/{volumeID}/file)
+	GetVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params GetVolumeFileParams)
+	// PutVolumeFile Write a file of a volume (without force, the file must not exist)
+	// (PUT /volumecontent/{volumeID}/file)
+	PutVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params PutVolumeFileParams)
+	// DeleteVolumePath Remove a path of a volume (a directory with its contents)
+	// (DELETE /volumecontent/{volumeID}/path)
+	DeleteVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params DeleteVolumePathParams)
+	// StatVolumePath Describe a path of a volume
+	// (GET /volumecontent/{volumeID}/path)
+	StatVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params StatVolumePathParams)
+	// UpdateVolumePath Change the owner or mode of a path of a volume
+	// (PATCH /volumecontent/{volumeID}/path)
+	UpdateVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params UpdateVolumePathParams)
+	// ListVolumes List the tenant's volumes
+	// (GET /volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+	// CreateVolume Create a volume (its size is the tenant's volume size)
+	// (POST /volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+	// DeleteVolume Delete a volume and its files (409 while a live sandbox mounts it)
+	// (DELETE /volumes/{volumeID})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID)
+	// GetVolume A volume and its content token
+	// (GET /volumes/{volumeID})
+	GetVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -1669,6 +1857,72 @@ func (_ Unimplemented) StartTemplateBuildV2(w http.ResponseWriter, r *http.Reque
 // CreateTemplateV3 Request a template build
 // (POST /v3/templates)
 func (_ Unimplemented) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListVolumeDir List a directory of a volume
+// (GET /volumecontent/{volumeID}/dir)
+func (_ Unimplemented) ListVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params ListVolumeDirParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// MakeVolumeDir Make a directory in a volume
+// (POST /volumecontent/{volumeID}/dir)
+func (_ Unimplemented) MakeVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params MakeVolumeDirParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetVolumeFile Read a file of a volume
+// (GET /volumecontent/{volumeID}/file)
+func (_ Unimplemented) GetVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params GetVolumeFileParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PutVolumeFile Write a file of a volume (without force, the file must not exist)
+// (PUT /volumecontent/{volumeID}/file)
+func (_ Unimplemented) PutVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params PutVolumeFileParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteVolumePath Remove a path of a volume (a directory with its contents)
+// (DELETE /volumecontent/{volumeID}/path)
+func (_ Unimplemented) DeleteVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params DeleteVolumePathParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// StatVolumePath Describe a path of a volume
+// (GET /volumecontent/{volumeID}/path)
+func (_ Unimplemented) StatVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params StatVolumePathParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateVolumePath Change the owner or mode of a path of a volume
+// (PATCH /volumecontent/{volumeID}/path)
+func (_ Unimplemented) UpdateVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params UpdateVolumePathParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListVolumes List the tenant's volumes
+// (GET /volumes)
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateVolume Create a volume (its size is the tenant's volume size)
+// (POST /volumes)
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteVolume Delete a volume and its files (409 while a live sandbox mounts it)
+// (DELETE /volumes/{volumeID})
+func (_ Unimplemented) DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetVolume A volume and its content token
+// (GET /volumes/{volumeID})
+func (_ Unimplemented) GetVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3019,6 +3273,497 @@ func (siw *ServerInterfaceWrapper) CreateTemplateV3(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumeDir operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumeDir(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListVolumeDirParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "depth" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "depth", r.URL.Query(), &params.Depth, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "depth"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "depth", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumeDir(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// MakeVolumeDir operation middleware
+func (siw *ServerInterfaceWrapper) MakeVolumeDir(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params MakeVolumeDirParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "uid" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "uid", r.URL.Query(), &params.Uid, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "uid"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "uid", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "gid" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "gid", r.URL.Query(), &params.Gid, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "gid"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "gid", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "mode" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "mode", r.URL.Query(), &params.Mode, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "mode"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "mode", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "force" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "force", r.URL.Query(), &params.Force, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "force"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "force", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.MakeVolumeDir(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolumeFile operation middleware
+func (siw *ServerInterfaceWrapper) GetVolumeFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetVolumeFileParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolumeFile(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PutVolumeFile operation middleware
+func (siw *ServerInterfaceWrapper) PutVolumeFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PutVolumeFileParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "uid" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "uid", r.URL.Query(), &params.Uid, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "uid"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "uid", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "gid" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "gid", r.URL.Query(), &params.Gid, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "gid"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "gid", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "mode" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "mode", r.URL.Query(), &params.Mode, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "mode"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "mode", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "force" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "force", r.URL.Query(), &params.Force, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "force"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "force", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PutVolumeFile(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StatVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) StatVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params StatVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StatVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) UpdateVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -3193,6 +3938,39 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/snapshots", wrapper.ListSnapshots)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes", wrapper.ListVolumes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/volumes", wrapper.CreateVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/volumes/{volumeID}", wrapper.DeleteVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes/{volumeID}", wrapper.GetVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumecontent/{volumeID}/file", wrapper.GetVolumeFile)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/volumecontent/{volumeID}/file", wrapper.PutVolumeFile)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumecontent/{volumeID}/dir", wrapper.ListVolumeDir)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/volumecontent/{volumeID}/dir", wrapper.MakeVolumeDir)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.DeleteVolumePath)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.StatVolumePath)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.UpdateVolumePath)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -3248,6 +4026,8 @@ type ConflictJSONResponse Error
 type ForbiddenJSONResponse Error
 
 type GatewayTimeoutJSONResponse Error
+
+type InsufficientStorageJSONResponse Error
 
 type InternalErrorJSONResponse Error
 
@@ -6981,6 +7761,1431 @@ func (response CreateTemplateV3500JSONResponse) VisitCreateTemplateV3Response(w 
 	return err
 }
 
+type ListVolumeDirRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   ListVolumeDirParams
+}
+
+type ListVolumeDirResponseObject interface {
+	VisitListVolumeDirResponse(w http.ResponseWriter) error
+}
+
+type ListVolumeDir200JSONResponse []VolumeEntryStat
+
+func (response ListVolumeDir200JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListVolumeDir400JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListVolumeDir401JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ListVolumeDir404JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir409JSONResponse struct{ ConflictJSONResponse }
+
+func (response ListVolumeDir409JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListVolumeDir429JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListVolumeDir500JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response ListVolumeDir501JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumeDir507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response ListVolumeDir507JSONResponse) VisitListVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDirRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   MakeVolumeDirParams
+}
+
+type MakeVolumeDirResponseObject interface {
+	VisitMakeVolumeDirResponse(w http.ResponseWriter) error
+}
+
+type MakeVolumeDir201JSONResponse VolumeEntryStat
+
+func (response MakeVolumeDir201JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response MakeVolumeDir400JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response MakeVolumeDir401JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response MakeVolumeDir404JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir409JSONResponse struct{ ConflictJSONResponse }
+
+func (response MakeVolumeDir409JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response MakeVolumeDir429JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response MakeVolumeDir500JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response MakeVolumeDir501JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MakeVolumeDir507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response MakeVolumeDir507JSONResponse) VisitMakeVolumeDirResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFileRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   GetVolumeFileParams
+}
+
+type GetVolumeFileResponseObject interface {
+	VisitGetVolumeFileResponse(w http.ResponseWriter) error
+}
+
+type GetVolumeFile200ApplicationoctetStreamResponse struct {
+	Body          io.Reader
+	ContentLength int64
+}
+
+func (response GetVolumeFile200ApplicationoctetStreamResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if response.ContentLength != 0 {
+		w.Header().Set("Content-Length", fmt.Sprint(response.ContentLength))
+	}
+	w.WriteHeader(200)
+
+	if closer, ok := response.Body.(io.ReadCloser); ok {
+		defer closer.Close()
+	}
+	_, err := io.Copy(w, response.Body)
+	return err
+}
+
+type GetVolumeFile400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetVolumeFile400JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetVolumeFile401JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetVolumeFile404JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile409JSONResponse struct{ ConflictJSONResponse }
+
+func (response GetVolumeFile409JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetVolumeFile429JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetVolumeFile500JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response GetVolumeFile501JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeFile507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response GetVolumeFile507JSONResponse) VisitGetVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFileRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   PutVolumeFileParams
+	Body     io.Reader
+}
+
+type PutVolumeFileResponseObject interface {
+	VisitPutVolumeFileResponse(w http.ResponseWriter) error
+}
+
+type PutVolumeFile201JSONResponse VolumeEntryStat
+
+func (response PutVolumeFile201JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response PutVolumeFile400JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response PutVolumeFile401JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response PutVolumeFile404JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile409JSONResponse struct{ ConflictJSONResponse }
+
+func (response PutVolumeFile409JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response PutVolumeFile429JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response PutVolumeFile500JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response PutVolumeFile501JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutVolumeFile507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response PutVolumeFile507JSONResponse) VisitPutVolumeFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePathRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   DeleteVolumePathParams
+}
+
+type DeleteVolumePathResponseObject interface {
+	VisitDeleteVolumePathResponse(w http.ResponseWriter) error
+}
+
+type DeleteVolumePath204Response struct {
+}
+
+func (response DeleteVolumePath204Response) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteVolumePath400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteVolumePath400JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteVolumePath401JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteVolumePath404JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath409JSONResponse struct{ ConflictJSONResponse }
+
+func (response DeleteVolumePath409JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteVolumePath429JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteVolumePath500JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response DeleteVolumePath501JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumePath507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response DeleteVolumePath507JSONResponse) VisitDeleteVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePathRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   StatVolumePathParams
+}
+
+type StatVolumePathResponseObject interface {
+	VisitStatVolumePathResponse(w http.ResponseWriter) error
+}
+
+type StatVolumePath200JSONResponse VolumeEntryStat
+
+func (response StatVolumePath200JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response StatVolumePath400JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response StatVolumePath401JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response StatVolumePath404JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath409JSONResponse struct{ ConflictJSONResponse }
+
+func (response StatVolumePath409JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response StatVolumePath429JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response StatVolumePath500JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response StatVolumePath501JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatVolumePath507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response StatVolumePath507JSONResponse) VisitStatVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePathRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+	Params   UpdateVolumePathParams
+	Body     *UpdateVolumePathJSONRequestBody
+}
+
+type UpdateVolumePathResponseObject interface {
+	VisitUpdateVolumePathResponse(w http.ResponseWriter) error
+}
+
+type UpdateVolumePath200JSONResponse VolumeEntryStat
+
+func (response UpdateVolumePath200JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateVolumePath400JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateVolumePath401JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateVolumePath404JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath409JSONResponse struct{ ConflictJSONResponse }
+
+func (response UpdateVolumePath409JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateVolumePath429JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateVolumePath500JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response UpdateVolumePath501JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateVolumePath507JSONResponse struct {
+	InsufficientStorageJSONResponse
+}
+
+func (response UpdateVolumePath507JSONResponse) VisitUpdateVolumePathResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumesRequestObject struct {
+}
+
+type ListVolumesResponseObject interface {
+	VisitListVolumesResponse(w http.ResponseWriter) error
+}
+
+type ListVolumes200JSONResponse []Volume
+
+func (response ListVolumes200JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListVolumes400JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListVolumes401JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ListVolumes404JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListVolumes429JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListVolumes500JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response ListVolumes501JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolumeRequestObject struct {
+	Body *CreateVolumeJSONRequestBody
+}
+
+type CreateVolumeResponseObject interface {
+	VisitCreateVolumeResponse(w http.ResponseWriter) error
+}
+
+type CreateVolume201JSONResponse VolumeAndToken
+
+func (response CreateVolume201JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateVolume400JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateVolume401JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateVolume404JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateVolume429JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateVolume500JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response CreateVolume501JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumeRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+}
+
+type DeleteVolumeResponseObject interface {
+	VisitDeleteVolumeResponse(w http.ResponseWriter) error
+}
+
+type DeleteVolume204Response struct {
+}
+
+func (response DeleteVolume204Response) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteVolume400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteVolume400JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteVolume401JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteVolume404JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume409JSONResponse struct{ ConflictJSONResponse }
+
+func (response DeleteVolume409JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteVolume429JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteVolume500JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response DeleteVolume501JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeRequestObject struct {
+	VolumeID VolumeID `json:"volumeID"`
+}
+
+type GetVolumeResponseObject interface {
+	VisitGetVolumeResponse(w http.ResponseWriter) error
+}
+
+type GetVolume200JSONResponse VolumeAndToken
+
+func (response GetVolume200JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetVolume400JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetVolume401JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetVolume404JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetVolume429JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetVolume500JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume501JSONResponse struct{ NotImplementedJSONResponse }
+
+func (response GetVolume501JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// ListSandboxes List running sandboxes (v1)
@@ -7096,6 +9301,39 @@ type StrictServerInterface interface {
 	// CreateTemplateV3 Request a template build
 	// (POST /v3/templates)
 	CreateTemplateV3(ctx context.Context, request CreateTemplateV3RequestObject) (CreateTemplateV3ResponseObject, error)
+	// ListVolumeDir List a directory of a volume
+	// (GET /volumecontent/{volumeID}/dir)
+	ListVolumeDir(ctx context.Context, request ListVolumeDirRequestObject) (ListVolumeDirResponseObject, error)
+	// MakeVolumeDir Make a directory in a volume
+	// (POST /volumecontent/{volumeID}/dir)
+	MakeVolumeDir(ctx context.Context, request MakeVolumeDirRequestObject) (MakeVolumeDirResponseObject, error)
+	// GetVolumeFile Read a file of a volume
+	// (GET /volumecontent/{volumeID}/file)
+	GetVolumeFile(ctx context.Context, request GetVolumeFileRequestObject) (GetVolumeFileResponseObject, error)
+	// PutVolumeFile Write a file of a volume (without force, the file must not exist)
+	// (PUT /volumecontent/{volumeID}/file)
+	PutVolumeFile(ctx context.Context, request PutVolumeFileRequestObject) (PutVolumeFileResponseObject, error)
+	// DeleteVolumePath Remove a path of a volume (a directory with its contents)
+	// (DELETE /volumecontent/{volumeID}/path)
+	DeleteVolumePath(ctx context.Context, request DeleteVolumePathRequestObject) (DeleteVolumePathResponseObject, error)
+	// StatVolumePath Describe a path of a volume
+	// (GET /volumecontent/{volumeID}/path)
+	StatVolumePath(ctx context.Context, request StatVolumePathRequestObject) (StatVolumePathResponseObject, error)
+	// UpdateVolumePath Change the owner or mode of a path of a volume
+	// (PATCH /volumecontent/{volumeID}/path)
+	UpdateVolumePath(ctx context.Context, request UpdateVolumePathRequestObject) (UpdateVolumePathResponseObject, error)
+	// ListVolumes List the tenant's volumes
+	// (GET /volumes)
+	ListVolumes(ctx context.Context, request ListVolumesRequestObject) (ListVolumesResponseObject, error)
+	// CreateVolume Create a volume (its size is the tenant's volume size)
+	// (POST /volumes)
+	CreateVolume(ctx context.Context, request CreateVolumeRequestObject) (CreateVolumeResponseObject, error)
+	// DeleteVolume Delete a volume and its files (409 while a live sandbox mounts it)
+	// (DELETE /volumes/{volumeID})
+	DeleteVolume(ctx context.Context, request DeleteVolumeRequestObject) (DeleteVolumeResponseObject, error)
+	// GetVolume A volume and its content token
+	// (GET /volumes/{volumeID})
+	GetVolume(ctx context.Context, request GetVolumeRequestObject) (GetVolumeResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -8174,6 +10412,311 @@ func (sh *strictHandler) CreateTemplateV3(w http.ResponseWriter, r *http.Request
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(CreateTemplateV3ResponseObject); ok {
 		if err := validResponse.VisitCreateTemplateV3Response(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListVolumeDir operation middleware
+func (sh *strictHandler) ListVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params ListVolumeDirParams) {
+	var request ListVolumeDirRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListVolumeDir(ctx, request.(ListVolumeDirRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListVolumeDir")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListVolumeDirResponseObject); ok {
+		if err := validResponse.VisitListVolumeDirResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// MakeVolumeDir operation middleware
+func (sh *strictHandler) MakeVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params MakeVolumeDirParams) {
+	var request MakeVolumeDirRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.MakeVolumeDir(ctx, request.(MakeVolumeDirRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "MakeVolumeDir")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(MakeVolumeDirResponseObject); ok {
+		if err := validResponse.VisitMakeVolumeDirResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetVolumeFile operation middleware
+func (sh *strictHandler) GetVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params GetVolumeFileParams) {
+	var request GetVolumeFileRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetVolumeFile(ctx, request.(GetVolumeFileRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetVolumeFile")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetVolumeFileResponseObject); ok {
+		if err := validResponse.VisitGetVolumeFileResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PutVolumeFile operation middleware
+func (sh *strictHandler) PutVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params PutVolumeFileParams) {
+	var request PutVolumeFileRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	request.Body = r.Body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PutVolumeFile(ctx, request.(PutVolumeFileRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PutVolumeFile")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PutVolumeFileResponseObject); ok {
+		if err := validResponse.VisitPutVolumeFileResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteVolumePath operation middleware
+func (sh *strictHandler) DeleteVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params DeleteVolumePathParams) {
+	var request DeleteVolumePathRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteVolumePath(ctx, request.(DeleteVolumePathRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteVolumePath")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteVolumePathResponseObject); ok {
+		if err := validResponse.VisitDeleteVolumePathResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// StatVolumePath operation middleware
+func (sh *strictHandler) StatVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params StatVolumePathParams) {
+	var request StatVolumePathRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.StatVolumePath(ctx, request.(StatVolumePathRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "StatVolumePath")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(StatVolumePathResponseObject); ok {
+		if err := validResponse.VisitStatVolumePathResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateVolumePath operation middleware
+func (sh *strictHandler) UpdateVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params UpdateVolumePathParams) {
+	var request UpdateVolumePathRequestObject
+
+	request.VolumeID = volumeID
+	request.Params = params
+
+	var body UpdateVolumePathJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateVolumePath(ctx, request.(UpdateVolumePathRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateVolumePath")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateVolumePathResponseObject); ok {
+		if err := validResponse.VisitUpdateVolumePathResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListVolumes operation middleware
+func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	var request ListVolumesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListVolumes(ctx, request.(ListVolumesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListVolumes")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListVolumesResponseObject); ok {
+		if err := validResponse.VisitListVolumesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateVolume operation middleware
+func (sh *strictHandler) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	var request CreateVolumeRequestObject
+
+	var body CreateVolumeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateVolume(ctx, request.(CreateVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateVolumeResponseObject); ok {
+		if err := validResponse.VisitCreateVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteVolume operation middleware
+func (sh *strictHandler) DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID) {
+	var request DeleteVolumeRequestObject
+
+	request.VolumeID = volumeID
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteVolume(ctx, request.(DeleteVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteVolumeResponseObject); ok {
+		if err := validResponse.VisitDeleteVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetVolume operation middleware
+func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID) {
+	var request GetVolumeRequestObject
+
+	request.VolumeID = volumeID
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetVolume(ctx, request.(GetVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetVolumeResponseObject); ok {
+		if err := validResponse.VisitGetVolumeResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -92,7 +92,13 @@ func TestServersAndSecurity(t *testing.T) {
 	}
 	for path, item := range doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if op.Security != nil {
+			// The volume content routes take the volume's token instead of
+			// an API key, as E2B's content service does.
+			if strings.HasPrefix(path, "/volumecontent/") {
+				if op.Security == nil || len(*op.Security) != 1 || len((*op.Security)[0]) != 1 || (*op.Security)[0]["VolumeTokenAuth"] == nil {
+					t.Errorf("%s %s must take VolumeTokenAuth alone", method, path)
+				}
+			} else if op.Security != nil {
 				t.Errorf("%s %s overrides the top-level security", method, path)
 			}
 			if op.OperationID == "" {
@@ -183,6 +189,18 @@ func TestStatuses(t *testing.T) {
 		{"GET", "/templates/{templateID}/builds/{buildID}/logs", []int{200}, []int{401, 404, 500}},
 		{"PATCH", "/v2/templates/{templateID}", []int{200}, []int{400, 401, 403, 404, 500}},
 		{"GET", "/v2/templates", []int{200}, []int{400, 401, 500}},
+		{"GET", "/volumes", []int{200}, []int{401, 500}},
+		{"POST", "/volumes", []int{201}, []int{400, 401, 500}},
+		{"GET", "/volumes/{volumeID}", []int{200}, []int{401, 404, 500}},
+		{"DELETE", "/volumes/{volumeID}", []int{204}, []int{401, 404, 500}},
+		// The content routes: what the Python SDK's generated volume client parses.
+		{"GET", "/volumecontent/{volumeID}/file", []int{200}, []int{404, 500}},
+		{"PUT", "/volumecontent/{volumeID}/file", []int{201}, []int{404, 500}},
+		{"GET", "/volumecontent/{volumeID}/dir", []int{200}, []int{400, 404, 500}},
+		{"POST", "/volumecontent/{volumeID}/dir", []int{201}, []int{404, 500}},
+		{"GET", "/volumecontent/{volumeID}/path", []int{200}, []int{404}},
+		{"PATCH", "/volumecontent/{volumeID}/path", []int{200}, []int{400, 404, 500}},
+		{"DELETE", "/volumecontent/{volumeID}/path", []int{204}, []int{404}},
 	}
 	covered := map[string]bool{}
 	for _, c := range cases {
@@ -208,7 +226,9 @@ func TestStatuses(t *testing.T) {
 			if n == 204 && len(resp.Value.Content) != 0 {
 				t.Errorf("%s %s: 204 must have no body", c.method, c.path)
 			}
-			if n >= 200 && n < 300 && n != 204 && n != 202 && resp.Value.Content.Get("application/json") == nil {
+			// A volume file's bytes are the one body that is not JSON.
+			raw := c.path == "/volumecontent/{volumeID}/file" && c.method == "GET" && resp.Value.Content.Get("application/octet-stream") != nil
+			if n >= 200 && n < 300 && n != 204 && n != 202 && !raw && resp.Value.Content.Get("application/json") == nil {
 				t.Errorf("%s %s: %d must have a JSON body", c.method, c.path, n)
 			}
 		}

@@ -298,6 +298,10 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 			return err
 		}
 	}
+	volumes, err := b.volumeMounts(ctx, s)
+	if err != nil {
+		return fmt.Errorf("volumes: %w", err)
+	}
 	oci := ociSpec(specInput{
 		spec:      spec,
 		pidsMax:   int64(b.opts.PidsMax),
@@ -312,6 +316,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		resolv:    resolv,
 		userNS:    s.meta.UserNS,
 		delegate:  delegate,
+		volumes:   volumes,
 	})
 	cfg, err := libcontainerConfig(spec.ID, oci, s.meta.UserNS)
 	if err != nil {

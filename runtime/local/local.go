@@ -127,6 +127,10 @@ type Options struct {
 	// disk: under /run it takes the host's memory, and sandboxes paused
 	// to disk do not survive a reboot. Default <Root>/saved.
 	SaveDir string
+	// VolumeDir keeps the volumes (runtime.VolumeStore), one directory
+	// per volume with its ext4 image. It must be on a disk for volumes to
+	// outlive a reboot. Default <Root>/volumes.
+	VolumeDir string
 	// SaveReserveMB is what a pause to disk must leave free on SaveDir's
 	// filesystem (which may hold more than layers: sandboxd's database),
 	// beyond the room of the layer it saves; a pause that would not leave
@@ -214,6 +218,10 @@ type Backend struct {
 
 	viewMu sync.Mutex
 	views  map[string]bool // idmapped views of outside templates mounted
+
+	// volMu serializes volume creates and deletes with the mounting of
+	// volumes into starting sandboxes (volumes.go).
+	volMu sync.Mutex
 
 	mu  sync.Mutex
 	sbx map[string]*sandbox // live and in-creation sandboxes
@@ -317,6 +325,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if d, err := filepath.Abs(opts.SaveDir); err == nil {
 		opts.SaveDir = d // the copy child must find it whatever its cwd
+	}
+	if opts.VolumeDir == "" {
+		opts.VolumeDir = filepath.Join(opts.Root, "volumes")
+	}
+	if d, err := filepath.Abs(opts.VolumeDir); err == nil {
+		opts.VolumeDir = d
 	}
 	opts.PidsMax = orDefault(opts.PidsMax, 1024)
 	if opts.StartTimeout <= 0 {

@@ -199,6 +199,14 @@ func (e testEnv) remove(t testing.TB) {
 	for _, s := range l {
 		_ = b.Destroy(context.Background(), s.ID)
 	}
+	// Volumes stay mounted when a backend closes: those a failed test
+	// left go now, or the root could not be removed.
+	vols, _ := b.Volumes(context.Background())
+	for _, v := range vols {
+		if err := b.DeleteVolume(context.Background(), v); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	}
 	if err := b.Reconcile(context.Background()); err != nil {
 		t.Errorf("cleanup: Reconcile: %v", err)
 	}

@@ -54,6 +54,9 @@ type specInput struct {
 	// read-write at /sys/fs/cgroup, a subtree delegated to its root
 	// (delegateCgroup).
 	delegate bool
+	// volumes are the bind mounts of the sandbox's volumes
+	// (Backend.volumeMounts).
+	volumes []specs.Mount
 }
 
 // ociSpec describes a sandbox as an OCI runtime spec, which specconv turns
@@ -109,6 +112,7 @@ func ociSpec(in specInput) *specs.Spec {
 	if in.resolv != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Source: in.resolv, Type: "bind", Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	mounts = append(mounts, in.volumes...)
 
 	sp := &specs.Spec{
 		Version:  specs.Version,

@@ -304,6 +304,12 @@ func (b *Backend) detachViews() {
 // mapping applied: a file of host uid u shows as u+userNSBase there, which
 // a sandbox's user namespace maps back to u.
 func mountIdmapped(src, dst string) error {
+	return idmapMount(src, dst, unix.MOUNT_ATTR_RDONLY)
+}
+
+// idmapMount bind-mounts src at dst with the sandboxes' id mapping and
+// the attributes attrs (besides nosuid and nodev).
+func idmapMount(src, dst string, attrs uint64) error {
 	// A user namespace with the mapping, held by a child: mount_setattr
 	// takes the mapping from a namespace fd.
 	self, err := os.Executable()
@@ -338,7 +344,7 @@ func mountIdmapped(src, dst string) error {
 		return fmt.Errorf("open_tree %s: %w", src, err)
 	}
 	defer unix.Close(tree)
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(nsfd)}
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(nsfd)}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		if errors.Is(err, unix.EINVAL) {
 			// What a kernel says when the filesystem under Root cannot be

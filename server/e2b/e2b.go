@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/template"
+	"github.com/sandboxd/sandboxd/volume"
 )
 
 // API implements E2B's control-plane REST surface on the lifecycle
@@ -29,6 +30,7 @@ type API struct {
 	mgr         *sandbox.Manager
 	templates   runtime.TemplateLister // nil if the backend cannot list
 	tpl         *template.Service      // nil: no template builds
+	vol         *volume.Service        // nil: volumes answer 501
 	envdVersion string
 	domain      string // returned as the sandbox domain; "" = the client's own
 	log         *slog.Logger
@@ -44,7 +46,9 @@ type Config struct {
 	Manager   *sandbox.Manager
 	Templates runtime.TemplateLister // optional
 	// Builds serves the template build API; nil answers it with 501.
-	Builds      *template.Service
+	Builds *template.Service
+	// Volumes serves E2B's volumes; nil answers them with 501.
+	Volumes     *volume.Service
 	EnvdVersion string
 	// Domain is returned to SDKs as the sandbox domain; "": the client's own.
 	Domain string
@@ -53,7 +57,7 @@ type Config struct {
 
 // New returns E2B's API on cfg.Manager.
 func New(cfg Config) *API {
-	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log,
+	return &API{mgr: cfg.Manager, templates: cfg.Templates, tpl: cfg.Builds, vol: cfg.Volumes, envdVersion: cfg.EnvdVersion, domain: cfg.Domain, log: cfg.Log,
 		started: time.Now().UTC()}
 }
 
@@ -107,7 +111,8 @@ type newSandbox struct {
 	autoPauseMem  *bool // with autoPause: false pauses to disk
 	autoResume    *e2bapi.SandboxAutoResumeConfig
 	network       *e2bapi.SandboxNetworkConfig
-	mcp, volumes  bool
+	mcp           bool
+	mounts        []volume.MountRequest
 	iam           bool
 }
 
@@ -128,9 +133,6 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 	if n.mcp {
 		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "MCP gateway sandboxes are not supported by sandboxd")
 	}
-	if n.volumes {
-		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "volume mounts are not supported by sandboxd")
-	}
 	if n.iam {
 		return sandbox.View{}, errdefs.New(errdefs.ErrNotImplemented, "iam: workload identity tokens are not supported by sandboxd")
 	}
@@ -138,6 +140,13 @@ func (a *API) create(ctx context.Context, n newSandbox) (sandbox.View, error) {
 		Template:      n.template,
 		Secure:        n.secure,
 		AllowInternet: n.allowInternet == nil || *n.allowInternet,
+	}
+	if len(n.mounts) > 0 {
+		ms, err := a.vol.Mounts(ctx, n.mounts)
+		if err != nil {
+			return sandbox.View{}, err
+		}
+		req.Volumes = ms
 	}
 	if n.timeout != nil {
 		if *n.timeout < 0 {
@@ -197,7 +206,7 @@ func (a *API) CreateSandbox(ctx context.Context, req e2bapi.CreateSandboxRequest
 		template: b.TemplateID, timeout: b.Timeout, secure: b.Secure == nil || *b.Secure,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0, iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
+		mcp: b.Mcp != nil, mounts: mountRequests(b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -216,7 +225,7 @@ func (a *API) CreateSandboxV2(ctx context.Context, req e2bapi.CreateSandboxV2Req
 		template: b.TemplateID, timeout: b.Timeout, secure: true,
 		allowInternet: b.AllowInternetAccess, metadata: b.Metadata, envVars: b.EnvVars,
 		autoPause: b.AutoPause, autoPauseMem: b.AutoPauseMemory, autoResume: b.AutoResume, network: b.Network,
-		mcp: b.Mcp != nil, volumes: b.VolumeMounts != nil && len(*b.VolumeMounts) > 0, iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
+		mcp: b.Mcp != nil, mounts: mountRequests(b.VolumeMounts), iam: b.Iam != nil && b.Iam.Tokens != nil && len(*b.Iam.Tokens) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -254,6 +263,13 @@ func (a *API) detail(sb sandbox.View) e2bapi.SandboxDetail {
 	}
 	if a.domain != "" {
 		d.Domain = ptr(a.domain)
+	}
+	if len(sb.VolumeMounts) > 0 {
+		ms := make([]e2bapi.SandboxVolumeMount, 0, len(sb.VolumeMounts))
+		for _, v := range sb.VolumeMounts {
+			ms = append(ms, e2bapi.SandboxVolumeMount{Name: v.Name, Path: v.Path})
+		}
+		d.VolumeMounts = &ms
 	}
 	if n := sb.Network; n != nil {
 		nc := &e2bapi.SandboxNetworkConfig{AllowPublicTraffic: n.AllowPublicTraffic}

@@ -54,6 +54,8 @@ func StatusOf(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, errdefs.ErrNotImplemented):
 		return http.StatusNotImplemented
+	case errors.Is(err, errdefs.ErrNoSpace):
+		return http.StatusInsufficientStorage
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, errdefs.ErrDeadlineExceeded):
@@ -102,7 +104,7 @@ func Describe(err error) (status int, msg string, public bool) {
 // gets the status text plus the request id to quote, never internals.
 func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	status, msg, public := Describe(err)
-	if status >= 500 && status != http.StatusNotImplemented {
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusInsufficientStorage {
 		reqID := middleware.GetReqID(r.Context())
 		log.ErrorContext(r.Context(), "request failed", "status", status, "err", err, "request_id", reqID,
 			"method", r.Method, "path", r.URL.Path)

@@ -1,0 +1,198 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sandboxd/sandboxd/tenant"
+)
+
+// Volume is the record of an E2B volume; the backend keeps its files.
+type Volume struct {
+	ID        string
+	Tenant    tenant.ID
+	Name      string // unique within the tenant
+	Token     string // the content API's bearer token
+	SizeMB    int
+	CreatedAt time.Time
+}
+
+const volumeCols = `id, tenant_id, name, token, size_mb, created_at`
+
+func scanVolume(row rowScanner) (Volume, error) {
+	var (
+		v       Volume
+		created int64
+	)
+	if err := row.Scan(&v.ID, &v.Tenant, &v.Name, &v.Token, &v.SizeMB, &created); err != nil {
+		return Volume{}, err
+	}
+	v.CreatedAt = fromUnixNano(created)
+	return v, nil
+}
+
+// VolumeQuota bounds InsertVolume: the tenant's volumes, the new one
+// included, may number at most Max and total at most MaxMB MiB; 0: no
+// limit.
+type VolumeQuota struct{ Max, MaxMB int }
+
+// InsertVolume records v if the tenant's quota allows, checked in the same
+// transaction as the insert so that concurrent creates cannot both pass.
+// A name the tenant uses is ErrConflict; a quota exceeded is
+// errdefs.ErrResourceExhausted (ErrQuota).
+func (s *Store) InsertVolume(ctx context.Context, v Volume, q VolumeQuota) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if ok, err := s.tenantExists(ctx, tx, v.Tenant); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("tenant %s: %w", v.Tenant, ErrNotFound)
+		}
+		var n, mb int
+		if err := tx.QueryRowContext(ctx,
+			`SELECT COUNT(*), COALESCE(SUM(size_mb), 0) FROM volumes WHERE tenant_id = ?`, v.Tenant).Scan(&n, &mb); err != nil {
+			return err
+		}
+		if q.Max > 0 && n+1 > q.Max {
+			return fmt.Errorf("%w: the tenant has %d volumes, its limit", ErrQuota, n)
+		}
+		if q.MaxMB > 0 && mb+v.SizeMB > q.MaxMB {
+			return fmt.Errorf("%w: the tenant's volumes would total %d MiB, above its limit of %d MiB", ErrQuota, mb+v.SizeMB, q.MaxMB)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (?, ?, ?, ?, ?, ?)`,
+			v.ID, v.Tenant, v.Name, v.Token, v.SizeMB, unixNano(v.CreatedAt))
+		return err
+	})
+	if isUniqueViolation(err) {
+		return fmt.Errorf("create volume %q: %w: the name is taken", v.Name, ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("create volume %q: %w", v.Name, err)
+	}
+	return nil
+}
+
+// GetVolume returns volume id of tenant t; another tenant's is ErrNotFound.
+func (s *Store) GetVolume(ctx context.Context, t tenant.ID, id string) (Volume, error) {
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id = ? AND tenant_id = ?`, id, t))
+	return v, volumeErr(id, err)
+}
+
+// VolumeByID returns volume id whoever owns it (the content API, which
+// authenticates by the volume's token).
+func (s *Store) VolumeByID(ctx context.Context, id string) (Volume, error) {
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id = ?`, id))
+	return v, volumeErr(id, err)
+}
+
+// VolumeByName returns tenant t's volume called name.
+func (s *Store) VolumeByName(ctx context.Context, t tenant.ID, name string) (Volume, error) {
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE tenant_id = ? AND name = ?`, t, name))
+	return v, volumeErr(name, err)
+}
+
+func volumeErr(id string, err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("volume %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListVolumes returns tenant t's volumes by name, or every tenant's when t
+// is empty.
+func (s *Store) ListVolumes(ctx context.Context, t tenant.ID) ([]Volume, error) {
+	q, args := `SELECT `+volumeCols+` FROM volumes ORDER BY tenant_id, name`, []any{}
+	if t != "" {
+		q, args = `SELECT `+volumeCols+` FROM volumes WHERE tenant_id = ? ORDER BY name`, []any{t}
+	}
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	defer rows.Close()
+	var out []Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteVolume removes tenant t's volume id; ErrNotFound if it has none.
+func (s *Store) DeleteVolume(ctx context.Context, t tenant.ID, id string) error {
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ? AND tenant_id = ?`, id, t)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("delete volume %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// SandboxVolume is a volume mounted in a sandbox: the volume, the name the
+// create gave it, and where.
+type SandboxVolume struct {
+	VolumeID, Name, Path string
+}
+
+// SetSandboxVolumes records the volumes sandbox id mounts; they are removed
+// with its row.
+func (s *Store) SetSandboxVolumes(ctx context.Context, id string, vs []SandboxVolume) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_volumes WHERE sandbox_id = ?`, id); err != nil {
+			return err
+		}
+		for _, v := range vs {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_volumes (sandbox_id, volume_id, name, path) VALUES (?, ?, ?, ?)`,
+				id, v.VolumeID, v.Name, v.Path); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("set volumes of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SandboxVolumes returns the volumes sandbox id mounts, by path.
+func (s *Store) SandboxVolumes(ctx context.Context, id string) ([]SandboxVolume, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT volume_id, name, path FROM sandbox_volumes WHERE sandbox_id = ? ORDER BY path`, id)
+	if err != nil {
+		return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []SandboxVolume
+	for rows.Next() {
+		var v SandboxVolume
+		if err := rows.Scan(&v.VolumeID, &v.Name, &v.Path); err != nil {
+			return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("volumes of sandbox %s: %w", id, err)
+	}
+	return out, nil
+}
