@@ -17,9 +17,8 @@ const NativePrefix = "/v1/sandboxes"
 
 // newNative returns the native API's router, to be mounted at NativePrefix:
 // auth and the tenant's limits first, then each route's scope.
-func newNative(cfg Config, lm *limitMetrics) http.Handler {
+func newNative(cfg Config, lm *limitMetrics, a *native.API) http.Handler {
 	log := cfg.Log
-	a := native.New(native.Config{Manager: cfg.Manager, Log: log, IdleTTL: cfg.NativeIdleTTL})
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {

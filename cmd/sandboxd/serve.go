@@ -171,7 +171,7 @@ func serve(args []string) error {
 		Manager: mgr, Store: st, Templates: be, Builds: builds, Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
-		NativeIdleTTL: lim.nativeIdleTTL,
+		NativeIdleTTL: lim.nativeIdleTTL, Version: version,
 	})
 
 	var protocols http.Protocols

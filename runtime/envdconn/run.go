@@ -19,6 +19,10 @@ type Command struct {
 	Env  map[string]string
 	Cwd  string
 	Tag  string
+	// Started, when set, is given the process's pid as soon as envd has
+	// started it, so that a caller that gives up on Run can Kill it: envd
+	// does not end a process whose client went away.
+	Started func(pid uint32)
 }
 
 // Exit is how a process ended: ExitCode is -1 for a death by signal, and
@@ -60,6 +64,9 @@ func (c *Client) Run(ctx context.Context, cmd Command, out func(stdout, stderr [
 	defer stream.Close()
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
+		if s := ev.GetStart(); s != nil && cmd.Started != nil {
+			cmd.Started(s.GetPid())
+		}
 		if d := ev.GetData(); d != nil && out != nil {
 			out(d.GetStdout(), d.GetStderr())
 		}
@@ -94,6 +101,21 @@ func (c *Client) Start(ctx context.Context, cmd Command) (pid uint32, err error)
 		return 0, fmt.Errorf("start %s: %w", cmd.Cmd, err)
 	}
 	return 0, fmt.Errorf("start %s: stream ended before the process started", cmd.Cmd)
+}
+
+// Kill sends SIGKILL to process pid's group (envd signals the group); a
+// process already gone is not an error.
+func (c *Client) Kill(ctx context.Context, pid uint32) error {
+	req := connect.NewRequest(&rpc.SendSignalRequest{
+		Process: &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: pid}},
+		Signal:  rpc.Signal_SIGNAL_SIGKILL,
+	})
+	c.Auth(req.Header())
+	_, err := c.Process().SendSignal(ctx, req)
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return nil // already gone
+	}
+	return err
 }
 
 // Running reports whether a process tagged tag is still running.

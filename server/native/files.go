@@ -52,7 +52,7 @@ func (a *API) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path 
 		return nil
 	}
 	if resp.StatusCode != http.StatusOK {
-		WriteError(w, r, a.log, envdStatus(resp))
+		WriteError(w, r, a.log, EnvdStatus(resp))
 		resp.Body.Close()
 		return nil
 	}
