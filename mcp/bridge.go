@@ -51,6 +51,9 @@ func Bridge(ctx context.Context, cfg BridgeConfig, t sdk.Transport) error {
 	b.local = sdk.NewServer(&sdk.Implementation{Name: "sandboxd", Version: cfg.Version},
 		&sdk.ServerOptions{Capabilities: &sdk.ServerCapabilities{}})
 	client := sdk.NewClient(&sdk.Implementation{Name: "sandboxd-mcp-bridge", Version: cfg.Version}, &sdk.ClientOptions{
+		// The server closes a session after sessionTimeout without a
+		// request; a desktop agent may sit idle longer than that.
+		KeepAlive:                   sessionTimeout / 6,
 		ProgressNotificationHandler: b.progress,
 		ToolListChangedHandler: func(ctx context.Context, _ *sdk.ToolListChangedRequest) {
 			_ = b.syncTools(ctx) // a failure leaves the last list; calls still reach the server

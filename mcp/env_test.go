@@ -3,13 +3,10 @@ package mcp_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/mcp"
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/local/localtest"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/server/native"
@@ -39,41 +37,7 @@ var (
 
 func TestMain(m *testing.M) {
 	local.Init() // libcontainer re-executes the test binary as container init
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	switch {
-	case os.Geteuid() != 0:
-		skipReason = "the local backend needs root"
-	case !exists("/sys/fs/cgroup"):
-		skipReason = "the local backend needs cgroups"
-	}
-	if skipReason != "" {
-		return m.Run()
-	}
-	envdBin = os.Getenv("SANDBOXD_ENVD")
-	if envdBin == "" {
-		dir, err := os.MkdirTemp("", "mcp-test-envd-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		envdBin = filepath.Join(dir, "envd")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", envdBin, "github.com/sandboxd/sandboxd/cmd/envd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
-			return 1
-		}
-	}
-	return m.Run()
-}
-
-func exists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
+	os.Exit(localtest.Main(m, &envdBin, &skipReason))
 }
 
 var testSecret = []byte("mcp-test-secret-0123456789abcdef-0123")
@@ -106,29 +70,7 @@ func newEnv(t *testing.T, limits *ratelimit.Tenants) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	root := filepath.Join("/run/sandboxd-mcptest", fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()))
-	cg := "/sandboxd-mcptest-" + filepath.Base(root)
-	be, err := local.New(ctx, local.Options{Root: root, EnvdPath: envdBin, CgroupParent: cg, Log: log,
-		EgressSubnet: netip.MustParsePrefix("10.173.0.0/16")})
-	if err != nil {
-		t.Fatalf("local.New: %v", err)
-	}
-	t.Cleanup(func() {
-		l, _ := be.List(context.Background())
-		for _, s := range l {
-			_ = be.Destroy(context.Background(), s.ID)
-		}
-		if err := be.Close(); err != nil {
-			t.Errorf("local backend Close: %v", err)
-		}
-		_ = os.RemoveAll(root)
-		_ = os.Remove(filepath.Dir(root))
-		hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-		for _, h := range hier {
-			_ = os.Remove(filepath.Join(h, cg))
-		}
-		_ = os.Remove(filepath.Join("/sys/fs/cgroup", cg))
-	})
+	be := localtest.New(t, "sandboxd-mcptest", envdBin, netip.MustParsePrefix("10.173.0.0/16"), log)
 	mgr := sandbox.New(sandbox.Config{Store: st, Log: log, Backend: be, BackendName: "local", EnvdVersion: "0.6.13"})
 	nat := native.New(native.Config{Manager: mgr, Log: log})
 	e := &env{t: t, st: st, mgr: mgr, keys: map[string]string{},

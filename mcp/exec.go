@@ -37,7 +37,7 @@ var execTool = &sdk.Tool{
 		"Each stream keeps its first 16 KiB and last 48 KiB: more output is cut in the middle, with a note saying how " +
 		"many bytes were cut (redirect to a file and use sandbox_read_file for all of it). The command is killed when " +
 		"its timeout passes (timed_out: true) or when the call is cancelled. Progress notifications carry new output " +
-		"while it runs. Processes it leaves in the background are ended with it.",
+		"while it runs.",
 	Annotations: &sdk.ToolAnnotations{OpenWorldHint: ptr(true)},
 }
 

@@ -223,15 +223,8 @@ func (s *Server) listFiles(ctx context.Context, _ *sdk.CallToolRequest, in listF
 			out.Truncated = true
 			break
 		}
-		fe := fileEntry{Name: e.GetName(), Path: e.GetPath(), Size: e.GetSize(), Mode: e.GetPermissions(), Type: "other"}
-		switch e.GetType() {
-		case filesystem.FileType_FILE_TYPE_FILE:
-			fe.Type = "file"
-		case filesystem.FileType_FILE_TYPE_DIRECTORY:
-			fe.Type = "dir"
-		case filesystem.FileType_FILE_TYPE_SYMLINK:
-			fe.Type = "symlink"
-		}
+		fe := fileEntry{Name: e.GetName(), Path: e.GetPath(), Size: e.GetSize(), Mode: e.GetPermissions(),
+			Type: native.EntryType(e.GetType())}
 		if t := e.GetModifiedTime(); t != nil {
 			fe.ModifiedAt = t.AsTime().UTC().Format(time.RFC3339)
 		}
