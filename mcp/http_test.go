@@ -111,6 +111,7 @@ func TestHTTPScopesPerRequest(t *testing.T) {
 func TestRateLimit(t *testing.T) {
 	lim := &ratelimit.Tenants{Limiter: ratelimit.New(0, nil), Policy: ratelimit.Policy{Defaults: map[tenant.Class]ratelimit.Limit{
 		tenant.Lifecycle: {Rate: 0.001, Burst: 2},
+		tenant.Read:      {Rate: 0.001, Burst: 10},
 	}}}
 	e := newEnv(t, lim)
 	cs := e.httpSession(e.keys["acme"], nil)
@@ -124,6 +125,17 @@ func TestRateLimit(t *testing.T) {
 		t.Errorf("third kill: %q", msg)
 	}
 	mustCall(t, cs, "sandbox_list", nil, nil) // reads are another class
+	refused := ""
+	for i := 0; i < 10 && refused == ""; i++ {
+		refused = call(t, cs, "sandbox_list", nil, nil)
+	}
+	if !strings.HasPrefix(refused, "resource_exhausted: rate limit exceeded for read requests") {
+		t.Errorf("past the read burst: %q", refused)
+	}
+	// Requests other than tool calls are reads too.
+	if _, err := cs.ListTools(context.Background(), nil); err == nil || !strings.Contains(err.Error(), "rate limit exceeded for read requests") {
+		t.Errorf("tools/list past the read limit: %v", err)
+	}
 	// Another tenant has its own buckets.
 	if msg := call(t, e.httpSession(e.keys["other"], nil), "sandbox_kill", map[string]any{"sandbox_id": "x"}, nil); !strings.HasPrefix(msg, "not_found:") {
 		t.Errorf("another tenant's kill: %q", msg)

@@ -38,7 +38,19 @@ func TestTools(t *testing.T) {
 	}
 
 	sb := e.create(cs, map[string]any{"metadata": map[string]string{"job": "t1"}, "env": map[string]string{"GREETING": "hi"}, "timeout": 120})
-	other := e.create(cs, map[string]any{"metadata": map[string]string{"job": "t2"}})
+	other := e.create(cs, map[string]any{"metadata": map[string]string{"job": "t2"},
+		"network": map[string]any{"allowOut": []string{"1.1.1.1"}, "denyOut": []string{"0.0.0.0/0"}}})
+	var net struct {
+		Sandboxes []struct {
+			AllowInternet bool `json:"allow_internet"`
+			Network       struct{ AllowOut, DenyOut []string }
+		}
+	}
+	mustCall(t, cs, "sandbox_list", map[string]any{"metadata": map[string]string{"job": "t2"}}, &net)
+	if len(net.Sandboxes) != 1 || !net.Sandboxes[0].AllowInternet || !slices.Equal(net.Sandboxes[0].Network.AllowOut, []string{"1.1.1.1"}) ||
+		!slices.Equal(net.Sandboxes[0].Network.DenyOut, []string{"0.0.0.0/0"}) {
+		t.Errorf("sandbox_create's network policy: %+v", net)
+	}
 
 	var list struct{ Sandboxes []sandboxOut }
 	mustCall(t, cs, "sandbox_list", map[string]any{"metadata": map[string]string{"job": "t1"}}, &list)

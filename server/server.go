@@ -1,10 +1,9 @@
 // Package server composes sandboxd's HTTP surface: it routes to E2B's
 // control-plane REST API (package e2b), sandboxd's native API, the MCP
-// server at /mcp (package mcp) and the data-plane proxy (package proxy), and
-// owns what they share around them:
-// API-key and JWT auth, rate limits, access logs, panic recovery, health
-// and Prometheus metrics. It talks to the lifecycle layer (package sandbox)
-// and never to a backend directly.
+// server at /mcp (package mcp) and the data-plane proxy (package proxy),
+// and owns what they share around them: API-key and JWT auth, rate limits,
+// access logs, panic recovery, health and Prometheus metrics. It talks to
+// the lifecycle layer (package sandbox) and never to a backend directly.
 package server
 
 import (

@@ -132,11 +132,10 @@ func nativeErrorCode(status int) string {
 	return "internal"
 }
 
-// WriteError is the native surface's one error writer: httpx.StatusOf picks
-// the status, the body is nativeapi.Error. As on the E2B surface, 5xx causes
+// WriteError is the native surface's one error writer: Describe says what
+// to answer, the body is nativeapi.Error. As on the E2B surface, 5xx causes
 // are logged and not shown unless they are errdefs.Public.
 func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	err = envdErr(err)
 	status, code, msg, public := Describe(err)
 	reqID := middleware.GetReqID(r.Context())
 	if !public && status >= 500 {
