@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -60,34 +61,19 @@ func newEnv(t *testing.T, limits *ratelimit.Tenants) *env {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
-	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, keys := storetest.Open(t, "acme", "other")
 	be := localtest.New(t, "sandboxd-mcptest", envdBin, netip.MustParsePrefix("10.173.0.0/16"), log)
 	mgr := sandbox.New(sandbox.Config{Store: st, Log: log, Backend: be, BackendName: "local", EnvdVersion: "0.6.13"})
 	nat := native.New(native.Config{Manager: mgr, Log: log})
-	e := &env{t: t, st: st, mgr: mgr, keys: map[string]string{},
+	e := &env{t: t, st: st, mgr: mgr, keys: keys,
 		mcp: mcp.New(mcp.Config{Sandboxes: mgr, Envd: nat, Log: log, Version: "test"})}
 	e.http = httptest.NewServer(server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
 		JWT: jwtauth.NewVerifier(testSecret, nil), Limits: limits}))
 	t.Cleanup(e.http.Close)
-	for _, name := range []string{"acme", "other"} {
-		if _, err := st.EnsureTenant(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		key, _, err := st.CreateKey(ctx, tenant.ID(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.keys[name] = key
-	}
 	return e
 }
 

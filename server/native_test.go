@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -69,16 +70,11 @@ func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtim
 	if real && nativeSkipReal != "" {
 		t.Skip(nativeSkipReal)
 	}
-	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, keys := storetest.Open(t, "acme", "other")
 	cfg := sandbox.Config{Store: st, Log: log, BackendName: "local", EnvdVersion: "0.6.13"}
 	var be *local.Backend
 	if real {
@@ -93,18 +89,7 @@ func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtim
 		JWT: jwtauth.NewVerifier(testSecret, nil)})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	e := &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: map[string]string{}, client: &http.Client{}}
-	for _, name := range []string{"acme", "other"} {
-		if _, err := st.EnsureTenant(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		key, _, err := st.CreateKey(ctx, tenant.ID(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.keys[name] = key
-	}
-	return e
+	return &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: keys, client: &http.Client{}}
 }
 
 func (e *nativeEnv) token(tenant string, scopes ...string) string {
