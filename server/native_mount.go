@@ -9,7 +9,6 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/native"
-	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // NativePrefix is where sandboxd's own API (openapi/native.yaml) is mounted.
@@ -18,10 +17,8 @@ const NativePrefix = "/v1/sandboxes"
 
 // newNative returns the native API's router, to be mounted at NativePrefix:
 // auth and the tenant's limits first, then each route's scope.
-func newNative(cfg Config, lm *limitMetrics) http.Handler {
+func newNative(cfg Config, lm *limitMetrics, a *native.API) http.Handler {
 	log := cfg.Log
-	ws := workspace.New(workspace.Config{Manager: cfg.Manager, Differ: cfg.Differ, Templates: cfg.Builds, Log: log})
-	a := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL})
 	siw := &nativeapi.ServerInterfaceWrapper{
 		Handler: a,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -11,8 +11,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +19,11 @@ import (
 	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/local/localtest"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -42,36 +42,7 @@ func TestMain(m *testing.M) {
 }
 
 func runServerTests(m *testing.M) int {
-	switch {
-	case os.Geteuid() != 0:
-		nativeSkipReal = "the local backend needs root"
-	case !pathExists("/sys/fs/cgroup"):
-		nativeSkipReal = "the local backend needs cgroups"
-	}
-	if nativeSkipReal == "" {
-		nativeEnvdBin = os.Getenv("SANDBOXD_ENVD")
-		if nativeEnvdBin == "" {
-			dir, err := os.MkdirTemp("", "server-test-envd-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			nativeEnvdBin = filepath.Join(dir, "envd")
-			cmd := exec.Command("go", "build", "-trimpath", "-o", nativeEnvdBin, "github.com/sandboxd/sandboxd/cmd/envd")
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "build envd: %v\n%s", err, out)
-				return 1
-			}
-		}
-	}
-	return m.Run()
-}
-
-func pathExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
+	return localtest.Main(m, &nativeEnvdBin, &nativeSkipReal)
 }
 
 var testSecret = []byte("native-api-test-secret-0123456789abcdef")
@@ -99,42 +70,15 @@ func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtim
 	if real && nativeSkipReal != "" {
 		t.Skip(nativeSkipReal)
 	}
-	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, keys := storetest.Open(t, "acme", "other")
 	cfg := sandbox.Config{Store: st, Log: log, BackendName: "local", EnvdVersion: "0.6.13"}
 	var be *local.Backend
 	if real {
-		root := filepath.Join("/run/sandboxd-servertest", fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()))
-		cg := "/sandboxd-servertest-" + filepath.Base(root)
-		be, err = local.New(ctx, local.Options{Root: root, EnvdPath: nativeEnvdBin, CgroupParent: cg, Log: log,
-			EgressSubnet: netip.MustParsePrefix("10.135.0.0/16")})
-		if err != nil {
-			t.Fatalf("local.New: %v", err)
-		}
-		t.Cleanup(func() {
-			l, _ := be.List(context.Background())
-			for _, s := range l {
-				_ = be.Destroy(context.Background(), s.ID)
-			}
-			if err := be.Close(); err != nil { // its mounts go
-				t.Errorf("local backend Close: %v", err)
-			}
-			_ = os.RemoveAll(root)
-			_ = os.Remove(filepath.Dir(root)) // the package's last real backend removes it
-			hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-			for _, h := range hier {
-				_ = os.Remove(filepath.Join(h, cg))
-			}
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", cg))
-		})
+		be = localtest.New(t, "sandboxd-servertest", nativeEnvdBin, netip.MustParsePrefix("10.135.0.0/16"), log)
 		cfg.Backend = be
 		if wrap != nil {
 			cfg.Backend = wrap(be)
@@ -145,18 +89,7 @@ func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtim
 		JWT: jwtauth.NewVerifier(testSecret, nil)})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	e := &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: map[string]string{}, client: &http.Client{}}
-	for _, name := range []string{"acme", "other"} {
-		if _, err := st.EnsureTenant(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		key, _, err := st.CreateKey(ctx, tenant.ID(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.keys[name] = key
-	}
-	return e
+	return &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: keys, client: &http.Client{}}
 }
 
 func (e *nativeEnv) token(tenant string, scopes ...string) string {

@@ -1,9 +1,9 @@
 // Package server composes sandboxd's HTTP surface: it routes to E2B's
-// control-plane REST API (package e2b), sandboxd's native API and the
-// data-plane proxy (package proxy), and owns what they share around them:
-// API-key and JWT auth, rate limits, access logs, panic recovery, health
-// and Prometheus metrics. It talks to the lifecycle layer (package sandbox)
-// and never to a backend directly.
+// control-plane REST API (package e2b), sandboxd's native API, the MCP
+// server at /mcp (package mcp) and the data-plane proxy (package proxy),
+// and owns what they share around them: API-key and JWT auth, rate limits,
+// access logs, panic recovery, health and Prometheus metrics. It talks to
+// the lifecycle layer (package sandbox) and never to a backend directly.
 package server
 
 import (
@@ -23,6 +23,8 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/e2b"
 	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/server/native"
+	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/template"
@@ -67,6 +69,8 @@ type Config struct {
 	// NativeIdleTTL is the idle TTL of native creates that name none
 	// (sandboxd serve --native-idle-ttl); 0: none. E2B creates never have one.
 	NativeIdleTTL time.Duration
+	// Version is sandboxd's, as the MCP server reports it.
+	Version string
 }
 
 // New returns sandboxd's whole HTTP handler.
@@ -123,7 +127,10 @@ func New(cfg Config) http.Handler {
 	for _, prefix := range []string{E2BPrefix, ""} {
 		root.Method(http.MethodPut, prefix+"/templates/{templateID}/files/{hash}/upload", upload)
 	}
-	root.Mount(NativePrefix, newNative(cfg, lm)) // E2BPrefix, longer, still routes to e2b
+	ws := workspace.New(workspace.Config{Manager: cfg.Manager, Differ: cfg.Differ, Templates: cfg.Builds, Log: log})
+	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL})
+	root.Mount(NativePrefix, newNative(cfg, lm, nat)) // E2BPrefix, longer, still routes to e2b
+	root.Handle(MCPPath, newMCP(cfg, lm, nat))
 	root.Mount(E2BPrefix, e2bRouter)
 	root.Mount("/", e2bRouter)
 

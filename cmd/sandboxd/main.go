@@ -5,6 +5,7 @@
 //	sandboxd serve [--listen ADDR] [--data-dir DIR] [--backend local] [--domain D] [--config FILE]
 //	sandboxd keys create --tenant NAME | keys list [--tenant NAME] | keys revoke ID
 //	sandboxd tenants list | tenants create NAME
+//	sandboxd mcp [--url URL] [--token TOKEN]   (MCP over stdio, bridged to a server's /mcp)
 //
 // Every flag can also come from the environment (SANDBOXD_<FLAG>, dashes as
 // underscores) or a --config file; command-line flags win, then the
@@ -38,6 +39,8 @@ func main() {
 		err = token(os.Args[2:])
 	case "sandbox":
 		err = sandboxCmd(os.Args[2:])
+	case "mcp":
+		err = mcpCmd(os.Args[2:])
 	case "tls":
 		err = tlsCmd(os.Args[2:])
 	case "version":
@@ -68,6 +71,7 @@ func usage() {
         [--{create,lifecycle,read,dataplane}-rate R] [--{create,lifecycle,read,dataplane}-burst B]   ("default" resets)
   sandboxd token create --tenant NAME [--scope "sandboxes:read sandboxes:write"] [--ttl 1h]
   sandboxd sandbox create|list|get|rm|exec|shell|cp ...   (client of a running server; see docs/native-api.md)
+  sandboxd mcp [--url http://127.0.0.1:3000] [--token T]   the MCP tools over stdio, for desktop agents
   sandboxd tls init --domain D [--dir DIR]   local CA + certificate for D and *.D (serve --tls-cert/--tls-key)
   sandboxd version
 Flags also come from SANDBOXD_<FLAG> (e.g. SANDBOXD_DATA_DIR) and --config FILE.

@@ -181,7 +181,7 @@ func serve(args []string) error {
 		Manager: mgr, Store: st, Templates: be, Builds: builds, Differ: differOf(be), Volumes: vols, Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
-		NativeIdleTTL: lim.nativeIdleTTL,
+		NativeIdleTTL: lim.nativeIdleTTL, Version: version,
 	})
 
 	var protocols http.Protocols

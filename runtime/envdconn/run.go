@@ -19,6 +19,10 @@ type Command struct {
 	Env  map[string]string
 	Cwd  string
 	Tag  string
+	// Started, when set, is given the process's pid as soon as envd has
+	// started it, so that a caller that gives up on Run can Kill it: envd
+	// does not end a process whose client went away.
+	Started func(pid uint32)
 }
 
 // Exit is how a process ended: ExitCode is -1 for a death by signal, and
@@ -58,6 +62,9 @@ func (c *Client) Run(ctx context.Context, cmd Command, out func(stdout, stderr [
 		return Exit{}, err
 	}
 	defer o.Close()
+	if cmd.Started != nil {
+		cmd.Started(o.Pid)
+	}
 	x, err := o.Follow(out)
 	if err != nil {
 		return Exit{}, fmt.Errorf("run %s: %w", cmd.Cmd, err)
@@ -74,6 +81,21 @@ func (c *Client) Start(ctx context.Context, cmd Command) (pid uint32, err error)
 	}
 	o.Close()
 	return o.Pid, nil
+}
+
+// Kill sends SIGKILL to process pid's group (envd signals the group); a
+// process already gone is not an error.
+func (c *Client) Kill(ctx context.Context, pid uint32) error {
+	req := connect.NewRequest(&rpc.SendSignalRequest{
+		Process: &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: pid}},
+		Signal:  rpc.Signal_SIGNAL_SIGKILL,
+	})
+	c.Auth(req.Header())
+	_, err := c.Process().SendSignal(ctx, req)
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return nil // already gone
+	}
+	return err
 }
 
 // Running reports whether a process tagged tag is still running.

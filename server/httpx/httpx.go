@@ -283,9 +283,14 @@ func LimitHeaders(w http.ResponseWriter, d ratelimit.Decision) (retry int) {
 	if d.Allowed {
 		return 0
 	}
-	retry = max(int(math.Ceil(d.RetryAfter.Seconds())), 1)
+	retry = RetryAfter(d)
 	h.Set("Retry-After", strconv.Itoa(retry))
 	return retry
+}
+
+// RetryAfter is the whole seconds (at least 1) until a refused d would pass.
+func RetryAfter(d ratelimit.Decision) int {
+	return max(int(math.Ceil(d.RetryAfter.Seconds())), 1)
 }
 
 // LimitMessage says which limit refused a request and when to retry.

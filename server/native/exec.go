@@ -64,13 +64,7 @@ func (c *envdConn) selector(pid uint32) *process.ProcessSelector {
 func (c *envdConn) kill(ctx context.Context, pid uint32) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
 	defer cancel()
-	req := connect.NewRequest(&process.SendSignalRequest{Process: c.selector(pid), Signal: process.Signal_SIGNAL_SIGKILL})
-	c.Auth(req.Header())
-	_, err := c.Process().SendSignal(ctx, req)
-	if connect.CodeOf(err) == connect.CodeNotFound {
-		return nil // already gone
-	}
-	return err
+	return c.Kill(ctx, pid)
 }
 
 // endSignal is the signal name in an end event's status ("signal: killed"),

@@ -52,7 +52,7 @@ func (a *API) filesDo(w http.ResponseWriter, r *http.Request, c *envdConn, path 
 		return nil
 	}
 	if resp.StatusCode != http.StatusOK {
-		WriteError(w, r, a.log, envdStatus(resp))
+		WriteError(w, r, a.log, EnvdStatus(resp))
 		resp.Body.Close()
 		return nil
 	}
@@ -157,17 +157,8 @@ func (a *API) ListFiles(w http.ResponseWriter, r *http.Request, id string, p nat
 	}
 	out := nativeapi.FileList{Entries: make([]nativeapi.FileEntry, 0, len(resp.Msg.GetEntries()))}
 	for _, e := range resp.Msg.GetEntries() {
-		fe := nativeapi.FileEntry{Name: e.GetName(), Path: e.GetPath(), Size: ptr(e.GetSize())}
-		switch e.GetType() {
-		case filesystem.FileType_FILE_TYPE_FILE:
-			fe.Type = "file"
-		case filesystem.FileType_FILE_TYPE_DIRECTORY:
-			fe.Type = "dir"
-		case filesystem.FileType_FILE_TYPE_SYMLINK:
-			fe.Type = "symlink"
-		default:
-			fe.Type = "other"
-		}
+		fe := nativeapi.FileEntry{Name: e.GetName(), Path: e.GetPath(), Size: ptr(e.GetSize()),
+			Type: nativeapi.FileEntryType(EntryType(e.GetType()))}
 		if s := e.GetPermissions(); s != "" {
 			fe.Mode = &s
 		}
@@ -177,4 +168,18 @@ func (a *API) ListFiles(w http.ResponseWriter, r *http.Request, id string, p nat
 		out.Entries = append(out.Entries, fe)
 	}
 	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+// EntryType names an envd file type as the native API does: file, dir,
+// symlink or other.
+func EntryType(t filesystem.FileType) string {
+	switch t {
+	case filesystem.FileType_FILE_TYPE_FILE:
+		return "file"
+	case filesystem.FileType_FILE_TYPE_DIRECTORY:
+		return "dir"
+	case filesystem.FileType_FILE_TYPE_SYMLINK:
+		return "symlink"
+	}
+	return "other"
 }

@@ -141,19 +141,14 @@ func nativeErrorCode(status int) string {
 	return "internal"
 }
 
-// WriteError is the native surface's one error writer: httpx.StatusOf picks
-// the status, the body is nativeapi.Error. As on the E2B surface, 5xx causes
+// WriteError is the native surface's one error writer: Describe says what
+// to answer, the body is nativeapi.Error. As on the E2B surface, 5xx causes
 // are logged and not shown unless they are errdefs.Public.
 func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	err = envdErr(err)
-	status := httpx.StatusOf(err)
-	msg, public := errdefs.Public(err)
+	status, code, msg, public := Describe(err)
 	reqID := middleware.GetReqID(r.Context())
-	if !public {
-		msg = err.Error()
-		if status >= 500 {
-			msg = http.StatusText(status) + " (request " + reqID + ")"
-		}
+	if !public && status >= 500 {
+		msg += " (request " + reqID + ")"
 	}
 	if status >= 500 {
 		log.ErrorContext(r.Context(), "request failed", "status", status, "err", err, "request_id", reqID,
@@ -165,12 +160,30 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		}
 	}
 	var body nativeapi.Error
-	body.Error.Code = nativeErrorCode(status)
+	body.Error.Code = code
 	body.Error.Message = msg
 	if reqID != "" {
 		body.RequestId = &reqID
 	}
 	httpx.WriteJSON(w, status, body)
+}
+
+// Describe is what the native surfaces tell a caller of err: its status,
+// the stable code of the native error shape and a message, err's own when
+// public or of a 4xx kind, else the status text. An error of a sandbox's
+// envd is described by its kind (see envdErr). WriteError answers with it;
+// so does the MCP server, whose tools work on the same sandboxes.
+func Describe(err error) (status int, code, msg string, public bool) {
+	err = envdErr(err)
+	status = httpx.StatusOf(err)
+	msg, public = errdefs.Public(err)
+	if !public {
+		msg = err.Error()
+		if status >= 500 {
+			msg = http.StatusText(status)
+		}
+	}
+	return status, nativeErrorCode(status), msg, public
 }
 
 // envdErr turns an error from a sandbox's envd (a Connect error or an
@@ -260,8 +273,22 @@ func (a *API) envd(ctx context.Context, id, user string) (*envdConn, error) {
 
 func (c *envdConn) close() { c.done() }
 
-// envdStatus reads a failed /files answer into an envdStatusError.
-func envdStatus(resp *http.Response) error {
+// Envd connects to sandbox id's envd as user (envd's default when empty),
+// through the API's shared connections, for another surface of the same
+// sandboxes (MCP): the sandbox is looked up for the tenant in ctx (a foreign
+// one is ErrNotFound) and must be running, and the call counts as activity
+// for the idle TTL until done is called.
+func (a *API) Envd(ctx context.Context, id, user string) (c *envdconn.Client, done func(), err error) {
+	ec, err := a.envd(ctx, id, user)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ec.Client, ec.done, nil
+}
+
+// EnvdStatus reads a failed answer of envd's /files into an error that
+// Describe and WriteError map by its status.
+func EnvdStatus(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	msg := strings.TrimSpace(string(b))
 	var body struct {

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// TestMCPE2E: the real sandboxd serves its MCP tools at /mcp over
+// streamable HTTP to the Go SDK's client with a JWT from `sandboxd token
+// create`, and `sandboxd mcp` serves them over stdio.
+func TestMCPE2E(t *testing.T) {
+	e := newE2EEnv(t, "alice")
+	e.serveArgs = append(e.serveArgs, "--egress-subnet=10.173.0.0/16")
+	s := e.start()
+	out, _ := e.sandboxdCLI(t, "token", "create", "--data-dir", e.dataDir, "--tenant", "alice")
+	jwt := strings.TrimSpace(out)
+
+	resp, err := http.Post(s.base+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("POST /mcp without credentials: %d, want 401", resp.StatusCode)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, nil)
+	hc := &http.Client{Transport: e2eBearer{token: jwt}}
+	cs, err := client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: s.base + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	e2eMCPSandbox(ctx, t, e, cs, "over http")
+
+	// stdio: sandboxd mcp, the token from SANDBOXD_TOKEN.
+	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), "mcp", "--url", s.base)
+	cmd.Env = append(e2eSandboxdEnviron(), "SANDBOXD_TOKEN="+jwt)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdio, err := client.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("sandboxd mcp: %v\n%s", err, stderr.String())
+	}
+	e2eMCPSandbox(ctx, t, e, stdio, "over stdio")
+	if err := stdio.Close(); err != nil {
+		t.Errorf("sandboxd mcp did not exit cleanly when its stdin closed: %v\n%s", err, stderr.String())
+	}
+}
+
+// e2eMCPSandbox lists the tools, then creates a sandbox, runs a command,
+// writes and reads a file and kills it, through cs.
+func e2eMCPSandbox(ctx context.Context, t *testing.T, e *e2eEnv, cs *sdk.ClientSession, how string) {
+	t.Helper()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil || len(tools.Tools) != 7 {
+		t.Fatalf("%s: tools/list: %v %v", how, tools, err)
+	}
+	callTool := func(name string, args map[string]any, out any) {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %s: %v", how, name, err)
+		}
+		raw, _ := json.Marshal(res.StructuredContent)
+		if res.IsError {
+			t.Fatalf("%s: %s: tool error %+v", how, name, res.Content[0])
+		}
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s: %s: %s: %v", how, name, raw, err)
+		}
+	}
+	var sb struct {
+		ID string `json:"sandbox_id"`
+	}
+	callTool("sandbox_create", nil, &sb)
+	e.track(sb.ID, e.keys["alice"])
+	var x struct {
+		Stdout   string
+		ExitCode int `json:"exit_code"`
+	}
+	callTool("sandbox_exec", map[string]any{"sandbox_id": sb.ID, "command": "echo " + how + "; exit 4"}, &x)
+	if x.Stdout != how+"\n" || x.ExitCode != 4 {
+		t.Errorf("%s: sandbox_exec: %+v", how, x)
+	}
+	var w struct{ Path string }
+	callTool("sandbox_write_file", map[string]any{"sandbox_id": sb.ID, "path": "f.txt", "content": how}, &w)
+	var r struct{ Content, Encoding string }
+	callTool("sandbox_read_file", map[string]any{"sandbox_id": sb.ID, "path": w.Path}, &r)
+	if r.Content != how || r.Encoding != "text" {
+		t.Errorf("%s: sandbox_read_file: %+v", how, r)
+	}
+	var k struct{ Killed bool }
+	callTool("sandbox_kill", map[string]any{"sandbox_id": sb.ID}, &k)
+	if !k.Killed {
+		t.Errorf("%s: sandbox_kill: %+v", how, k)
+	}
+}
+
+// e2eBearer sends token as a bearer on every request.
+type e2eBearer struct{ token string }
+
+func (b e2eBearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
