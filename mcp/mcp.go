@@ -49,6 +49,8 @@ type Limiter func(ctx context.Context, c tenant.Class) error
 type Config struct {
 	Sandboxes Sandboxes
 	Envd      Envd
+	// Workspace serves the workspace tools; nil leaves them out.
+	Workspace Workspace
 	// Limit rate-limits tool calls by the class of each tool, and every
 	// other request as a read; nil: no limits.
 	Limit Limiter
@@ -68,7 +70,9 @@ type Server struct {
 const instructions = `Tools to run code in isolated Linux sandboxes (sandboxd). ` +
 	`Create a sandbox with sandbox_create, run shell commands in it with sandbox_exec, move files with ` +
 	`sandbox_write_file, sandbox_read_file and sandbox_list_files, and kill it with sandbox_kill when done ` +
-	`(it is killed anyway when its timeout passes). sandbox_list finds the sandboxes you already have.`
+	`(it is killed anyway when its timeout passes). sandbox_list finds the sandboxes you already have. ` +
+	`sandbox_changes and sandbox_diff show what a sandbox changed against its template; sandbox_publish makes ` +
+	`those changes the next version of a template.`
 
 // New returns the MCP server with every tool registered.
 func New(cfg Config) *Server {
@@ -84,9 +88,11 @@ func New(cfg Config) *Server {
 }
 
 // registerTools adds every tool: one addTool call each, naming the scope
-// the tool needs and the rate-limit class it is charged to. The workspace
-// tools (sandbox_changes, sandbox_export, sandbox_publish) belong here too,
-// each in a file of its own like the ones below.
+// the tool needs and the rate-limit class it is charged to. Scopes are the
+// native API's for the same operation: reading a sandbox's files goes
+// through its envd, which takes sandboxes:write there (a read-only token
+// sees sandboxes, not their contents); its changes and their patch are
+// sandboxes:read, as there.
 func (s *Server) registerTools() {
 	const read, write = jwtauth.ScopeRead, jwtauth.ScopeWrite
 	addTool(s, createTool, write, tenant.Create, s.create)
@@ -94,8 +100,13 @@ func (s *Server) registerTools() {
 	addTool(s, killTool, write, tenant.Lifecycle, s.kill)
 	addTool(s, execTool, write, tenant.Lifecycle, s.exec)
 	addTool(s, writeFileTool, write, tenant.Lifecycle, s.writeFile)
-	addTool(s, readFileTool, read, tenant.Read, s.readFile)
-	addTool(s, listFilesTool, read, tenant.Read, s.listFiles)
+	addTool(s, readFileTool, write, tenant.Read, s.readFile)
+	addTool(s, listFilesTool, write, tenant.Read, s.listFiles)
+	if s.cfg.Workspace != nil {
+		addTool(s, changesTool, read, tenant.Read, s.changes)
+		addTool(s, diffTool, read, tenant.Read, s.diff)
+		addTool(s, publishTool, write, tenant.Lifecycle, s.publish)
+	}
 }
 
 // MCP is the SDK server, for transports other than HTTP: the context a

@@ -19,8 +19,8 @@ const MCPPath = "/mcp"
 // or an API key with every scope; 401 without), then the MCP server, which
 // checks each tool's scope and charges each call to its tenant's rate-limit
 // class. It shares the native API's envd connections.
-func newMCP(cfg Config, lm *limitMetrics, nat *native.API) http.Handler {
-	m := mcp.New(mcp.Config{Sandboxes: cfg.Manager, Envd: nat, Limit: mcpLimit(cfg.Limits, lm),
+func newMCP(cfg Config, lm *limitMetrics, nat *native.API, ws mcp.Workspace) http.Handler {
+	m := mcp.New(mcp.Config{Sandboxes: cfg.Manager, Envd: nat, Workspace: ws, Limit: mcpLimit(cfg.Limits, lm),
 		Log: cfg.Log, IdleTTL: cfg.NativeIdleTTL, Version: cfg.Version})
 	return nativeAuthenticate(cfg.Store, cfg.JWT, cfg.Log)(m.Handler())
 }

@@ -24,12 +24,12 @@ import (
 	"github.com/sandboxd/sandboxd/server/e2b"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/native"
-	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
 	"github.com/sandboxd/sandboxd/volume"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // E2BPrefix is where E2B's REST API is mounted; users set
@@ -130,7 +130,7 @@ func New(cfg Config) http.Handler {
 	ws := workspace.New(workspace.Config{Manager: cfg.Manager, Differ: cfg.Differ, Templates: cfg.Builds, Log: log})
 	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL})
 	root.Mount(NativePrefix, newNative(cfg, lm, nat)) // E2BPrefix, longer, still routes to e2b
-	root.Handle(MCPPath, newMCP(cfg, lm, nat))
+	root.Handle(MCPPath, newMCP(cfg, lm, nat, ws))
 	root.Mount(E2BPrefix, e2bRouter)
 	root.Mount("/", e2bRouter)
 

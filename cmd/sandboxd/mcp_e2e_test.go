@@ -63,7 +63,7 @@ func TestMCPE2E(t *testing.T) {
 func e2eMCPSandbox(ctx context.Context, t *testing.T, e *e2eEnv, cs *sdk.ClientSession, how string) {
 	t.Helper()
 	tools, err := cs.ListTools(ctx, nil)
-	if err != nil || len(tools.Tools) != 7 {
+	if err != nil || len(tools.Tools) != 10 {
 		t.Fatalf("%s: tools/list: %v %v", how, tools, err)
 	}
 	callTool := func(name string, args map[string]any, out any) {
@@ -99,6 +99,32 @@ func e2eMCPSandbox(ctx context.Context, t *testing.T, e *e2eEnv, cs *sdk.ClientS
 	callTool("sandbox_read_file", map[string]any{"sandbox_id": sb.ID, "path": w.Path}, &r)
 	if r.Content != how || r.Encoding != "text" {
 		t.Errorf("%s: sandbox_read_file: %+v", how, r)
+	}
+	// The workspace tools: what it changed, as a patch, published.
+	var ch struct {
+		Changes []struct{ Path, Kind string }
+	}
+	callTool("sandbox_changes", map[string]any{"sandbox_id": sb.ID}, &ch)
+	found := false
+	for _, c := range ch.Changes {
+		found = found || c.Path == w.Path && c.Kind == "added"
+	}
+	if !found {
+		t.Errorf("%s: sandbox_changes lacks %s: %+v", how, w.Path, ch)
+	}
+	var d struct{ Patch string }
+	callTool("sandbox_diff", map[string]any{"sandbox_id": sb.ID}, &d)
+	if !strings.Contains(d.Patch, "+++ b"+w.Path+"\n@@ -0,0 +1 @@\n+"+how+"\n") {
+		t.Errorf("%s: sandbox_diff: %q", how, d.Patch)
+	}
+	var v struct {
+		Template string
+		Version  int
+	}
+	name := "mcp-" + strings.ReplaceAll(how, " ", "-")
+	callTool("sandbox_publish", map[string]any{"sandbox_id": sb.ID, "template": name}, &v)
+	if v.Template != name || v.Version != 1 {
+		t.Errorf("%s: sandbox_publish: %+v", how, v)
 	}
 	var k struct{ Killed bool }
 	callTool("sandbox_kill", map[string]any{"sandbox_id": sb.ID}, &k)
