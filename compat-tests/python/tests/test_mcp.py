@@ -23,6 +23,9 @@ TOOLS = {
     "sandbox_list_files",
     "sandbox_read_file",
     "sandbox_write_file",
+    "sandbox_changes",
+    "sandbox_diff",
+    "sandbox_publish",
 }
 
 
