@@ -454,10 +454,8 @@ func TestErrors(t *testing.T) {
 				{"GET", "/no/such/route", ""},
 				{"POST", "/v9/sandboxes", `{}`},
 				{"GET", "/sandboxes/" + id + "/nope", ""},
-				{"POST", "/sandboxes/" + id + "/fork", `{}`},
-				{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
-				{"GET", "/snapshots", ""},
-				{"GET", "/volumes", ""},
+				{"GET", "/teams", ""},
+				{"GET", "/api-keys", ""},
 			} {
 				var body any
 				if rt.body != "" {
