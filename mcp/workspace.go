@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"strings"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/template"
 )
 
@@ -51,18 +51,6 @@ type changesOut struct {
 
 func (o changesOut) sandbox() string { return o.SandboxID }
 
-func changeType(m fs.FileMode) string {
-	switch {
-	case m.IsRegular():
-		return "file"
-	case m.IsDir():
-		return "dir"
-	case m&fs.ModeSymlink != 0:
-		return "symlink"
-	}
-	return "other"
-}
-
 func (s *Server) changes(ctx context.Context, _ *sdk.CallToolRequest, in idIn) (changesOut, error) {
 	if err := requireID(in.SandboxID); err != nil {
 		return changesOut{}, err
@@ -79,7 +67,7 @@ func (s *Server) changes(ctx context.Context, _ *sdk.CallToolRequest, in idIn) (
 		}
 		co := changeOut{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), Kind: string(c.Kind), Size: c.Size}
 		if c.Kind != runtime.ChangeDeleted {
-			co.Type = changeType(c.Mode)
+			co.Type = native.ChangeType(c)
 		}
 		out.Changes = append(out.Changes, co)
 	}

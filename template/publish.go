@@ -198,7 +198,7 @@ func (s *Service) Publish(ctx context.Context, sbx Sandboxes, t tenant.ID, id, t
 		}
 	}
 	buildID := uuid.NewString()
-	key := snapshotLayer(buildID)
+	key := commitLayer(buildID)
 	res.Layers = append(slices.Clone(res.Layers), key)
 	res.Parent, res.Sandbox, res.Paths, res.Bytes = cur, id, mine, size
 
@@ -210,7 +210,7 @@ func (s *Service) Publish(ctx context.Context, sbx Sandboxes, t tenant.ID, id, t
 	r := revert.New()
 	defer r.Fail()
 	cleanupCtx := context.WithoutCancel(ctx)
-	r.Add(func() { s.dropSnapshot(cleanupCtx, stored, buildID, fresh && stored.ID == tpl.ID) })
+	r.Add(func() { s.dropCommit(cleanupCtx, stored, buildID, fresh && stored.ID == tpl.ID) })
 	if _, err := sbx.Checkpoint(ctx, id, key); err != nil {
 		return Version{}, err
 	}

@@ -37,9 +37,10 @@ type SnapshotInfo struct {
 	Names []string
 }
 
-// snapshotLayer is the layer key of snapshot build id: derived from it, so
-// that a snapshot cut short by a crash can be cleaned up from its row.
-func snapshotLayer(buildID string) string { return "snap-" + buildID }
+// commitLayer is the layer key of build id made of a sandbox's files (a
+// snapshot or a publish): derived from it, so that one cut short by a crash
+// can be cleaned up from its row.
+func commitLayer(buildID string) string { return "snap-" + buildID }
 
 // Snapshot makes what running sandbox id of tenant t has changed in its
 // filesystem a template: a build whose layers are the sandbox's
@@ -82,7 +83,7 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	}
 	res.Bytes = int64(st.DiskBytes)
 	buildID := uuid.NewString()
-	key := snapshotLayer(buildID)
+	key := commitLayer(buildID)
 	res.Layers = append(slices.Clone(res.Layers), key)
 	res.Env = maps.Clone(res.Env)
 	if res.Env == nil {
@@ -101,7 +102,7 @@ func (s *Service) Snapshot(ctx context.Context, sbx Sandboxes, t tenant.ID, id, 
 	r := revert.New()
 	defer r.Fail()
 	cleanupCtx := context.WithoutCancel(ctx)
-	r.Add(func() { s.dropSnapshot(cleanupCtx, tpl, buildID, tpl.ID == newID) })
+	r.Add(func() { s.dropCommit(cleanupCtx, tpl, buildID, tpl.ID == newID) })
 
 	if _, err := sbx.Checkpoint(ctx, id, key); err != nil {
 		return SnapshotInfo{}, err
@@ -181,17 +182,17 @@ func (s *Service) resultOf(ctx context.Context, name string) (Result, error) {
 	return res, nil
 }
 
-// dropSnapshot undoes a snapshot that did not finish: its build forgotten
+// dropCommit undoes a snapshot or publish that did not finish: its build forgotten
 // and failed, its layer removed, and its template deleted when the
 // snapshot made it (created) and it has no other ready build.
-func (s *Service) dropSnapshot(ctx context.Context, tpl store.Template, buildID string, created bool) {
+func (s *Service) dropCommit(ctx context.Context, tpl store.Template, buildID string, created bool) {
 	s.mu.Lock()
 	delete(s.ready, buildID)
 	s.mu.Unlock()
 	if err := s.cfg.Layered.UndefineTemplate(ctx, buildID); err != nil {
 		s.log.Warn("snapshot undo: undefine", "build_id", buildID, "err", err)
 	}
-	if err := s.cfg.Layered.RemoveLayer(ctx, snapshotLayer(buildID)); err != nil {
+	if err := s.cfg.Layered.RemoveLayer(ctx, commitLayer(buildID)); err != nil {
 		s.log.Warn("snapshot undo: remove layer", "build_id", buildID, "err", err)
 	}
 	b := store.Build{ID: buildID, TemplateID: tpl.ID, Status: store.BuildError, Reason: "the snapshot failed"}

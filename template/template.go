@@ -233,7 +233,7 @@ func (s *Service) Start(ctx context.Context) error {
 				// A snapshot or publish cut short (a build of steps has no
 				// result before it is ready): its layer may be half made,
 				// and a template it made has no version.
-				s.dropSnapshot(ctx, tpl, b.ID, true)
+				s.dropCommit(ctx, tpl, b.ID, true)
 			}
 		}
 	}

@@ -16,18 +16,20 @@ import (
 	"github.com/sandboxd/sandboxd/template"
 )
 
-func changeType(c runtime.Change) nativeapi.ChangeType {
+// ChangeType is what a change left at its path, as the native API and the
+// MCP tools name it: file, dir, symlink or other (a deletion: other).
+func ChangeType(c runtime.Change) string {
 	switch {
 	case c.Kind == runtime.ChangeDeleted:
-		return nativeapi.ChangeTypeOther
+		return "other"
 	case c.Mode.IsRegular():
-		return nativeapi.ChangeTypeFile
+		return "file"
 	case c.Mode.IsDir():
-		return nativeapi.ChangeTypeDir
+		return "dir"
 	case c.Mode&fs.ModeSymlink != 0:
-		return nativeapi.ChangeTypeSymlink
+		return "symlink"
 	}
-	return nativeapi.ChangeTypeOther
+	return "other"
 }
 
 func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
@@ -38,7 +40,7 @@ func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	out := nativeapi.ChangeList{Changes: make([]nativeapi.Change, 0, len(changes))}
 	for _, c := range changes {
-		nc := nativeapi.Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), Kind: nativeapi.ChangeKind(c.Kind), Type: changeType(c)}
+		nc := nativeapi.Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), Kind: nativeapi.ChangeKind(c.Kind), Type: nativeapi.ChangeType(ChangeType(c))}
 		if !utf8.ValidString(c.Path) {
 			nc.PathBase64 = ptr(base64.StdEncoding.EncodeToString([]byte(c.Path)))
 		}
