@@ -33,6 +33,11 @@
 #   E2B_PY_SDK_VERSION=X      the same for the Python SDK only (PyPI version,
 #                             or `latest`)
 #   COMPAT_SUITES="js py"     which suites to run (default both)
+#   COMPAT_SKIP_IF_PINNED=1   with `latest`: skip a suite whose newest SDKs
+#                             are the pinned ones (JS: e2b and
+#                             @e2b/code-interpreter; Python: e2b), which the
+#                             pinned run tests already; if the registry
+#                             cannot say, the suite runs
 #   COMPAT_LOG_DIR=DIR        where the logs and the runners' output go
 #                             (default: a fresh temp dir, printed at the end)
 #   COMPAT_ENVD=PATH          envd binary (default bin/envd); sandboxd mode
@@ -66,6 +71,38 @@ py_ver=${E2B_PY_SDK_VERSION:-${E2B_SDK_VERSION:-}}
 started_at=$SECONDS
 
 die() { echo "compat-tests: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
+
+# newest_is_pinned SUITE: whether the registry's newest SDKs of SUITE are
+# the ones the pinned run installs.
+newest_is_pinned() {
+  local pinned newest
+  case $1 in
+    js)
+      pinned=$(node -p "const d = require('$here/js/package.json').dependencies; d.e2b + ' ' + d['@e2b/code-interpreter']") || return 1
+      newest="$(npm view e2b version 2>/dev/null) $(npm view @e2b/code-interpreter version 2>/dev/null)" ;;
+    py)
+      pinned=$(sed -n 's/^e2b==//p' "$here/python/requirements.txt")
+      newest=$(python3 -m pip index versions e2b 2>/dev/null | sed -n 's/^e2b (\(.*\))$/\1/p') ;;
+  esac
+  echo "compat-tests: $1: newest SDKs '$newest', pinned '$pinned'" >&2
+  [[ -n $pinned && $newest == "$pinned" ]]
+}
+if [[ -n ${COMPAT_SKIP_IF_PINNED:-} ]]; then
+  kept=
+  for s in $suites; do
+    ver=$js_ver; [[ $s == py ]] && ver=$py_ver
+    if [[ $ver == latest ]] && newest_is_pinned "$s"; then
+      echo "compat-tests: $s suite skipped: its newest SDKs are the pinned ones, which the pinned run tests"
+    else
+      kept="$kept $s"
+    fi
+  done
+  suites=${kept# }
+  if [[ -z $suites ]]; then
+    echo "compat-tests: nothing to run: every suite's newest SDKs are the pinned ones"
+    exit 0
+  fi
+fi
 
 for t in $targets; do
   case $t in

@@ -35,6 +35,13 @@ const statsTimeout = 2 * time.Second
 // one measures its CPU use over.
 const firstSampleWindow = 100 * time.Millisecond
 
+// minSampleGap is how much newer than the newest sample a reading must be to
+// be kept. Two samplers (the pass and a request) can read a sandbox at
+// nearly the same moment; keeping both would put two samples at one
+// millisecond of the wire's timestamps (or, had the later reading been
+// added first, out of order).
+const minSampleGap = firstSampleWindow
+
 // Sample is a sandbox's resource use at one moment (E2B's SandboxMetric).
 type Sample struct {
 	At       time.Time
@@ -60,7 +67,9 @@ func newHistory(limit int) *history {
 }
 
 // add appends a sample of id measured at at from st, its CPU use computed
-// against the previous sample, or against first when id has none.
+// against the previous sample, or against first when id has none. A reading
+// less than minSampleGap after the newest sample is not kept: add returns
+// the newest instead.
 func (h *history) add(id string, at time.Time, st runtime.Stats, first *Sample) Sample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -70,10 +79,8 @@ func (h *history) add(id string, at time.Time, st runtime.Stats, first *Sample) 
 		h.rings[id] = r
 	}
 	prev, ok := r.last()
-	if ok && at.Before(prev.At) {
-		// Two samplers (the pass, a request) raced: keep the ring in
-		// order, which between's binary search relies on.
-		at = prev.At
+	if ok && at.Sub(prev.At) < minSampleGap {
+		return prev
 	}
 	s := sampleOf(st, at)
 	if !ok && first != nil {

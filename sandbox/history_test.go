@@ -149,13 +149,33 @@ func TestHistoryFirstSample(t *testing.T) {
 
 func TestHistoryStaysOrdered(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	h := newHistory(10)
-	h.add("a", t0.Add(time.Second), runtime.Stats{CPUCount: 1}, nil)
-	s := h.add("a", t0, runtime.Stats{CPUCount: 1}, nil) // measured earlier, added later
-	if !s.At.Equal(t0.Add(time.Second)) {
-		t.Errorf("a late sample at %v; want it at its predecessor's %v", s.At, t0.Add(time.Second))
+	tests := []struct {
+		name string
+		at   time.Duration // of the second reading, after the first's t0+1s
+		want int           // samples kept
+	}{
+		{"measured earlier, added later", -time.Second, 1},
+		{"at the same moment", 0, 1},
+		{"just after", minSampleGap - time.Millisecond, 1},
+		{"a gap later", minSampleGap, 2},
 	}
-	if got := h.between("a", t0.Add(time.Second), t0.Add(time.Second)); len(got) != 2 {
-		t.Errorf("between = %d samples; want both", len(got))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(10)
+			first := h.add("a", t0.Add(time.Second), runtime.Stats{CPUCount: 1, MemoryBytes: 1}, nil)
+			s := h.add("a", t0.Add(time.Second+tt.at), runtime.Stats{CPUCount: 1, MemoryBytes: 2}, nil)
+			got := h.between("a", time.Time{}, time.Time{})
+			if len(got) != tt.want {
+				t.Fatalf("kept %d samples; want %d", len(got), tt.want)
+			}
+			if tt.want == 1 && s != first {
+				t.Errorf("a reading not kept returned %+v; want the newest sample %+v", s, first)
+			}
+			for i := 1; i < len(got); i++ {
+				if got[i].At.Sub(got[i-1].At) < minSampleGap {
+					t.Errorf("samples %d and %d are %v apart", i-1, i, got[i].At.Sub(got[i-1].At))
+				}
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,7 +27,13 @@ func TestMetricsAndLogsLifecycle(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("Metrics of a new sandbox = %d samples, %v; want 1", len(got), err)
 	}
+	// The passes a second apart (the history keeps no two samples closer
+	// than minSampleGap).
+	var passes atomic.Int64
+	start := time.Now()
+	e.m.now = func() time.Time { return start.Add(time.Duration(passes.Load()) * time.Second) }
 	for range 4 {
+		passes.Add(1)
 		e.m.SampleAll(ctx)
 	}
 	all, _ := e.m.Metrics(as("a"), id, time.Time{}, time.Time{})

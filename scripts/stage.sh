@@ -44,6 +44,11 @@ table() { # table FILE [SECS]
 
 if [[ ${1:-} == --table ]]; then
   [[ -n ${2:-} ]] || { echo "usage: $0 --table FILE [SECS]" >&2; exit 2; }
+  if [[ -s $2.failed ]]; then
+    echo
+    echo "=== what failed, by stage ==="
+    cat "$2.failed"
+  fi
   table "$2" "${3:-}"
   exit
 fi
@@ -82,5 +87,13 @@ elif grep -aqE '^=== cgroup-vm .* summary' "$out"; then
   fail=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- FAIL: ')
 fi
 [[ -n $pass ]] || unit=
+# What failed, by name, for the recap above the table (a CI log's tail is
+# often all one gets to see): go test's and the VMs' failed tests, the JS
+# runner's `not ok`, pytest's FAILED/ERROR lines.
+if ((rc != 0)); then
+  grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^not ok [0-9]+ - |^(FAILED|ERROR) tests/' "$out" |
+    sed -E 's/^\s+//; s/ \([0-9.]+s\)$//' | awk '!seen[$0]++' | head -n 40 |
+    sed "s/^/$name: /" >>"$STAGE_LOG.failed"
+fi
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" >>"$STAGE_LOG"
 exit "$rc"

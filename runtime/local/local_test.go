@@ -170,6 +170,20 @@ func skipWithoutUserNS(t testing.TB, m local.UserNSMode, err error) {
 	}
 }
 
+// skipModeWithoutUserNS skips a suite's group of mode m at once where the
+// kernel may lack what user namespaces need, rather than each of its tests
+// after two backend opens (in an emulated guest, minutes in all).
+func skipModeWithoutUserNS(t *testing.T, m local.UserNSMode) {
+	t.Helper()
+	if m != local.UserNSOn || kernelAtLeast(6, 3) {
+		return
+	}
+	// Skips t where they are not to be had, else opens and closes.
+	if err := newEnv(t).openMode(t, m).Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // kernelAtLeast reports whether the running kernel is major.minor or newer.
 func kernelAtLeast(major, minor int) bool {
 	var u unix.Utsname
@@ -240,6 +254,7 @@ func (e testEnv) remove(t testing.TB) {
 func TestConformance(t *testing.T) {
 	for _, m := range userNSModes {
 		t.Run("userns="+m.String(), func(t *testing.T) {
+			skipModeWithoutUserNS(t, m)
 			runtimetest.Run(t, func(t *testing.T) runtime.Backend { return newEnv(t).openMode(t, m) })
 		})
 	}
@@ -248,6 +263,7 @@ func TestConformance(t *testing.T) {
 func TestRestart(t *testing.T) {
 	for _, m := range userNSModes {
 		t.Run("userns="+m.String(), func(t *testing.T) {
+			skipModeWithoutUserNS(t, m)
 			runtimetest.RunRestart(t, func(t *testing.T) (runtime.Backend, func(t *testing.T) runtime.Backend) {
 				env := newEnv(t)
 				return env.openMode(t, m), func(t *testing.T) runtime.Backend { return env.openMode(t, m) }

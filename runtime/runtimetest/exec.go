@@ -63,7 +63,7 @@ func Exec(ctx context.Context, b runtime.Backend, id, user, name string, args ..
 
 // sh runs a shell script in sandbox id as user, with a deadline.
 func sh(ctx context.Context, b runtime.Backend, id, user, script string) (Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, Within(2*time.Minute))
 	defer cancel()
 	return Exec(ctx, b, id, user, "/bin/sh", "-c", script)
 }

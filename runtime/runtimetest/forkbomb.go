@@ -27,7 +27,7 @@ import (
 // and burn its CPU.
 func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), Within(4*time.Minute))
 	defer cancel()
 	if reserve {
 		reserveHeld(ctx, t, b, id)
@@ -42,7 +42,7 @@ func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 		_, _ = Exec(bombCtx, b, id, "user", "/bin/sh", "-c", "f(){ f|f& };f; sleep 60")
 	}()
 	<-bombDone
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(Within(20 * time.Second))
 	for {
 		res, err := Exec(ctx, b, id, "root", "/bin/sh", "-c", "echo ok; ls -d /proc/[0-9]* 2>/dev/null | wc -l")
 		if err == nil && res.ExitCode == 0 && strings.HasPrefix(res.Stdout, "ok\n") {
@@ -52,7 +52,7 @@ func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("20 s after the bomb's end: %+v %v", res, err)
+			t.Fatalf("%v after the bomb's end: %+v %v", Within(20*time.Second), res, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -111,7 +111,7 @@ func reserveHeld(ctx context.Context, t *testing.T, b runtime.Backend, id string
 	}
 	t.Logf("the holder is at its limit: %d pids in the sandbox", last)
 	for i := range 3 {
-		beside, cancelBeside := context.WithTimeout(ctx, 30*time.Second)
+		beside, cancelBeside := context.WithTimeout(ctx, Within(30*time.Second))
 		res, err := Exec(beside, b, id, "root", "/bin/sh", "-c", "echo ok")
 		cancelBeside()
 		if st, err := b.Stats(ctx, id); err == nil {

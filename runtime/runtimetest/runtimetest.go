@@ -98,7 +98,7 @@ func NewID() string {
 }
 
 func ctxFor(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), Within(3*time.Minute))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -164,7 +164,7 @@ func health(ctx context.Context, b runtime.Backend, id string, timeout time.Dura
 
 func mustHealthy(t *testing.T, b runtime.Backend, id string) {
 	t.Helper()
-	if err := health(ctxFor(t), b, id, 10*time.Second); err != nil {
+	if err := health(ctxFor(t), b, id, Within(10*time.Second)); err != nil {
 		t.Fatalf("sandbox %s: %v", id, err)
 	}
 }
@@ -274,7 +274,7 @@ func testCreateHealth(t *testing.T, b runtime.Backend) {
 		t.Errorf("Create() = %+v; want Template and CreatedAt set", sb)
 	}
 	// Create returns once envd answers: no retry here.
-	if err := health(ctxFor(t), b, sb.ID, 5*time.Second); err != nil {
+	if err := health(ctxFor(t), b, sb.ID, Within(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -579,7 +579,7 @@ func testConcurrency(t *testing.T, b runtime.Backend) {
 			id := NewID()
 			_, err := b.Create(ctx, spec(id))
 			if err == nil {
-				err = health(ctx, b, id, 10*time.Second)
+				err = health(ctx, b, id, Within(10*time.Second))
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -751,7 +751,7 @@ func testPidsLimit(t *testing.T, b runtime.Backend) {
 	script := fmt.Sprintf("f=$(mktemp -u) && mkfifo $f || exit 1; pids=; trap 'kill $pids 2>/dev/null; rm -f $f' EXIT; i=0; "+
 		"while [ $i -lt %d ]; do ( read _ < $f ) & pids=\"$pids $!\"; i=$((i+1)); done; echo started $i",
 		st.PidsLimit+100)
-	bombCtx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	bombCtx, cancel := context.WithTimeout(t.Context(), Within(5*time.Minute))
 	defer cancel()
 	res, err := sh(bombCtx, b, victim.ID, "user", script)
 	if err != nil {
@@ -765,7 +765,7 @@ func testPidsLimit(t *testing.T, b runtime.Backend) {
 	}
 	mustHealthy(t, b, neighbour.ID)
 	// Once the sleepers are gone, the sandbox works again.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(Within(30 * time.Second))
 	for {
 		res, err := sh(ctx, b, victim.ID, "user", "echo alive")
 		if err == nil && res.ExitCode == 0 {
