@@ -8,7 +8,7 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-go test-compat test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
@@ -60,7 +60,7 @@ run-envd: envd
 # alone (they keep both cores busy); then the cgroup VMs, side by side
 # (test-cgroup), run beside the SDK suites one after another
 # (test-vms-beside-compat).
-test: build test-go test-schema test-vms-beside-compat
+test: build test-go test-schema test-deploy test-vms-beside-compat
 
 # The SDK suites beside the cgroup VMs: ≈ 35 min for all instead of ≈ 55
 # one after the other. The VMs, which emulate their CPUs, run slower then;
@@ -82,6 +82,12 @@ test-go:
 # 501, every response as its spec says (scripts/schemathesis.sh).
 test-schema: build
 	$(STAGE) schema ./scripts/schemathesis.sh
+
+# docker-compose.yml, the systemd unit and the Grafana dashboard against
+# compose-go, systemd-analyze and a real Prometheus scraping a real
+# sandboxd (scripts/deploy-check.sh).
+test-deploy: build
+	$(STAGE) deploy ./scripts/deploy-check.sh
 
 test-compat: build
 	$(STAGE) compat-pinned ./compat-tests/run.sh

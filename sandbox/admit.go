@@ -515,21 +515,10 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 		}
 	}
 	if a.hostMemoryMB > 0 {
-		live, err := a.store.ListLive(ctx)
+		used, err := a.committedMB(ctx)
 		if err != nil {
 			return err
 		}
-		used := 0
-		for _, sb := range live {
-			if a.onDisk(sb.ID) && sb.State == store.StatePaused {
-				continue // its memory was given back
-			}
-			used += a.sandboxMB(&sb)
-		}
-		if a.pool != nil {
-			used += a.pool.ReservedMB()
-		}
-		used += int(a.pendingMB.Load())
 		if used+memoryMB > a.hostMemoryMB {
 			return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf(
 				"host memory budget reached: %d MiB committed + %d MiB asked exceeds %d MiB%s; retry later",
@@ -537,6 +526,56 @@ func (a *Admitter) checkHost(ctx context.Context, memoryMB int) error {
 		}
 	}
 	return nil
+}
+
+// committedMB is what the host budget counts as taken: the memory of every
+// live sandbox (but those paused to disk), of the warm members, and of the
+// creates admitted but not yet in the store.
+func (a *Admitter) committedMB(ctx context.Context) (int, error) {
+	live, err := a.store.ListLive(ctx)
+	if err != nil {
+		return 0, err
+	}
+	used := 0
+	for _, sb := range live {
+		if a.onDisk(sb.ID) && sb.State == store.StatePaused {
+			continue // its memory was given back
+		}
+		used += a.sandboxMB(&sb)
+	}
+	if a.pool != nil {
+		used += a.pool.ReservedMB()
+	}
+	return used + int(a.pendingMB.Load()), nil
+}
+
+// HostMemory is the host's memory as admission sees it, in MiB.
+type HostMemory struct {
+	// Committed is what the budget counts as taken (committedMB).
+	Committed int
+	// Budget is the host budget (--host-memory-mb); 0: none.
+	Budget int
+	// Available is the kernel's MemAvailable; -1 when unread.
+	Available int
+	// Reserve is what creates must leave of Available (--host-reserve-mb).
+	Reserve int
+}
+
+// HostMemory reports the host's memory as admission sees it, for the
+// metrics.
+func (m *Manager) HostMemory(ctx context.Context) (HostMemory, error) {
+	a := m.adm
+	used, err := a.committedMB(ctx)
+	if err != nil {
+		return HostMemory{}, err
+	}
+	h := HostMemory{Committed: used, Budget: a.hostMemoryMB, Available: -1, Reserve: a.hostReserveMB}
+	if a.memAvailable != nil {
+		if avail, err := a.memAvailable(); err == nil {
+			h.Available = avail
+		}
+	}
+	return h, nil
 }
 
 // chargeMB is what a sandbox of memoryMB and diskMB takes of the host's

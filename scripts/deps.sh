@@ -23,7 +23,8 @@
 #                   committed package-lock.json, and
 #                   a venv in compat-tests/python with requirements.txt
 #                   (pinned by constraints.txt); and schemathesis, for
-#                   `make test-schema`, in a venv in compat-tests/schema.
+#                   `make test-schema`, in a venv in compat-tests/schema;
+#                   prometheus and systemd-analyze for `make test-deploy`.
 #
 # Packages come from apt-get, as root. Without root or apt-get it names what
 # is missing and fails, rather than letting a build fail later on a cryptic
@@ -50,6 +51,10 @@ if [[ $mode == all ]]; then
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
   # The template tests' image: a static busybox in a registry on loopback.
   [[ -x /bin/busybox && $(ldd /bin/busybox 2>&1) == *"not a dynamic"* ]] || need+=(busybox-static)
+  # make test-deploy: a real Prometheus runs the dashboard's queries, and
+  # systemd-analyze checks the unit.
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/server/proxy"
 )
@@ -34,6 +35,7 @@ type Metrics struct {
 	CreateLatency *prometheus.HistogramVec
 
 	sandboxCounts atomic.Pointer[func() map[string]map[string]int]
+	hostMemory    atomic.Pointer[func() (sandbox.HostMemory, bool)]
 
 	// The sandbox metrics history's sampling passes (ObserveMetricsPass)
 	// and the sandbox log entries evicted to stay in bounds (LogsDropped).
@@ -104,7 +106,7 @@ func NewMetrics() *Metrics {
 		m.httpRequests, m.httpDuration, m.CreateLatency,
 		m.proxyRequests, m.proxyBytes, m.proxyStreams,
 		m.metricsPass, m.metricsSampled, m.logEntryDropped,
-		sandboxCollector{m},
+		sandboxCollector{m}, hostMemoryCollector{m},
 	)
 	return m
 }
@@ -184,6 +186,69 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		for state, n := range states {
 			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), tenant, state)
 		}
+	}
+}
+
+// RegisterHostMemory sets the function that reports the host's memory as
+// admission sees it (false: not known now), called at every scrape.
+func (m *Metrics) RegisterHostMemory(f func() (sandbox.HostMemory, bool)) {
+	if m == nil {
+		return
+	}
+	if f == nil {
+		m.hostMemory.Store(nil)
+		return
+	}
+	m.hostMemory.Store(&f)
+}
+
+var (
+	hostCommittedDesc = prometheus.NewDesc("sandboxd_host_memory_committed_bytes",
+		"Memory the host budget counts as taken: the limits of live sandboxes (not those paused to disk), warm members and creates under way.", nil, nil)
+	hostBudgetDesc = prometheus.NewDesc("sandboxd_host_memory_budget_bytes",
+		"The host memory budget (--host-memory-mb); absent when there is none.", nil, nil)
+	hostAvailableDesc = prometheus.NewDesc("sandboxd_host_memory_available_bytes",
+		"The kernel's MemAvailable, which creates must leave the reserve of.", nil, nil)
+	hostReserveDesc = prometheus.NewDesc("sandboxd_host_memory_reserve_bytes",
+		"Memory creates must leave available (--host-memory-reserve-mb); absent when off.", nil, nil)
+)
+
+// hostMemoryCollector reports the host's memory as admission sees it.
+type hostMemoryCollector struct{ m *Metrics }
+
+func (c hostMemoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	describe(ch, hostCommittedDesc, hostBudgetDesc, hostAvailableDesc, hostReserveDesc)
+}
+
+// describe sends a collector's descriptions.
+func describe(ch chan<- *prometheus.Desc, descs ...*prometheus.Desc) {
+	for _, d := range descs {
+		ch <- d
+	}
+}
+
+func (c hostMemoryCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.m.hostMemory.Load()
+	if f == nil {
+		return
+	}
+	h, ok := (*f)()
+	if !ok {
+		return
+	}
+	const mib = 1 << 20
+	gauge := func(d *prometheus.Desc, mb int) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(mb)*mib)
+	}
+	gauge(hostCommittedDesc, h.Committed)
+	if h.Budget > 0 {
+		gauge(hostBudgetDesc, h.Budget)
+	}
+	if h.Available >= 0 {
+		gauge(hostAvailableDesc, h.Available)
+	}
+	if h.Reserve > 0 {
+		gauge(hostReserveDesc, h.Reserve)
 	}
 }
 

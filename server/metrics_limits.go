@@ -63,10 +63,7 @@ var (
 type poolCollector struct{ p PoolStats }
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- poolMembersDesc
-	ch <- poolTargetDesc
-	ch <- poolClaimsDesc
-	ch <- poolWaitedDesc
+	describe(ch, poolMembersDesc, poolTargetDesc, poolClaimsDesc, poolWaitedDesc)
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {

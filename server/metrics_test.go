@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server/proxy"
 )
 
@@ -113,6 +114,9 @@ func TestMetricsSeries(t *testing.T) {
 		defer mu.Unlock()
 		return counts
 	})
+	m.RegisterHostMemory(func() (sandbox.HostMemory, bool) {
+		return sandbox.HostMemory{Committed: 1536, Budget: 4096, Available: -1}, true
+	})
 	m.ObserveCreate("base", "cold", 1500*time.Millisecond)
 	m.HTTPMiddleware(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil))
 	m.proxyRequest(proxy.PortEnvd, 200)
@@ -134,9 +138,17 @@ func TestMetricsSeries(t *testing.T) {
 		`sandboxd_proxy_bytes_total{direction="in"}`:                                          10,
 		`sandboxd_proxy_bytes_total{direction="out"}`:                                         20,
 		`sandboxd_proxy_open_streams`:                                                         1,
+		`sandboxd_host_memory_committed_bytes`:                                                1536 << 20,
+		`sandboxd_host_memory_budget_bytes`:                                                   4096 << 20,
 	} {
 		if v, ok := got[series]; !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
+	// Unknown or off: absent, not zero.
+	for _, name := range []string{"sandboxd_host_memory_available_bytes", "sandboxd_host_memory_reserve_bytes"} {
+		if _, ok := got[name]; ok {
+			t.Errorf("%s present; want it absent when unknown or off", name)
 		}
 	}
 	// The Go and process collectors are there.
@@ -163,6 +175,7 @@ func TestMetricsNil(t *testing.T) {
 	var m *Metrics
 	m.ObserveCreate("base", "cold", time.Second)
 	m.RegisterSandboxCounter(nil)
+	m.RegisterHostMemory(nil)
 	m.proxyRequest(proxy.PortEnvd, 200)
 	m.proxyBytesAdd(proxy.DirectionIn, 1)
 	m.proxyStreamOpened()

@@ -80,6 +80,16 @@ func New(cfg Config) http.Handler {
 		cfg.Metrics = NewMetrics()
 	}
 	cfg.Metrics.RegisterSandboxCounter(sandboxCounter(cfg.Manager, log))
+	cfg.Metrics.RegisterHostMemory(func() (sandbox.HostMemory, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h, err := cfg.Manager.HostMemory(ctx)
+		if err != nil {
+			log.Error("metrics: host memory", "err", err)
+			return sandbox.HostMemory{}, false
+		}
+		return h, true
+	})
 
 	api := e2b.New(e2b.Config{Manager: cfg.Manager, Templates: cfg.Templates, Builds: cfg.Builds, Volumes: cfg.Volumes, EnvdVersion: cfg.EnvdVersion, Domain: cfg.Domain, Log: log})
 	jsonErr := func(status int) func(http.ResponseWriter, *http.Request, error) {
