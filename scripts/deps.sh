@@ -55,6 +55,8 @@ if [[ $mode == all ]]; then
   # systemd-analyze checks the unit.
   command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+  # The e2b CLI's terminal commands get a terminal from script(1).
+  command -v script >/dev/null 2>&1 || need+=(bsdutils)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -66,9 +67,23 @@ func (s *e2eServer) logsV1(t *testing.T, key, id, query string) []e2eLogEntry {
 	if len(body.Logs) != len(body.LogEntries) {
 		t.Fatalf("logs v1: %d lines, %d entries; want as many", len(body.Logs), len(body.LogEntries))
 	}
+	// A line is the raw JSON record, as E2B's log pipeline stores it and
+	// the e2b CLI parses it: the entry's level, message and fields, and
+	// a logger.
 	for i, l := range body.Logs {
-		if e := body.LogEntries[i]; l.Line != e.Message || !l.Timestamp.Equal(e.Timestamp) {
-			t.Errorf("logs v1: line %d %q at %v, entry %q at %v; want the same", i, l.Line, l.Timestamp, e.Message, e.Timestamp)
+		e := body.LogEntries[i]
+		var rec map[string]string
+		if err := json.Unmarshal([]byte(l.Line), &rec); err != nil {
+			t.Errorf("logs v1: line %d %q is not a JSON record: %v", i, l.Line, err)
+			continue
+		}
+		if rec["message"] != e.Message || rec["level"] != e.Level || rec["logger"] == "" || !l.Timestamp.Equal(e.Timestamp) {
+			t.Errorf("logs v1: line %d %q at %v, entry %+v; want the same record", i, l.Line, l.Timestamp, e)
+		}
+		for k, v := range e.Fields {
+			if k != "logger" && rec[k] != v {
+				t.Errorf("logs v1: line %d %q: field %s = %q; want %q", i, l.Line, k, rec[k], v)
+			}
 		}
 	}
 	return body.LogEntries

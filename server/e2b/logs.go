@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -19,6 +20,26 @@ func logEntry(e sandbox.LogEntry) e2bapi.SandboxLogEntry {
 		fields = map[string]string{}
 	}
 	return e2bapi.SandboxLogEntry{Timestamp: e.At, Level: e2bapi.LogLevel(e.Level.String()), Message: e.Message, Fields: fields}
+}
+
+// rawLine is an entry as E2B's v1 route has it: the raw JSON record its
+// log pipeline stored (level, logger, message and the fields), which the
+// e2b CLI's `sandbox logs` parses.
+func rawLine(e sandbox.LogEntry) string {
+	rec := make(map[string]string, len(e.Fields)+3)
+	for k, v := range e.Fields {
+		rec[k] = v
+	}
+	if rec["logger"] == "" {
+		rec["logger"] = "sandboxd"
+	}
+	rec["level"] = e.Level.String()
+	rec["message"] = e.Message
+	b, err := json.Marshal(rec)
+	if err != nil { // strings only: cannot happen
+		return e.Message
+	}
+	return string(b)
 }
 
 func logsLimit(limit *int32) int {
@@ -45,7 +66,7 @@ func (a *API) GetSandboxLogs(ctx context.Context, req e2bapi.GetSandboxLogsReque
 	}
 	out := e2bapi.GetSandboxLogs200JSONResponse{Logs: make([]e2bapi.SandboxLog, 0, len(entries)), LogEntries: make([]e2bapi.SandboxLogEntry, 0, len(entries))}
 	for _, e := range entries {
-		out.Logs = append(out.Logs, e2bapi.SandboxLog{Timestamp: e.At, Line: e.Message})
+		out.Logs = append(out.Logs, e2bapi.SandboxLog{Timestamp: e.At, Line: rawLine(e)})
 		out.LogEntries = append(out.LogEntries, logEntry(e))
 	}
 	return out, nil

@@ -79,7 +79,12 @@ test('logs: the v2 route answers the lifecycle through the SDK client', S, async
   const v1 = await client.api.GET('/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: sbx.sandboxId } } })
   assert.equal(v1.response.status, 200)
   assert.equal(v1.data.logs.length, v1.data.logEntries.length)
-  assert.equal(v1.data.logs[0].line, 'sandbox created')
+  // Each line is the raw JSON record (E2B's log pipeline's), as the e2b CLI parses it.
+  const first = JSON.parse(v1.data.logs[0].line)
+  assert.equal(first.message, 'sandbox created')
+  assert.equal(first.level, 'info')
+  assert.equal(first.action, 'create')
+  assert.equal(typeof first.logger, 'string')
 
   const missing = await client.api.GET('/v2/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: 'compatnosuchsandbox0' } } })
   assert.equal(missing.response.status, 404)

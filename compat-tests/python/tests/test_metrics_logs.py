@@ -4,6 +4,7 @@ periodically (run.sh starts it with --metrics-interval 1s), and the logs
 routes answer through the SDK's own generated API client (the SDK has no
 Sandbox method for them), parsed by its models. sandboxd mode only."""
 
+import json
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -92,8 +93,11 @@ def test_logs_through_the_sdk_client(sbx: Sandbox):
 
     v1 = get_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client)
     assert v1.status_code == 200 and isinstance(v1.parsed, SandboxLogs), v1.content
-    assert [line.line for line in v1.parsed.logs] == [e.message for e in v1.parsed.log_entries]
-    assert v1.parsed.logs[0].line == "sandbox created"
+    # Each line is the raw JSON record (E2B's log pipeline's), as the e2b CLI parses it.
+    records = [json.loads(line.line) for line in v1.parsed.logs]
+    assert [r["message"] for r in records] == [e.message for e in v1.parsed.log_entries]
+    assert [r["level"] for r in records] == [str(e.level.value) for e in v1.parsed.log_entries]
+    assert records[0]["message"] == "sandbox created" and records[0]["action"] == "create"
 
     missing = get_v_2_sandboxes_sandbox_id_logs.sync_detailed("compatnosuchsandbox0", client=client)
     assert missing.status_code == 404
