@@ -63,7 +63,11 @@ import (
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/tenant"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Manager.
@@ -533,10 +537,19 @@ type createExtra struct {
 // create admits sb, brings it up and commits it; on failure it leaves
 // nothing behind. extra makes it a fork or mounts volumes; either makes
 // it the backend's create, never a warm member's claim.
-func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra) error {
-	tk, err := m.adm.Admit(ctx, AdmitRequest{Sandbox: sb, Key: key, Cold: extra.forkOf != "" || len(extra.mounts) > 0})
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra) (err error) {
+	ctx, span := tracer.Start(ctx, "sandbox.create", trace.WithAttributes(
+		attribute.String("sandbox.id", sb.ID), attribute.String("tenant", string(sb.Tenant)), attribute.String("sandbox.template", sb.Template)))
+	defer func() { telemetry.End(span, err) }()
+	actx, aspan := tracer.Start(ctx, "sandbox.admit")
+	tk, err := m.adm.Admit(actx, AdmitRequest{Sandbox: sb, Key: key, Cold: extra.forkOf != "" || len(extra.mounts) > 0})
+	telemetry.End(aspan, err)
 	if err != nil {
 		return err
+	}
+	span.SetAttributes(attribute.String("sandbox.served_from", tk.ServedFrom()))
+	if tk.Member() != nil {
+		span.SetAttributes(attribute.String("sandbox.id", sb.ID)) // the claimed member's
 	}
 	defer tk.Release() // after the undos below
 	r := revert.New()
@@ -566,7 +579,9 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
 			return fmt.Errorf("create sandbox: %w", err)
 		}
-		created, err := m.backend.Create(ctx, spec)
+		bctx, bspan := tracer.Start(ctx, "backend.create")
+		created, err := m.backend.Create(bctx, spec)
+		telemetry.End(bspan, err)
 		tk.ReleaseSlot() // the slot bounds the backend's work, not the rest
 		if err != nil {
 			return fmt.Errorf("create sandbox: %w", backendErr(err))
@@ -583,7 +598,10 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	policyErr := make(chan error, 1)
 	go func() { policyErr <- m.applyPolicy(ctx, sb) }()
 	if !initialized {
-		if err := m.initEnvd(ctx, sb); err != nil {
+		ictx, ispan := tracer.Start(ctx, "envd.init")
+		err := m.initEnvd(ictx, sb)
+		telemetry.End(ispan, err)
+		if err != nil {
 			<-policyErr
 			return fmt.Errorf("create sandbox: init envd: %w", err)
 		}
@@ -593,7 +611,10 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	}
 	if cfg, ok := m.templateConfig(sb.Template); ok && cfg.StartCmd != "" && tk.Member() == nil {
 		// A warm member ran it before it was claimed.
-		if err := m.startTemplate(ctx, sb.ID, sb.EnvdAccessToken, cfg); err != nil {
+		sctx, sspan := tracer.Start(ctx, "template.start_command")
+		err := m.startTemplate(sctx, sb.ID, sb.EnvdAccessToken, cfg)
+		telemetry.End(sspan, err)
+		if err != nil {
 			return fmt.Errorf("create sandbox: %w", err)
 		}
 	}
@@ -621,6 +642,10 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		"init_ms", tInit.Sub(tBackend).Milliseconds())...)
 	return nil
 }
+
+// tracer is the lifecycle's: a span per create (and fork), with one for
+// each of its steps, the same steps as the audit line's *_ms.
+var tracer = otel.Tracer("github.com/sandboxd/sandboxd/sandbox")
 
 // TemplateResources returns the resources a sandbox of template gets when
 // its create names none: the template's own (runtime.TemplateResourcer),

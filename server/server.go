@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
 	"github.com/sandboxd/sandboxd/volume"
@@ -148,7 +149,7 @@ func New(cfg Config) http.Handler {
 	p := proxy.New(cfg.Manager, proxy.Config{Domain: cfg.Domain, Log: log,
 		Metrics: proxyMetrics{cfg.Metrics, lm}, Limits: cfg.Limits})
 	cfg.Manager.OnStop(p.CloseSandbox)
-	return p.Wrap(root)
+	return telemetry.Middleware(p.Wrap(root))
 }
 
 // accessLog writes one JSON line per API request with its request id and

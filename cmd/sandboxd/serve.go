@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/tenant"
 	"github.com/sandboxd/sandboxd/volume"
 )
@@ -58,6 +59,8 @@ func serve(args []string) error {
 		plainHTTP    = fs.String("plain-http-registries", "", "comma-separated registry hosts (host:port) pulled over plain HTTP, e.g. one on loopback")
 		metricsEvery = fs.Duration("metrics-interval", sandbox.DefaultMetricsInterval, "how often every running sandbox's resource use is sampled for its metrics history (getMetrics)")
 		metricsKeep  = fs.Int("metrics-history", sandbox.DefaultMetricsHistory, "metrics samples kept per sandbox, in memory (720 at 5 s: the last hour)")
+		otelEndpoint = fs.String("otel-endpoint", "", "OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces of the API, the creates and the data-plane proxy; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing")
+		otelRatio    = fs.Float64("otel-sample-ratio", 1, "share of new traces sampled, 0..1 (a caller's sampled traceparent is always followed)")
 		codeInterp   = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
 	)
 	templates := templateFlag{}
@@ -95,6 +98,19 @@ func serve(args []string) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	stopTracing, err := telemetry.Setup(ctx, telemetry.Options{Endpoint: *otelEndpoint, SampleRatio: *otelRatio,
+		ServiceName: "sandboxd", Version: version, BatchTimeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("--otel-endpoint: %w", err)
+	}
+	defer func() {
+		// Spans of the last requests still go out.
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flushCtx); err != nil {
+			log.Warn("tracing: flush at exit", "err", err)
+		}
+	}()
 
 	if *envdPath == "" {
 		exe, err := os.Executable()
@@ -250,7 +266,7 @@ func serve(args []string) error {
 	stopSampler := background(ctx, func(ctx context.Context) { mgr.RunMetrics(ctx, *metricsEvery) })
 	defer stopSampler()
 	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version}
+		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled()}
 	if lb, ok := be.(*local.Backend); ok {
 		attrs = append(attrs, "userns", lb.UserNS())
 	}

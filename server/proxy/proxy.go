@@ -25,7 +25,11 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ratelimit"
 	"github.com/sandboxd/sandboxd/server/httpx"
+	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/tenant"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Lifecycle is everything the proxy needs from the lifecycle layer
@@ -252,9 +256,19 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		// streams, bidirectional protocols); HTTP/2 always can.
 		_ = http.NewResponseController(rec).EnableFullDuplex()
 	}
-	ctx := context.WithValue(r.Context(), proxyTargetKey{}, target)
+	ctx, span := tracer.Start(r.Context(), "sandbox.proxy", trace.WithAttributes(
+		attribute.String("sandbox.id", id), attribute.Int("sandbox.port", port), attribute.String("sandbox.port_class", class)))
+	defer func() {
+		span.SetAttributes(attribute.Int("http.response.status_code", rec.Status))
+		span.End()
+	}()
+	ctx = context.WithValue(ctx, proxyTargetKey{}, target)
 	p.rp.ServeHTTP(rec, r.WithContext(ctx))
 }
+
+// tracer is the proxy's: a span per proxied request, whose context goes on
+// to the sandbox in traceparent.
+var tracer = otel.Tracer("github.com/sandboxd/sandboxd/server/proxy")
 
 // rewrite points the outbound request at the sandbox. ReverseProxy has
 // already removed hop-by-hop headers (keeping Upgrade for websockets) and
@@ -278,6 +292,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	// stays: envd takes the RPC user from it (Basic), user servers their own.
 	pr.Out.Header.Del("X-Api-Key")
 	pr.Out.Header.Del(headerTrafficToken)
+	telemetry.Inject(pr.In.Context(), pr.Out.Header)
 }
 
 // CloseSandbox closes every upstream connection to sandbox id, idle or in
