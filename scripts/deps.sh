@@ -113,4 +113,7 @@ done
 # --- Python compat suite -------------------------------------------------------
 venv compat-tests/python compat-tests/python/requirements.txt compat-tests/python/constraints.txt
 venv compat-tests/schema compat-tests/schema/requirements.txt
+
+# --- make test-deploy's checker: compose-go, a module of its own ---------------
+(cd deploy/check && go mod download)
 log "ok"
