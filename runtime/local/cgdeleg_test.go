@@ -290,7 +290,7 @@ echo "made $i, $n descendants"; [ "$n" -eq 256 ] && [ $i -lt 400 ]`},
 				st.host(t)
 				return
 			}
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			ctx, cancel := context.WithTimeout(t.Context(), runtimetest.Within(time.Minute))
 			defer cancel()
 			res, err := runtimetest.Exec(ctx, b, id, st.user, "/bin/sh", "-c", st.script)
 			if err != nil {

@@ -354,7 +354,7 @@ func list(t *testing.T, b *local.Backend) []string {
 }
 
 func runtimetestHealth(b runtime.Backend, id string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), runtimetest.Within(10*time.Second))
 	defer cancel()
 	res, err := runtimetest.Exec(ctx, b, id, "user", "/bin/true")
 	if err != nil {
@@ -411,7 +411,7 @@ func killSandbox(t *testing.T, env testEnv, id string) {
 	// Wait until every process is gone or a zombie: a task leaves its
 	// cgroup before it is marked dead, and until then libcontainer still
 	// reports it running.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(runtimetest.Within(10 * time.Second))
 	for _, pid := range pids {
 		for {
 			stat, err := os.ReadFile("/proc/" + pid + "/stat")
@@ -1190,7 +1190,7 @@ func TestOrphansReaped(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("orphan maker: %v %v", res, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(runtimetest.Within(10 * time.Second))
 	for {
 		res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "cat /proc/[0-9]*/stat")
 		if err != nil || res.ExitCode != 0 {
@@ -1689,7 +1689,7 @@ func TestStarterDies(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); b.StarterPid() == pid; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(runtimetest.Within(10 * time.Second)); b.StarterPid() == pid; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the backend did not notice that sandboxd-init died")
 		}
