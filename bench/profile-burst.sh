@@ -3,7 +3,7 @@
 # cold creates through the E2B API, then their destroys) under a system-wide
 # `perf record` and prints the CPU time per create of each process kind:
 # sandboxd itself, libcontainer's init re-exec (runc:[2:INIT]), its nsexec
-# stages, envd, the kernel's workers, and idle. BENCHMARKS.md, "Where the
+# stages, envd, the kernel's workers, and idle. docs/benchmarks-history.md, "Where the
 # CPU of a cold create goes", was made with it. Needs root and perf (Debian:
 # linux-perf); whatever else runs on the box shows up in its own rows.
 #
