@@ -26,7 +26,6 @@ import (
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/server/proxy"
 	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
 	"github.com/sandboxd/sandboxd/volume"
@@ -149,7 +148,7 @@ func New(cfg Config) http.Handler {
 	p := proxy.New(cfg.Manager, proxy.Config{Domain: cfg.Domain, Log: log,
 		Metrics: proxyMetrics{cfg.Metrics, lm}, Limits: cfg.Limits})
 	cfg.Manager.OnStop(p.CloseSandbox)
-	return telemetry.Middleware(p.Wrap(root))
+	return traceRequests(p.Wrap(root))
 }
 
 // accessLog writes one JSON line per API request with its request id and

@@ -1,9 +1,9 @@
-// Package telemetry owns sandboxd's OpenTelemetry traces: the OTLP/HTTP
-// exporter, off unless an endpoint is configured, and the server span of
-// every HTTP request (API and data plane), which continues a caller's W3C
-// traceparent. The spans within (a sandbox's create, a proxied request)
-// are started where that work is done, with the global tracer provider
-// that Setup installs; without Setup they cost a no-op.
+// Package telemetry owns sandboxd's OpenTelemetry set-up: the OTLP/HTTP
+// trace exporter, off unless an endpoint is configured, and the W3C
+// traceparent propagation. Spans are started where the work is done (the
+// server's per request, a sandbox's create, a proxied request) with the
+// global tracer provider that Setup installs; without Setup they cost a
+// no-op.
 package telemetry
 
 import (
@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-	"github.com/sandboxd/sandboxd/server/httpx"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -96,44 +94,13 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 	}, nil
 }
 
-// tracer is this package's; the spans of other packages come from their
-// own (otel.Tracer with their import path).
-func tracer() trace.Tracer { return otel.Tracer("github.com/sandboxd/sandboxd/telemetry") }
-
-// Middleware starts the server span of each request, continuing the
-// caller's traceparent, named by the chi route it matched (the routing
-// context is supplied here when the router is inside) or, for the data
-// plane, by what the proxy names it. Off, it is next itself.
-func Middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !enabled.Load() {
-			next.ServeHTTP(w, r)
-			return
-		}
-		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := tracer().Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
-		defer span.End()
-		rctx := chi.RouteContext(ctx)
-		if rctx == nil {
-			rctx = chi.NewRouteContext()
-			ctx = context.WithValue(ctx, chi.RouteCtxKey, rctx)
-		}
-		rec := &httpx.StatusRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r.WithContext(ctx))
-		if route := rctx.RoutePattern(); route != "" {
-			span.SetName(r.Method + " " + route)
-			span.SetAttributes(attribute.String("http.route", route))
-		}
-		code := rec.Status
-		if code == 0 {
-			code = http.StatusOK
-		}
-		span.SetAttributes(attribute.Int("http.response.status_code", code))
-		if code >= 500 {
-			span.SetStatus(codes.Error, http.StatusText(code))
-		}
-	})
+// Extract returns ctx with the span context h carries (a caller's
+// traceparent), when tracing is on.
+func Extract(ctx context.Context, h http.Header) context.Context {
+	if !enabled.Load() {
+		return ctx
+	}
+	return otel.GetTextMapPropagator().Extract(ctx, propagation.HeaderCarrier(h))
 }
 
 // Inject writes the span context of ctx into h (W3C traceparent), for a
