@@ -8,7 +8,6 @@ package telemetry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -90,7 +89,7 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 	enabled.Store(true)
 	return func(ctx context.Context) error {
 		enabled.Store(false)
-		return errors.Join(tp.Shutdown(ctx))
+		return tp.Shutdown(ctx)
 	}, nil
 }
 
