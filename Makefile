@@ -8,7 +8,7 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
@@ -71,7 +71,7 @@ test-vms-beside-compat: build vm-bin
 	@vmlog=$$(mktemp -t cgroup-vms.XXXXXX); \
 	$(MAKE) --no-print-directory test-cgroup >"$$vmlog" 2>&1 & vms=$$!; \
 	echo "=== the cgroup VMs run beside the SDK suites (their output follows the suites')"; \
-	$(MAKE) --no-print-directory -k test-compat test-compat-latest test-compat-incus; compat=$$?; \
+	$(MAKE) --no-print-directory -k test-compat test-compat-domain test-compat-latest test-compat-incus; compat=$$?; \
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
@@ -91,6 +91,12 @@ test-deploy: build
 
 test-compat: build
 	$(STAGE) compat-pinned ./compat-tests/run.sh
+
+# The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'
+# next major version reaches E2B: TLS with a test CA, host routing, *.localhost
+# resolved by nss-myhostname (compat-tests/run.sh, domain mode).
+test-compat-domain: build
+	COMPAT_TARGET=domain $(STAGE) compat-domain ./compat-tests/run.sh
 
 # The same suites against sandboxd with the newest SDKs the registries serve,
 # so a new E2B release that breaks compatibility shows up here first; a

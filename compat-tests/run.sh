@@ -13,6 +13,17 @@
 #   incus     the same with `sandboxd serve --backend incus` (needs Incus as
 #             scripts/incus-setup.sh prepares it); in addition no Incus
 #             instance made during the run may be left afterwards
+#   domain    the sandboxd mode reached as the SDKs' next major version
+#             reaches E2B: E2B_DOMAIN only (no E2B_API_URL/E2B_SANDBOX_URL),
+#             over TLS, by host routing. sandboxd serves HTTPS on a free
+#             loopback port with --domain sandboxd.localhost:PORT and a
+#             certificate of `sandboxd tls init` (its CA given to the runners
+#             as SSL_CERT_FILE and NODE_EXTRA_CA_CERTS). The runners resolve
+#             api.sandboxd.localhost and <port>-<id>.sandboxd.localhost as a
+#             laptop without DNS of its own does: nss-myhostname (Debian's
+#             libnss-myhostname) maps every *.localhost name to loopback; they
+#             run in a mount namespace of their own whose /etc/nsswitch.conf
+#             lists it, so the host's is left alone
 #
 # In the sandboxd and incus modes compat-tests/fakeinet stands in for the
 # internet: a network namespace of its own on a free /29 of 192.52.193.0/24
@@ -25,7 +36,8 @@
 #
 # Environment:
 #   COMPAT_TARGET="debug sandboxd"  which modes to run, in order (default
-#                             debug and sandboxd; incus must be asked for)
+#                             debug and sandboxd; incus and domain must be
+#                             asked for)
 #   E2B_SDK_VERSION=latest    test the newest SDKs instead of the pinned ones
 #                             (installed into a temporary directory; the
 #                             pinned lock files are left alone)
@@ -107,12 +119,14 @@ fi
 for t in $targets; do
   case $t in
     debug) [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first" ;;
-    sandboxd|incus)
+    sandboxd|incus|domain)
       [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first"
       [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;&
     incus) incus query /1.0 >/dev/null 2>&1 || die "incus mode: Incus does not answer (run scripts/incus-setup.sh)" ;;
+    domain)
+      ldconfig -p | grep -q libnss_myhostname || die "domain mode: libnss-myhostname is not installed (scripts/deps.sh installs it)" ;;
     debug|sandboxd) ;;
-    *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd and/or incus)" ;;
+    *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd, incus and/or domain)" ;;
   esac
 done
 
@@ -130,6 +144,10 @@ sbxd_port=
 sbxd_key=
 sbxd_run=
 sbxd_args=() # extra `sandboxd serve` flags of the current mode
+sbxd_domain= # its --domain
+sbxd_url=    # its origin for this script's own calls (https in domain mode)
+sbxd_ca=     # the CA of its certificate (domain mode)
+runner=()    # what the runners run under (domain mode: the nsswitch namespace)
 reg_pid=     # the test image's registries (start_registry)
 reg_env=()
 inet_pid=    # the fake internet (start_fakeinet)
@@ -173,6 +191,15 @@ http_ok() {
   exec 3<&-
   [[ $line =~ ^HTTP/1\.[01]\ 2[0-9][0-9] ]]
 }
+# sbxd_up: whether sandboxd answers GET /health with 2xx (over TLS, trusting
+# its CA, in domain mode).
+sbxd_up() {
+  if [[ $sbxd_url == https:* ]]; then
+    SSL_CERT_FILE=$sbxd_ca python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$sbxd_url/health" 2>/dev/null
+  else
+    http_ok "$sbxd_port" /health 2>/dev/null
+  fi
+}
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -204,7 +231,7 @@ run_js() { # run_js MODE
   # A file has --test-timeout in all: the code-interpreter file cannot also
   # wait out the template build sandboxd started, so that wait is here.
   if [[ $mode != debug && ( -z ${COMPAT_JS_TESTS:-} || $js_files == *codeinterpreter* ) ]]; then wait_code_interpreter; fi
-  (cd "$dir" && env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
+  (cd "$dir" && "${runner[@]}" env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
     --test-timeout=300000 $js_files) 2>&1 | tee "$out"
   local p f c
   p=$(count "$out" '^# pass [0-9]+'); f=$(count "$out" '^# fail [0-9]+'); c=$(count "$out" '^# cancelled [0-9]+')
@@ -230,7 +257,7 @@ run_py() { # run_py MODE
   fi
   ver=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)
   echo "=== [$mode] Python suite: e2b==$ver ($("$venv/bin/python" --version))"
-  (cd "$here/python" && env "${mode_env[@]}" timeout --kill-after=10 1200 "$venv/bin/python" -m pytest -p no:cacheprovider -rfE ${COMPAT_PY_ARGS:-}) 2>&1 | tee "$out"
+  (cd "$here/python" && "${runner[@]}" env "${mode_env[@]}" timeout --kill-after=10 1200 "$venv/bin/python" -m pytest -p no:cacheprovider -rfE ${COMPAT_PY_ARGS:-}) 2>&1 | tee "$out"
   local last p f e
   last=$(grep -aE '^=+ .* in [0-9.]+s' "$out" | tail -n1)
   p=$(grep -oE '[0-9]+ passed' <<<"$last" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$last" | grep -oE '[0-9]+')
@@ -248,7 +275,7 @@ run_py() { # run_py MODE
 # template that sandboxd builds at start is ready, or its build failed.
 wait_code_interpreter() {
   echo "compat-tests: waiting for sandboxd's code-interpreter-v1 build (pip from PyPI, Deno from npm)"
-  python3 - "http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "$sbxd_key" <<'EOF2'
+  SSL_CERT_FILE=$sbxd_ca python3 - "$sbxd_url/v1/sandboxes/e2b" "$sbxd_key" <<'EOF2'
 import json, sys, time, urllib.request
 api, key = sys.argv[1], sys.argv[2]
 start = time.monotonic()
@@ -329,18 +356,19 @@ run_debug() {
 start_sandboxd() {
   # --create-burst 40: the concurrency tests create 20 sandboxes at once right
   # after other creates; the default bucket (20, refilled at 5/s) could answer 429.
-  # --domain: a reserved TLD that never resolves, so getHost() is
-  # `<port>-<id>.sandboxd.test` (tested by sending it as Host to sandboxd), and
-  # nothing can fall back to E2B's default domain e2b.app.
+  # --domain (sbxd_domain): in the sandboxd and incus modes a reserved TLD
+  # that never resolves, so getHost() is `<port>-<id>.sandboxd.test` (tested
+  # by sending it as Host to sandboxd), and nothing can fall back to E2B's
+  # default domain e2b.app.
   # --metrics-interval 1s: the metrics history tests see samples in seconds.
   # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
   # check has killed the sandboxes through it.
   setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --domain sandboxd.test --create-burst 40 --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain "$sbxd_domain" --create-burst 40 --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1
-    http_ok "$sbxd_port" /health 2>/dev/null && return 0
+    sbxd_up && return 0
     sleep 0.1
   done
   return 1
@@ -349,7 +377,7 @@ start_sandboxd() {
 # reap_sandboxes: lists every sandbox of the run's tenant (all pages, running
 # and paused), kills each through the API and prints one line per leak.
 reap_sandboxes() {
-  python3 - "http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "$sbxd_key" <<'EOF'
+  SSL_CERT_FILE=$sbxd_ca python3 - "$sbxd_url/v1/sandboxes/e2b" "$sbxd_key" <<'EOF'
 import json, sys, urllib.request, urllib.error, urllib.parse
 base, key = sys.argv[1:]
 def call(method, path):
@@ -425,7 +453,7 @@ start_fakeinet() {
   inet_env=("COMPAT_INET_ONE=$one" "COMPAT_INET_TWO=$two")
 }
 
-run_sandboxd() { # run_sandboxd MODE: sandboxd (local backend) or incus
+run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), or incus
   local mode=$1 data out left before= layers_before= mode_backend=local
   if [[ $mode == incus ]]; then
     mode_backend=incus
@@ -471,13 +499,28 @@ EOF2
   if [[ -n $pypi ]]; then
     echo "compat-tests: PyPI or npm's registry resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
     sbxd_args+=("--egress-allow-cidr=$pypi")
-    [[ $mode == sandboxd ]] && sbxd_args+=(--egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
+    [[ $mode != incus ]] && sbxd_args+=(--egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }
   start_fakeinet || total_fail=$((total_fail + 1))
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
   sbxd_port=$(free_port)
+  sbxd_domain=sandboxd.test sbxd_url=http://127.0.0.1:$sbxd_port sbxd_ca= runner=()
+  if [[ $mode == domain ]]; then
+    sbxd_domain=sandboxd.localhost:$sbxd_port sbxd_url=https://127.0.0.1:$sbxd_port sbxd_ca=$data/tls/ca.pem
+    if ! "$sandboxd_bin" tls init --domain sandboxd.localhost --dir "$data/tls" >>"$log_dir/sandboxd.log" 2>&1; then
+      echo "compat-tests: sandboxd tls init failed (see $log_dir/sandboxd.log)" >&2
+      total_fail=$((total_fail + 1)); return
+    fi
+    sbxd_args+=(--tls-cert "$data/tls/cert.pem" --tls-key "$data/tls/key.pem")
+    # The host's nsswitch.conf with myhostname after files, bind-mounted over
+    # it in the runners' own mount namespace (unshare's default propagation
+    # is private: the host never sees the mount).
+    sed -E '/^hosts:/{/myhostname/!s/\<files\>/files myhostname/}' /etc/nsswitch.conf >"$data/nsswitch.conf"
+    grep -q '^hosts:.*myhostname' "$data/nsswitch.conf" || echo 'hosts: files myhostname dns' >>"$data/nsswitch.conf"
+    runner=(unshare --mount -- sh -c 'mount --bind "$0" /etc/nsswitch.conf && exec "$@"' "$data/nsswitch.conf")
+  fi
   if ! sbxd_key=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat 2>>"$log_dir/sandboxd.log"); then
     echo "compat-tests: sandboxd keys create failed (see $log_dir/sandboxd.log)" >&2
     total_fail=$((total_fail + 1)); return
@@ -489,11 +532,17 @@ EOF2
     echo "compat-tests: sandboxd did not answer GET /health within 30 s" >&2
     total_fail=$((total_fail + 1))
   else
-    echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on 127.0.0.1:$sbxd_port, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
+    echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on $sbxd_url, --domain $sbxd_domain, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
     mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_VOLUME_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "COMPAT_OTHER_API_KEY=$sbxd_key2"
       "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
+    if [[ $mode == domain ]]; then
+      mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_VOLUME_API_URL
+        COMPAT_TARGET=sandboxd COMPAT_ADDRESSING=domain COMPAT_BACKEND=local "COMPAT_LOG_DIR=$log_dir"
+        "E2B_DOMAIN=$sbxd_domain" "SSL_CERT_FILE=$sbxd_ca" "NODE_EXTRA_CA_CERTS=$sbxd_ca"
+        "COMPAT_OTHER_API_KEY=$sbxd_key2" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
+    fi
     run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then
       echo "compat-tests: sandboxd died during the run (see $log_dir/sandboxd.log)" >&2
@@ -578,6 +627,7 @@ for t in $targets; do
     debug) run_debug ;;
     sandboxd) run_sandboxd sandboxd ;;
     incus) run_sandboxd incus ;;
+    domain) run_sandboxd domain ;;
   esac
 done
 

@@ -24,7 +24,8 @@
 #                   a venv in compat-tests/python with requirements.txt
 #                   (pinned by constraints.txt); and schemathesis, for
 #                   `make test-schema`, in a venv in compat-tests/schema;
-#                   prometheus and systemd-analyze for `make test-deploy`.
+#                   prometheus and systemd-analyze for `make test-deploy`;
+#                   libnss-myhostname for the SDK suites' domain mode.
 #
 # Packages come from apt-get, as root. Without root or apt-get it names what
 # is missing and fails, rather than letting a build fail later on a cryptic
@@ -57,6 +58,8 @@ if [[ $mode == all ]]; then
   command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
   # The e2b CLI's terminal commands get a terminal from script(1).
   command -v script >/dev/null 2>&1 || need+=(bsdutils)
+  # The SDK suites' domain mode resolves *.localhost as a laptop does.
+  ldconfig -p 2>/dev/null | grep -q libnss_myhostname || need+=(libnss-myhostname)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
 import { NotFoundError, SandboxError, TimeoutError, InvalidArgumentError } from 'e2b'
-import { SANDBOXD } from './helpers.mjs'
+import { API_URL, SANDBOXD } from './helpers.mjs'
 
 const T = { timeout: 120_000 }
 // runCode leaves its request timer (60 s) running when the answer is an
@@ -25,14 +25,14 @@ async function templateReady(limitMs = 20 * 60_000) {
   const deadline = Date.now() + limitMs
   let last = 'not listed yet'
   while (Date.now() < deadline) {
-    const res = await fetch(`${process.env.E2B_API_URL}/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    const res = await fetch(`${API_URL}/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
     assert.equal(res.status, 200, await res.clone().text())
     const tpl = (await res.json()).find((t) => (t.aliases || []).includes(TEMPLATE))
     if (tpl) {
       last = tpl.buildStatus
       if (last === 'ready') return
       if (last === 'error') {
-        const st = await fetch(`${process.env.E2B_API_URL}/templates/${tpl.templateID}/builds/${tpl.buildID}/status`, {
+        const st = await fetch(`${API_URL}/templates/${tpl.templateID}/builds/${tpl.buildID}/status`, {
           headers: { 'X-API-Key': process.env.E2B_API_KEY },
         })
         assert.fail(`${TEMPLATE} build failed: ${await st.text()}`)

@@ -7,9 +7,15 @@
 // - `sandboxd`: the SDK against a real sandboxd (control plane + local
 //   backend) through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY, no debug
 //   mode. Both URLs must be loopback; every sandbox a test file creates with
-//   newSandbox() is killed after the file's tests.
+//   newSandbox() is killed after the file's tests. With
+//   COMPAT_ADDRESSING=domain (run.sh's domain mode) only E2B_DOMAIN and
+//   E2B_API_KEY are set, as the SDKs' next major version will have it: the API
+//   at https://api.<domain>, each sandbox port at https://<port>-<id>.<domain>
+//   (a *.localhost name, so loopback).
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import net from 'node:net'
+import tls from 'node:tls'
 import { after } from 'node:test'
 import { Sandbox } from 'e2b'
 
@@ -26,7 +32,21 @@ const isLoopback = (u) => {
     return false
   }
 }
-if (SANDBOXD) {
+/** run.sh's domain mode: E2B_DOMAIN only, TLS, host routing. */
+export const DOMAIN_MODE = SANDBOXD && process.env.COMPAT_ADDRESSING === 'domain'
+if (DOMAIN_MODE) {
+  delete process.env.E2B_DEBUG
+  for (const v of ['E2B_DOMAIN', 'E2B_API_KEY']) {
+    if (!process.env[v]) throw new Error(`COMPAT_ADDRESSING=domain needs ${v}`)
+  }
+  for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_VOLUME_API_URL']) {
+    if (process.env[v]) throw new Error(`COMPAT_ADDRESSING=domain: ${v} must not be set`)
+  }
+  // nss-myhostname resolves every *.localhost name to loopback.
+  if (!new URL(`https://${process.env.E2B_DOMAIN}`).hostname.endsWith('.localhost')) {
+    throw new Error(`E2B_DOMAIN=${process.env.E2B_DOMAIN} is not a *.localhost domain`)
+  }
+} else if (SANDBOXD) {
   delete process.env.E2B_DEBUG
   for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
     if (!process.env[v]) throw new Error(`COMPAT_TARGET=sandboxd needs ${v}`)
@@ -39,8 +59,15 @@ if (SANDBOXD) {
   process.env.E2B_API_KEY ??= 'e2b_' + '0'.repeat(40)
 }
 
+/** The E2B API as the SDK reaches it. */
+export const API_URL = DOMAIN_MODE ? `https://api.${process.env.E2B_DOMAIN}` : process.env.E2B_API_URL
 export const HOME = '/home/user'
-export const ENVD_URL = process.env.E2B_SANDBOX_URL || 'http://localhost:49983'
+/**
+ * Where raw clients send envd requests, with envdHeaders(sbx) for the route:
+ * E2B_SANDBOX_URL, or in domain mode the API host (sandboxd routes by those
+ * headers on any host, as by `<port>-<id>.<domain>`).
+ */
+export const ENVD_URL = DOMAIN_MODE ? API_URL : process.env.E2B_SANDBOX_URL || 'http://localhost:49983'
 /** Per-test timeout (ms) so a hanging stream fails the test instead of CI. */
 export const T = { timeout: 30_000 }
 /** Options for tests that only make sense against a real sandboxd. */
@@ -81,6 +108,13 @@ export function envdHeaders(sbx, { token = true } = {}) {
   const h = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' }
   if (token && sbx.envdAccessToken) h['X-Access-Token'] = sbx.envdAccessToken
   return h
+}
+
+/** A raw socket to url's origin: TLS (by its host name) for https. */
+export function rawConnect(url) {
+  const { protocol, hostname, port } = new URL(url)
+  if (protocol === 'https:') return tls.connect({ host: hostname, port: Number(port || 443), servername: hostname })
+  return net.connect(Number(port || 80), hostname)
 }
 
 /** A fresh absolute path under the default user's home, unique per call. */

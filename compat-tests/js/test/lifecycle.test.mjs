@@ -8,9 +8,8 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import http from 'node:http'
-import net from 'node:net'
 import { Sandbox, AuthenticationError, SandboxError, NotFoundError, CommandExitError } from 'e2b'
-import { SANDBOXD, BACKEND, SANDBOXD_ONLY as S, ENVD_URL, HOME, envdHeaders, sleep, waitFor } from './helpers.mjs'
+import { SANDBOXD, DOMAIN_MODE, BACKEND, SANDBOXD_ONLY as S, ENVD_URL, HOME, envdHeaders, rawConnect, sleep, waitFor } from './helpers.mjs'
 
 const RUN = randomBytes(4).toString('hex') // this file's metadata tag
 const made = new Set() // every sandbox this file created; killed in after()
@@ -528,7 +527,7 @@ test('lifecycle: port proxy streams responses and passes HTTP Upgrade (WebSocket
 
     // Upgrade: 101, then raw bytes both ways
     const { port, hostname } = new URL(ENVD_URL)
-    const sock = net.connect(Number(port), hostname)
+    const sock = rawConnect(ENVD_URL)
     const got = await new Promise((resolve, reject) => {
       let buf = ''
       let upgraded = false
@@ -557,12 +556,19 @@ test('lifecycle: port proxy streams responses and passes HTTP Upgrade (WebSocket
 })
 
 test('lifecycle: getHost(port) is routable by Host header (`<port>-<id>.<domain>`)', S, async () => {
-  // No wildcard DNS here: connect to sandboxd and send getHost() as Host,
-  // which is what DNS + a plain client would do (run.sh serves --domain sandboxd.test).
+  // In domain mode `https://<getHost()>` resolves (*.localhost) and is
+  // fetched as a browser would. Otherwise there is no wildcard DNS: connect
+  // to sandboxd and send getHost() as Host, which is what DNS + a plain
+  // client would do (run.sh serves --domain sandboxd.test).
   const { h } = await startServer(sbx, 8003)
   try {
     const host = sbx.getHost(8003)
     assert.equal(host, `8003-${sbx.sandboxId}.${sbx.sandboxDomain}`)
+    if (DOMAIN_MODE) {
+      const res = await fetch(`https://${host}/`)
+      assert.equal(`${res.status} ${await res.text()}`, `200 host=${host}`)
+      return
+    }
     const { port, hostname } = new URL(ENVD_URL)
     const body = await new Promise((resolve, reject) => {
       const req = http.request({ host: hostname, port, path: '/', headers: { Host: host } }, (res) => {
@@ -692,13 +698,15 @@ test('lifecycle: signed uploadUrl/downloadUrl with the routing headers', S, asyn
   await sbx.files.remove(path)
 })
 
-test('lifecycle: signed uploadUrl/downloadUrl work through E2B_SANDBOX_URL as given (no headers)', S, async () => {
+test('lifecycle: signed uploadUrl/downloadUrl work as given (no headers)', S, async () => {
   // What a user does with the URLs: hand them to a plain HTTP client. With
   // E2B_SANDBOX_URL the SDK builds them on that origin and they carry no
-  // sandbox id, so the proxy routes them by the headers the SDK sends.
+  // sandbox id, so the proxy routes them by the signature alone; with
+  // E2B_DOMAIN they are on the sandbox's own host.
   const path = `${HOME}/compat-plain-${RUN}.txt`
   const up = await sbx.uploadUrl(path)
-  assert.ok(up.startsWith(`${ENVD_URL}/files?`), up)
+  const origin = DOMAIN_MODE ? `https://${sbx.getHost(49983)}` : ENVD_URL
+  assert.ok(up.startsWith(`${origin}/files?`), up)
   const form = new FormData()
   form.append('file', new Blob(['plain upload']), 'x.txt')
   const res = await fetch(up, { method: 'POST', body: form })

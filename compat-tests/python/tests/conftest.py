@@ -8,6 +8,10 @@
 - `sandboxd`: the SDK against a real sandboxd (control plane + local backend)
   through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY, without debug mode.
   Both URLs must be loopback. The fixtures' sandboxes are killed in teardown.
+  With COMPAT_ADDRESSING=domain (run.sh's domain mode) only E2B_DOMAIN and
+  E2B_API_KEY are set, as the SDKs' next major version will have it: the API
+  at https://api.<domain>, each sandbox port at https://<port>-<id>.<domain>
+  (a *.localhost name, so loopback).
 """
 
 import os
@@ -21,7 +25,20 @@ SANDBOXD = TARGET == "sandboxd"
 BACKEND = os.environ.get("COMPAT_BACKEND") or "local"
 if TARGET not in ("debug", "sandboxd"):
     raise RuntimeError(f"COMPAT_TARGET={TARGET}: want debug or sandboxd")
-if SANDBOXD:
+# run.sh's domain mode: E2B_DOMAIN only, TLS, host routing.
+DOMAIN_MODE = SANDBOXD and os.environ.get("COMPAT_ADDRESSING") == "domain"
+if DOMAIN_MODE:
+    os.environ.pop("E2B_DEBUG", None)
+    for _v in ("E2B_DOMAIN", "E2B_API_KEY"):
+        if not os.environ.get(_v):
+            raise RuntimeError(f"COMPAT_ADDRESSING=domain needs {_v}")
+    for _v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL"):
+        if os.environ.get(_v):
+            raise RuntimeError(f"COMPAT_ADDRESSING=domain: {_v} must not be set")
+    # nss-myhostname resolves every *.localhost name to loopback.
+    if not (urlsplit("https://" + os.environ["E2B_DOMAIN"]).hostname or "").endswith(".localhost"):
+        raise RuntimeError(f"E2B_DOMAIN={os.environ['E2B_DOMAIN']} is not a *.localhost domain")
+elif SANDBOXD:
     os.environ.pop("E2B_DEBUG", None)
     for _v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
         if not os.environ.get(_v):
@@ -38,7 +55,12 @@ import pytest  # noqa: E402
 from e2b import AsyncSandbox, Sandbox  # noqa: E402
 
 HOME = "/home/user"
-ENVD_URL = os.environ.get("E2B_SANDBOX_URL") or "http://localhost:49983"
+# The E2B API as the SDK reaches it.
+API_URL = f"https://api.{os.environ['E2B_DOMAIN']}" if DOMAIN_MODE else os.environ.get("E2B_API_URL", "")
+# Where raw clients send envd requests, with envd_headers(sbx) for the route:
+# E2B_SANDBOX_URL, or in domain mode the API host (sandboxd routes by those
+# headers on any host, as by `<port>-<id>.<domain>`).
+ENVD_URL = API_URL if DOMAIN_MODE else os.environ.get("E2B_SANDBOX_URL") or "http://localhost:49983"
 BAD_USER = "no-such-user-compat"
 SANDBOXD_ONLY = pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only (COMPAT_TARGET=sandboxd)")
 DEBUG_ONLY_REASON = "debug mode only: builds a Sandbox with internal constructors against its own envd"

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from conftest import SANDBOXD_ONLY
+from conftest import API_URL, SANDBOXD_ONLY
 
 # The first test waits for the template build (minutes on a fresh data dir).
 # sandboxd builds the template with its template builder, on either backend.
@@ -34,7 +34,7 @@ def template_ready(limit: float = 20 * 60):
     """Waits for sandboxd's background build of code-interpreter-v1 (a fresh
     data dir builds it: pip from PyPI, minutes); a failed build fails at once
     with its reason."""
-    api, key = os.environ["E2B_API_URL"], os.environ["E2B_API_KEY"]
+    api, key = API_URL, os.environ["E2B_API_KEY"]
     deadline, last = time.monotonic() + limit, "not listed yet"
     while time.monotonic() < deadline:
         r = httpx.get(f"{api}/templates", headers={"X-API-Key": key})

@@ -28,7 +28,7 @@ from e2b import (
     SandboxState,
 )
 
-from conftest import BACKEND, ENVD_URL, HOME, SANDBOXD, envd_headers, wait_for
+from conftest import BACKEND, DOMAIN_MODE, ENVD_URL, HOME, SANDBOXD, envd_headers, wait_for
 
 pytestmark = pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only (COMPAT_TARGET=sandboxd)")
 
@@ -453,12 +453,17 @@ def test_port_proxy_by_routing_headers(main: Sandbox):
 
 
 def test_get_host_is_routable_by_host_header(main: Sandbox):
-    """No wildcard DNS here: send get_host() as the Host header to sandboxd,
-    which is what DNS + a plain client would do (run.sh serves --domain)."""
+    """In domain mode https://<get_host()> resolves (*.localhost) and is
+    fetched as a browser would. Otherwise there is no wildcard DNS: send
+    get_host() as the Host header to sandboxd, which is what DNS + a plain
+    client would do (run.sh serves --domain)."""
     host = main.get_host(8004)
     assert host == f"8004-{main.sandbox_id}.{main.sandbox_domain}", host
     h = main.commands.run("cd /tmp && python3 -m http.server 8004 --bind 0.0.0.0", background=True, timeout=0)
     try:
+        if DOMAIN_MODE:
+            wait_for(lambda: http(f"https://{host}/")[0] == 200, f"https://{host}/ to reach http.server", timeout=15)
+            return
         wait_for(lambda: http(f"{ENVD_URL}/", {"Host": host})[0] == 200, f"Host: {host} to reach http.server", timeout=15)
     finally:
         h.kill()
@@ -494,13 +499,15 @@ def test_signed_urls_with_routing_headers(main: Sandbox):
     main.files.remove(path)
 
 
-def test_signed_urls_work_through_sandbox_url_as_given(main: Sandbox):
+def test_signed_urls_work_as_given(main: Sandbox):
     """What a user does with the URLs: hand them to a plain HTTP client. With
     E2B_SANDBOX_URL the SDK builds them on that origin and they carry no
-    sandbox id, so the proxy routes them by the headers the SDK sends."""
+    sandbox id, so the proxy routes them by the signature alone; with
+    E2B_DOMAIN they are on the sandbox's own host."""
     path = f"{HOME}/compat-py-plain-{RUN}.txt"
     up = main.upload_url(path)
-    assert up.startswith(f"{ENVD_URL}/files?"), up
+    origin = f"https://{main.get_host(49983)}" if DOMAIN_MODE else ENVD_URL
+    assert up.startswith(f"{origin}/files?"), up
     body, ctype = multipart(b"plain upload")
     status, b = http(up, {"Content-Type": ctype}, "POST", body)
     assert status == 200, f"POST {up} -> {status} {b!r}"

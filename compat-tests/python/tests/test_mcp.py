@@ -11,7 +11,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from conftest import SANDBOXD_ONLY
+from conftest import API_URL, SANDBOXD_ONLY
 
 pytestmark = SANDBOXD_ONLY
 
@@ -30,7 +30,7 @@ TOOLS = {
 
 
 def mcp_url() -> str:
-    return os.environ["E2B_SANDBOX_URL"].rstrip("/") + "/mcp"
+    return API_URL.rstrip("/") + "/mcp"
 
 
 def client(token: str):
