@@ -97,6 +97,7 @@ type ACMEConfig struct {
 	Roots *x509.CertPool
 	// Dir keeps the account key and the certificate (<data-dir>/acme).
 	Dir string
+	// Log gets this package's lines as component acme, lego's as lego.
 	Log *slog.Logger
 }
 
@@ -121,6 +122,7 @@ func NewACME(ctx context.Context, cfg ACMEConfig) (*Manager, error) {
 		return nil, err
 	}
 	legolog.SetDefault(cfg.Log.With("component", "lego"))
+	cfg.Log = cfg.Log.With("component", "acme")
 	if len(cfg.Resolvers) > 0 {
 		dns01.SetDefaultClient(dns01.NewClient(&dns01.Options{RecursiveNameservers: cfg.Resolvers}))
 	}

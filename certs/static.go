@@ -12,7 +12,8 @@ import (
 // StaticPoll is how often a static pair's files are checked for a change.
 const StaticPoll = 30 * time.Second
 
-// NewStatic serves the PEM pair in certFile and keyFile. Run polls both
+// NewStatic serves the PEM pair in certFile and keyFile, logging as
+// component tls. Run polls both
 // files (their size and modification time, through symlinks, as certbot's
 // live/ directory has them) every StaticPoll and loads the pair again when
 // either changed; a pair that fails to load is logged and the previous one
@@ -23,7 +24,7 @@ func NewStatic(certFile, keyFile string, log *slog.Logger) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{log: log}
+	m := &Manager{log: log.With("component", "tls")}
 	m.store(c)
 	s.seen = st
 	m.run = func(ctx context.Context) { s.watch(ctx, m, StaticPoll) }

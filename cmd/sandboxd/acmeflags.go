@@ -113,7 +113,7 @@ func (o *acmeOpts) manager(ctx context.Context, dataDir string, log *slog.Logger
 	return certs.NewACME(ctx, certs.ACMEConfig{
 		Domain: o.host, Email: o.email, Directory: o.directory, Provider: p,
 		Resolvers: o.resolvers, Roots: o.roots, Dir: filepath.Join(dataDir, "acme"),
-		Log: log.With("component", "acme"),
+		Log: log,
 	})
 }
 

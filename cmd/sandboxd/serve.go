@@ -103,7 +103,7 @@ func serve(args []string) error {
 	var certMgr *certs.Manager
 	switch {
 	case *tlsCert != "":
-		m, err := certs.NewStatic(*tlsCert, *tlsKey, log.With("component", "tls"))
+		m, err := certs.NewStatic(*tlsCert, *tlsKey, log)
 		if err != nil {
 			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
 		}
