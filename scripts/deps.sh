@@ -25,7 +25,10 @@
 #                   (pinned by constraints.txt); and schemathesis, for
 #                   `make test-schema`, in a venv in compat-tests/schema;
 #                   prometheus and systemd-analyze for `make test-deploy`;
-#                   libnss-myhostname for the SDK suites' domain mode.
+#                   libnss-myhostname for the SDK suites' domain mode;
+#                   Let's Encrypt's ACME test servers pebble and
+#                   pebble-challtestsrv (go install, into bin/tools) for
+#                   cmd/sandboxd's ACME test.
 #
 # Packages come from apt-get, as root. Without root or apt-get it names what
 # is missing and fails, rather than letting a build fail later on a cryptic
@@ -119,4 +122,15 @@ venv compat-tests/schema compat-tests/schema/requirements.txt
 
 # --- make test-deploy's checker: compose-go, a module of its own ---------------
 (cd deploy/check && go mod download)
+
+# --- ACME test servers: tools, not dependencies of the module --------------------
+pebble_version=v2.10.3
+if [[ $(cat bin/tools/.pebble-version 2>/dev/null) != "$pebble_version" ||
+  ! -x bin/tools/pebble || ! -x bin/tools/pebble-challtestsrv ]]; then
+  log "go install pebble and pebble-challtestsrv $pebble_version into bin/tools"
+  GOBIN=$PWD/bin/tools go install \
+    "github.com/letsencrypt/pebble/v2/cmd/pebble@$pebble_version" \
+    "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv@$pebble_version"
+  echo "$pebble_version" >bin/tools/.pebble-version
+fi
 log "ok"

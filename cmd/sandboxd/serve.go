@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/certs"
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/incus"
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
@@ -47,7 +48,7 @@ func serve(args []string) error {
 		pauseDir     = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
 		maxTimeout   = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
-		tlsCert      = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init)")
+		tlsCert      = fs.String("tls-cert", "", "PEM certificate (chain): serve HTTPS, HTTP/1.1 and h2 (with --tls-key; see sandboxd tls init); both files are read again when they change (checked every 30 s), so an external renewal needs no restart")
 		tlsKey       = fs.String("tls-key", "", "PEM private key of --tls-cert")
 		maxBuilds    = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
 		maxSnaps     = fs.Int("max-snapshots", 50, "snapshots a tenant may keep (0: no limit)")
@@ -69,6 +70,8 @@ func serve(args []string) error {
 	lim.register(fs)
 	var bo backendOpts
 	bo.register(fs)
+	var acmeO acmeOpts
+	acmeO.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -84,20 +87,40 @@ func serve(args []string) error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	var tlsConfig *tls.Config
-	if *tlsCert != "" || *tlsKey != "" {
-		if *tlsCert == "" || *tlsKey == "" {
-			return errors.New("--tls-cert and --tls-key go together")
-		}
-		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
-		if err != nil {
-			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
-		}
-		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if err := acmeO.validate(*domain, *tlsCert, *tlsKey); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+
+	// The serving certificate: a static pair, reloaded when its files
+	// change, or one from an ACME CA, obtained here (serving starts only
+	// with a certificate) and renewed in the background.
+	var certMgr *certs.Manager
+	switch {
+	case *tlsCert != "":
+		m, err := certs.NewStatic(*tlsCert, *tlsKey, log)
+		if err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		certMgr = m
+	case acmeO.enabled():
+		m, err := acmeO.manager(ctx, *dataDir, log)
+		if err != nil {
+			return err
+		}
+		certMgr = m
+	}
+	var tlsConfig *tls.Config
+	if certMgr != nil {
+		tlsConfig = &tls.Config{GetCertificate: certMgr.GetCertificate, MinVersion: tls.VersionTLS12}
+		stopCerts := background(ctx, certMgr.Run)
+		defer stopCerts()
+	}
 	stopTracing, err := telemetry.Setup(ctx, telemetry.Options{Endpoint: *otelEndpoint, SampleRatio: *otelRatio,
 		ServiceName: "sandboxd", Version: version, BatchTimeout: time.Second})
 	if err != nil {
@@ -133,6 +156,9 @@ func serve(args []string) error {
 		*pauseDir = filepath.Join(*dataDir, "paused")
 	}
 	metrics := server.NewMetrics()
+	if certMgr != nil {
+		metrics.Registry().MustRegister(certMgr.Collector())
+	}
 	bo.registerer = metrics.Registry()
 	bo.volumeDir = filepath.Join(*dataDir, "volumes")
 	be, err := openBackend(ctx, *backend, *runRoot, *pauseDir, *envdPath, *incusSocket, bo, templates, log)

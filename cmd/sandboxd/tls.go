@@ -49,7 +49,7 @@ func tlsRun(args []string, out io.Writer) error {
 	}
 	d, err := tlsValidDomain(*domain)
 	if err != nil {
-		return err
+		return fmt.Errorf("tls init: %w", err)
 	}
 	if *dir == "" {
 		*dir = filepath.Join(*dataDir, "tls")
@@ -58,18 +58,19 @@ func tlsRun(args []string, out io.Writer) error {
 }
 
 // tlsValidDomain normalizes D and refuses what cannot carry a wildcard
-// certificate: empty, wildcards, IP addresses, bad hostname syntax.
+// certificate: empty, wildcards, IP addresses, bad hostname syntax. Its
+// errors name --domain.
 func tlsValidDomain(d string) (string, error) {
 	d = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(d)), ".")
 	switch {
 	case d == "":
-		return "", errors.New("tls init: --domain is required")
+		return "", errors.New("--domain is required")
 	case strings.Contains(d, "*"):
-		return "", fmt.Errorf("tls init: --domain %q: give the domain without a wildcard (the certificate covers it and *.D)", d)
+		return "", fmt.Errorf("--domain %q: give the domain without a wildcard (the certificate covers it and *.D)", d)
 	case net.ParseIP(strings.Trim(d, "[]")) != nil:
-		return "", fmt.Errorf("tls init: --domain %q: an IP address cannot carry a wildcard; 127.0.0.1 is always included", d)
+		return "", fmt.Errorf("--domain %q: an IP address cannot carry a wildcard certificate (tls init adds 127.0.0.1 to every certificate)", d)
 	case len(d) > 253:
-		return "", fmt.Errorf("tls init: --domain %q: longer than 253 characters", d)
+		return "", fmt.Errorf("--domain %q: longer than 253 characters", d)
 	}
 	for _, label := range strings.Split(d, ".") {
 		ok := len(label) > 0 && len(label) <= 63 && label[0] != '-' && label[len(label)-1] != '-'
@@ -77,7 +78,7 @@ func tlsValidDomain(d string) (string, error) {
 			ok = ok && (c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-')
 		}
 		if !ok {
-			return "", fmt.Errorf("tls init: --domain %q: not a hostname (labels of 1-63 letters, digits and inner hyphens)", d)
+			return "", fmt.Errorf("--domain %q: not a hostname (labels of 1-63 letters, digits and inner hyphens)", d)
 		}
 	}
 	return d, nil
