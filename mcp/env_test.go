@@ -24,7 +24,9 @@ import (
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/storetest"
+	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // The tools run against a real sandbox.Manager on the real local backend
@@ -67,12 +69,22 @@ func newEnv(t *testing.T, limits *ratelimit.Tenants) *env {
 	}
 	st, keys := storetest.Open(t, "acme", "other")
 	be := localtest.New(t, "sandboxd-mcptest", envdBin, netip.MustParsePrefix("10.173.0.0/16"), log)
-	mgr := sandbox.New(sandbox.Config{Store: st, Log: log, Backend: be, BackendName: "local", EnvdVersion: "0.6.13"})
-	nat := native.New(native.Config{Manager: mgr, Log: log})
+	// Templates keeps the versions sandbox_publish makes, and starts
+	// sandboxes of them; the backend's own template is "base".
+	builds, err := template.New(template.Config{Store: st, Backend: be, Layered: be, Dir: t.TempDir(), Log: log,
+		Builtin: func(name string) bool { return name == "base" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(builds.Close)
+	mgr := sandbox.New(sandbox.Config{Store: st, Log: log, Backend: be, BackendName: "local", EnvdVersion: "0.6.13",
+		Templates: builds})
+	ws := workspace.New(workspace.Config{Manager: mgr, Differ: be, Templates: builds, Log: log})
+	nat := native.New(native.Config{Manager: mgr, Workspace: ws, Log: log})
 	e := &env{t: t, st: st, mgr: mgr, keys: keys,
-		mcp: mcp.New(mcp.Config{Sandboxes: mgr, Envd: nat, Log: log, Version: "test"})}
+		mcp: mcp.New(mcp.Config{Sandboxes: mgr, Envd: nat, Workspace: ws, Log: log, Version: "test"})}
 	e.http = httptest.NewServer(server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
-		JWT: jwtauth.NewVerifier(testSecret, nil), Limits: limits}))
+		JWT: jwtauth.NewVerifier(testSecret, nil), Limits: limits, Builds: builds, Differ: be}))
 	t.Cleanup(e.http.Close)
 	return e
 }

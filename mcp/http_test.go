@@ -163,7 +163,7 @@ func TestBridge(t *testing.T) {
 	pl := newProgressLog()
 	cs := connectClient(t, ct, pl)
 	tools, err := cs.ListTools(ctx, nil)
-	if err != nil || len(tools.Tools) != 10 {
+	if err != nil || len(tools.Tools) != 12 {
 		t.Fatalf("tools through the bridge: %v %v", tools, err)
 	}
 	sb := e.create(cs, nil)

@@ -71,8 +71,9 @@ const instructions = `Tools to run code in isolated Linux sandboxes (sandboxd). 
 	`Create a sandbox with sandbox_create, run shell commands in it with sandbox_exec, move files with ` +
 	`sandbox_write_file, sandbox_read_file and sandbox_list_files, and kill it with sandbox_kill when done ` +
 	`(it is killed anyway when its timeout passes). sandbox_list finds the sandboxes you already have. ` +
-	`sandbox_changes and sandbox_diff show what a sandbox changed against its template; sandbox_publish makes ` +
-	`those changes the next version of a template.`
+	`sandbox_changes and sandbox_diff show what a sandbox changed against its template, sandbox_export hands ` +
+	`all of it over as a patch or a tar, sandbox_publish makes those changes the next version of a template, ` +
+	`and template_versions lists that template's versions.`
 
 // New returns the MCP server with every tool registered.
 func New(cfg Config) *Server {
@@ -91,8 +92,9 @@ func New(cfg Config) *Server {
 // the tool needs and the rate-limit class it is charged to. Scopes are the
 // native API's for the same operation: reading a sandbox's files goes
 // through its envd, which takes sandboxes:write there (a read-only token
-// sees sandboxes, not their contents); its changes and their patch are
-// sandboxes:read, as there.
+// sees sandboxes, not their contents); its changes, their patch and its
+// template's versions are sandboxes:read, and their export (which may
+// finalize) sandboxes:write, as there.
 func (s *Server) registerTools() {
 	const read, write = jwtauth.ScopeRead, jwtauth.ScopeWrite
 	addTool(s, createTool, write, tenant.Create, s.create)
@@ -105,7 +107,9 @@ func (s *Server) registerTools() {
 	if s.cfg.Workspace != nil {
 		addTool(s, changesTool, read, tenant.Read, s.changes)
 		addTool(s, diffTool, read, tenant.Read, s.diff)
+		addTool(s, exportTool, write, tenant.Read, s.export)
 		addTool(s, publishTool, write, tenant.Lifecycle, s.publish)
+		addTool(s, versionsTool, read, tenant.Read, s.versions)
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 	"github.com/sandboxd/sandboxd/jwtauth"
 )
 
-// TestTools drives every tool once through a sandbox's life.
+// TestTools lists every tool and drives the sandbox and file tools once
+// through a sandbox's life (the workspace tools: workspace_test.go).
 func TestTools(t *testing.T) {
 	e := newEnv(t, nil)
 	cs := e.session("acme", nil, full...)
@@ -32,7 +33,8 @@ func TestTools(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{"sandbox_create", "sandbox_exec", "sandbox_kill", "sandbox_list", "sandbox_list_files", "sandbox_read_file", "sandbox_write_file"}
+	want := []string{"sandbox_changes", "sandbox_create", "sandbox_diff", "sandbox_exec", "sandbox_export", "sandbox_kill",
+		"sandbox_list", "sandbox_list_files", "sandbox_publish", "sandbox_read_file", "sandbox_write_file", "template_versions"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}

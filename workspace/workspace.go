@@ -188,6 +188,15 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer, finalize b
 	return s.finalize(ctx, id, finalize, "export")
 }
 
+// ExportPatch writes the changes as Diff does; with finalize, the sandbox
+// is killed once all of it was written.
+func (s *Service) ExportPatch(ctx context.Context, id string, w io.Writer, finalize bool) error {
+	if err := s.Diff(ctx, id, w); err != nil {
+		return err
+	}
+	return s.finalize(ctx, id, finalize, "export")
+}
+
 func (s *Service) finalize(ctx context.Context, id string, yes bool, after string) error {
 	if !yes {
 		return nil

@@ -63,7 +63,7 @@ func TestMCPE2E(t *testing.T) {
 func e2eMCPSandbox(ctx context.Context, t *testing.T, e *e2eEnv, cs *sdk.ClientSession, how string) {
 	t.Helper()
 	tools, err := cs.ListTools(ctx, nil)
-	if err != nil || len(tools.Tools) != 10 {
+	if err != nil || len(tools.Tools) != 12 {
 		t.Fatalf("%s: tools/list: %v %v", how, tools, err)
 	}
 	callTool := func(name string, args map[string]any, out any) {

@@ -32,6 +32,16 @@ func ChangeType(c runtime.Change) string {
 	return "other"
 }
 
+// ChangePath is a change's path as the native API and the MCP tools
+// report it: as text (each byte that is not UTF-8 replaced by U+FFFD) and,
+// when that lost bytes, the raw bytes in base64 ("" otherwise).
+func ChangePath(c runtime.Change) (text, base64Raw string) {
+	if utf8.ValidString(c.Path) {
+		return c.Path, ""
+	}
+	return strings.ToValidUTF8(c.Path, "\uFFFD"), base64.StdEncoding.EncodeToString([]byte(c.Path))
+}
+
 func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
 	changes, err := a.ws.Changes(r.Context(), id)
 	if err != nil {
@@ -40,9 +50,10 @@ func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	out := nativeapi.ChangeList{Changes: make([]nativeapi.Change, 0, len(changes))}
 	for _, c := range changes {
-		nc := nativeapi.Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), Kind: nativeapi.ChangeKind(c.Kind), Type: nativeapi.ChangeType(ChangeType(c))}
-		if !utf8.ValidString(c.Path) {
-			nc.PathBase64 = ptr(base64.StdEncoding.EncodeToString([]byte(c.Path)))
+		text, raw := ChangePath(c)
+		nc := nativeapi.Change{Path: text, Kind: nativeapi.ChangeKind(c.Kind), Type: nativeapi.ChangeType(ChangeType(c))}
+		if raw != "" {
+			nc.PathBase64 = ptr(raw)
 		}
 		if c.Kind != runtime.ChangeDeleted {
 			nc.Mode = ptr(c.Mode.String())

@@ -1,10 +1,12 @@
 """sandboxd's MCP server at /mcp, through the official Python `mcp` SDK as an
 independent client (streamable HTTP, the API key as a bearer, which sandboxd's
-native auth accepts with every scope). sandboxd mode only: E2B has no such
-endpoint."""
+native auth accepts with every scope; COMPAT_READ_TOKEN, a native-API JWT of
+the same tenant with sandboxes:read only, made by run.sh with `sandboxd token
+create`). sandboxd mode only: E2B has no such endpoint."""
 
 import base64
 import os
+from contextlib import asynccontextmanager
 
 import pytest
 from mcp import ClientSession
@@ -25,22 +27,48 @@ TOOLS = {
     "sandbox_write_file",
     "sandbox_changes",
     "sandbox_diff",
+    "sandbox_export",
     "sandbox_publish",
+    "template_versions",
 }
 
 
 def mcp_url() -> str:
-    return API_URL.rstrip("/") + "/mcp"
+    # /mcp is at the root of sandboxd's API host: in domain mode API_URL is
+    # that host; otherwise it is E2B_API_URL, with the E2B API's prefix.
+    return API_URL.rstrip("/").removesuffix("/v1/sandboxes/e2b") + "/mcp"
 
 
 def client(token: str):
     return create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
 
 
+def read_token() -> str:
+    tok = os.environ.get("COMPAT_READ_TOKEN")
+    assert tok, "COMPAT_READ_TOKEN (a sandboxes:read JWT of E2B_API_KEY's tenant) is not set: run the suite with run.sh"
+    return tok
+
+
+@asynccontextmanager
+async def session_of(token: str):
+    async with client(token) as http, streamable_http_client(mcp_url(), http_client=http) as (
+        read,
+        write,
+    ), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
 async def call(session: ClientSession, name: str, args: dict) -> dict:
     res = await session.call_tool(name, args)
     assert not res.is_error, f"{name}: {res.content}"
     return res.structured_content
+
+
+async def refused(session: ClientSession, name: str, args: dict) -> str:
+    res = await session.call_tool(name, args)
+    assert res.is_error, f"{name}: not refused: {res.structured_content}"
+    return res.content[0].text
 
 
 async def test_mcp_tools():
@@ -83,11 +111,60 @@ async def test_mcp_tools():
         assert res.is_error and res.content[0].text.startswith("not_found:")
 
 
-async def test_mcp_unauthenticated():
-    async with client("e2b_" + "0" * 40) as http:
-        resp = await http.post(
+async def test_mcp_workspace_and_scopes():
+    """A file written with sandbox_write_file is in sandbox_changes; a
+    sandboxes:read JWT of the same tenant sees the sandbox and its changes,
+    and every write tool refuses it, doing nothing."""
+    async with session_of(os.environ["E2B_API_KEY"]) as full:
+        sb = await call(full, "sandbox_create", {"metadata": {"suite": "py-mcp-ws"}})
+        sid = sb["sandbox_id"]
+        try:
+            w = await call(full, "sandbox_write_file", {"sandbox_id": sid, "path": "ws/notes.txt", "content": "one\ntwo\n"})
+            assert w["path"] == "/home/user/ws/notes.txt"
+            ch = await call(full, "sandbox_changes", {"sandbox_id": sid})
+            mine = [c for c in ch["changes"] if c["path"] == w["path"]]
+            assert mine == [{"path": w["path"], "kind": "added", "type": "file", "size": 8}], ch
+            d = await call(full, "sandbox_diff", {"sandbox_id": sid})
+            assert "+++ b/home/user/ws/notes.txt\n@@ -0,0 +1,2 @@\n+one\n+two\n" in d["patch"]
+
+            async with session_of(read_token()) as ro:
+                listed = await call(ro, "sandbox_list", {"metadata": {"suite": "py-mcp-ws"}})
+                assert [s["sandbox_id"] for s in listed["sandboxes"]] == [sid]
+                ch_ro = await call(ro, "sandbox_changes", {"sandbox_id": sid})
+                assert ch_ro["changes"] == ch["changes"]
+                for name, args in {
+                    "sandbox_create": {},
+                    "sandbox_exec": {"sandbox_id": sid, "command": "touch /tmp/ran"},
+                    "sandbox_write_file": {"sandbox_id": sid, "path": "ws/ro.txt", "content": "x"},
+                    "sandbox_export": {"sandbox_id": sid, "finalize": True},
+                    "sandbox_publish": {"sandbox_id": sid, "template": "py-mcp-ro"},
+                    "sandbox_kill": {"sandbox_id": sid},
+                }.items():
+                    assert await refused(ro, name, args) == "permission_denied: missing scope sandboxes:write", name
+
+            # Nothing the refused calls asked for happened.
+            listed = await call(full, "sandbox_list", {"metadata": {"suite": "py-mcp-ws"}})
+            assert [s["sandbox_id"] for s in listed["sandboxes"]] == [sid]
+            out = await call(full, "sandbox_exec", {"sandbox_id": sid, "command": "test -e /tmp/ran || test -e ~/ws/ro.txt; echo $?"})
+            assert out["stdout"] == "1\n"
+        finally:
+            await call(full, "sandbox_kill", {"sandbox_id": sid})
+
+
+async def post_ping(token: str):
+    async with client(token) as http:
+        return await http.post(
             mcp_url(),
             json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
             headers={"Accept": "application/json, text/event-stream"},
         )
-    assert resp.status_code == 401
+
+
+async def test_mcp_unauthenticated():
+    """An unknown API key, and a JWT whose signature is not sandboxd's, are
+    401 before any MCP message is read."""
+    assert (await post_ping("e2b_" + "0" * 40)).status_code == 401
+    head, claims, sig = read_token().split(".")
+    forged = base64.urlsafe_b64encode(bytes(b ^ 1 for b in base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4)))).rstrip(b"=").decode()
+    assert forged != sig
+    assert (await post_ping(f"{head}.{claims}.{forged}")).status_code == 401
