@@ -46,6 +46,9 @@ var undoMigration = map[int][]string{
 	8: {
 		`ALTER TABLE sandboxes DROP COLUMN timeout_ms`,
 	},
+	9: {
+		`ALTER TABLE volumes DROP COLUMN deleting_at`,
+	},
 }
 
 // downgrade takes s's schema back to version to.
