@@ -505,6 +505,7 @@ func (m *Manager) newRow(key pool.Key, req CreateRequest, start time.Time, timeo
 		Lifecycle:           req.Lifecycle,
 		Backend:             m.cfg.BackendName,
 		IdleTTL:             req.IdleTTL,
+		Timeout:             timeout,
 	}
 	if req.IdleTTL > 0 {
 		sb.LastActiveAt = start.UTC()
@@ -846,9 +847,11 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 // resume settles it.
 func unsettled(s store.State) bool { return s == store.StatePausing || s == store.StateResuming }
 
-// Connect makes sure a sandbox runs (resuming it if paused) and extends its
-// end time to at least now+timeout; it never shortens it. resumed says
-// whether it was paused (E2B answers 201 then, 200 otherwise).
+// Connect makes sure a sandbox runs and extends its end time to at least
+// now+timeout; it never shortens a running one's. A paused one is resumed
+// with an end of exactly now+timeout, as E2B's connect does: its paused time
+// does not count. resumed says whether it was paused (E2B answers 201 then,
+// 200 otherwise).
 func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (sb *store.Sandbox, resumed bool, err error) {
 	timeout, err = m.clampTimeout(timeout)
 	if err != nil {
@@ -861,7 +864,7 @@ func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration)
 		return nil, false, err
 	}
 	if sb.State == store.StatePaused || unsettled(sb.State) {
-		if err := m.resume(ctx, sb, "resume"); err != nil {
+		if err := m.resume(ctx, sb, "resume", timeout); err != nil {
 			return nil, false, err
 		}
 		resumed = true
@@ -894,8 +897,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 	if sb.State != store.StatePaused && !unsettled(sb.State) {
 		return nil, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is already running", id))
 	}
-	sb.EndAt = m.now().Add(timeout).UTC()
-	if err := m.resume(ctx, sb, "resume"); err != nil {
+	if err := m.resume(ctx, sb, "resume", timeout); err != nil {
 		return nil, err
 	}
 	return sb, nil
@@ -906,8 +908,9 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 // the proxy does not route to it meanwhile, and if sandboxd dies in
 // between, Reconcile re-inits or destroys it. A sandbox whose envd cannot
 // be initialised is put back to disk, or destroyed: never left running
-// with an envd that takes anyone's token.
-func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) error {
+// with an envd that takes anyone's token. Once it runs, its end is
+// now+timeout: the time it spent paused does not count against it.
+func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string, timeout time.Duration) error {
 	prior := sb.State
 	cctx := context.WithoutCancel(ctx)
 	onDisk := m.adm.onDisk(sb.ID)
@@ -972,9 +975,7 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, reason string) 
 	}
 	sb.State = store.StateRunning
 	now := m.now()
-	if sb.EndAt.Before(now) {
-		sb.EndAt = now.Add(m.cfg.DefaultTimeout).UTC()
-	}
+	sb.EndAt = now.Add(timeout).UTC()
 	if sb.IdleTTL > 0 {
 		sb.LastActiveAt = now.UTC() // its idle time starts over
 	}
@@ -1092,9 +1093,19 @@ func (m *Manager) autoResume(ctx context.Context, id string) error {
 	case store.StateRunning:
 		return nil // resumed by someone else meanwhile
 	case store.StatePaused:
-		return m.resume(ctx, &sb, "auto_resume")
+		return m.resume(ctx, &sb, "auto_resume", m.ownTimeout(&sb))
 	}
 	return errdefs.ErrNotFound
+}
+
+// ownTimeout is the timeout an auto-resume gives sb: the one its create
+// asked for, as E2B's auto-resume does (the request that wakes it names
+// none). A row from before sandboxd stored it gets the server's default.
+func (m *Manager) ownTimeout(sb *store.Sandbox) time.Duration {
+	if sb.Timeout <= 0 {
+		return m.cfg.DefaultTimeout
+	}
+	return min(sb.Timeout, m.cfg.MaxTimeout)
 }
 
 // PortAccess is what the proxy applies to requests for a sandbox's ports

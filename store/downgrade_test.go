@@ -43,6 +43,12 @@ var undoMigration = map[int][]string{
 		`ALTER TABLE tenants DROP COLUMN max_volumes_mb`,
 		`ALTER TABLE tenants DROP COLUMN volume_size_mb`,
 	},
+	8: {
+		`ALTER TABLE sandboxes DROP COLUMN timeout_ms`,
+	},
+	9: {
+		`ALTER TABLE volumes DROP COLUMN deleting_at`,
+	},
 }
 
 // downgrade takes s's schema back to version to.

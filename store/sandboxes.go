@@ -101,6 +101,12 @@ type Sandbox struct {
 	// TouchSandbox (which does not bump Generation); zero if never set.
 	// UpdateSandbox never moves it backwards.
 	LastActiveAt time.Time
+	// Timeout is the sandbox's own timeout, as its create asked for it: an
+	// auto-resume starts it over (E2B's autoResume.timeout). Set by
+	// InsertSandbox only; UpdateSandbox keeps the stored one, as E2B's
+	// set_timeout does not change it either. Zero on a row from before
+	// schema 8.
+	Timeout time.Duration
 }
 
 // Compiled on first use, not at package init: every sandbox start
@@ -129,6 +135,8 @@ func (sb *Sandbox) validate() error {
 		return fmt.Errorf("%w: network config is not JSON", ErrInvalid)
 	case sb.IdleTTL < 0:
 		return fmt.Errorf("%w: negative idle TTL", ErrInvalid)
+	case sb.Timeout < 0:
+		return fmt.Errorf("%w: negative timeout", ErrInvalid)
 	case !sb.LastActiveAt.IsZero() && !validTime(sb.LastActiveAt):
 		return fmt.Errorf("%w: last active time out of range", ErrInvalid)
 	}
@@ -145,7 +153,7 @@ func (sb *Sandbox) validate() error {
 const sandboxCols = `id, tenant_id, template, alias, state, started_at, end_at, cpu_count, memory_mb,
 	disk_mb, metadata, env_vars, envd_access_token, secure, allow_internet_access, network,
 	on_timeout, auto_resume, backend, handle, generation, created_at, updated_at, idle_ttl,
-	last_active_at`
+	last_active_at, timeout_ms`
 
 func scanSandbox(row rowScanner) (Sandbox, error) {
 	var (
@@ -154,12 +162,12 @@ func scanSandbox(row rowScanner) (Sandbox, error) {
 		metadata, envVars              string
 		network                        sql.NullString
 		secure, internet, autoResume   bool
-		idleTTL, lastActive            sql.NullInt64
+		idleTTL, lastActive, timeout   sql.NullInt64
 	)
 	err := row.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.Alias, &sb.State, &started, &end,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskMB, &metadata, &envVars, &sb.EnvdAccessToken,
 		&secure, &internet, &network, &sb.Lifecycle.OnTimeout, &autoResume, &sb.Backend,
-		&sb.Handle, &sb.Generation, &created, &updated, &idleTTL, &lastActive)
+		&sb.Handle, &sb.Generation, &created, &updated, &idleTTL, &lastActive, &timeout)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -179,6 +187,9 @@ func scanSandbox(row rowScanner) (Sandbox, error) {
 		sb.IdleTTL = time.Duration(idleTTL.Int64) * time.Second
 	}
 	sb.LastActiveAt = nullTime(lastActive)
+	if timeout.Valid {
+		sb.Timeout = time.Duration(timeout.Int64) * time.Millisecond
+	}
 	return sb, nil
 }
 
@@ -242,7 +253,11 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	now := time.Now().UTC()
 	args = append([]any{sb.ID, sb.Tenant}, args...)
 	ttl, lastActive := sb.idleArgs()
-	args = append(args, int64(1), unixNano(now), unixNano(now), ttl, lastActive)
+	var timeout any // NULL when unset, like a row from before schema 8
+	if sb.Timeout > 0 {
+		timeout = sb.Timeout.Milliseconds()
+	}
+	args = append(args, int64(1), unixNano(now), unixNano(now), ttl, lastActive, timeout)
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		if ok, err := s.tenantExists(ctx, tx, sb.Tenant); err != nil {
 			return err
@@ -291,8 +306,8 @@ func (s *Store) GetSandboxAny(ctx context.Context, id string) (Sandbox, error) {
 }
 
 // UpdateSandbox writes sb over the stored sandbox (sb.ID, sb.Tenant), if the
-// stored generation still equals sb.Generation; ID, Tenant and CreatedAt
-// never change. On success sb.Generation is bumped and sb.UpdatedAt set. If
+// stored generation still equals sb.Generation; ID, Tenant, CreatedAt and
+// Timeout never change. On success sb.Generation is bumped and sb.UpdatedAt set. If
 // the generation moved, it is ErrConflict and nothing is written: re-read and
 // decide again. A missing sandbox (or one of another tenant) is ErrNotFound.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *Sandbox) error {

@@ -16,7 +16,7 @@ var (
 	getSandboxSQL    = `SELECT ` + sandboxCols + ` FROM sandboxes WHERE id = ? AND tenant_id = ?`
 	getSandboxAnySQL = `SELECT ` + sandboxCols + ` FROM sandboxes WHERE id = ?`
 	tenantExistsSQL  = `SELECT 1 FROM tenants WHERE id = ?`
-	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `) VALUES (` + placeholders(25) + `)`
+	insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `) VALUES (` + placeholders(26) + `)`
 	// last_active_at only moves forwards: a TouchSandbox since the row was
 	// read (it does not bump generation) is kept.
 	updateSandboxSQL = `UPDATE sandboxes SET ` + mutableSet + `, idle_ttl = ?,

@@ -18,16 +18,23 @@ type Volume struct {
 	Token     string // the content API's bearer token
 	SizeMB    int
 	CreatedAt time.Time
+	// Deleting says a delete has begun (MarkVolumeDeleting): the record
+	// is hidden from every read but ListVolumes of all tenants, which
+	// Prune uses to finish a delete a crash interrupted.
+	Deleting bool
 }
 
 const volumeCols = `id, tenant_id, name, token, size_mb, created_at`
+
+// volumeSel is what scanVolume reads: the columns and the delete mark.
+const volumeSel = volumeCols + `, deleting_at IS NOT NULL`
 
 func scanVolume(row rowScanner) (Volume, error) {
 	var (
 		v       Volume
 		created int64
 	)
-	if err := row.Scan(&v.ID, &v.Tenant, &v.Name, &v.Token, &v.SizeMB, &created); err != nil {
+	if err := row.Scan(&v.ID, &v.Tenant, &v.Name, &v.Token, &v.SizeMB, &created, &v.Deleting); err != nil {
 		return Volume{}, err
 	}
 	v.CreatedAt = fromUnixNano(created)
@@ -74,22 +81,26 @@ func (s *Store) InsertVolume(ctx context.Context, v Volume, q VolumeQuota) error
 	return nil
 }
 
-// GetVolume returns volume id of tenant t; another tenant's is ErrNotFound.
+// GetVolume returns volume id of tenant t; another tenant's, or one being
+// deleted, is ErrNotFound.
 func (s *Store) GetVolume(ctx context.Context, t tenant.ID, id string) (Volume, error) {
-	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id = ? AND tenant_id = ?`, id, t))
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeSel+` FROM volumes
+		WHERE id = ? AND tenant_id = ? AND deleting_at IS NULL`, id, t))
 	return v, volumeErr(id, err)
 }
 
 // VolumeByID returns volume id whoever owns it (the content API, which
 // authenticates by the volume's token).
 func (s *Store) VolumeByID(ctx context.Context, id string) (Volume, error) {
-	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id = ?`, id))
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeSel+` FROM volumes
+		WHERE id = ? AND deleting_at IS NULL`, id))
 	return v, volumeErr(id, err)
 }
 
 // VolumeByName returns tenant t's volume called name.
 func (s *Store) VolumeByName(ctx context.Context, t tenant.ID, name string) (Volume, error) {
-	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE tenant_id = ? AND name = ?`, t, name))
+	v, err := scanVolume(s.r.QueryRowContext(ctx, `SELECT `+volumeSel+` FROM volumes
+		WHERE tenant_id = ? AND name = ? AND deleting_at IS NULL`, t, name))
 	return v, volumeErr(name, err)
 }
 
@@ -103,12 +114,12 @@ func volumeErr(id string, err error) error {
 	return nil
 }
 
-// ListVolumes returns tenant t's volumes by name, or every tenant's when t
-// is empty.
+// ListVolumes returns tenant t's volumes by name, but those being deleted;
+// or, when t is empty, every tenant's, those being deleted included.
 func (s *Store) ListVolumes(ctx context.Context, t tenant.ID) ([]Volume, error) {
-	q, args := `SELECT `+volumeCols+` FROM volumes ORDER BY tenant_id, name`, []any{}
+	q, args := `SELECT `+volumeSel+` FROM volumes ORDER BY tenant_id, name`, []any{}
 	if t != "" {
-		q, args = `SELECT `+volumeCols+` FROM volumes WHERE tenant_id = ? ORDER BY name`, []any{t}
+		q, args = `SELECT `+volumeSel+` FROM volumes WHERE tenant_id = ? AND deleting_at IS NULL ORDER BY name`, []any{t}
 	}
 	rows, err := s.r.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -129,11 +140,33 @@ func (s *Store) ListVolumes(ctx context.Context, t tenant.ID) ([]Volume, error) 
 	return out, nil
 }
 
-// DeleteVolume removes tenant t's volume id; ErrNotFound if it has none.
+// DeleteVolume removes tenant t's volume id, marked or not; ErrNotFound if
+// it has none.
 func (s *Store) DeleteVolume(ctx context.Context, t tenant.ID, id string) error {
+	return s.volumeExec(ctx, "delete", id, `DELETE FROM volumes WHERE id = ? AND tenant_id = ?`, id, t)
+}
+
+// MarkVolumeDeleting marks tenant t's volume id as being deleted, before
+// its files go, so that a crash from here on leaves a record Prune finds.
+// A missing volume, or one already marked (a delete under way), is
+// ErrNotFound.
+func (s *Store) MarkVolumeDeleting(ctx context.Context, t tenant.ID, id string) error {
+	return s.volumeExec(ctx, "mark deleting", id, `UPDATE volumes SET deleting_at = ?
+		WHERE id = ? AND tenant_id = ? AND deleting_at IS NULL`, unixNano(time.Now()), id, t)
+}
+
+// UnmarkVolumeDeleting undoes MarkVolumeDeleting, for a delete the backend
+// refused (the volume is in use): the volume is listed again.
+func (s *Store) UnmarkVolumeDeleting(ctx context.Context, t tenant.ID, id string) error {
+	return s.volumeExec(ctx, "unmark deleting", id, `UPDATE volumes SET deleting_at = NULL
+		WHERE id = ? AND tenant_id = ?`, id, t)
+}
+
+// volumeExec runs one statement on volume id's row; no row is ErrNotFound.
+func (s *Store) volumeExec(ctx context.Context, what, id, query string, args ...any) error {
 	var n int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ? AND tenant_id = ?`, id, t)
+		res, err := tx.ExecContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -141,10 +174,10 @@ func (s *Store) DeleteVolume(ctx context.Context, t tenant.ID, id string) error 
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("delete volume %s: %w", id, err)
+		return fmt.Errorf("%s volume %s: %w", what, id, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("delete volume %s: %w", id, ErrNotFound)
+		return fmt.Errorf("%s volume %s: %w", what, id, ErrNotFound)
 	}
 	return nil
 }

@@ -191,16 +191,35 @@ func (s *Service) Get(ctx context.Context, id string) (store.Volume, error) {
 // Delete removes the tenant's volume id and its files. A volume mounted by
 // a live sandbox (running or paused) is refused with 409: its sandboxes
 // would lose their files under them, and a paused one could not resume.
+//
+// Three steps, so that a crash between any two leaves what Prune finishes
+// at the next start: the record is marked (hidden from now on), the files
+// go, then the record. The files never go before the mark, so no listed
+// volume is left without files.
 func (s *Service) Delete(ctx context.Context, id string) error {
 	v, err := s.Get(ctx, id)
 	if err != nil {
 		return err
 	}
-	if err := s.backend.DeleteVolume(ctx, v.ID); err != nil {
+	if err := s.store.MarkVolumeDeleting(ctx, v.Tenant, v.ID); err != nil {
+		if errors.Is(err, store.ErrNotFound) { // a concurrent delete has it
+			return errdefs.New(errdefs.ErrNotFound, "Volume not found")
+		}
+		return err
+	}
+	// Not the caller's ctx from here: a client that goes away must not
+	// leave the record hidden with its files still there.
+	cctx := context.WithoutCancel(ctx)
+	if err := s.backend.DeleteVolume(cctx, v.ID); err != nil {
+		if uerr := s.store.UnmarkVolumeDeleting(cctx, v.Tenant, v.ID); uerr != nil {
+			// Still hidden: the next start's Prune retries the delete,
+			// and lists it again if the backend still refuses.
+			err = fmt.Errorf("%w (and listing it again: %w)", err, uerr)
+		}
 		return fmt.Errorf("delete volume %s: %w", v.Name, backendErr(err))
 	}
-	if err := s.store.DeleteVolume(ctx, v.Tenant, v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		// The files are gone; deleting again removes the record.
+	if err := s.store.DeleteVolume(cctx, v.Tenant, v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		// The files are gone and the record hidden; Prune removes it.
 		return err
 	}
 	s.log.Info("volume deleted", "audit", true, "tenant", v.Tenant, "volume_id", v.ID, "volume_name", v.Name)
@@ -328,11 +347,13 @@ func (s *Service) Open(ctx context.Context, id string) (*os.Root, error) {
 	return root, nil
 }
 
-// Prune removes the backend's volumes that have no record (a crash
-// between the backend's create and the record, or after a delete's
-// record went). A record whose files are gone (a crash inside a delete)
-// stays until the owner deletes it again. sandboxd calls Prune once at
-// start, before serving.
+// Prune makes the records and the backend's volumes agree after a crash.
+// It finishes the deletes a crash interrupted (records marked deleting:
+// their files, if left, then the record; one the backend refuses as in use
+// is listed again), and removes the backend's volumes that have no record
+// (a crash between the backend's create and the record). sandboxd calls
+// Prune once at start, after re-adopting its sandboxes (so the backend
+// knows which volumes are mounted) and before serving.
 func (s *Service) Prune(ctx context.Context) error {
 	if s == nil || s.backend == nil {
 		return nil
@@ -346,10 +367,13 @@ func (s *Service) Prune(ctx context.Context) error {
 		return fmt.Errorf("prune volumes: %w", err)
 	}
 	known := map[string]bool{}
+	var errs []error
 	for _, v := range recs {
 		known[v.ID] = true
+		if v.Deleting {
+			errs = append(errs, s.finishDelete(ctx, v))
+		}
 	}
-	var errs []error
 	for _, id := range have {
 		if known[id] {
 			continue
@@ -361,4 +385,27 @@ func (s *Service) Prune(ctx context.Context) error {
 		s.log.Info("volume pruned", "audit", true, "volume_id", id, "reason", "no record")
 	}
 	return errors.Join(errs...)
+}
+
+// finishDelete completes the delete of v, which a crash interrupted after
+// its mark: its files (gone already if the crash came after them), then
+// its record.
+func (s *Service) finishDelete(ctx context.Context, v store.Volume) error {
+	if err := s.backend.DeleteVolume(ctx, v.ID); err != nil {
+		if !errors.Is(err, runtime.ErrInUse) {
+			return fmt.Errorf("prune volume %s: %w", v.ID, err)
+		}
+		// A sandbox mounts it: the delete would have been refused, so it
+		// is listed again, as after a refused delete.
+		if err := s.store.UnmarkVolumeDeleting(ctx, v.Tenant, v.ID); err != nil {
+			return fmt.Errorf("prune volume %s: %w", v.ID, err)
+		}
+		s.log.Info("volume delete undone", "audit", true, "tenant", v.Tenant, "volume_id", v.ID, "reason", "in use")
+		return nil
+	}
+	if err := s.store.DeleteVolume(ctx, v.Tenant, v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("prune volume %s: %w", v.ID, err)
+	}
+	s.log.Info("volume pruned", "audit", true, "tenant", v.Tenant, "volume_id", v.ID, "reason", "interrupted delete")
+	return nil
 }

@@ -72,7 +72,13 @@ type fakeVolumes struct {
 	mu    sync.Mutex
 	inUse map[string]bool
 	fail  error // CreateVolume's error
+	// crashAt, when set, panics in DeleteVolume before the files go
+	// ("before") or after ("after"), as if sandboxd died there.
+	crashAt string
 }
+
+// errCrash is the panic of fakeVolumes.crashAt.
+var errCrash = errors.New("crash")
 
 func (f *fakeVolumes) CreateVolume(_ context.Context, id string, _ int) error {
 	if f.fail != nil {
@@ -87,7 +93,14 @@ func (f *fakeVolumes) DeleteVolume(_ context.Context, id string) error {
 	if f.inUse[id] {
 		return fmt.Errorf("delete volume %s: %w", id, runtime.ErrInUse)
 	}
-	return os.RemoveAll(filepath.Join(f.dir, id))
+	if f.crashAt == "before" {
+		panic(errCrash)
+	}
+	err := os.RemoveAll(filepath.Join(f.dir, id))
+	if f.crashAt == "after" {
+		panic(errCrash)
+	}
+	return err
 }
 
 func (f *fakeVolumes) OpenVolume(_ context.Context, id string) (*os.Root, error) {
@@ -302,5 +315,115 @@ func TestNoBackend(t *testing.T) {
 	}
 	if _, err := s.Authenticate(t.Context(), "x", "y"); !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Errorf("Authenticate without a VolumeStore = %v; want not implemented", err)
+	}
+}
+
+// TestDeleteCrash: sandboxd dies inside a volume delete, before or after the
+// backend removed the files. The next start (a new Service on the same
+// store and backend, then Prune) converges: no listed volume without files,
+// no files without a record, and the interrupted delete is finished. A
+// volume hidden by the crash but mounted by then is listed again.
+func TestDeleteCrash(t *testing.T) {
+	for _, tc := range []struct {
+		crashAt   string
+		inUse     bool // a sandbox mounts it when sandboxd starts again
+		wantGone  bool
+		wantFiles bool
+	}{
+		{crashAt: "before", wantGone: true},
+		{crashAt: "after", wantGone: true},
+		{crashAt: "before", inUse: true, wantFiles: true},
+	} {
+		t.Run(fmt.Sprintf("%s/in use %v", tc.crashAt, tc.inUse), func(t *testing.T) {
+			s, fv, st := newService(t, tenant.VolumeBudget{SizeMB: 64})
+			v, err := s.Create(as("a"), "doomed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := s.Create(as("a"), "other")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fv.crashAt = tc.crashAt
+			func() {
+				defer func() {
+					if r := recover(); r != errCrash {
+						t.Fatalf("Delete did not reach the crash point: %v", r)
+					}
+				}()
+				_ = s.Delete(as("a"), v.ID)
+			}()
+			fv.crashAt = ""
+			if _, err := s.Get(as("a"), v.ID); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("Get after the crash = %v; want not found (the delete had begun)", err)
+			}
+
+			fv.inUse[v.ID] = tc.inUse
+			s = New(st, fv, s.budget, slog.New(slog.DiscardHandler)) // the next start
+			if err := s.Prune(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			checkConverged(t, st, fv)
+			_, err = s.Get(as("a"), v.ID)
+			if gone := errors.Is(err, errdefs.ErrNotFound); gone != tc.wantGone {
+				t.Errorf("Get after Prune = %v; want gone %v", err, tc.wantGone)
+			}
+			if fv.has(v.ID) != tc.wantFiles {
+				t.Errorf("files after Prune: %v; want %v", fv.has(v.ID), tc.wantFiles)
+			}
+			if _, err := s.Get(as("a"), other.ID); err != nil || !fv.has(other.ID) {
+				t.Errorf("the other volume after Prune: %v, files %v; want kept", err, fv.has(other.ID))
+			}
+		})
+	}
+}
+
+// TestDeleteRefusedStaysListed: a delete the backend refuses (mounted)
+// leaves the volume listed and usable, not hidden by its mark.
+func TestDeleteRefusedStaysListed(t *testing.T) {
+	s, fv, st := newService(t, tenant.VolumeBudget{SizeMB: 64})
+	v, err := s.Create(as("a"), "mounted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fv.inUse[v.ID] = true
+	if err := s.Delete(as("a"), v.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("Delete(mounted) = %v; want conflict", err)
+	}
+	if vs, err := s.List(as("a")); err != nil || len(vs) != 1 {
+		t.Errorf("List after a refused delete = %v, %v; want the volume", vs, err)
+	}
+	if _, err := s.Mounts(as("a"), []MountRequest{{Name: "mounted", Path: "/mnt"}}); err != nil {
+		t.Errorf("Mounts after a refused delete = %v", err)
+	}
+	checkConverged(t, st, fv)
+}
+
+// checkConverged fails unless every record has its files and every
+// backend volume its record, with no delete left half done.
+func checkConverged(t *testing.T, st *store.Store, fv *fakeVolumes) {
+	t.Helper()
+	recs, err := st.ListVolumes(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, r := range recs {
+		known[r.ID] = true
+		if r.Deleting {
+			t.Errorf("volume %s is still marked deleting", r.ID)
+		}
+		if !fv.has(r.ID) {
+			t.Errorf("volume %s (%s) has a record but no files", r.ID, r.Name)
+		}
+	}
+	have, err := fv.Volumes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range have {
+		if !known[id] {
+			t.Errorf("volume %s has files but no record", id)
+		}
 	}
 }

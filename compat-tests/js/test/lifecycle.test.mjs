@@ -254,6 +254,52 @@ test('lifecycle: a paused sandbox does not expire at its timeout; connect resume
   }
 })
 
+test('lifecycle: an auto-resume restarts the create timeout; the paused time does not count', S, async () => {
+  // As in E2B (autoResume.timeout is the create's timeout): after the
+  // auto-resume endAt is now + 30 s, not what was left at the pause (~20 s
+  // here) nor the server's default (300 s).
+  const s = await create({ timeoutMs: 30_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    await s.files.write(`${HOME}/compat-resume-ttl.txt`, 'kept')
+    assert.equal(await s.pause(), true)
+    await sleep(10_000)
+    assert.equal((await s.getInfo()).state, 'paused')
+    assert.equal(await s.files.read(`${HOME}/compat-resume-ttl.txt`), 'kept') // auto-resumes it
+    const info = await s.getInfo()
+    assert.equal(info.state, 'running')
+    const left = info.endAt.getTime() - Date.now()
+    assert.ok(left > 25_000 && left <= 31_000, `after the auto-resume endAt - now = ${left} ms, want ~30 s`)
+  } finally {
+    await s.kill()
+  }
+})
+
+test('lifecycle: auto-resume wakes a paused sandbox on an HTTP request to its port', { ...S, timeout: 60_000 }, async () => {
+  // E2B's "auto-resume wakes paused sandbox on http request". The pause is
+  // the SDK's default, in memory (keepMemory: true): the http.server is
+  // frozen with the sandbox and answers again once the request through the
+  // proxy has resumed it. (E2B refuses to auto-resume a filesystem-only
+  // pause, whose processes are gone.)
+  const s = await create({ lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    const dir = `${HOME}/compat-wake-${RUN}`
+    await s.files.write(`${dir}/hello.txt`, 'woken')
+    await s.commands.run('python3 -m http.server 8000 --bind 0.0.0.0', { background: true, cwd: dir, timeoutMs: 0 })
+    const get = DOMAIN_MODE
+      ? () => fetch(`https://${s.getHost(8000)}/hello.txt`)
+      : () => fetch(`${ENVD_URL}/hello.txt`, { headers: { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' } })
+    let res
+    await waitFor(async () => (res = await get()).status === 200, () => `http.server to answer (last status ${res?.status})`, 15_000)
+    assert.equal(await s.pause(), true)
+    assert.equal((await s.getInfo()).state, 'paused')
+    res = await get() // the one request: it resumes the sandbox and is answered
+    assert.equal(`${res.status} ${await res.text()}`, '200 woken')
+    assert.equal((await s.getInfo()).state, 'running')
+  } finally {
+    await s.kill()
+  }
+})
+
 test('lifecycle: pause({ keepMemory: false }) keeps files, ends processes; connect restarts it with its envs', S, async () => {
   const s = await create({ envs: { COMPAT_FS_PAUSE: 'kept' } })
   try {

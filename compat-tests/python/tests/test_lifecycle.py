@@ -255,6 +255,65 @@ def test_on_timeout_pause_and_auto_resume():
         s.kill()
 
 
+def test_paused_sandbox_does_not_expire_and_connect_resumes_later():
+    s = _create(timeout=3)
+    try:
+        s.files.write(f"{HOME}/compat-py-paused-ttl.txt", "still here")
+        assert s.pause() is True
+        time.sleep(5)
+        assert s.get_info().state == SandboxState.PAUSED
+        r = Sandbox.connect(s.sandbox_id, timeout=60)
+        assert r.files.read(f"{HOME}/compat-py-paused-ttl.txt") == "still here"
+        left = (r.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+        assert 50 < left <= 61, f"after resume end_at - now = {left} s, want ~60 s"
+    finally:
+        s.kill()
+
+
+def test_auto_resume_restarts_the_create_timeout():
+    # As in E2B (autoResume.timeout is the create's timeout): after the
+    # auto-resume end_at is now + 30 s, not what was left at the pause
+    # (~20 s here) nor the server's default (300 s).
+    s = _create(timeout=30, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        s.files.write(f"{HOME}/compat-py-resume-ttl.txt", "kept")
+        assert s.pause() is True
+        time.sleep(10)
+        assert s.get_info().state == SandboxState.PAUSED
+        assert s.files.read(f"{HOME}/compat-py-resume-ttl.txt") == "kept"  # auto-resumes it
+        info = s.get_info()
+        assert info.state == SandboxState.RUNNING
+        left = (info.end_at - datetime.now(timezone.utc)).total_seconds()
+        assert 25 < left <= 31, f"after the auto-resume end_at - now = {left} s, want ~30 s"
+    finally:
+        s.kill()
+
+
+def test_auto_resume_wakes_paused_sandbox_on_http_request():
+    # E2B's "auto-resume wakes paused sandbox on http request". The pause is
+    # the SDK's default, in memory: the http.server is frozen with the
+    # sandbox and answers again once the request through the proxy has
+    # resumed it. (E2B refuses to auto-resume a filesystem-only pause, whose
+    # processes are gone.)
+    s = _create(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        d = f"{HOME}/compat-py-wake-{RUN}"
+        s.files.write(f"{d}/hello.txt", "woken")
+        s.commands.run("python3 -m http.server 8000 --bind 0.0.0.0", background=True, cwd=d, timeout=0)
+        if DOMAIN_MODE:
+            get = lambda: http(f"https://{s.get_host(8000)}/hello.txt")  # noqa: E731
+        else:
+            route = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "8000"}
+            get = lambda: http(f"{ENVD_URL}/hello.txt", route)  # noqa: E731
+        wait_for(lambda: get()[0] == 200, "http.server to answer", timeout=15)
+        assert s.pause() is True
+        assert s.get_info().state == SandboxState.PAUSED
+        assert get() == (200, b"woken")  # the one request: it resumes the sandbox and is answered
+        assert s.get_info().state == SandboxState.RUNNING
+    finally:
+        s.kill()
+
+
 def test_killed_during_run_raises():
     s = _create()
     t0 = time.monotonic()
