@@ -124,7 +124,7 @@ for t in $targets; do
       [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;&
     incus) incus query /1.0 >/dev/null 2>&1 || die "incus mode: Incus does not answer (run scripts/incus-setup.sh)" ;;
     domain)
-      ldconfig -p | grep -q libnss_myhostname || die "domain mode: libnss-myhostname is not installed (scripts/deps.sh installs it)" ;;
+      ldconfig -p | grep libnss_myhostname >/dev/null || die "domain mode: libnss-myhostname is not installed (scripts/deps.sh installs it)" ;;
     debug|sandboxd) ;;
     *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd, incus and/or domain)" ;;
   esac

@@ -62,7 +62,7 @@ if [[ $mode == all ]]; then
   # The e2b CLI's terminal commands get a terminal from script(1).
   command -v script >/dev/null 2>&1 || need+=(bsdutils)
   # The SDK suites' domain mode resolves *.localhost as a laptop does.
-  ldconfig -p 2>/dev/null | grep -q libnss_myhostname || need+=(libnss-myhostname)
+  ldconfig -p 2>/dev/null | grep libnss_myhostname >/dev/null || need+=(libnss-myhostname)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

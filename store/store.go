@@ -100,6 +100,10 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
+	if err := setWAL(ctx, w); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 
 	r, err := openDB(path, true)
 	if err != nil {
@@ -122,8 +126,27 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 	return s, nil
 }
 
-// openDB opens a connection pool on path. Writer connections switch the file
-// to WAL (a persistent setting) and use synchronous=NORMAL: in WAL mode a
+// setWAL switches the file to WAL, a persistent setting. Not a pragma of the
+// DSN: the switch needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+// once, without its busy handler, while another process opening the same new
+// database holds a lock; so the switch is retried here, up to busyTimeout.
+func setWAL(ctx context.Context, w *sql.DB) error {
+	deadline := time.Now().Add(busyTimeout)
+	for {
+		_, err := w.ExecContext(ctx, "PRAGMA journal_mode=WAL")
+		if err == nil || sqliteCode(err)&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// openDB opens a connection pool on path. Writer connections use
+// synchronous=NORMAL (Open switches the file to WAL first): in WAL mode a
 // commit survives a crash of the process (SIGKILL) and the database stays
 // consistent on power loss, which may drop the last few commits; boot
 // reconcile copes with that. Reader connections are query_only.
@@ -134,7 +157,6 @@ func openDB(path string, readOnly bool) (*sql.DB, error) {
 	if readOnly {
 		q.Add("_pragma", "query_only(1)")
 	} else {
-		q.Add("_pragma", "journal_mode(WAL)")
 		q.Add("_pragma", "synchronous(NORMAL)")
 		q.Set("_txlock", "immediate")
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -247,4 +248,16 @@ func TestIncusRestart(t *testing.T) {
 			return len(left) == 0, fmt.Sprint(left)
 		})
 	// The env's cleanup checks the run dir (socket directories) and mounts.
+}
+
+// namespacedLayer matches the layer aliases of a backend with a namespace
+// ("sandboxd-layer-<12 hex of the namespace>-<key>"): the incus package's
+// tests, which run beside these. The e2e sandboxd has no namespace, and
+// its keys (uuids, "snap-…", content hashes) never have that shape.
+var namespacedLayer = regexp.MustCompile(`^sandboxd-layer-[0-9a-f]{12}-`)
+
+// ownLayerAlias says whether alias is a layer image a namespace-less
+// sandboxd, as the e2e tests run it, could have made.
+func ownLayerAlias(alias string) bool {
+	return strings.HasPrefix(alias, "sandboxd-layer-") && !namespacedLayer.MatchString(alias)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +32,7 @@ func TestIncusTemplateBuildE2E(t *testing.T) {
 			return
 		}
 		for name, fp := range after {
-			if _, had := before[name]; had || !strings.HasPrefix(name, "sandboxd-layer-") {
+			if _, had := before[name]; had || !ownLayerAlias(name) {
 				continue
 			}
 			t.Errorf("layer image %s left after the templates were deleted", name)

@@ -82,7 +82,7 @@ func TestIncusSnapshotForkE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, fp := range after {
-		if _, had := before[name]; !had && strings.HasPrefix(name, "sandboxd-layer-") {
+		if _, had := before[name]; !had && ownLayerAlias(name) {
 			t.Errorf("layer image %s left after the snapshots were deleted", name)
 			_ = c.DeleteImage(context.Background(), fp)
 		}
