@@ -225,14 +225,14 @@ func (a *acmeIssuer) obtain(ctx context.Context) (*tls.Certificate, error) {
 		return nil, fmt.Errorf("the CA's certificate: %w", err)
 	}
 	// Key first, cert.json last: cert.json names a pair complete on disk.
-	if err := writeFile(a.path(keyFile), res.PrivateKey, 0o600); err != nil {
+	if err := WriteFile(a.path(keyFile), res.PrivateKey, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeFile(a.path(certFile), res.Certificate, 0o644); err != nil {
+	if err := WriteFile(a.path(certFile), res.Certificate, 0o644); err != nil {
 		return nil, err
 	}
 	meta, _ := json.MarshalIndent(certMeta{Directory: a.cfg.Directory, Domains: a.domains(), Obtained: time.Now().UTC()}, "", "  ")
-	if err := writeFile(a.path(metaFile), append(meta, '\n'), 0o644); err != nil {
+	if err := WriteFile(a.path(metaFile), append(meta, '\n'), 0o644); err != nil {
 		return nil, err
 	}
 	a.log.Info("acme: certificate obtained", certAttrs(c.Leaf)...)
@@ -294,7 +294,7 @@ func (u *acmeUser) GetEmail() string                       { return u.email }
 func (u *acmeUser) GetRegistration() *acme.ExtendedAccount { return u.reg }
 func (u *acmeUser) GetPrivateKey() crypto.Signer           { return u.key }
 
-// loadOrCreateKey reads a PKCS #8 PEM key, or makes a P-256 one there.
+// loadOrCreateKey reads a PEM key, or makes a P-256 one there.
 func loadOrCreateKey(path string) (crypto.Signer, error) {
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -306,7 +306,7 @@ func loadOrCreateKey(path string) (crypto.Signer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := writeFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		if err := WritePEM(path, "PRIVATE KEY", der, 0o600); err != nil {
 			return nil, err
 		}
 		return key, nil
@@ -314,23 +314,47 @@ func loadOrCreateKey(path string) (crypto.Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, _ := pem.Decode(raw)
-	if b == nil || b.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("%s: no PEM PRIVATE KEY", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	k, err := ParseKey(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	signer, ok := k.(crypto.Signer)
+	return k, nil
+}
+
+// ParseKey reads a PEM private key: PKCS #8, or SEC 1 (EC PRIVATE KEY).
+func ParseKey(keyPEM []byte) (crypto.Signer, error) {
+	b, _ := pem.Decode(keyPEM)
+	if b == nil {
+		return nil, errors.New("no PEM private key")
+	}
+	var key any
+	var err error
+	switch b.Type {
+	case "PRIVATE KEY":
+		key, err = x509.ParsePKCS8PrivateKey(b.Bytes)
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(b.Bytes)
+	default:
+		err = fmt.Errorf("unsupported key PEM type %q", b.Type)
+	}
+	if err != nil {
+		return nil, err
+	}
+	signer, ok := key.(crypto.Signer)
 	if !ok {
-		return nil, fmt.Errorf("%s: the key cannot sign", path)
+		return nil, errors.New("key cannot sign")
 	}
 	return signer, nil
 }
 
-// writeFile writes atomically (a temporary file renamed) with mode.
-func writeFile(path string, data []byte, mode os.FileMode) error {
+// WritePEM writes one PEM block to path with WriteFile.
+func WritePEM(path, typ string, der []byte, mode os.FileMode) error {
+	return WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
+}
+
+// WriteFile writes atomically (a temporary file, synced, renamed) with
+// mode, so that a reader or a crash never sees half a file.
+func WriteFile(path string, data []byte, mode os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err

@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/certs"
 )
 
 const (
@@ -129,10 +131,10 @@ func tlsInit(domain, dir string, out io.Writer) error {
 	}
 	// Key first: a cert.pem never sits beside a key.pem it does not match
 	// for longer than one rename.
-	if err := tlsWritePEM(keyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
+	if err := certs.WritePEM(keyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
 		return err
 	}
-	if err := tlsWritePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
+	if err := certs.WritePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
 		return err
 	}
 
@@ -217,10 +219,10 @@ func tlsLoadOrCreateCA(caPath, caKeyPath string) (*x509.Certificate, crypto.Sign
 	if err != nil {
 		return nil, nil, false, err
 	}
-	if err := tlsWritePEM(caKeyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
+	if err := certs.WritePEM(caKeyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
 		return nil, nil, false, err
 	}
-	if err := tlsWritePEM(caPath, "CERTIFICATE", der, 0o644); err != nil {
+	if err := certs.WritePEM(caPath, "CERTIFICATE", der, 0o644); err != nil {
 		return nil, nil, false, err
 	}
 	return ca, key, false, nil
@@ -238,25 +240,9 @@ func tlsParseCA(certPEM, keyPEM []byte) (*x509.Certificate, crypto.Signer, error
 	if !ca.IsCA {
 		return nil, nil, errors.New("not a CA certificate")
 	}
-	kb, _ := pem.Decode(keyPEM)
-	if kb == nil {
-		return nil, nil, errors.New("no PEM private key")
-	}
-	var key any
-	switch kb.Type {
-	case "PRIVATE KEY":
-		key, err = x509.ParsePKCS8PrivateKey(kb.Bytes)
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(kb.Bytes)
-	default:
-		err = fmt.Errorf("unsupported key PEM type %q", kb.Type)
-	}
+	signer, err := certs.ParseKey(keyPEM)
 	if err != nil {
 		return nil, nil, err
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, nil, errors.New("key cannot sign")
 	}
 	if pub, ok := signer.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(ca.PublicKey) {
 		return nil, nil, errors.New("key does not match the certificate")
@@ -266,25 +252,4 @@ func tlsParseCA(certPEM, keyPEM []byte) (*x509.Certificate, crypto.Signer, error
 
 func tlsSerial() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
-}
-
-// tlsWritePEM writes atomically (temp file, rename) with the given mode.
-func tlsWritePEM(path, typ string, der []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // no-op after the rename
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := pem.Encode(f, &pem.Block{Type: typ, Bytes: der}); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
