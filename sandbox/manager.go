@@ -1100,12 +1100,11 @@ func (m *Manager) autoResume(ctx context.Context, id string) error {
 
 // ownTimeout is the timeout an auto-resume gives sb: the one its create
 // asked for, as E2B's auto-resume does (the request that wakes it names
-// none). A row from before sandboxd stored it gets the server's default.
+// none). A row from before sandboxd stored it (zero) gets the server's
+// default; the store never holds a negative one.
 func (m *Manager) ownTimeout(sb *store.Sandbox) time.Duration {
-	if sb.Timeout <= 0 {
-		return m.cfg.DefaultTimeout
-	}
-	return min(sb.Timeout, m.cfg.MaxTimeout)
+	d, _ := m.clampTimeout(sb.Timeout)
+	return d
 }
 
 // PortAccess is what the proxy applies to requests for a sandbox's ports
