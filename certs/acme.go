@@ -49,8 +49,24 @@ const (
 	metaFile       = "cert.json"   // which directory issued it, for what
 )
 
-// DNSProviders are the names DNSProvider knows.
+// DNSProviders are the names DNSProvider knows, as help texts list them.
 var DNSProviders = []string{"exec", "rfc2136"}
+
+// dnsProviderAliases are other names DNSProvider takes: lego v5 calls
+// rfc2136 dnsupdate.
+var dnsProviderAliases = map[string]string{"dnsupdate": "rfc2136"}
+
+// KnownDNSProvider reports whether DNSProvider takes name.
+func KnownDNSProvider(name string) bool {
+	return slices.Contains(DNSProviders, canonicalDNSProvider(name))
+}
+
+func canonicalDNSProvider(name string) string {
+	if canon, ok := dnsProviderAliases[name]; ok {
+		return canon
+	}
+	return name
+}
 
 // DNSProvider makes the lego DNS-01 provider of that name, configured by
 // lego's own environment variables:
@@ -68,10 +84,10 @@ var DNSProviders = []string{"exec", "rfc2136"}
 //
 // Neither pulls in lego's other providers and their cloud SDKs.
 func DNSProvider(name string) (challenge.Provider, error) {
-	switch name {
+	switch canonicalDNSProvider(name) {
 	case "exec":
 		return exec.NewDNSProvider()
-	case "rfc2136", "dnsupdate":
+	case "rfc2136":
 		return dnsupdate.NewDNSProvider()
 	}
 	return nil, fmt.Errorf("unknown DNS provider %q: want one of %v", name, DNSProviders)

@@ -383,9 +383,12 @@ func TestDNSProvider(t *testing.T) {
 		if p, err := DNSProvider(name); err != nil || p == nil {
 			t.Errorf("DNSProvider(%q) = %v, %v; want a provider", name, p, err)
 		}
+		if !KnownDNSProvider(name) {
+			t.Errorf("KnownDNSProvider(%q) = false", name)
+		}
 	}
-	if _, err := DNSProvider("route53"); err == nil {
-		t.Error("DNSProvider(route53): want an error")
+	if _, err := DNSProvider("route53"); err == nil || KnownDNSProvider("route53") {
+		t.Error("route53: want an error, and not known")
 	}
 	t.Setenv("EXEC_PATH", "")
 	if _, err := DNSProvider("exec"); err == nil || !strings.Contains(err.Error(), "EXEC_PATH") {

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/certs"
@@ -72,7 +71,7 @@ func (o *acmeOpts) validate(domain, tlsCert, tlsKey string) error {
 		return err
 	}
 	o.host = host
-	if name := o.dns; !slices.Contains(certs.DNSProviders, name) && name != "dnsupdate" {
+	if name := o.dns; !certs.KnownDNSProvider(name) {
 		return fmt.Errorf("--acme-dns %q: want one of %s", name, strings.Join(certs.DNSProviders, ", "))
 	}
 	if o.email != "" {
