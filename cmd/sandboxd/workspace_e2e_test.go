@@ -12,7 +12,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 type e2eChange struct {
@@ -238,4 +240,198 @@ func TestWorkspaceE2E(t *testing.T) {
 		_, r = publish(t, s, ka, second.SandboxID, nil)
 		wantNativeError(t, "a publish of a paused sandbox", r, http.StatusConflict)
 	})
+}
+
+// seedTemplate makes version 1 of template name: what script wrote in a
+// sandbox of base, published with finalize.
+func seedTemplate(t *testing.T, e *e2eEnv, key, name, script string) e2eVersion {
+	t.Helper()
+	seed, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600})
+	e.current().mustRun(t, seed.SandboxID, *seed.EnvdAccessToken, script)
+	v, r := publish(t, e.current(), key, seed.SandboxID, map[string]any{"template": name, "finalize": true})
+	wantStatus(t, "publish version 1 of "+name, r, http.StatusCreated)
+	return v
+}
+
+// e2eLayers lists the publish and snapshot layers on the host.
+func (e *e2eEnv) e2eLayers() []string {
+	var out []string
+	for _, root := range []string{e.runDir, e.dataDir} {
+		m, _ := filepath.Glob(filepath.Join(root, "templates", "layers", "*snap-*"))
+		out = append(out, m...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// versionIDs lists the build ids of the versions sandbox id's template
+// has, newest first.
+func versionIDs(t *testing.T, s *e2eServer, key, id string) []string {
+	t.Helper()
+	r := s.native(t, http.MethodGet, "/"+id+"/versions", key, nil)
+	wantStatus(t, "versions", r, http.StatusOK)
+	var vl struct{ Versions []e2eVersion }
+	e2eDecode(t, "versions", r, &vl)
+	var out []string
+	for _, v := range vl.Versions {
+		out = append(out, v.BuildID)
+	}
+	return out
+}
+
+// Faults of a publish: over the server's limits (set low here), from a
+// killed sandbox and from a paused one, each refused with the status the
+// native API documents and a body saying why, and none leaving a version
+// or a layer behind.
+func TestWorkspaceFaultsE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	e.serveArgs = append(e.serveArgs, "--max-publish-paths=5", "--max-publish-mb=1")
+	s := e.start()
+	ka := e.keys["a"]
+	v1 := seedTemplate(t, e, ka, "lim", "mkdir ~/proj && echo 1 > ~/proj/one.txt")
+	agent := func(script string) e2eSandbox {
+		sb, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "lim", "timeout": 600})
+		s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, script)
+		return sb
+	}
+	watch := agent("true")
+	layers := e.e2eLayers()
+	nothingMade := func(t *testing.T, what string) {
+		t.Helper()
+		if got := versionIDs(t, s, ka, watch.SandboxID); !slices.Equal(got, []string{v1.BuildID}) {
+			t.Errorf("versions after %s: %v, want v1 %s alone", what, got, v1.BuildID)
+		}
+		if got := e.e2eLayers(); !slices.Equal(got, layers) {
+			t.Errorf("layers after %s: %v, want %v", what, got, layers)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, script, want string
+	}{
+		{"paths", "cd ~/proj && for i in 1 2 3 4 5 6; do echo $i > f$i; done", "at most 5 paths (--max-publish-paths)"},
+		{"bytes", "head -c 1048577 /dev/zero > ~/proj/big", "at most 1 MiB (--max-publish-mb)"},
+	} {
+		t.Run("over the "+tc.name+" limit", func(t *testing.T) {
+			sb := agent(tc.script)
+			_, r := publish(t, s, ka, sb.SandboxID, nil)
+			if msg := wantNativeError(t, "publish", r, http.StatusBadRequest); !strings.Contains(msg, tc.want) {
+				t.Errorf("publish over the %s limit: %q does not name it (%q)", tc.name, msg, tc.want)
+			}
+			nothingMade(t, "a publish over the "+tc.name+" limit")
+		})
+	}
+
+	t.Run("killed", func(t *testing.T) {
+		sb := agent("echo k > ~/proj/k.txt")
+		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, ka, nil), http.StatusNoContent)
+		_, r := publish(t, s, ka, sb.SandboxID, nil)
+		if msg := wantNativeError(t, "publish of a killed sandbox", r, http.StatusNotFound); !strings.Contains(msg, sb.SandboxID) {
+			t.Errorf("publish of a killed sandbox: %q does not name it", msg)
+		}
+		for _, path := range []string{"/changes", "/diff", "/export", "/versions"} {
+			wantNativeError(t, path+" of a killed sandbox", s.native(t, http.MethodGet, "/"+sb.SandboxID+path, ka, nil), http.StatusNotFound)
+		}
+		nothingMade(t, "a publish of a killed sandbox")
+	})
+
+	t.Run("paused", func(t *testing.T) {
+		for _, memory := range []bool{true, false} {
+			sb := agent("echo p > ~/proj/p.txt")
+			wantStatus(t, "pause", s.api(t, http.MethodPost, "/sandboxes/"+sb.SandboxID+"/pause", ka, map[string]any{"memory": memory}), http.StatusNoContent)
+			// What it changed can still be read, from its saved layer.
+			r := s.native(t, http.MethodGet, "/"+sb.SandboxID+"/changes", ka, nil)
+			wantStatus(t, "changes of a paused sandbox", r, http.StatusOK)
+			if !strings.Contains(string(r.body), `"/home/user/proj/p.txt"`) {
+				t.Errorf("changes of a paused sandbox (memory=%v): %s", memory, r.body)
+			}
+			r = s.native(t, http.MethodGet, "/"+sb.SandboxID+"/diff", ka, nil)
+			if wantStatus(t, "diff of a paused sandbox", r, http.StatusOK); !strings.Contains(string(r.body), "+p\n") {
+				t.Errorf("diff of a paused sandbox (memory=%v): %s", memory, r.body)
+			}
+			r = s.native(t, http.MethodGet, "/"+sb.SandboxID+"/export", ka, nil)
+			if wantStatus(t, "export of a paused sandbox", r, http.StatusOK); !bytes.Contains(r.body, []byte("home/user/proj/p.txt")) {
+				t.Errorf("export of a paused sandbox (memory=%v) lacks p.txt (%d bytes)", memory, len(r.body))
+			}
+			_, r = publish(t, s, ka, sb.SandboxID, map[string]any{"finalize": true})
+			if msg := wantNativeError(t, "publish of a paused sandbox", r, http.StatusConflict); !strings.Contains(msg, "paused") {
+				t.Errorf("publish of a paused sandbox (memory=%v): %q does not say it is paused", memory, msg)
+			}
+			nothingMade(t, "a publish of a paused sandbox")
+			// Not finalized: it resumes with its work.
+			wantStatus(t, "resume", s.api(t, http.MethodPost, "/sandboxes/"+sb.SandboxID+"/connect", ka, map[string]any{"timeout": 600}), http.StatusCreated)
+			s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "grep -qx p ~/proj/p.txt")
+		}
+	})
+}
+
+// The real default path limit: 100,001 files are refused, naming it.
+func TestWorkspacePathLimitE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	s := e.start()
+	ka := e.keys["a"]
+	sb, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"timeout": 600, "memoryMB": 2048, "diskSizeMB": 2048})
+	s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "mkdir ~/many && cd ~/many && i=0; while [ $i -le 100000 ]; do : > f$i; i=$((i+1)); done")
+	_, r := publish(t, s, ka, sb.SandboxID, map[string]any{"template": "many"})
+	if msg := wantNativeError(t, "a publish of 100,001 files", r, http.StatusBadRequest); !strings.Contains(msg, "at most 100000 paths") {
+		t.Errorf("publish of 100,001 files: %q does not name the limit", msg)
+	}
+	if got := e.e2eLayers(); len(got) > 0 {
+		t.Errorf("layers after a refused publish: %v", got)
+	}
+	if r := s.api(t, http.MethodGet, "/templates/aliases/many", ka, nil); r.status != http.StatusNotFound {
+		t.Errorf("the template of a refused publish: %s, want 404", r)
+	}
+}
+
+// SIGKILL during the publish of version 2 of a template: once sandboxd is
+// back the template has version 1 alone and no layer of the cut publish,
+// new sandboxes start from version 1, and the same publish then makes
+// version 2.
+func TestPublishCrashE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	s := e.start()
+	ka := e.keys["a"]
+	v1 := seedTemplate(t, e, ka, "crash", "echo v1 > ~/version")
+	kept := e.e2eLayers()
+	if len(kept) != 1 {
+		t.Fatalf("layers after v1: %v, want one", kept)
+	}
+	src, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "crash", "timeout": 600, "memoryMB": 2048, "diskSizeMB": 2048})
+	tok := *src.EnvdAccessToken
+	// Enough files that the copy takes a while: many small ones.
+	s.mustRun(t, src.SandboxID, tok, "echo v2 > ~/version && mkdir ~/many && cd ~/many && for i in $(seq 1 20000); do echo $i > f$i; done")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = s.tryDo(http.MethodPost, "/v1/sandboxes/"+src.SandboxID+"/publish", ka, map[string]any{}, nil)
+	}()
+	e2eEventually(t, "the publish copying", time.Minute, time.Millisecond, func() (bool, string) {
+		return len(e.e2eLayers()) > len(kept), ""
+	})
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	s = e.start()
+	if got := versionIDs(t, s, ka, src.SandboxID); !slices.Equal(got, []string{v1.BuildID}) {
+		t.Errorf("versions after a crash mid-publish: %v, want v1 %s alone", got, v1.BuildID)
+	}
+	if got := e.e2eLayers(); !slices.Equal(got, kept) {
+		t.Errorf("layers after a crash mid-publish: %v, want v1's %v", got, kept)
+	}
+	fresh, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "crash", "timeout": 600})
+	if out := s.mustRun(t, fresh.SandboxID, *fresh.EnvdAccessToken, "cat ~/version; test -e ~/many && echo many; true").stdout; out != "v1\n" {
+		t.Errorf("a new sandbox after the crash sees %q, want v1's files alone", out)
+	}
+	s.mustRun(t, src.SandboxID, tok, "test -f ~/many/f20000")
+	v2, r := publish(t, s, ka, src.SandboxID, nil)
+	wantStatus(t, "the publish again", r, http.StatusCreated)
+	if v2.Number != 2 || v2.Parent != v1.BuildID || !v2.Current {
+		t.Errorf("the publish again made %+v, want version 2 from v1 %s", v2, v1.BuildID)
+	}
+	newer, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "crash", "timeout": 600})
+	if out := s.mustRun(t, newer.SandboxID, *newer.EnvdAccessToken, "cat ~/version; test -f ~/many/f20000 && echo many").stdout; out != "v2\nmany\n" {
+		t.Errorf("a new sandbox of version 2 sees %q", out)
+	}
 }
