@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -433,5 +435,124 @@ func TestPublishCrashE2E(t *testing.T) {
 	newer, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "crash", "timeout": 600})
 	if out := s.mustRun(t, newer.SandboxID, *newer.EnvdAccessToken, "cat ~/version; test -f ~/many/f20000 && echo many").stdout; out != "v2\nmany\n" {
 		t.Errorf("a new sandbox of version 2 sees %q", out)
+	}
+}
+
+// sandboxdClient runs `sandboxd sandbox ARGS...` (the binary) against s as
+// key and returns its output and exit code.
+func sandboxdClient(t *testing.T, s *e2eServer, key string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	full := append([]string{"sandbox", args[0], "--url", s.base, "--token", key}, args[1:]...)
+	cmd := exec.CommandContext(t.Context(), filepath.Join(e2eBinDir, "sandboxd"), full...)
+	cmd.Env = e2eSandboxdEnviron()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("sandboxd %s: %v", strings.Join(full, " "), err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// The workspace commands of the CLI, run as a user runs them, against a
+// real server: what each prints and its exit status, a stale publish's
+// conflict and a missing sandbox being failures that say why.
+func TestWorkspaceCLIE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	s := e.start()
+	ka := e.keys["a"]
+	seed, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"timeout": 600})
+	s.mustRun(t, seed.SandboxID, *seed.EnvdAccessToken, "mkdir ~/proj && printf 'one\\n' > ~/proj/app.txt")
+	run := func(want int, args ...string) (string, string) {
+		t.Helper()
+		out, errOut, code := sandboxdClient(t, s, ka, args...)
+		if code != want {
+			t.Errorf("sandboxd sandbox %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, want, out, errOut)
+		}
+		return out, errOut
+	}
+	var ch struct{ Changes []e2eChange }
+	if out, _ := run(0, "changes", seed.SandboxID); json.Unmarshal([]byte(out), &ch) != nil || !slices.ContainsFunc(ch.Changes, func(c e2eChange) bool {
+		return c.Path == "/home/user/proj/app.txt" && c.Kind == "added" && c.Size == 4
+	}) {
+		t.Errorf("sandboxd sandbox changes printed %q, want app.txt added", out)
+	}
+	if out, _ := run(0, "diff", seed.SandboxID); !strings.Contains(out, "+++ b/home/user/proj/app.txt\n@@ -0,0 +1 @@\n+one\n") {
+		t.Errorf("sandboxd sandbox diff printed %q", out)
+	}
+	tarPath := filepath.Join(t.TempDir(), "seed.tar")
+	if out, _ := run(0, "export", "-o", tarPath, seed.SandboxID); out != "" {
+		t.Errorf("sandboxd sandbox export -o printed %q, want nothing", out)
+	}
+	if names := tarNames(t, tarPath); !slices.Contains(names, "home/user/proj/app.txt") {
+		t.Errorf("the exported tar holds %v, want app.txt", names)
+	}
+	var v1 e2eVersion
+	if out, _ := run(0, "publish", "--template", "cli", "--finalize", seed.SandboxID); json.Unmarshal([]byte(out), &v1) != nil || v1.Number != 1 || v1.Template != "cli" {
+		t.Errorf("sandboxd sandbox publish printed %q, want version 1 of cli", out)
+	}
+	if _, errOut := run(1, "changes", seed.SandboxID); !strings.Contains(errOut, "not found") {
+		t.Errorf("changes of the finalized seed: stderr %q, want not found", errOut)
+	}
+
+	agents := make([]e2eSandbox, 2)
+	for i := range agents {
+		agents[i], _ = e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "cli", "timeout": 600})
+		s.mustRun(t, agents[i].SandboxID, *agents[i].EnvdAccessToken, fmt.Sprintf("echo 'agent %d' >> ~/proj/app.txt", i))
+	}
+	var v2 e2eVersion
+	if out, _ := run(0, "publish", agents[0].SandboxID); json.Unmarshal([]byte(out), &v2) != nil || v2.Number != 2 || v2.Parent != v1.BuildID {
+		t.Errorf("the first agent's publish printed %q, want version 2 from %s", out, v1.BuildID)
+	}
+	if out, errOut := run(1, "publish", agents[1].SandboxID); out != "" || !strings.Contains(errOut, "conflict") || !strings.Contains(errOut, "/home/user/proj/app.txt") {
+		t.Errorf("the stale publish: stdout %q stderr %q, want the conflict on app.txt", out, errOut)
+	}
+	var vl struct {
+		Versions    []e2eVersion
+		StartedFrom string `json:"started_from"`
+	}
+	if out, _ := run(0, "versions", agents[1].SandboxID); json.Unmarshal([]byte(out), &vl) != nil || len(vl.Versions) != 2 ||
+		vl.Versions[0].BuildID != v2.BuildID || !vl.Versions[0].Current || vl.StartedFrom != v1.BuildID {
+		t.Errorf("sandboxd sandbox versions printed %q, want v2 then v1, started from v1", out)
+	}
+	// The stale agent keeps its work: export it instead.
+	tarPath = filepath.Join(t.TempDir(), "stale.tar")
+	run(0, "export", "--finalize", "-o", tarPath, agents[1].SandboxID)
+	if names := tarNames(t, tarPath); !slices.Contains(names, "home/user/proj/app.txt") {
+		t.Errorf("the stale agent's export holds %v", names)
+	}
+	if r := s.api(t, http.MethodGet, "/sandboxes/"+agents[1].SandboxID, ka, nil); r.status != http.StatusNotFound {
+		t.Errorf("after export --finalize: %s, want the sandbox gone", r)
+	}
+	for _, args := range [][]string{{"publish", "nosuchsandbox"}, {"diff", "nosuchsandbox"}, {"publish"}, {"versions", "a", "b"}} {
+		if out, errOut := run(1, args...); out != "" || errOut == "" {
+			t.Errorf("sandboxd sandbox %v: stdout %q stderr %q, want a message on stderr alone", args, out, errOut)
+		}
+	}
+}
+
+// tarNames lists the entries of the tar file at path.
+func tarNames(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var names []string
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		names = append(names, h.Name)
 	}
 }
