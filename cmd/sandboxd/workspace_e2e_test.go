@@ -556,3 +556,41 @@ func tarNames(t *testing.T, path string) []string {
 		names = append(names, h.Name)
 	}
 }
+
+// Odd paths survive a publish: names with spaces, a newline, bytes that
+// are not UTF-8, a leading dash, 255 bytes, a deep directory, a symlink,
+// a hard link, a FIFO and an empty file; a new sandbox of the version sees
+// the same tree, and the next version's deletion of an odd name holds.
+func TestPublishOddPathsE2E(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	s := e.start()
+	ka := e.keys["a"]
+	const (
+		write = `mkdir ~/odd && cd ~/odd && echo s > 'with space' && echo n > "$(printf 'new\nline')" &&
+echo x > "$(printf 'bad\377\376name')" && echo d > ./-dash && echo l > "$(printf '%0255d' 7)" &&
+mkdir -p a/b/c/d/e/f/g/h && echo deep > a/b/c/d/e/f/g/h/leaf && ln -s 'with space' link && ln ./-dash hard &&
+mkfifo fifo && : > empty && printf '\0\1\2' > bin`
+		// The tree as find tells it (a directory's size is the file
+		// system's, not the sandbox's), kept ASCII by od.
+		list = `cd ~/odd && { find . -type d -printf '%y %m %p\n'; find . ! -type d -printf '%y %s %m %n %p -> %l\n'; } | LC_ALL=C sort | od -An -c; cat ./-dash ./hard a/b/c/d/e/f/g/h/leaf`
+	)
+	v1 := seedTemplate(t, e, ka, "odd", write)
+	if v1.Paths < 14 {
+		t.Errorf("v1 = %+v, want every odd path counted", v1)
+	}
+	seed, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"timeout": 600})
+	want := s.mustRun(t, seed.SandboxID, *seed.EnvdAccessToken, write+" && "+list).stdout
+	sb, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "odd", "timeout": 600})
+	if got := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, list).stdout; got != want {
+		t.Errorf("a sandbox of the published version sees\n%s\nwant (what was written)\n%s", got, want)
+	}
+	s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, `cd ~/odd && rm "$(printf 'bad\377\376name')" "$(printf 'new\nline')" && rm -r a/b/c`)
+	if _, r := publish(t, s, ka, sb.SandboxID, nil); r.status != http.StatusCreated {
+		t.Fatalf("the deletion's publish: %s", r)
+	}
+	after, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"templateID": "odd", "timeout": 600})
+	check := `cd ~/odd && for f in "$(printf 'bad\377\376name')" "$(printf 'new\nline')" a/b/c; do test -e "$f" && echo "left: $f"; done; test -d a/b && test -e ./-dash && echo kept`
+	if out := s.mustRun(t, after.SandboxID, *after.EnvdAccessToken, check).stdout; out != "kept\n" {
+		t.Errorf("after the deletion's version: %s", out)
+	}
+}
