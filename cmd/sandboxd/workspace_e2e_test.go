@@ -365,6 +365,12 @@ func TestWorkspaceFaultsE2E(t *testing.T) {
 			s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "grep -qx p ~/proj/p.txt")
 		}
 	})
+
+	// Exactly at both limits: 5 paths, 1 MiB.
+	sb := agent("head -c 1048568 /dev/zero > ~/proj/big && for i in 1 2 3 4; do echo $i > ~/proj/g$i; done")
+	if v, r := publish(t, s, ka, sb.SandboxID, nil); r.status != http.StatusCreated || v.Paths != 5 {
+		t.Errorf("a publish at the limits: %s, want version 2 of 5 paths", r)
+	}
 }
 
 // The real default path limit: 100,001 files are refused, naming it.
