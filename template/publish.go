@@ -1,6 +1,7 @@
 package template
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,10 +22,11 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// Limits of one publish: what a version may hold.
+// Default limits of one publish (Config.MaxPublishPaths, MaxPublishMB):
+// what a version may hold.
 const (
-	MaxPublishPaths = 100_000
-	MaxPublishBytes = 4 << 30
+	DefaultMaxPublishPaths = 100_000
+	DefaultMaxPublishMB    = 4 << 10
 )
 
 // PathChange is one path a version changed, as its conflicts are judged:
@@ -135,10 +137,14 @@ func (s *Service) Publish(ctx context.Context, sbx Sandboxes, t tenant.ID, id, t
 	for _, c := range changes {
 		size += c.Size
 	}
-	if len(changes) > MaxPublishPaths || size > MaxPublishBytes {
+	maxPaths, maxMB := cmp.Or(max(s.cfg.MaxPublishPaths, 0), DefaultMaxPublishPaths), cmp.Or(max(s.cfg.MaxPublishMB, 0), DefaultMaxPublishMB)
+	switch mib := (size + 1<<20 - 1) >> 20; {
+	case len(changes) > maxPaths:
 		return Version{}, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
-			"the sandbox changed %d paths (%d MiB): a version holds at most %d paths and %d MiB",
-			len(changes), size>>20, MaxPublishPaths, MaxPublishBytes>>20))
+			"publish limit: the sandbox changed %d paths; a version holds at most %d paths (--max-publish-paths)", len(changes), maxPaths))
+	case size > int64(maxMB)<<20:
+		return Version{}, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf(
+			"publish limit: the sandbox changed %d MiB of files; a version holds at most %d MiB (--max-publish-mb)", mib, maxMB))
 	}
 	src, err := sbx.Get(ctx, id)
 	if err != nil {

@@ -110,6 +110,10 @@ type Config struct {
 	// many (every snapshot build counts) and their layers' total size.
 	// 0: no bound.
 	MaxSnapshots, MaxSnapshotMB int
+	// MaxPublishPaths and MaxPublishMB bound one publish: the paths a
+	// version may change and their bytes. 0: DefaultMaxPublishPaths,
+	// DefaultMaxPublishMB.
+	MaxPublishPaths, MaxPublishMB int
 	// UploadSecret signs upload links; random when empty.
 	UploadSecret []byte
 	Log          *slog.Logger

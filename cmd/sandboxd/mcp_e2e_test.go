@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,13 +36,7 @@ func TestMCPE2E(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	client := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, nil)
-	hc := &http.Client{Transport: e2eBearer{token: jwt}}
-	cs, err := client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: s.base + "/mcp", HTTPClient: hc}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	e2eMCPSandbox(ctx, t, e, cs, "over http")
+	e2eMCPSandbox(ctx, t, e, e2eMCPSession(ctx, t, s, jwt), "over http")
 
 	// stdio: sandboxd mcp, the token from SANDBOXD_TOKEN.
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), "mcp", "--url", s.base)
@@ -131,6 +126,97 @@ func e2eMCPSandbox(ctx context.Context, t *testing.T, e *e2eEnv, cs *sdk.ClientS
 	if !k.Killed {
 		t.Errorf("%s: sandbox_kill: %+v", how, k)
 	}
+}
+
+// e2eMCPSession connects the Go SDK's client to s's /mcp over streamable
+// HTTP with token; the session ends with the test.
+func e2eMCPSession(ctx context.Context, t *testing.T, s *e2eServer, token string) *sdk.ClientSession {
+	t.Helper()
+	client := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, nil)
+	hc := &http.Client{Transport: e2eBearer{token: token}}
+	cs, err := client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: s.base + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// e2eToolError calls tool name and returns its tool error's text; a
+// transport error or a success fails the test.
+func e2eToolError(ctx context.Context, t *testing.T, cs *sdk.ClientSession, name string, args map[string]any) string {
+	t.Helper()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v, want a tool error", name, err)
+	}
+	if !res.IsError || len(res.Content) == 0 {
+		t.Fatalf("%s: %+v, want a tool error", name, res.StructuredContent)
+	}
+	text, _ := res.Content[0].(*sdk.TextContent)
+	if text == nil {
+		t.Fatalf("%s: tool error %+v, want text", name, res.Content[0])
+	}
+	return text.Text
+}
+
+// TestMCPQuotaE2E: MCP tool calls are held to the tenant's quotas and rate
+// limits as its REST calls are: a sandbox_create over the sandbox quota is
+// a tool error naming the quota and makes nothing, and MCP calls draw on
+// the same rate-limit buckets as REST.
+func TestMCPQuotaE2E(t *testing.T) {
+	e := newE2EEnv(t, "a", "b")
+	e.sandboxdCLI(t, "tenants", "set", "a", "--data-dir", e.dataDir, "--max-sandboxes", "1")
+	e.sandboxdCLI(t, "tenants", "set", "b", "--data-dir", e.dataDir, "--lifecycle-rate", "0.001", "--lifecycle-burst", "2")
+	s := e.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	jwt := func(tenant string) string {
+		out, _ := e.sandboxdCLI(t, "token", "create", "--data-dir", e.dataDir, "--tenant", tenant)
+		return strings.TrimSpace(out)
+	}
+
+	t.Run("sandbox quota", func(t *testing.T) {
+		cs := e2eMCPSession(ctx, t, s, jwt("a"))
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "sandbox_create", Arguments: map[string]any{}})
+		if err != nil || res.IsError {
+			t.Fatalf("the first sandbox_create: %v %+v", err, res)
+		}
+		var sb struct {
+			ID string `json:"sandbox_id"`
+		}
+		raw, _ := json.Marshal(res.StructuredContent)
+		_ = json.Unmarshal(raw, &sb)
+		e.track(sb.ID, e.keys["a"])
+		msg := e2eToolError(ctx, t, cs, "sandbox_create", map[string]any{})
+		if !strings.HasPrefix(msg, "resource_exhausted: sandbox quota reached: 1 of 1 live sandboxes") {
+			t.Errorf("sandbox_create over the quota: %q, want the quota named", msg)
+		}
+		if l, _ := s.list(t, e.keys["a"], ""); !slices.Equal(e2eIDs(l), []string{sb.ID}) {
+			t.Errorf("sandboxes after the refused create: %v, want %s alone", e2eIDs(l), sb.ID)
+		}
+	})
+
+	t.Run("rate limit", func(t *testing.T) {
+		cs := e2eMCPSession(ctx, t, s, jwt("b"))
+		// One lifecycle call over REST, one over MCP: b's burst of two.
+		wantStatus(t, "REST kill", s.api(t, http.MethodDelete, "/sandboxes/nosuchsandbox", e.keys["b"], nil), http.StatusNotFound)
+		if msg := e2eToolError(ctx, t, cs, "sandbox_kill", map[string]any{"sandbox_id": "nosuchsandbox"}); !strings.HasPrefix(msg, "not_found:") {
+			t.Errorf("the MCP kill within the burst: %q", msg)
+		}
+		msg := e2eToolError(ctx, t, cs, "sandbox_kill", map[string]any{"sandbox_id": "nosuchsandbox"})
+		if !strings.HasPrefix(msg, "resource_exhausted: rate limit exceeded for lifecycle requests") {
+			t.Errorf("the MCP kill past the burst: %q, want the rate limit", msg)
+		}
+		wantStatus(t, "REST kill past the burst", s.api(t, http.MethodDelete, "/sandboxes/nosuchsandbox", e.keys["b"], nil), http.StatusTooManyRequests)
+		// Another class, and another tenant, have their own buckets.
+		if _, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "sandbox_list", Arguments: map[string]any{}}); err != nil {
+			t.Errorf("sandbox_list (read) after the lifecycle burst: %v", err)
+		}
+		if msg := e2eToolError(ctx, t, e2eMCPSession(ctx, t, s, jwt("a")), "sandbox_kill", map[string]any{"sandbox_id": "nosuchsandbox"}); !strings.HasPrefix(msg, "not_found:") {
+			t.Errorf("a's kill: %q", msg)
+		}
+	})
 }
 
 // e2eBearer sends token as a bearer on every request.

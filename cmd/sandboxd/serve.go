@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/telemetry"
+	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
 	"github.com/sandboxd/sandboxd/volume"
 )
@@ -53,6 +54,8 @@ func serve(args []string) error {
 		maxBuilds    = fs.Int("max-builds", 2, "template builds run at once; more wait their turn")
 		maxSnaps     = fs.Int("max-snapshots", 50, "snapshots a tenant may keep (0: no limit)")
 		maxSnapMB    = fs.Int("max-snapshot-mb", 10240, "MiB of snapshot layers a tenant may keep (0: no limit); on the local backend they live under --run-dir")
+		maxPubPaths  = fs.Int("max-publish-paths", template.DefaultMaxPublishPaths, "paths one workspace publish may change; a publish over it is refused (400) and makes nothing")
+		maxPubMB     = fs.Int("max-publish-mb", template.DefaultMaxPublishMB, "MiB of files one workspace publish may change; a publish over it is refused (400) and makes nothing")
 		buildTime    = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
 		buildCPU     = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
 		buildMemMB   = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
@@ -193,7 +196,7 @@ func serve(args []string) error {
 		return fmt.Errorf("tenant settings: %w", err)
 	}
 	var mgr *sandbox.Manager
-	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, snapshotLimits{*maxSnaps, *maxSnapMB}, *plainHTTP,
+	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, snapshotLimits{*maxSnaps, *maxSnapMB, *maxPubPaths, *maxPubMB}, *plainHTTP,
 		func() sbxruntime.Resources { return mgr.TemplateResources("") }, log)
 	if err != nil {
 		return err

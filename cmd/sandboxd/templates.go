@@ -14,8 +14,9 @@ import (
 )
 
 // snapshotLimits bound each tenant's snapshots (--max-snapshots,
-// --max-snapshot-mb).
-type snapshotLimits struct{ count, mb int }
+// --max-snapshot-mb) and each publish (--max-publish-paths,
+// --max-publish-mb).
+type snapshotLimits struct{ count, mb, publishPaths, publishMB int }
 
 // newTemplates makes the template registry and builder on backend be.
 // Builds need a backend that holds layers (runtime.Layered); on another,
@@ -42,6 +43,7 @@ func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds
 		Store: st, Backend: be, Layered: layered, Builtin: builtin,
 		Dir: filepath.Join(dataDir, "templates"), MaxBuilds: maxBuilds, Limits: limits,
 		MaxSnapshots: snapshots.count, MaxSnapshotMB: snapshots.mb,
+		MaxPublishPaths: snapshots.publishPaths, MaxPublishMB: snapshots.publishMB,
 		Defaults: defaults, PlainHTTPRegistries: plain,
 		Log: log.With("component", "template"),
 	})

@@ -4,6 +4,7 @@ native auth accepts with every scope; COMPAT_READ_TOKEN, a native-API JWT of
 the same tenant with sandboxes:read only, made by run.sh with `sandboxd token
 create`). sandboxd mode only: E2B has no such endpoint."""
 
+import asyncio
 import base64
 import os
 from contextlib import asynccontextmanager
@@ -181,3 +182,64 @@ async def test_mcp_unauthenticated():
     forged = base64.urlsafe_b64encode(bytes(b ^ 1 for b in base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4)))).rstrip(b"=").decode()
     assert forged != sig
     assert (await post_ping(f"{head}.{claims}.{forged}")).status_code == 401
+
+
+async def test_mcp_exec_progress_and_cancel():
+    """A long sandbox_exec sends progress notifications carrying its output
+    as it runs; cancelling the call ends the command in the sandbox."""
+    async with session_of(os.environ["E2B_API_KEY"]) as session:
+        sb = await call(session, "sandbox_create", {"metadata": {"suite": "py-mcp-progress"}})
+        sid = sb["sandbox_id"]
+        try:
+            seen: list[tuple[float, float | None, str | None]] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                seen.append((progress, total, message))
+
+            res = await session.call_tool(
+                "sandbox_exec",
+                {"sandbox_id": sid, "command": "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 0.5; done", "timeout": 60},
+                progress_callback=on_progress,
+            )
+            assert not res.is_error, res.content
+            assert res.structured_content["stdout"] == "".join(f"tick {i}\n" for i in range(1, 9))
+            # Output arrives while it runs, in more than one notification,
+            # each saying how long it has run of its timeout.
+            assert len(seen) >= 2, seen
+            assert "tick 1" in "".join(m or "" for _, _, m in seen), seen
+            assert [p for p, _, _ in seen] == sorted(p for p, _, _ in seen), seen
+            assert all(total == 60 for _, total, _ in seen), seen
+
+            # Cancelled once it has started: the process is gone.
+            started = asyncio.Event()
+
+            async def on_start(progress: float, total: float | None, message: str | None) -> None:
+                if message and "started" in message:
+                    started.set()
+
+            task = asyncio.create_task(
+                session.call_tool(
+                    "sandbox_exec",
+                    {"sandbox_id": sid, "command": "echo $$ > /tmp/long.pid; echo started; while :; do date >> /tmp/long.out; sleep 0.2; done", "timeout": 600},
+                    progress_callback=on_start,
+                )
+            )
+            await asyncio.wait_for(started.wait(), 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The server kills it once it sees the cancellation: wait for that
+            # (bounded), then check the loop writes no more.
+            out = await call(
+                session,
+                "sandbox_exec",
+                {
+                    "sandbox_id": sid,
+                    "command": "pid=$(cat /tmp/long.pid); for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done; "
+                    "kill -0 $pid 2>/dev/null && echo alive || echo gone; n=$(wc -l < /tmp/long.out); sleep 1; "
+                    'test "$(wc -l < /tmp/long.out)" = "$n" && echo stopped || echo writing',
+                },
+            )
+            assert out["stdout"] == "gone\nstopped\n", out
+        finally:
+            await call(session, "sandbox_kill", {"sandbox_id": sid})
