@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -33,8 +34,40 @@ const (
 // Dir marks a directory it added that only holds other changes (two
 // versions may both add one); anything else replaces what was there.
 type PathChange struct {
-	Path string `json:"p"`
-	Dir  bool   `json:"d,omitempty"`
+	Path string
+	Dir  bool
+}
+
+// pathChangeJSON is how a PathChange is stored in its build's result. A
+// path that is not UTF-8 goes as bytes (base64), since JSON text would
+// turn its bytes into U+FFFD and make two such names one, a false
+// conflict.
+type pathChangeJSON struct {
+	P   string `json:"p,omitempty"`
+	P64 []byte `json:"p64,omitempty"`
+	D   bool   `json:"d,omitempty"`
+}
+
+func (c PathChange) MarshalJSON() ([]byte, error) {
+	j := pathChangeJSON{D: c.Dir}
+	if utf8.ValidString(c.Path) {
+		j.P = c.Path
+	} else {
+		j.P64 = []byte(c.Path)
+	}
+	return json.Marshal(j)
+}
+
+func (c *PathChange) UnmarshalJSON(b []byte) error {
+	var j pathChangeJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*c = PathChange{Path: j.P, Dir: j.D}
+	if j.P64 != nil {
+		c.Path = string(j.P64)
+	}
+	return nil
 }
 
 // Version is one ready build of a template in its project history.

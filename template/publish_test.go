@@ -1,6 +1,7 @@
 package template
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 )
@@ -27,5 +28,46 @@ func TestConflicts(t *testing.T) {
 				t.Errorf("Conflicts = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// A version's paths survive its build record: names that are not UTF-8
+// come back as they were (not as U+FFFD, which would make /\xff and /\xfe
+// one name and a false conflict), and records written before p64 existed
+// still read.
+func TestPathChangeJSON(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []PathChange
+	}{
+		{"utf-8", []PathChange{{Path: "/src/é"}, {Path: "/src", Dir: true}}},
+		{"not utf-8", []PathChange{{Path: "/\xff"}, {Path: "/\xfe", Dir: true}, {Path: "/a\nb"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := json.Marshal(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []PathChange
+			if err := json.Unmarshal(raw, &out); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(out, tc.in) {
+				t.Errorf("%s read back as %#v, want %#v", raw, out, tc.in)
+			}
+		})
+	}
+	var old []PathChange
+	if err := json.Unmarshal([]byte(`[{"p":"/x","d":true},{"p":"/y"}]`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if want := []PathChange{{Path: "/x", Dir: true}, {Path: "/y"}}; !slices.Equal(old, want) {
+		t.Errorf("older record read as %#v, want %#v", old, want)
+	}
+	stored, _ := json.Marshal([]PathChange{{Path: "/\xfe"}})
+	var theirs []PathChange
+	_ = json.Unmarshal(stored, &theirs)
+	if got := Conflicts([]PathChange{{Path: "/\xff"}}, theirs); len(got) != 0 {
+		t.Errorf("/\\xff against a stored /\\xfe: conflicts %q, want none", got)
 	}
 }
