@@ -140,6 +140,11 @@ func testVolumeQuota(t *testing.T, e *e2eEnv, backendIDs func(*testing.T) []stri
 				}
 			})
 			before := backendIDs(t)
+			for _, v := range made {
+				if !slices.Contains(before, v.VolumeID) {
+					t.Fatalf("volume %s is not among the backend's: %v", v.VolumeID, before)
+				}
+			}
 			msg := wantError(t, "a volume over the quota", s.api(t, http.MethodPost, "/volumes", key, map[string]string{"name": "over"}), http.StatusBadRequest)
 			if !strings.Contains(msg, "volume quota exceeded") || !strings.Contains(msg, tc.want) {
 				t.Errorf("quota message %q: want it to name the quota (%q)", msg, tc.want)
