@@ -397,17 +397,66 @@ func TestCrossTenant23E2E(t *testing.T) {
 // left on the host.
 func TestSnapshotKillRaceE2E(t *testing.T) {
 	e := newE2EEnv(t, "a")
-	testSnapshotKillRace(t, e, func() []string {
+	layers := func() []string {
 		var out []string
 		for _, root := range []string{e.runDir, e.dataDir} {
 			m, _ := filepath.Glob(filepath.Join(root, "templates", "layers", "*snap-*"))
 			out = append(out, m...)
 		}
 		return out
-	})
+	}
+	// A sandbox's state dir, mounts and cgroups (a cgroup goes only once
+	// its processes have) are named by its id; sandboxd's own mounts under
+	// the run dir are not.
+	left := func(t *testing.T, id string) []string {
+		var out []string
+		for _, l := range e.leaks() {
+			if strings.Contains(l, id) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	testSnapshotKillRace(t, e, layers, left)
 }
 
-func testSnapshotKillRace(t *testing.T, e *e2eEnv, layers func() []string) {
+// The same on Incus, where a snapshot publishes a layer image (named once
+// the copy is done) and a killed sandbox's instance is deleted in the
+// background.
+func TestIncusSnapshotKillRaceE2E(t *testing.T) {
+	e, c := newIncusE2EEnv(t, "a")
+	before, err := c.ImageAliases(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := func() []string {
+		after, err := c.ImageAliases(t.Context())
+		if err != nil {
+			t.Fatalf("list Incus image aliases: %v", err)
+		}
+		var out []string
+		for name := range after {
+			if _, had := before[name]; !had && ownLayerAlias(name) && strings.Contains(name, "snap-") {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
+	left := func(t *testing.T, id string) []string {
+		var out []string
+		e2eEventually(t, "the killed sandbox's instance deleted", time.Minute, 100*time.Millisecond, func() (bool, string) {
+			out = incusInstancesOf(t, c, []string{id})
+			return len(out) == 0, fmt.Sprint(out)
+		})
+		return out
+	}
+	testSnapshotKillRace(t, e, layers, left)
+}
+
+// testSnapshotKillRace runs the races on e, whose sandboxd it starts and
+// stops. layers lists the snapshot layers the backend holds; left what
+// sandbox id left on the host once killed.
+func testSnapshotKillRace(t *testing.T, e *e2eEnv, layers func() []string, left func(t *testing.T, id string) []string) {
 	s := e.start()
 	ka := e.keys["a"]
 	const files = 20000
@@ -491,13 +540,8 @@ func testSnapshotKillRace(t *testing.T, e *e2eEnv, layers func() []string) {
 					}
 					wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, ka, nil), http.StatusNoContent)
 				}
-				// Its state dir, mounts and cgroups (a cgroup goes only once
-				// its processes have) are named by its id; sandboxd's own
-				// mounts under the run dir are not.
-				for _, l := range e.leaks() {
-					if strings.Contains(l, src.SandboxID) {
-						t.Errorf("left on the host by the killed sandbox: %s", l)
-					}
+				if l := left(t, src.SandboxID); len(l) > 0 {
+					t.Errorf("left on the host by the killed sandbox: %v", l)
 				}
 			})
 		}
