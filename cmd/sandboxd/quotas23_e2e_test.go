@@ -398,12 +398,9 @@ func TestCrossTenant23E2E(t *testing.T) {
 func TestSnapshotKillRaceE2E(t *testing.T) {
 	e := newE2EEnv(t, "a")
 	layers := func() []string {
-		var out []string
-		for _, root := range []string{e.runDir, e.dataDir} {
-			m, _ := filepath.Glob(filepath.Join(root, "templates", "layers", "*snap-*"))
-			out = append(out, m...)
-		}
-		return out
+		inRun, _ := filepath.Glob(filepath.Join(e.runDir, "templates", "layers", "*snap-*"))
+		inData, _ := filepath.Glob(filepath.Join(e.dataDir, "templates", "layers", "*snap-*"))
+		return append(inRun, inData...)
 	}
 	// A sandbox's state dir, mounts and cgroups (a cgroup goes only once
 	// its processes have) are named by its id; sandboxd's own mounts under
