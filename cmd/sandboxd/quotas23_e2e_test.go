@@ -225,7 +225,7 @@ func TestForkQuotaE2E(t *testing.T) {
 	}
 	s.mustRun(t, src.SandboxID, tok, "grep -qx kept ~/f")
 
-	forkOne := func(what string, body map[string]any) []e2eForkResult {
+	forks := func(what string, body map[string]any) []e2eForkResult {
 		t.Helper()
 		r := s.api(t, http.MethodPost, "/sandboxes/"+src.SandboxID+"/fork", ka, body)
 		wantStatus(t, what, r, http.StatusCreated)
@@ -239,7 +239,7 @@ func TestForkQuotaE2E(t *testing.T) {
 		return out
 	}
 	wantStatus(t, "kill o1", s.api(t, http.MethodDelete, "/sandboxes/"+o1.SandboxID, ka, nil), http.StatusNoContent)
-	got := forkOne("a fork after a kill", map[string]any{})
+	got := forks("a fork after a kill", map[string]any{})
 	if len(got) != 1 || got[0].Sandbox == nil {
 		t.Fatalf("fork after a kill: %+v", got)
 	}
@@ -248,7 +248,7 @@ func TestForkQuotaE2E(t *testing.T) {
 
 	// Room for one of two: one fork starts, the other is refused on its own.
 	wantStatus(t, "kill the fork", s.api(t, http.MethodDelete, "/sandboxes/"+f1.SandboxID, ka, nil), http.StatusNoContent)
-	got = forkOne("two forks with room for one", map[string]any{"count": 2})
+	got = forks("two forks with room for one", map[string]any{"count": 2})
 	var started, refused int
 	for _, f := range got {
 		switch {
@@ -268,7 +268,7 @@ func TestForkQuotaE2E(t *testing.T) {
 	// The snapshot quota (1) full: forks still start.
 	snapshot(t, s, ka, src.SandboxID, nil)
 	wantError(t, "a second snapshot", s.api(t, http.MethodPost, "/sandboxes/"+src.SandboxID+"/snapshots", ka, map[string]any{}), http.StatusTooManyRequests)
-	got = forkOne("a fork with the snapshot quota full", map[string]any{})
+	got = forks("a fork with the snapshot quota full", map[string]any{})
 	if len(got) != 1 || got[0].Sandbox == nil {
 		t.Fatalf("fork with the snapshot quota full: %+v", got)
 	}
