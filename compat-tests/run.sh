@@ -527,6 +527,14 @@ EOF2
   fi
   # A second tenant's key, for the suites' cross-tenant checks (volumes).
   sbxd_key2=$("$sandboxd_bin" keys create --data-dir "$data" --tenant compat-other 2>>"$log_dir/sandboxd.log") || sbxd_key2=
+  # Tenants with small volume quotas, for the suites' quota checks: two
+  # volumes (compat-quota), 40 MiB in all (compat-quota-mb), 16 MiB each.
+  quota_keys=()
+  for q in "compat-quota --max-volumes 2" "compat-quota-mb --max-volumes 0 --max-volumes-mb 40"; do
+    # shellcheck disable=SC2086 # q is the tenant and its flags
+    "$sandboxd_bin" tenants set $q --volume-size-mb 16 --data-dir "$data" >>"$log_dir/sandboxd.log" 2>&1 &&
+      quota_keys+=("$("$sandboxd_bin" keys create --data-dir "$data" --tenant "${q%% *}" 2>>"$log_dir/sandboxd.log")") || quota_keys+=("")
+  done
   # A native-API JWT of tenant compat with sandboxes:read only, for the MCP
   # scope checks (test_mcp.py).
   sbxd_read_token=$("$sandboxd_bin" token create --data-dir "$data" --tenant compat --scope sandboxes:read --ttl 3h \
@@ -540,12 +548,14 @@ EOF2
     mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_VOLUME_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "COMPAT_OTHER_API_KEY=$sbxd_key2"
+      "COMPAT_QUOTA_API_KEY=${quota_keys[0]}" "COMPAT_QUOTA_MB_API_KEY=${quota_keys[1]}"
       "COMPAT_READ_TOKEN=$sbxd_read_token" "E2B_SANDBOX_URL=http://127.0.0.1:$sbxd_port" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
     if [[ $mode == domain ]]; then
       mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_VOLUME_API_URL
         COMPAT_TARGET=sandboxd COMPAT_ADDRESSING=domain COMPAT_BACKEND=local "COMPAT_LOG_DIR=$log_dir"
         "E2B_DOMAIN=$sbxd_domain" "SSL_CERT_FILE=$sbxd_ca" "NODE_EXTRA_CA_CERTS=$sbxd_ca"
-        "COMPAT_OTHER_API_KEY=$sbxd_key2" "COMPAT_READ_TOKEN=$sbxd_read_token" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
+        "COMPAT_OTHER_API_KEY=$sbxd_key2" "COMPAT_QUOTA_API_KEY=${quota_keys[0]}" "COMPAT_QUOTA_MB_API_KEY=${quota_keys[1]}"
+        "COMPAT_READ_TOKEN=$sbxd_read_token" "E2B_API_KEY=$sbxd_key" "${reg_env[@]}" "${inet_env[@]}")
     fi
     run_suites "$mode"
     if ! kill -0 "$sbxd_pid" 2>/dev/null; then

@@ -493,6 +493,15 @@ func (a *Admitter) checkQuota(ctx context.Context, t tenant.ID, memoryMB int, ts
 	return nil
 }
 
+// Room says whether tenant sb.Tenant's quotas leave room for one more
+// sandbox of sb's size (ErrResourceExhausted when not), admitting nothing.
+func (a *Admitter) Room(ctx context.Context, sb *store.Sandbox) error {
+	ts := a.tenant(sb.Tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return a.checkQuota(ctx, sb.Tenant, a.sandboxMB(sb), ts)
+}
+
 // checkHost is the host capacity guard (ErrUnavailable: 503 + Retry-After).
 // Two independent checks:
 //   - MemAvailable (from /proc/meminfo) minus the host reserve must cover

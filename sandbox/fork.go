@@ -59,6 +59,12 @@ func (m *Manager) Fork(ctx context.Context, id string, timeout time.Duration, co
 	if err := RunningFor(src, "forked"); err != nil {
 		return nil, err
 	}
+	// A tenant at its quota could start none of the forks: the request is
+	// refused as a create over quota is (429), not answered 201 with every
+	// fork failed. Admission checks again per fork, atomically.
+	if err := m.adm.Room(ctx, src); err != nil {
+		return nil, err
+	}
 	req := CreateRequest{
 		Template: src.Template, Secure: src.Secure, AllowInternet: src.AllowInternetAccess,
 		Metadata: src.Metadata, EnvVars: src.EnvVars, Lifecycle: src.Lifecycle, IdleTTL: src.IdleTTL,

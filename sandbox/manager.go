@@ -1038,6 +1038,12 @@ func (m *Manager) Stats(ctx context.Context, id string) (*store.Sandbox, runtime
 	}
 	st, err := m.backend.Stats(ctx, id)
 	if err != nil {
+		// A kill that began meanwhile explains the failure (Incus answers
+		// 500 for the state of an instance being stopped): answer as a
+		// call after the kill would, not as a backend fault.
+		if _, gerr := m.Get(ctx, id); gerr != nil {
+			return nil, runtime.Stats{}, gerr
+		}
 		return nil, runtime.Stats{}, fmt.Errorf("stats of sandbox %s: %w", id, backendErr(err))
 	}
 	return sb, st, nil

@@ -63,7 +63,7 @@ func (s *Store) InsertVolume(ctx context.Context, v Volume, q VolumeQuota) error
 			return err
 		}
 		if q.Max > 0 && n+1 > q.Max {
-			return fmt.Errorf("%w: the tenant has %d volumes, its limit", ErrQuota, n)
+			return fmt.Errorf("%w: the tenant has %d of %d volumes", ErrQuota, n, q.Max)
 		}
 		if q.MaxMB > 0 && mb+v.SizeMB > q.MaxMB {
 			return fmt.Errorf("%w: the tenant's volumes would total %d MiB, above its limit of %d MiB", ErrQuota, mb+v.SizeMB, q.MaxMB)

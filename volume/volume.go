@@ -130,7 +130,7 @@ func (s *Service) precheck(ctx context.Context, v store.Volume, q store.VolumeQu
 		total += o.SizeMB
 	}
 	if q.Max > 0 && len(vs)+1 > q.Max {
-		return clientErr(fmt.Errorf("%w: the tenant has %d volumes, its limit", store.ErrQuota, len(vs)), v.Name)
+		return clientErr(fmt.Errorf("%w: the tenant has %d of %d volumes", store.ErrQuota, len(vs), q.Max), v.Name)
 	}
 	if q.MaxMB > 0 && total+v.SizeMB > q.MaxMB {
 		return clientErr(fmt.Errorf("%w: the tenant's volumes would total %d MiB, above its limit of %d MiB", store.ErrQuota, total+v.SizeMB, q.MaxMB), v.Name)
