@@ -130,6 +130,16 @@ func (f *settingFlags) any() bool {
 		f.maxVolumes.set || f.maxVolumesMB.set || f.volumeSize.set
 }
 
+// settingFlagNames lists the flags register defines, so that an error
+// naming them stays complete as settings are added.
+func settingFlagNames() []string {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	new(settingFlags).register(fs)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, "--"+f.Name) })
+	return names
+}
+
 func (f *settingFlags) apply(s *tenant.Settings) {
 	f.minWarm.apply(&s.MinWarm)
 	f.maxSandboxes.apply(&s.MaxSandboxes)
@@ -154,9 +164,7 @@ func (f *settingFlags) apply(s *tenant.Settings) {
 // --settings-poll interval.
 func tenantsSet(ctx context.Context, st *store.Store, name string, f *settingFlags, out io.Writer) error {
 	if !f.any() {
-		return errors.New("tenants set: name at least one of --min-warm, --create-rate, --create-burst, --max-sandboxes, --max-memory-mb, " +
-			"--lifecycle-rate, --lifecycle-burst, --read-rate, --read-burst, --dataplane-rate, --dataplane-burst, " +
-			"--build-cpu, --build-memory-mb, --build-disk-mb, --build-timeout-s")
+		return fmt.Errorf("tenants set: name at least one of %s", strings.Join(settingFlagNames(), ", "))
 	}
 	if _, err := st.EnsureTenant(ctx, name); err != nil {
 		return err

@@ -164,3 +164,21 @@ func TestTenantsCommandClassRates(t *testing.T) {
 		t.Fatalf("stored settings after tenants set: %+v; want %+v", tn.Settings, want)
 	}
 }
+
+// `tenants set` without a setting names every flag it takes, the volume
+// ones too, and changes nothing.
+func TestTenantsSetNothing(t *testing.T) {
+	st, _ := ratesOpenStore(t)
+	err := tenantsSet(t.Context(), st, "a", new(settingFlags), io.Discard)
+	if err == nil {
+		t.Fatal("tenants set without flags: want an error")
+	}
+	for _, name := range []string{"--max-volumes", "--max-volumes-mb", "--volume-size-mb", "--min-warm", "--read-rate", "--build-timeout-s"} {
+		if !strings.Contains(err.Error()+",", name+",") {
+			t.Errorf("error %q does not name %s", err, name)
+		}
+	}
+	if ts, err := st.ListTenants(t.Context()); err != nil || len(ts) != 0 {
+		t.Errorf("tenants after a refused set: %v, %v; want none", ts, err)
+	}
+}
