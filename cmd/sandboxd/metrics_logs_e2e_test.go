@@ -320,6 +320,8 @@ func TestSandboxLogsE2E(t *testing.T) {
 	wantError(t, "logs v2 as bob", s.api(t, http.MethodGet, "/v2/sandboxes/"+id+"/logs", keyB, nil), http.StatusNotFound)
 
 	checkEnvdRestart(t, s, key, id, tok)
+	// The last lines of envd are read before the kill.
+	s.mustRun(t, id, tok, "echo before-kill-e2e")
 
 	// After the kill, the owner still reads the log, ending with the kill;
 	// another tenant still gets 404.
@@ -327,6 +329,9 @@ func TestSandboxLogsE2E(t *testing.T) {
 	after := s.logsV2(t, key, id, "?limit=1")
 	if len(after) != 1 || after[0].Message != "sandbox killed" {
 		t.Errorf("newest entry after the kill: %q; want sandbox killed", messages(after))
+	}
+	if all := s.logsV1(t, key, id, ""); !startedLine(all, "before-kill-e2e") {
+		t.Errorf("no process started line of the command run right before the kill in %q", messages(all))
 	}
 	wantError(t, "logs of a killed sandbox as bob", s.api(t, http.MethodGet, "/sandboxes/"+id+"/logs", keyB, nil), http.StatusNotFound)
 }
@@ -433,12 +438,23 @@ func noEnvdRepeats(t *testing.T, es []e2eLogEntry) {
 	}
 }
 
+// startedLine says whether es has envd's process started line of a command
+// whose args hold marker.
+func startedLine(es []e2eLogEntry, marker string) bool {
+	return slices.ContainsFunc(es, func(e e2eLogEntry) bool {
+		return e.Fields["source"] == "envd" && e.Message == "process started" && strings.Contains(e.Fields["args"], marker)
+	})
+}
+
 // checkEnvdRestart pauses sandbox id to disk and resumes it, which starts
 // a new envd: its lines join the log after the old one's, which stay, and
-// none is repeated.
+// none is repeated. The old envd's last lines, of a command run right
+// before the pause with no logs request between, are there: read before
+// the pause, as its envd is gone after it.
 func checkEnvdRestart(t *testing.T, s *e2eServer, key, id, tok string) {
 	t.Helper()
 	before := s.logsV1(t, key, id, "")
+	s.mustRun(t, id, tok, "echo before-pause-e2e")
 	wantStatus(t, "pause to disk", s.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusNoContent)
 	wantStatus(t, "resume from disk", s.api(t, http.MethodPost, "/sandboxes/"+id+"/resume", key, map[string]any{"timeout": 300}), http.StatusCreated)
 	s.mustRun(t, id, tok, "echo after-restart-e2e")
@@ -450,10 +466,10 @@ func checkEnvdRestart(t *testing.T, s *e2eServer, key, id, tok string) {
 				e.Timestamp.After(before[len(before)-1].Timestamp)
 		}), fmt.Sprintf("%q", messages(after))
 	})
-	if !slices.ContainsFunc(after, func(e e2eLogEntry) bool {
-		return e.Message == "process started" && strings.Contains(e.Fields["args"], "after-restart-e2e")
-	}) {
-		t.Errorf("no process started line of the command after the restart in %q", messages(after))
+	for _, marker := range []string{"before-pause-e2e", "after-restart-e2e"} {
+		if !startedLine(after, marker) {
+			t.Errorf("no process started line of the command %s in %q", marker, messages(after))
+		}
 	}
 	have := map[string]bool{}
 	for _, e := range after {
