@@ -100,10 +100,13 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 
 	go func() {
 		defer s.wg.Done()
-		p.run(outs)
+		// Logged before the end event goes out: a client that reads
+		// envd's log once its command returned finds the line there.
+		p.run(outs, func() {
+			s.log.Info("process ended", "pid", p.pid, "tag", msg.GetTag(), "exit_code", p.end.GetExitCode(),
+				"exited", p.end.GetExited(), "status", p.end.GetStatus())
+		})
 		s.retire(p)
-		s.log.Info("process ended", "pid", p.pid, "tag", msg.GetTag(), "exit_code", p.end.GetExitCode(),
-			"exited", p.end.GetExited(), "status", p.end.GetStatus())
 	}()
 	return p, sub, nil
 }
