@@ -179,8 +179,8 @@ func (m *Manager) RunMetrics(ctx context.Context, interval time.Duration) {
 
 // SampleAll takes one sample of every running sandbox, one after another: a
 // Stats call each, no goroutine per sandbox, and copies its envd's new log
-// lines into its log. Paused and in-between
-// sandboxes are skipped; the history of sandboxes no longer live goes.
+// lines into its log. Paused and in-between sandboxes are skipped; the
+// history of sandboxes no longer live goes.
 func (m *Manager) SampleAll(ctx context.Context) {
 	start := m.now()
 	live, err := m.store.ListLive(ctx)

@@ -16,9 +16,10 @@ import (
 // lifecycle events for the sandbox (its audit lines: create, pause, resume,
 // timeout changes, kill, expiry), the output of its template's start
 // command, a line per entry (stdout at info, stderr at error), and envd's
-// own log lines (envdlog.go), in time order. It is kept in memory, bounded per sandbox (Config.LogEntries, Config.LogBytes: the
-// oldest entries go first), from the create until KilledRetention after the
-// kill, as the store keeps killed rows; a sandboxd restart loses it.
+// own log lines (envdlog.go), in time order. It is kept in memory, bounded
+// per sandbox (Config.LogEntries, Config.LogBytes: the oldest entries go
+// first), from the create until KilledRetention after the kill, as the
+// store keeps killed rows; a sandboxd restart loses it.
 
 // Defaults of Config.LogEntries and Config.LogBytes.
 const (
