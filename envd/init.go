@@ -3,7 +3,10 @@ package envd
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
+	"strings"
 
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/envd/internal/permissions"
@@ -57,8 +60,10 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	if req.AccessToken != nil {
 		s.token.Set(*req.AccessToken)
 	}
-	s.log.Info("initialised", "envs", len(req.EnvVars), "default_user", s.defaults.User(),
-		"workdir", s.defaults.Workdir(), "token", req.AccessToken != nil && *req.AccessToken != "")
+	// The env vars' names only: their values may be secrets, as the token is.
+	s.log.Info("initialised", "env_vars", strings.Join(slices.Sorted(maps.Keys(req.EnvVars)), ","),
+		"default_user", s.defaults.User(), "workdir", s.defaults.Workdir(),
+		"access_token_set", req.AccessToken != nil && *req.AccessToken != "")
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 	"github.com/sandboxd/sandboxd/envd/internal/files"
 	"github.com/sandboxd/sandboxd/envd/internal/filesystem"
+	"github.com/sandboxd/sandboxd/envd/internal/logring"
 	"github.com/sandboxd/sandboxd/envd/internal/process"
 	"github.com/sandboxd/sandboxd/envd/internal/rpcerr"
 	"github.com/sandboxd/sandboxd/envd/internal/tunnel"
@@ -64,7 +65,8 @@ type Server struct {
 	diskPath   string
 	cpu        cpuSampler
 	handler    http.Handler
-	warm       func() // see afterFirstAnswer
+	logs       *logring.Ring // envd's recent records, for GET /logs
+	warm       func()        // see afterFirstAnswer
 	warmOnce   sync.Once
 	warmTimer  *time.Timer
 }
@@ -77,7 +79,12 @@ func New(cfg Config) *Server {
 	if cfg.DiskPath == "" {
 		cfg.DiskPath = "/"
 	}
+	// Whatever Log writes, its records at info and above also go to the
+	// ring the control plane reads into the sandbox's log.
+	ring := logring.New(logring.DefaultRecords, logring.DefaultBytes)
+	cfg.Log = slog.New(logring.Tee(cfg.Log.Handler(), ring))
 	s := &Server{
+		logs:     ring,
 		log:      cfg.Log,
 		defaults: execctx.New(cfg.DefaultUser),
 		diskPath: cfg.DiskPath,
@@ -110,6 +117,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /init", s.init)
 	mux.HandleFunc("GET /envs", s.envs)
 	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.HandleFunc("GET "+envdapi.LogsPath, s.serveLogs)
 	s.tunnel = tunnel.New(cfg.Log.With("service", "tunnel"))
 	s.handler = s.afterFirstAnswer(withCORS(s.withAuth(routeConnect(s.tunnel, mux))))
 	s.warmTimer = time.AfterFunc(warmBackstop, s.warmNow)

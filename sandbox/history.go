@@ -178,8 +178,9 @@ func (m *Manager) RunMetrics(ctx context.Context, interval time.Duration) {
 }
 
 // SampleAll takes one sample of every running sandbox, one after another: a
-// Stats call each, no goroutine per sandbox. Paused and in-between
-// sandboxes are skipped; the history of sandboxes no longer live goes.
+// Stats call each, no goroutine per sandbox, and copies its envd's new log
+// lines into its log. Paused and in-between sandboxes are skipped; the
+// history of sandboxes no longer live goes.
 func (m *Manager) SampleAll(ctx context.Context) {
 	start := m.now()
 	live, err := m.store.ListLive(ctx)
@@ -209,6 +210,7 @@ func (m *Manager) SampleAll(ctx context.Context) {
 		}
 		m.history.add(sb.ID, m.now(), st, nil)
 		sampled++
+		m.pullEnvdLogs(ctx, sb.ID, sb.EnvdAccessToken)
 	}
 	m.history.keepOnly(ids)
 	if m.cfg.OnMetricsPass != nil {

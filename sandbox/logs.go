@@ -8,16 +8,18 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // A sandbox's log, as E2B's logs routes serve it: the control plane's
 // lifecycle events for the sandbox (its audit lines: create, pause, resume,
-// timeout changes, kill, expiry) and the output of its template's start
-// command, a line per entry (stdout at info, stderr at error). It is kept
-// in memory, bounded per sandbox (Config.LogEntries, Config.LogBytes: the
-// oldest entries go first), from the create until KilledRetention after the
-// kill, as the store keeps killed rows; a sandboxd restart loses it.
+// timeout changes, kill, expiry), the output of its template's start
+// command, a line per entry (stdout at info, stderr at error), and envd's
+// own log lines (envdlog.go), in time order. It is kept in memory, bounded
+// per sandbox (Config.LogEntries, Config.LogBytes: the oldest entries go
+// first), from the create until KilledRetention after the kill, as the
+// store keeps killed rows; a sandboxd restart loses it.
 
 // Defaults of Config.LogEntries and Config.LogBytes.
 const (
@@ -86,6 +88,7 @@ type LogQuery struct {
 // sandboxLog is one sandbox's bounded log.
 type sandboxLog struct {
 	entries *ring[LogEntry]
+	envd    *envdCursor // how far envd's records are copied
 	bytes   int
 	ended   time.Time // when the sandbox was killed; zero while it lives
 	dropped int       // entries evicted to stay in bounds
@@ -111,7 +114,7 @@ func (b *logBook) open(id string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.logs[id]; !ok {
-		b.logs[id] = &sandboxLog{entries: newRing[LogEntry](b.maxEntries)}
+		b.logs[id] = &sandboxLog{entries: newRing[LogEntry](b.maxEntries), envd: &envdCursor{}}
 	}
 }
 
@@ -142,8 +145,18 @@ func (b *logBook) purge(cutoff time.Time) {
 	}
 }
 
-// add appends e to id's log if it is open, evicting the oldest entries
-// beyond the bounds.
+// cursor is where the copy of id's envd records stands, nil without a log.
+func (b *logBook) cursor(id string) *envdCursor {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.logs[id]; l != nil && l.ended.IsZero() {
+		return l.envd
+	}
+	return nil
+}
+
+// add puts e in id's log if it is open, in time order, evicting the oldest
+// entries beyond the bounds.
 func (b *logBook) add(id string, e LogEntry) {
 	b.mu.Lock()
 	l := b.logs[id]
@@ -157,6 +170,11 @@ func (b *logBook) add(id string, e LogEntry) {
 		evicted++
 	}
 	l.bytes += e.size()
+	// envd's entries come after the fact, up to a metrics interval late;
+	// the others are the newest and stay where they are.
+	for i := l.entries.len() - 1; i > 0 && l.entries.at(i-1).At.After(e.At); i-- {
+		l.entries.swap(i-1, i)
+	}
 	for l.bytes > b.maxLen && l.entries.len() > 1 {
 		old, _ := l.entries.popOldest()
 		l.bytes -= old.size()
@@ -221,8 +239,12 @@ func selectEntries(r *ring[LogEntry], q LogQuery) []LogEntry {
 // list. Another tenant's sandbox is ErrNotFound, like a missing one.
 func (m *Manager) Logs(ctx context.Context, id string, q LogQuery) ([]LogEntry, error) {
 	t, _ := tenant.FromContext(ctx)
-	if _, err := m.store.GetSandbox(ctx, t, id); err != nil {
+	sb, err := m.store.GetSandbox(ctx, t, id)
+	if err != nil {
 		return nil, notFound(id, err)
+	}
+	if sb.State == store.StateRunning {
+		m.pullEnvdLogs(ctx, id, sb.EnvdAccessToken) // envd's lines up to now
 	}
 	out, ok := m.logs.query(id, q)
 	if !ok {

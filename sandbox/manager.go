@@ -719,6 +719,9 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 // kill runs with the sandbox's lock held. attrs go to its audit line.
 func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string, attrs ...any) error {
 	prev := sb.State
+	if prev == store.StateRunning {
+		m.pullEnvdLogs(ctx, sb.ID, sb.EnvdAccessToken) // its last lines
+	}
 	sb.State = store.StateKilling
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		sb.State = prev
@@ -790,6 +793,9 @@ func (m *Manager) pause(ctx context.Context, sb *store.Sandbox, reason string, m
 	if sb.State != store.StateRunning {
 		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %q is %s", sb.ID, sb.State))
 	}
+	// Its lines so far: a paused envd cannot be read, and one paused to
+	// disk does not come back.
+	m.pullEnvdLogs(ctx, sb.ID, sb.EnvdAccessToken)
 	kind := runtime.PauseMemory
 	if !memory {
 		kind = runtime.PauseDisk

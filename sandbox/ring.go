@@ -42,6 +42,12 @@ func (r *ring[T]) popOldest() (T, bool) {
 
 func (r *ring[T]) len() int { return len(r.buf) }
 
+// swap exchanges the i-th and j-th oldest values.
+func (r *ring[T]) swap(i, j int) {
+	i, j = (r.start+i)%len(r.buf), (r.start+j)%len(r.buf)
+	r.buf[i], r.buf[j] = r.buf[j], r.buf[i]
+}
+
 // at is the i-th oldest value, 0 <= i < len.
 func (r *ring[T]) at(i int) T { return r.buf[(r.start+i)%len(r.buf)] }
 

@@ -79,6 +79,7 @@ func run() int {
 	}
 	srv := envd.New(cfg)
 	defer srv.Close()
+	log = srv.Log() // from here on, GET /logs has its lines too
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)

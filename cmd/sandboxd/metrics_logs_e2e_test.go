@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -226,8 +227,10 @@ func TestSandboxLogsE2E(t *testing.T) {
 	if st.Status != "ready" {
 		t.Fatalf("build: %s, reason %+v, logs %q", st.Status, st.Reason, st.Logs)
 	}
-	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"templateID": "talker", "timeout": 300})
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"templateID": "talker", "timeout": 300,
+		"envVars": map[string]string{"E2E_SECRET": e2eLogSecret}})
 	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	checkEnvdLines(t, s, key, id, tok)
 
 	var entries []e2eLogEntry
 	e2eEventually(t, "the start command's output in the log", 20*time.Second, 100*time.Millisecond, func() (bool, string) {
@@ -266,6 +269,7 @@ func TestSandboxLogsE2E(t *testing.T) {
 			t.Errorf("timeout event fields %v; want timeout_s 200", e.Fields)
 		}
 	}
+	noEnvdRepeats(t, entries)
 	for i := 1; i < len(entries); i++ {
 		if entries[i].Timestamp.Before(entries[i-1].Timestamp) {
 			t.Errorf("logs v1 not oldest first: %v then %v", entries[i-1].Timestamp, entries[i].Timestamp)
@@ -315,6 +319,10 @@ func TestSandboxLogsE2E(t *testing.T) {
 	wantError(t, "logs v2 bad direction", s.api(t, http.MethodGet, "/v2/sandboxes/"+id+"/logs?direction=up", key, nil), http.StatusBadRequest)
 	wantError(t, "logs v2 as bob", s.api(t, http.MethodGet, "/v2/sandboxes/"+id+"/logs", keyB, nil), http.StatusNotFound)
 
+	checkEnvdRestart(t, s, key, id, tok)
+	// The last lines of envd are read before the kill.
+	s.mustRun(t, id, tok, "echo before-kill-e2e")
+
 	// After the kill, the owner still reads the log, ending with the kill;
 	// another tenant still gets 404.
 	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
@@ -322,5 +330,162 @@ func TestSandboxLogsE2E(t *testing.T) {
 	if len(after) != 1 || after[0].Message != "sandbox killed" {
 		t.Errorf("newest entry after the kill: %q; want sandbox killed", messages(after))
 	}
+	if all := s.logsV1(t, key, id, ""); !startedLine(all, "before-kill-e2e") {
+		t.Errorf("no process started line of the command run right before the kill in %q", messages(all))
+	}
 	wantError(t, "logs of a killed sandbox as bob", s.api(t, http.MethodGet, "/sandboxes/"+id+"/logs", keyB, nil), http.StatusNotFound)
+}
+
+// e2eLogSecret is an env var's value that no log line may show.
+const e2eLogSecret = "hush-e2e-value"
+
+// checkEnvdLines runs a command in sandbox id through envd and finds envd's
+// own lines about it (started, ended with its exit code) in the sandbox's
+// log, through both logs routes, v2 paged forward by cursor; and envd's
+// /init line names the create's env var, never its value or the token.
+func checkEnvdLines(t *testing.T, s *e2eServer, key, id, tok string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	res, err := s.run(ctx, id, tok, "echo envd-e2e; exit 3")
+	cancel()
+	if err != nil || !res.ended || res.exitCode != 3 {
+		t.Fatalf("run: %+v, %v; want exit code 3", res, err)
+	}
+	mine := func(es []e2eLogEntry) (started, ended e2eLogEntry, ok bool) {
+		for _, e := range es {
+			if e.Fields["source"] == "envd" && e.Message == "process started" && strings.Contains(e.Fields["args"], "envd-e2e") {
+				started = e
+			}
+		}
+		for _, e := range es {
+			if e.Fields["source"] == "envd" && e.Message == "process ended" && started.Fields["pid"] != "" && e.Fields["pid"] == started.Fields["pid"] {
+				ended = e
+			}
+		}
+		return started, ended, ended.Message != ""
+	}
+	// At once: envd logs the end before it sends it, and a logs request
+	// reads envd's new lines.
+	started, ended, ok := mine(s.logsV1(t, key, id, ""))
+	if !ok {
+		t.Fatalf("envd's lines about the command right after it: started %+v, ended %+v", started, ended)
+	}
+	if started.Level != "info" || started.Fields["cmd"] != "/bin/sh" || started.Fields["user"] == "" || started.Fields["cwd"] == "" ||
+		started.Fields["service"] != "process" {
+		t.Errorf("process started: %+v; want info with cmd /bin/sh, args, user, cwd, service process", started)
+	}
+	if ended.Fields["exit_code"] != "3" || ended.Fields["status"] != "exit status 3" || ended.Timestamp.Before(started.Timestamp) {
+		t.Errorf("process ended: %+v; want exit_code 3, status exit status 3, after %v", ended, started.Timestamp)
+	}
+
+	// v2, forward from before the command, a few entries a page, each
+	// page's cursor the time of the last one's newest (inclusive: repeats
+	// are skipped; a page of repeats alone moves on a millisecond).
+	const pageSize = 4
+	var paged []e2eLogEntry
+	have := map[string]bool{}
+	cursor := started.Timestamp.Add(-time.Second).UnixMilli()
+	for range 100 {
+		page := s.logsV2(t, key, id, fmt.Sprintf("?direction=forward&cursor=%d&limit=%d&search=process", cursor, pageSize))
+		added := false
+		for _, e := range page {
+			if k := envdLineKey(e); !have[k] {
+				have[k], added = true, true
+				paged = append(paged, e)
+			}
+		}
+		if !added && len(page) < pageSize {
+			break
+		}
+		if added {
+			cursor = page[len(page)-1].Timestamp.UnixMilli()
+		} else {
+			cursor++
+		}
+	}
+	if s2, e2, ok := mine(paged); !ok || !s2.Timestamp.Equal(started.Timestamp) || !e2.Timestamp.Equal(ended.Timestamp) {
+		t.Errorf("logs v2 paged: started %+v, ended %+v; want v1's %v and %v in %q", s2, e2, started.Timestamp, ended.Timestamp, messages(paged))
+	}
+
+	all := s.logsV1(t, key, id, "")
+	if !slices.ContainsFunc(all, func(e e2eLogEntry) bool {
+		return e.Message == "initialised" && e.Fields["source"] == "envd" && strings.Contains(e.Fields["env_vars"], "E2E_SECRET")
+	}) {
+		t.Errorf("no envd init line naming E2E_SECRET in %q", messages(all))
+	}
+	raw, _ := json.Marshal(all)
+	if strings.Contains(string(raw), e2eLogSecret) || strings.Contains(string(raw), tok) {
+		t.Errorf("the log shows an env var's value or the access token: %s", raw)
+	}
+}
+
+// envdLineKey tells envd's lines apart: two of them at one time with the
+// same message are about two processes.
+func envdLineKey(e e2eLogEntry) string { return e.Timestamp.String() + e.Message + e.Fields["pid"] }
+
+// noEnvdRepeats fails if an envd line is in es twice.
+func noEnvdRepeats(t *testing.T, es []e2eLogEntry) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, e := range es {
+		if e.Fields["source"] != "envd" {
+			continue
+		}
+		if seen[envdLineKey(e)] {
+			t.Errorf("envd line twice in the log: %+v", e)
+		}
+		seen[envdLineKey(e)] = true
+	}
+}
+
+// startedLine says whether es has envd's process started line of a command
+// whose args hold marker.
+func startedLine(es []e2eLogEntry, marker string) bool {
+	return slices.ContainsFunc(es, func(e e2eLogEntry) bool {
+		return e.Fields["source"] == "envd" && e.Message == "process started" && strings.Contains(e.Fields["args"], marker)
+	})
+}
+
+// checkEnvdRestart pauses sandbox id to disk and resumes it, which starts
+// a new envd: its lines join the log after the old one's, which stay, and
+// none is repeated. The old envd's last lines, of a command run right
+// before the pause with no logs request between, are there: read before
+// the pause, as its envd is gone after it.
+func checkEnvdRestart(t *testing.T, s *e2eServer, key, id, tok string) {
+	t.Helper()
+	before := s.logsV1(t, key, id, "")
+	s.mustRun(t, id, tok, "echo before-pause-e2e")
+	wantStatus(t, "pause to disk", s.api(t, http.MethodPost, "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}), http.StatusNoContent)
+	wantStatus(t, "resume from disk", s.api(t, http.MethodPost, "/sandboxes/"+id+"/resume", key, map[string]any{"timeout": 300}), http.StatusCreated)
+	s.mustRun(t, id, tok, "echo after-restart-e2e")
+	after := s.logsV1(t, key, id, "")
+	for _, marker := range []string{"before-pause-e2e", "after-restart-e2e"} {
+		if !startedLine(after, marker) {
+			t.Errorf("no process started line of the command %s in %q", marker, messages(after))
+		}
+	}
+	have := map[string]bool{}
+	for _, e := range after {
+		have[envdLineKey(e)] = true
+	}
+	for _, e := range before {
+		if e.Fields["source"] == "envd" && !have[envdLineKey(e)] {
+			t.Errorf("envd line from before the restart gone: %+v", e)
+		}
+	}
+	noEnvdRepeats(t, after)
+}
+
+// TestIncusEnvdLogsE2E: envd's own lines reach the sandbox's log on the
+// Incus backend too, where envd's stderr goes to the container's console,
+// and a pause to disk (a new envd) loses and repeats none.
+func TestIncusEnvdLogsE2E(t *testing.T) {
+	e, _ := newIncusE2EEnv(t, "alice")
+	s := e.start()
+	key := e.keys["alice"]
+	sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 300, "envVars": map[string]string{"E2E_SECRET": e2eLogSecret}})
+	id, tok := sb.SandboxID, *sb.EnvdAccessToken
+	checkEnvdLines(t, s, key, id, tok)
+	checkEnvdRestart(t, s, key, id, tok)
+	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
 }

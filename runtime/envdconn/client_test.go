@@ -148,3 +148,40 @@ func TestClientWrongToken(t *testing.T) {
 		t.Errorf("download with a wrong token: %s; want 401", resp.Status)
 	}
 }
+
+// TestLogs reads a real envd's records after a cursor, with the token,
+// and a wrong token is refused.
+func TestLogs(t *testing.T) {
+	dial, _ := realEnvd(t, "secret")
+	ctx := t.Context()
+	all, err := envdconn.Logs(ctx, dial, "secret", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all.Boot == "" || len(all.Records) == 0 || all.Records[len(all.Records)-1].Seq != all.Last {
+		t.Fatalf("first read: %+v; want a boot and records up to Last", all)
+	}
+	if _, ok := findMsg(all.Records, "initialised"); !ok {
+		t.Errorf("no initialised record in %+v", all.Records)
+	}
+	next, err := envdconn.Logs(ctx, dial, "secret", all.Boot, all.Last)
+	if err != nil || len(next.Records) != 0 || next.Last != all.Last {
+		t.Errorf("after the last: %+v, %v; want no records", next, err)
+	}
+	// Another run's cursor reads everything.
+	if again, err := envdconn.Logs(ctx, dial, "secret", "another-boot", all.Last); err != nil || len(again.Records) != len(all.Records) {
+		t.Errorf("another boot's cursor: %d records, %v; want all %d", len(again.Records), err, len(all.Records))
+	}
+	if _, err := envdconn.Logs(ctx, dial, "wrong", "", 0); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("wrong token: %v; want a 401", err)
+	}
+}
+
+func findMsg(recs []envdapi.LogRecord, msg string) (envdapi.LogRecord, bool) {
+	for _, r := range recs {
+		if r.Msg == msg {
+			return r, true
+		}
+	}
+	return envdapi.LogRecord{}, false
+}

@@ -6,20 +6,24 @@
 // (WaitHealthy), and connecting to a port on the sandbox's loopback: envd
 // itself or, through envd's CONNECT tunnel, any other port (Dial). Above a
 // backend's dial, the sandbox manager sends single control requests (Ask:
-// /init) and the API serves exec and files through a Client.
+// /init), reads envd's own log records (Logs) and the API serves exec and
+// files through a Client.
 package envdconn
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -194,20 +198,26 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 // two goroutines per connection), which a caller that uses each connection
 // once has no use for: the readiness probe is on every create's way.
 func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return exchange(ctx, dial, req, 4096)
+}
+
+// exchange sends req on a connection of its own from dial and returns the
+// answer's status and up to limit bytes of its body.
+func exchange(ctx context.Context, dial DialFunc, req *http.Request, limit int64) (int, []byte, error) {
 	c, err := dial(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
-	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
 	req.Close = true
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
 	if err := req.Write(c); err != nil {
 		return 0, nil, err
 	}
@@ -216,8 +226,45 @@ func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	msg, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	return resp.StatusCode, msg, err
+}
+
+// maxLogsAnswer bounds the answer of GET /logs that Logs reads: envd's
+// ring holds a few hundred KiB (logring.DefaultBytes) at most, which JSON
+// less than doubles.
+const maxLogsAnswer = 4 << 20
+
+// Logs reads envd's log records after seq of its run boot (envdapi.LogsPath)
+// on a connection of its own from dial: the control plane's periodic copy
+// of them into the sandbox's log.
+func Logs(ctx context.Context, dial DialFunc, accessToken, boot string, seq uint64) (envdapi.LogsResponse, error) {
+	q := url.Values{"after": {strconv.FormatUint(seq, 10)}}
+	if boot != "" {
+		q.Set("boot", boot)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+envdapi.LogsPath+"?"+q.Encode(), nil)
+	if err != nil {
+		return envdapi.LogsResponse{}, err
+	}
+	envdapi.SetAuth(req.Header, accessToken, "")
+	status, body, err := exchange(ctx, dial, req, maxLogsAnswer)
+	if err != nil {
+		return envdapi.LogsResponse{}, err
+	}
+	if status == http.StatusNotFound {
+		// An envd from before the route: nothing to read, not a failure
+		// to report each pass.
+		return envdapi.LogsResponse{}, fmt.Errorf("envd %s: %w", envdapi.LogsPath, runtime.ErrUnsupported)
+	}
+	if status != http.StatusOK {
+		return envdapi.LogsResponse{}, Answered(envdapi.LogsPath, status, body)
+	}
+	var out envdapi.LogsResponse
+	if err := json.Unmarshal(body, &out); err != nil {
+		return envdapi.LogsResponse{}, fmt.Errorf("envd %s: %w", envdapi.LogsPath, err)
+	}
+	return out, nil
 }
 
 // Answered is nil for envd's 200 and 204 answers to path, and otherwise an

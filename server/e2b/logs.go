@@ -24,7 +24,8 @@ func logEntry(e sandbox.LogEntry) e2bapi.SandboxLogEntry {
 
 // rawLine is an entry as E2B's v1 route has it: the raw JSON record its
 // log pipeline stored (level, logger, message and the fields), which the
-// e2b CLI's `sandbox logs` parses.
+// e2b CLI's `sandbox logs` parses. Its logger is envd for envd's lines,
+// sandboxd for the rest.
 func rawLine(e sandbox.LogEntry) string {
 	rec := make(map[string]string, len(e.Fields)+3)
 	for k, v := range e.Fields {
@@ -32,6 +33,9 @@ func rawLine(e sandbox.LogEntry) string {
 	}
 	if rec["logger"] == "" {
 		rec["logger"] = "sandboxd"
+		if e.Fields["source"] == "envd" {
+			rec["logger"] = "envd"
+		}
 	}
 	rec["level"] = e.Level.String()
 	rec["message"] = e.Message

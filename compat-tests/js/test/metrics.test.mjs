@@ -5,7 +5,7 @@
 // ApiClient. sandboxd mode only.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, ApiClient, ConnectionConfig, NotFoundError } from 'e2b'
+import { Sandbox, ApiClient, ConnectionConfig, NotFoundError, CommandExitError } from 'e2b'
 import { SANDBOXD, SANDBOXD_ONLY as S, waitFor } from './helpers.mjs'
 
 let sbx
@@ -71,7 +71,8 @@ test('logs: the v2 route answers the lifecycle through the SDK client', S, async
     assert.ok(!Number.isNaN(new Date(e.timestamp).getTime()) && ['debug', 'info', 'warn', 'error'].includes(e.level), JSON.stringify(e))
     assert.equal(typeof e.fields, 'object')
   }
-  const fwd = await get({ direction: 'forward', limit: 1 })
+  // envd's own lines of the create come first; sandboxd's first is the create.
+  const fwd = await get({ direction: 'forward', limit: 1, search: 'sandbox' })
   assert.deepEqual(fwd.data.logs.map((e) => [e.message, e.fields.action]), [['sandbox created', 'create']])
   const none = await get({ level: 'error' })
   assert.deepEqual(none.data.logs, [])
@@ -80,7 +81,7 @@ test('logs: the v2 route answers the lifecycle through the SDK client', S, async
   assert.equal(v1.response.status, 200)
   assert.equal(v1.data.logs.length, v1.data.logEntries.length)
   // Each line is the raw JSON record (E2B's log pipeline's), as the e2b CLI parses it.
-  const first = JSON.parse(v1.data.logs[0].line)
+  const first = v1.data.logs.map((l) => JSON.parse(l.line)).find((r) => r.source === 'sandboxd')
   assert.equal(first.message, 'sandbox created')
   assert.equal(first.level, 'info')
   assert.equal(first.action, 'create')
@@ -89,6 +90,34 @@ test('logs: the v2 route answers the lifecycle through the SDK client', S, async
   const missing = await client.api.GET('/v2/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: 'compatnosuchsandbox0' } } })
   assert.equal(missing.response.status, 404)
   assert.equal(missing.error.code, 404)
+})
+
+test("logs: envd's own lines about a command, through both routes", S, async () => {
+  const client = new ApiClient(new ConnectionConfig())
+  const id = sbx.sandboxId
+  await assert.rejects(sbx.commands.run('echo compat-envd-log; exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
+
+  // There at once: envd logs a command's end before it sends it, and a
+  // logs request reads envd's new lines.
+  const res = await client.api.GET('/v2/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: id }, query: { search: 'process', direction: 'forward' } } })
+  const envd = res.data.logs.filter((e) => e.fields.source === 'envd')
+  const started = envd.find((e) => e.message === 'process started' && (e.fields.args ?? '').includes('compat-envd-log'))
+  const ended = started && envd.find((e) => e.message === 'process ended' && e.fields.pid === started.fields.pid)
+  assert.ok(ended, JSON.stringify(envd))
+  assert.equal(started.level, 'info')
+  assert.equal(started.fields.cmd, '/bin/bash')
+  assert.equal(started.fields.user, 'user')
+  assert.ok(started.fields.cwd, JSON.stringify(started))
+  assert.equal(ended.fields.exit_code, '3', JSON.stringify(ended))
+  assert.ok(new Date(ended.timestamp) >= new Date(started.timestamp))
+
+  // v1 from the start line's millisecond on: both, as raw records whose
+  // logger is envd.
+  const v1 = await client.api.GET('/sandboxes/{sandboxID}/logs', { params: { path: { sandboxID: id }, query: { start: new Date(started.timestamp).getTime() } } })
+  const records = v1.data.logs.map((l) => JSON.parse(l.line))
+  const pid = started.fields.pid
+  assert.ok(records.some((r) => r.message === 'process started' && r.pid === pid && r.logger === 'envd' && r.level === 'info'), JSON.stringify(records))
+  assert.ok(records.some((r) => r.message === 'process ended' && r.pid === pid && r.exit_code === '3'), JSON.stringify(records))
 })
 
 test('metrics: a killed sandbox has none', S, async () => {

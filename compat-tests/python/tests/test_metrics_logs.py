@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from e2b import NotFoundException, Sandbox
+from e2b import CommandExitException, NotFoundException, Sandbox
 from e2b.api.client.api.sandboxes import (
     get_sandboxes_sandbox_id_logs,
     get_v_2_sandboxes_sandbox_id_logs,
@@ -82,8 +82,9 @@ def test_logs_through_the_sdk_client(sbx: Sandbox):
     assert timeout_set.level == LogLevel.INFO
     assert timeout_set.fields["action"] == "set_timeout" and timeout_set.fields["timeout_s"] == "240", timeout_set.fields.to_dict()
 
+    # envd's own lines of the create come first; sandboxd's first is the create.
     fwd = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(
-        sbx.sandbox_id, client=client, direction=LogsDirection.FORWARD, limit=1
+        sbx.sandbox_id, client=client, direction=LogsDirection.FORWARD, limit=1, search="sandbox"
     ).parsed
     assert [e.message for e in fwd.logs] == ["sandbox created"]
     found = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client, search="timeout").parsed
@@ -97,7 +98,39 @@ def test_logs_through_the_sdk_client(sbx: Sandbox):
     records = [json.loads(line.line) for line in v1.parsed.logs]
     assert [r["message"] for r in records] == [e.message for e in v1.parsed.log_entries]
     assert [r["level"] for r in records] == [str(e.level.value) for e in v1.parsed.log_entries]
-    assert records[0]["message"] == "sandbox created" and records[0]["action"] == "create"
+    first = next(r for r in records if r.get("source") == "sandboxd")
+    assert first["message"] == "sandbox created" and first["action"] == "create", first
 
     missing = get_v_2_sandboxes_sandbox_id_logs.sync_detailed("compatnosuchsandbox0", client=client)
     assert missing.status_code == 404
+
+
+def test_envd_lines_in_the_logs(sbx: Sandbox):
+    """envd's own lines about a command (started, ended with its exit code),
+    with envd's fields, through both routes."""
+    client = get_api_client(ConnectionConfig())
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("echo compat-envd-log-py; exit 5")
+    assert exc.value.exit_code == 5
+
+    # There at once: envd logs a command's end before it sends it, and a logs
+    # request reads envd's new lines.
+    got = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(
+        sbx.sandbox_id, client=client, search="process", direction=LogsDirection.FORWARD
+    ).parsed.logs
+    envd = [e for e in got if e.fields.to_dict().get("source") == "envd"]
+    started = next((e for e in envd if e.message == "process started" and "compat-envd-log-py" in e.fields["args"]), None)
+    assert started is not None, [e.to_dict() for e in envd]
+    ended = next((e for e in envd if e.message == "process ended" and e.fields["pid"] == started.fields["pid"]), None)
+    assert ended is not None, [e.to_dict() for e in envd]
+    assert started.level == LogLevel.INFO and started.fields["cmd"] == "/bin/bash", started.fields.to_dict()
+    assert started.fields["user"] == "user" and started.fields["cwd"], started.fields.to_dict()
+    assert ended.fields["exit_code"] == "5" and ended.timestamp >= started.timestamp, ended.fields.to_dict()
+
+    # v1 from the start line's millisecond on: both, as raw records of logger envd.
+    start_ms = int(started.timestamp.timestamp() * 1000)
+    v1 = get_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=client, start=start_ms).parsed
+    records = [json.loads(line.line) for line in v1.logs]
+    pid = started.fields["pid"]
+    assert any(r["message"] == "process started" and r["pid"] == pid and r["logger"] == "envd" for r in records), records
+    assert any(r["message"] == "process ended" and r["pid"] == pid and r["exit_code"] == "5" for r in records), records

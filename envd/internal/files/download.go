@@ -73,6 +73,10 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer f.Close()
+	if r.Method == http.MethodGet {
+		// The size on disk: a Range request or an early end sends less.
+		h.log.Info("file downloaded", "path", resolved, "user", u.Name, "size", fi.Size())
+	}
 
 	coding, err := negotiateEncoding(r.Header)
 	if err != nil {

@@ -82,7 +82,6 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.log.Debug("files uploaded", "user", u.Name, "count", len(entries))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_ = json.NewEncoder(w).Encode(entries)
@@ -98,10 +97,12 @@ func (h *Handler) uploadRaw(wr *writer, path string, body io.Reader) ([]entry, e
 	if err != nil {
 		return nil, err
 	}
-	written, err := wr.write(resolved, body)
+	src := &counter{r: body}
+	written, err := wr.write(resolved, src)
 	if err != nil {
 		return nil, err
 	}
+	h.uploaded(resolved, wr.user, src.n)
 	return []entry{h.entryFor(resolved, written)}, nil
 }
 
@@ -129,15 +130,17 @@ func (h *Handler) uploadMultipart(wr *writer, path, boundary string, body io.Rea
 				"the files before it were written", rpcerr.ErrInvalidArgument, resolved)
 		}
 		var written string
+		src := &counter{r: part}
 		if err == nil && isFile {
 			seen[resolved] = true
-			written, err = wr.write(resolved, part)
+			written, err = wr.write(resolved, src)
 		}
 		part.Close()
 		if err != nil {
 			return nil, err
 		}
 		if isFile {
+			h.uploaded(resolved, wr.user, src.n)
 			entries = append(entries, h.entryFor(resolved, written))
 		}
 	}
@@ -207,4 +210,21 @@ func metadataFromHeaders(h http.Header) (map[string]string, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// uploaded logs a file written by an upload; its contents never are.
+func (h *Handler) uploaded(path string, u *permissions.User, size int64) {
+	h.log.Info("file uploaded", "path", path, "user", u.Name, "size", size)
+}
+
+// counter counts the bytes read through it.
+type counter struct {
+	r io.Reader
+	n int64
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }

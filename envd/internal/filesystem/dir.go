@@ -131,5 +131,6 @@ func (s *Service) MakeDir(_ context.Context, req *connect.Request[filesystem.Mak
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
+	s.log.Info("directory created", "path", path, "user", u.Name)
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }

@@ -57,6 +57,7 @@ func (s *Service) Move(ctx context.Context, req *connect.Request[filesystem.Move
 	if err != nil {
 		return nil, rpcerr.Connect(err)
 	}
+	s.log.Info("moved", "path", src, "destination", dst, "user", u.Name)
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 

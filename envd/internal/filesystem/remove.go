@@ -23,5 +23,6 @@ func (s *Service) Remove(_ context.Context, req *connect.Request[filesystem.Remo
 	if err := permissions.AsUser(u, func() error { return os.RemoveAll(path) }); err != nil {
 		return nil, rpcerr.Connect(err)
 	}
+	s.log.Info("removed", "path", path, "user", u.Name)
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }

@@ -318,8 +318,9 @@ func setWinsize(master *os.File, size *rpc.PTY_Size) error {
 
 // run owns the started child until its end event is out: it forwards output,
 // reaps the child, enforces the lifetime context and publishes the end. Every
-// goroutine it starts has returned when it does.
-func (p *process) run(outs []output) {
+// goroutine it starts has returned when it does. ended runs once the end is
+// known, before it is published.
+func (p *process) run(outs []output, ended func()) {
 	defer p.cancel()
 
 	var readers sync.WaitGroup
@@ -397,6 +398,7 @@ func (p *process) run(outs []output) {
 	}
 
 	p.end = endEvent(p.cmd.ProcessState, waitErr)
+	ended()
 	// Never waits for a reader: one that is behind gets the end event from
 	// stream once it has caught up.
 	p.events.finish(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}})

@@ -93,14 +93,20 @@ func (s *Service) start(msg *rpc.StartRequest, h http.Header) (*process, *subscr
 	}
 	s.register(p)
 	leftovers.forget(int(p.pid))
-	s.log.Info("process started", "pid", p.pid, "cmd", spec.cfg.GetCmd(), "user", spec.user.Name,
-		"pty", spec.pty != nil, "tag", msg.GetTag(), "timeout", timeout)
+	// The command line is the user's own and shows in ps(1) anyway; the
+	// env, which may hold secrets, is never logged.
+	s.log.Info("process started", "pid", p.pid, "cmd", spec.cfg.GetCmd(), "args", fmt.Sprintf("%q", spec.cfg.GetArgs()),
+		"user", spec.user.Name, "cwd", spec.dir, "pty", spec.pty != nil, "tag", msg.GetTag(), "timeout", timeout)
 
 	go func() {
 		defer s.wg.Done()
-		p.run(outs)
+		// Logged before the end event goes out: a client that reads
+		// envd's log once its command returned finds the line there.
+		p.run(outs, func() {
+			s.log.Info("process ended", "pid", p.pid, "tag", msg.GetTag(), "exit_code", p.end.GetExitCode(),
+				"exited", p.end.GetExited(), "status", p.end.GetStatus())
+		})
 		s.retire(p)
-		s.log.Info("process ended", "pid", p.pid, "status", p.end.GetStatus())
 	}()
 	return p, sub, nil
 }

@@ -1,0 +1,83 @@
+package sandbox
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	envdapi "github.com/sandboxd/sandboxd/envd/api"
+)
+
+func TestNewRecords(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0).UTC()
+	rec := func(seq uint64, sec int) envdapi.LogRecord {
+		return envdapi.LogRecord{Seq: seq, Time: t0.Add(time.Duration(sec) * time.Second)}
+	}
+	tests := []struct {
+		name     string
+		pos      envdPos
+		resp     envdapi.LogsResponse
+		wantSeqs []uint64
+		wantLost uint64
+	}{
+		{"first read", envdPos{}, envdapi.LogsResponse{Boot: "a", Last: 2, Records: []envdapi.LogRecord{rec(1, 1), rec(2, 2)}}, []uint64{1, 2}, 0},
+		{"next ones", envdPos{boot: "a", seq: 2, last: t0.Add(2 * time.Second)},
+			envdapi.LogsResponse{Boot: "a", Last: 4, Records: []envdapi.LogRecord{rec(3, 3), rec(4, 4)}}, []uint64{3, 4}, 0},
+		{"nothing new", envdPos{boot: "a", seq: 4}, envdapi.LogsResponse{Boot: "a", Last: 4, Records: []envdapi.LogRecord{}}, []uint64{}, 0},
+		{"a gap: evicted before the read", envdPos{boot: "a", seq: 2},
+			envdapi.LogsResponse{Boot: "a", Last: 9, Records: []envdapi.LogRecord{rec(6, 6), rec(9, 9)}}, []uint64{6, 9}, 3},
+		// A new run of envd: all its records are new, seq 1 on.
+		{"restarted envd", envdPos{boot: "a", seq: 40, last: t0.Add(40 * time.Second)},
+			envdapi.LogsResponse{Boot: "b", Last: 2, Records: []envdapi.LogRecord{rec(1, 50), rec(2, 51)}}, []uint64{1, 2}, 0},
+		{"restarted envd, its first evicted", envdPos{boot: "a", seq: 40},
+			envdapi.LogsResponse{Boot: "b", Last: 7, Records: []envdapi.LogRecord{rec(5, 50), rec(7, 51)}}, []uint64{5, 7}, 4},
+		// The same run gone back (a restored copy of an earlier state):
+		// what is newer than the newest taken is new, the rest was taken.
+		{"seq went back", envdPos{boot: "a", seq: 10, last: t0.Add(10 * time.Second)},
+			envdapi.LogsResponse{Boot: "a", Last: 8, Records: []envdapi.LogRecord{rec(6, 6), rec(7, 11), rec(8, 12)}}, []uint64{7, 8}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			recs, lost := newRecords(tt.pos, tt.resp)
+			var seqs []uint64
+			for _, r := range recs {
+				seqs = append(seqs, r.Seq)
+			}
+			if !slices.Equal(seqs, tt.wantSeqs) || lost != tt.wantLost {
+				t.Errorf("newRecords = %v, lost %d; want %v, lost %d", seqs, lost, tt.wantSeqs, tt.wantLost)
+			}
+		})
+	}
+}
+
+// TestLogBookTimeOrder: envd's entries, which come late, go in at their
+// time, so that the routes' time cursors page through them.
+func TestLogBookTimeOrder(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0).UTC()
+	b := newLogBook(4, 1<<20)
+	b.open("x")
+	for _, e := range []struct {
+		msg string
+		sec int
+	}{{"a", 1}, {"c", 3}, {"e", 5}, {"b", 2}, {"d", 4}} {
+		b.add("x", LogEntry{At: t0.Add(time.Duration(e.sec) * time.Second), Message: e.msg})
+	}
+	got, _ := b.query("x", LogQuery{})
+	var msgs []string
+	for _, e := range got {
+		msgs = append(msgs, e.Message)
+	}
+	// Bounded at 4: the oldest in time went when "d" came.
+	if want := []string{"b", "c", "d", "e"}; !slices.Equal(msgs, want) {
+		t.Errorf("log %q; want %q", msgs, want)
+	}
+}
+
+func TestEnvdEntry(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	e := envdEntry(envdapi.LogRecord{Seq: 3, Time: at, Level: "warn", Msg: "process ended", Fields: map[string]string{"pid": "7", "source": "spoofed"}})
+	if e.Level != LogWarn || e.Message != "process ended" || !e.At.Equal(at) || e.At.Location() != time.UTC ||
+		e.Fields["pid"] != "7" || e.Fields["source"] != "envd" {
+		t.Errorf("envdEntry = %+v; want warn, envd's message, time and fields, source envd", e)
+	}
+}
