@@ -22,8 +22,9 @@ import (
 const opWaitLimit = 2 * time.Minute
 
 // awaitInstanceOps waits for the Incus operations under way on this
-// backend's instances (a create, a copy, a snapshot), each for at most
-// opWaitLimit. Failures to look are logged: Reconcile goes on regardless.
+// backend's instances (a create, a copy, a snapshot) and volumes (a create
+// or delete the volume service's Prune, after Reconcile, must see done),
+// each for at most opWaitLimit. Failures to look are logged: Reconcile goes on regardless.
 func (b *Backend) awaitInstanceOps(ctx context.Context) {
 	ops, err := b.c.RunningOperations(ctx)
 	if err != nil {
@@ -41,8 +42,14 @@ func (b *Backend) awaitInstanceOps(ctx context.Context) {
 	}
 }
 
-// onOurInstance says whether op acts on an instance of this backend.
+// onOurInstance says whether op acts on an instance or a volume of this
+// backend.
 func (b *Backend) onOurInstance(ctx context.Context, op *Operation) bool {
+	for _, p := range op.Resources["storage_volumes"] {
+		if strings.HasPrefix(path.Base(p), b.volumeName("")) {
+			return true
+		}
+	}
 	for _, p := range op.Resources["instances"] {
 		name := path.Base(p)
 		if !strings.HasPrefix(name, "sbx-") && !strings.HasPrefix(name, "sbh-") {
