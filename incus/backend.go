@@ -35,6 +35,7 @@ package incus
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -53,7 +54,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -162,8 +162,10 @@ type Backend struct {
 	images   map[string]*imageInfo       // by alias or fingerprint
 	defined  map[string]*definedTemplate // templates of DefineTemplate (layers.go)
 
-	// layerOps counts Commits and ImportImages under way (layers.go).
-	layerOps atomic.Int32
+	// owner is this process's mark on the layer images and commit
+	// snapshots it makes (propOwner, commitSnapshot): one without a name
+	// and another owner is what a dead process left.
+	owner string
 }
 
 var (
@@ -280,6 +282,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		deleting: map[string]chan struct{}{},
 		images:   map[string]*imageInfo{},
 		defined:  map[string]*definedTemplate{},
+		owner:    strings.ToLower(rand.Text()[:10]),
 	}
 	if _, err := b.List(ctx); err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)

@@ -319,6 +319,22 @@ func (c *Client) Wait(ctx context.Context, id string) (*Operation, error) {
 	}
 }
 
+// RunningOperations lists the daemon's operations that have not ended
+// (pending, running, or waiting to be cancelled).
+func (c *Client) RunningOperations(ctx context.Context) ([]*Operation, error) {
+	var byStatus map[string][]*Operation
+	if err := c.query(ctx, http.MethodGet, "/1.0/operations", url.Values{"recursion": {"1"}}, nil, &byStatus); err != nil {
+		return nil, err
+	}
+	var out []*Operation
+	for status, ops := range byStatus {
+		if status != "success" && status != "failure" && status != "cancelled" {
+			out = append(out, ops...)
+		}
+	}
+	return out, nil
+}
+
 // run does an async call and waits for its operation.
 func (c *Client) run(ctx context.Context, method, path string, body any) (*Operation, error) {
 	id, err := c.async(ctx, method, path, body)

@@ -49,7 +49,11 @@ const (
 	propStack     = "sandboxd.stack"
 	propNamespace = "sandboxd.namespace"
 	propNonce     = "sandboxd.nonce"
+	propOwner     = "sandboxd.owner"
 )
+
+// commitPrefix starts the name of the instance snapshots Commit publishes.
+const commitPrefix = "sandboxd-commit-"
 
 // keyStack on an instance is the stack its root was made from (see
 // propStack), so that Commit of an adopted sandbox knows what it holds.
@@ -109,6 +113,7 @@ func (b *Backend) layerProperties(key string, stack []string) map[string]string 
 		// concurrent makings of one key (same content, same second) must
 		// each get their own image, of which nameLayer keeps one.
 		propNonce: rand.Text(),
+		propOwner: b.owner,
 	}
 	if b.opts.Namespace != "" {
 		p[propNamespace] = b.opts.Namespace
@@ -157,7 +162,7 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
 		return err
 	}
-	snap := "sandboxd-commit-" + rand.Text()[:12]
+	snap := commitPrefix + b.owner + "-" + strings.ToLower(rand.Text()[:12])
 	if err := b.c.CreateSnapshot(ctx, s.name, snap); err != nil {
 		return fmt.Errorf("commit sandbox %s: snapshot: %w", id, err)
 	}
@@ -168,8 +173,6 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 			b.log.Warn("incus: delete a commit's snapshot", "sandbox", id, "snapshot", snap, "err", err)
 		}
 	}()
-	b.layerOps.Add(1)
-	defer b.layerOps.Add(-1)
 	stack := append(slices.Clone(s.stack), key)
 	fp, err := b.c.CreateImage(ctx, ImagesPost{
 		Source:               ImageSource{Type: "snapshot", Name: s.name + "/" + snap},
@@ -197,8 +200,6 @@ func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) err
 	if have, err := b.HasLayer(ctx, key); err != nil || have {
 		return err
 	}
-	b.layerOps.Add(1)
-	defer b.layerOps.Add(-1)
 	meta := imageMetadata(b.layerProperties(key, []string{"", key}))
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(repack(img, meta, pw)) }()
@@ -399,14 +400,11 @@ func (b *Backend) definedNames() []string {
 }
 
 // collectUnnamedLayers deletes the layer images of this namespace that have
-// no alias: a crash between publishing (or uploading) a layer and naming it
-// leaves one, and nothing else would ever find it. Run at start-up
-// (Reconcile); skipped while a Commit or ImportImage of this backend is
-// under way, whose image may be between the two.
+// no alias and another owner: a crash between publishing (or uploading) a
+// layer and naming it leaves one, and nothing else would ever find it.
+// This process's own may be between the two steps of a Commit or
+// ImportImage under way, and are left alone. Run by Reconcile.
 func (b *Backend) collectUnnamedLayers(ctx context.Context) error {
-	if b.layerOps.Load() > 0 {
-		return nil
-	}
 	all, err := b.c.Images(ctx)
 	if err != nil {
 		return fmt.Errorf("list images: %w", err)
@@ -414,7 +412,7 @@ func (b *Backend) collectUnnamedLayers(ctx context.Context) error {
 	var errs []error
 	for _, im := range all {
 		if _, layer := im.Properties[propLayer]; !layer || len(im.Aliases) > 0 ||
-			im.Properties[propNamespace] != b.opts.Namespace {
+			im.Properties[propNamespace] != b.opts.Namespace || im.Properties[propOwner] == b.owner {
 			continue
 		}
 		if err := b.c.DeleteImage(ctx, im.Fingerprint); err != nil && !errors.Is(err, runtime.ErrNotFound) {

@@ -444,15 +444,17 @@ func TestLayersRestart(t *testing.T) {
 }
 
 // TestLayersReconcile: Reconcile deletes a layer image of its namespace left
-// without its alias (a crash between publish and alias), and no other.
+// without its alias by an earlier process (a crash between publish and
+// alias), and no other: not another namespace's, nor one of its own
+// process (a Commit between the two steps).
 func TestLayersReconcile(t *testing.T) {
 	b, ns := newBackend(t)
 	ctx := t.Context()
 	c := b.Client()
-	upload := func(namespace string) string {
+	upload := func(namespace, owner string) string {
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
-		meta := "architecture: x86_64\ncreation_date: 1\nproperties:\n  sandboxd.layer: \"orphan\"\n  sandboxd.namespace: \"" + namespace + "\"\n"
+		meta := "architecture: x86_64\ncreation_date: 1\nproperties:\n  sandboxd.layer: \"orphan\"\n  sandboxd.namespace: \"" + namespace + "\"\n  sandboxd.owner: \"" + owner + "\"\n"
 		_ = tw.WriteHeader(&tar.Header{Name: "metadata.yaml", Mode: 0o644, Size: int64(len(meta))})
 		_, _ = tw.Write([]byte(meta))
 		_ = tw.WriteHeader(&tar.Header{Name: "rootfs/", Typeflag: tar.TypeDir, Mode: 0o755})
@@ -464,7 +466,7 @@ func TestLayersReconcile(t *testing.T) {
 		t.Cleanup(func() { _ = c.DeleteImage(context.Background(), fp) })
 		return fp
 	}
-	mine, other := upload("test-"+ns), upload("test-other-"+ns)
+	mine, other, live := upload("test-"+ns, "dead"), upload("test-other-"+ns, "dead"), upload("test-"+ns, incus.OwnerOf(b))
 	if err := b.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -473,5 +475,8 @@ func TestLayersReconcile(t *testing.T) {
 	}
 	if _, err := c.Image(ctx, other); err != nil {
 		t.Errorf("another namespace's unnamed layer image after Reconcile: %v; want it kept", err)
+	}
+	if _, err := c.Image(ctx, live); err != nil {
+		t.Errorf("this process's unnamed layer image after Reconcile: %v; want it kept", err)
 	}
 }

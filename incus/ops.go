@@ -428,9 +428,12 @@ func (b *Backend) syncRoot(name string) {
 // user.sandboxd.id that are not running or frozen (a Destroy that did not
 // complete, a failed start) are deleted, socket directories without a
 // live sandbox are removed, and so are layer images left without their
-// alias (collectUnnamedLayers). It waits for the deletions it starts, as long as
-// ctx allows.
+// alias (collectUnnamedLayers) and the snapshots of commits cut short. It
+// first waits for what Incus still does for an earlier process (see
+// recover.go), and waits for the deletions it starts, as long as ctx
+// allows.
 func (b *Backend) Reconcile(ctx context.Context) error {
+	b.awaitInstanceOps(ctx)
 	all, err := b.c.Instances(ctx, keyID)
 	if err != nil {
 		return err
@@ -477,7 +480,13 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	if err := b.collectUnnamedLayers(ctx); err != nil {
+	// Layer images made before the restart are unnamed only if their
+	// Commit or import was cut short; so are commit snapshots.
+	stale, err := b.staleCommits(ctx, all)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := b.removeStaleCommits(ctx, stale); err != nil {
 		errs = append(errs, err)
 	}
 	for _, e := range ents {

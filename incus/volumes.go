@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/faultinject"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
@@ -63,6 +64,7 @@ func (b *Backend) CreateVolume(ctx context.Context, id string, sizeMB int) error
 	}); err != nil {
 		return fmt.Errorf("create volume %s: %w", id, err)
 	}
+	faultinject.Pause("volume-create-backend", id)
 	// The sandbox's user owns the root, as on the local backend.
 	if err := os.Chown(b.volumePath(id), volumeOwner, volumeOwner); err != nil {
 		_ = b.c.DeleteStorageVolume(context.WithoutCancel(ctx), b.opts.Pool, b.volumeName(id))
@@ -97,6 +99,7 @@ func (b *Backend) DeleteVolume(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("delete volume %s: %w: mounted by %s", id, runtime.ErrInUse, strings.Join(users, ", "))
 	}
+	faultinject.Pause("volume-delete-backend", id)
 	if err := b.c.DeleteStorageVolume(ctx, b.opts.Pool, b.volumeName(id)); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/faultinject"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -107,12 +108,14 @@ func (s *Service) Create(ctx context.Context, name string) (store.Volume, error)
 	if err := s.backend.CreateVolume(ctx, v.ID, v.SizeMB); err != nil {
 		return store.Volume{}, fmt.Errorf("create volume %s: %w", name, backendErr(err))
 	}
+	faultinject.Pause("volume-create-unrecorded", v.ID)
 	if err := s.store.InsertVolume(ctx, v, q); err != nil {
 		if derr := s.backend.DeleteVolume(context.WithoutCancel(ctx), v.ID); derr != nil {
 			s.log.Error("revert create volume", "tenant", t, "volume_id", v.ID, "err", derr)
 		}
 		return store.Volume{}, clientErr(err, name)
 	}
+	faultinject.Pause("volume-create-recorded", v.ID)
 	s.log.Info("volume created", "audit", true, "tenant", t, "volume_id", v.ID, "volume_name", name, "size_mb", v.SizeMB)
 	return v, nil
 }
@@ -210,6 +213,7 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	// Not the caller's ctx from here: a client that goes away must not
 	// leave the record hidden with its files still there.
 	cctx := context.WithoutCancel(ctx)
+	faultinject.Pause("volume-delete-marked", v.ID)
 	if err := s.backend.DeleteVolume(cctx, v.ID); err != nil {
 		if uerr := s.store.UnmarkVolumeDeleting(cctx, v.Tenant, v.ID); uerr != nil {
 			// Still hidden: the next start's Prune retries the delete,

@@ -179,6 +179,9 @@ type e2eEnv struct {
 	keys    map[string]string // tenant -> API key
 	// serveArgs are added to every `sandboxd serve` the env starts.
 	serveArgs []string
+	// launch is the binary and extra environment of the next start (the
+	// crash tests' fault-injection build); zero: e2eBinDir's sandboxd.
+	launch e2eLaunch
 
 	mu      sync.Mutex
 	srv     *e2eServer        // the current sandboxd; nil before start
@@ -284,7 +287,7 @@ func (e *e2eEnv) start() *e2eServer {
 	e.mu.Lock()
 	n := len(e.servers)
 	e.mu.Unlock()
-	s := startE2EServer(e.t, e.dataDir, e.runDir, filepath.Join(e.logDir, fmt.Sprintf("sandboxd-%d.log", n)), e.serveArgs...)
+	s := startE2EServer(e.t, e.launch, e.dataDir, e.runDir, filepath.Join(e.logDir, fmt.Sprintf("sandboxd-%d.log", n)), e.serveArgs...)
 	e.mu.Lock()
 	e.srv = s
 	e.servers = append(e.servers, s)
@@ -334,7 +337,7 @@ func (e *e2eEnv) cleanup() {
 		// re-adopts them and kills them through the API.
 		t.Errorf("cleanup: sandboxes left on the host after killing them all through the API and stopping sandboxd:\n  %s",
 			strings.Join(leaks, "\n  "))
-		if fresh := tryStartE2EServer(e.dataDir, e.runDir, filepath.Join(e.logDir, "sandboxd-cleanup.log"), e.serveArgs...); fresh != nil {
+		if fresh := tryStartE2EServer(e2eLaunch{}, e.dataDir, e.runDir, filepath.Join(e.logDir, "sandboxd-cleanup.log"), e.serveArgs...); fresh != nil {
 			e.killAll(fresh)
 			_ = fresh.stop(syscall.SIGTERM)
 			e.mu.Lock()
@@ -528,11 +531,11 @@ type e2eServer struct {
 // startE2EServer starts sandboxd serve on a free loopback port and waits for
 // GET /health to answer 200 (it does once Reconcile is done). A sandboxd that
 // exits first fails the test with its log.
-func startE2EServer(t *testing.T, dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
+func startE2EServer(t *testing.T, l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
 	t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		s, err := launchE2EServer(dataDir, runDir, logPath, extraArgs...)
+		s, err := launchE2EServer(l, dataDir, runDir, logPath, extraArgs...)
 		if err != nil {
 			t.Fatalf("start sandboxd: %v", err)
 		}
@@ -553,8 +556,8 @@ func startE2EServer(t *testing.T, dataDir, runDir, logPath string, extraArgs ...
 }
 
 // tryStartE2EServer is startE2EServer for cleanups: nil instead of failing.
-func tryStartE2EServer(dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
-	s, err := launchE2EServer(dataDir, runDir, logPath, extraArgs...)
+func tryStartE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...string) *e2eServer {
+	s, err := launchE2EServer(l, dataDir, runDir, logPath, extraArgs...)
 	if err != nil {
 		return nil
 	}
@@ -565,7 +568,13 @@ func tryStartE2EServer(dataDir, runDir, logPath string, extraArgs ...string) *e2
 	return s
 }
 
-func launchE2EServer(dataDir, runDir, logPath string, extraArgs ...string) (*e2eServer, error) {
+// e2eLaunch is what a sandboxd is started from besides its flags.
+type e2eLaunch struct {
+	bin string   // the sandboxd binary; "": e2eBinDir's
+	env []string // added to e2eSandboxdEnviron
+}
+
+func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...string) (*e2eServer, error) {
 	port, err := e2eFreePort()
 	if err != nil {
 		return nil, err
@@ -580,13 +589,17 @@ func launchE2EServer(dataDir, runDir, logPath string, extraArgs ...string) (*e2e
 		!slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--egress-subnet") }) {
 		extraArgs = append(extraArgs, "--egress-subnet="+subnet)
 	}
-	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), append([]string{"serve",
+	bin := l.bin
+	if bin == "" {
+		bin = filepath.Join(e2eBinDir, "sandboxd")
+	}
+	cmd := exec.Command(bin, append([]string{"serve",
 		"--listen", addr,
 		"--data-dir", dataDir,
 		"--run-dir", runDir,
 		"--envd", filepath.Join(e2eBinDir, "envd"),
 	}, extraArgs...)...)
-	cmd.Env = e2eSandboxdEnviron()
+	cmd.Env = append(e2eSandboxdEnviron(), l.env...)
 	// A file, not a pipe: sandboxes outlive a SIGKILLed sandboxd, and
 	// nothing may hold a pipe of ours open past the process we wait for.
 	cmd.Stdout, cmd.Stderr = logf, logf

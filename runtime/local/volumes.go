@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/faultinject"
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 )
@@ -93,6 +94,7 @@ func (b *Backend) CreateVolume(ctx context.Context, id string, sizeMB int) error
 	if err != nil {
 		return fmt.Errorf("create volume %s: %w: mkfs.ext4: %w: %s", id, runtime.ErrUnavailable, err, strings.TrimSpace(string(out)))
 	}
+	faultinject.Pause("volume-create-backend", id)
 	if err := b.mountVolume(ctx, id); err != nil {
 		return fmt.Errorf("create volume %s: %w", id, err)
 	}
@@ -175,6 +177,7 @@ func (b *Backend) removeVolume(id string) error {
 			}
 		}
 	}
+	faultinject.Pause("volume-delete-backend", id)
 	return os.RemoveAll(dir)
 }
 

@@ -1,0 +1,147 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// What a SIGKILLed sandboxd began in Incus goes on without it: incusd
+// finishes copying and starting a fork's instance, making a commit's
+// snapshot, publishing a layer image. Reconcile must act on the outcome,
+// not on the middle, or the outcome (an instance, an unnamed image)
+// appears after it ran and is never cleaned up. These are its steps for
+// that; the e2e TestIncusSnapshotCrashE2E kills sandboxd inside each.
+
+// opWaitLimit bounds the wait for one operation of an earlier process.
+const opWaitLimit = 2 * time.Minute
+
+// awaitInstanceOps waits for the Incus operations under way on this
+// backend's instances (a create, a copy, a snapshot) and volumes (a create
+// or delete the volume service's Prune, after Reconcile, must see done),
+// each for at most opWaitLimit. Failures to look are logged: Reconcile goes on regardless.
+func (b *Backend) awaitInstanceOps(ctx context.Context) {
+	ops, err := b.c.RunningOperations(ctx)
+	if err != nil {
+		b.log.Warn("incus: list operations under way", "err", err)
+		return
+	}
+	for _, op := range ops {
+		if !b.onOurInstance(ctx, op) {
+			continue
+		}
+		b.log.Info("incus: waiting for an operation an earlier process began", "operation", op.ID, "description", op.Description)
+		wctx, cancel := context.WithTimeout(ctx, opWaitLimit)
+		_, _ = b.c.Wait(wctx, op.ID) // its failure is an outcome too
+		cancel()
+	}
+}
+
+// onOurInstance says whether op acts on an instance or a volume of this
+// backend.
+func (b *Backend) onOurInstance(ctx context.Context, op *Operation) bool {
+	for _, p := range op.Resources["storage_volumes"] {
+		if strings.HasPrefix(path.Base(p), b.volumeName("")) {
+			return true
+		}
+	}
+	for _, p := range op.Resources["instances"] {
+		name := path.Base(p)
+		if !strings.HasPrefix(name, "sbx-") && !strings.HasPrefix(name, "sbh-") {
+			continue
+		}
+		if in, err := b.c.Instance(ctx, name); err == nil && b.ours(in) {
+			return true
+		}
+	}
+	return false
+}
+
+// staleCommits lists, by instance, the commit snapshots (commitPrefix) of
+// this backend's instances that an earlier process made: its Commit was
+// cut short, and the snapshot would pin the blocks it shares with the
+// sandbox's root, and keep its instance from being deleted, for as long as
+// it exists.
+func (b *Backend) staleCommits(ctx context.Context, all []*Instance) (map[string][]string, error) {
+	out := map[string][]string{}
+	var errs []error
+	for _, in := range all {
+		if !b.ours(in) {
+			continue
+		}
+		snaps, err := b.c.Snapshots(ctx, in.Name)
+		if errors.Is(err, runtime.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("snapshots of %s: %w", in.Name, err))
+			continue
+		}
+		for _, s := range snaps {
+			if strings.HasPrefix(s, commitPrefix) && !strings.HasPrefix(s, commitPrefix+b.owner+"-") {
+				out[in.Name] = append(out[in.Name], s)
+			}
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// removeStaleCommits deletes the snapshots of staleCommits, then collects
+// the unnamed layers (collectUnnamedLayers), once the image operations
+// under way have ended: a publish the earlier process began may be
+// reading such a snapshot, and deleting it then leaves Incus with a
+// mount of it that it never removes (and an instance it then cannot
+// delete); a publish that ends makes its image after Reconcile's first
+// collection. Incus does not say which instance an image operation reads,
+// so every one under way is waited for, each for at most opWaitLimit, in
+// the background when there are any.
+func (b *Backend) removeStaleCommits(ctx context.Context, stale map[string][]string) error {
+	ops, err := b.c.RunningOperations(ctx)
+	if err != nil {
+		return fmt.Errorf("list operations under way: %w", err)
+	}
+	var images []string
+	for _, op := range ops {
+		if strings.Contains(strings.ToLower(op.Description), "image") {
+			images = append(images, op.ID)
+		}
+	}
+	finish := func(ctx context.Context) error {
+		var errs []error
+		for name, snaps := range stale {
+			for _, s := range snaps {
+				if err := b.c.DeleteSnapshot(ctx, name, s); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+					errs = append(errs, fmt.Errorf("delete the stale commit snapshot %s/%s: %w", name, s, err))
+					continue
+				}
+				b.log.Info("incus: deleted the snapshot of a commit cut short", "instance", name, "snapshot", s)
+			}
+		}
+		if err := b.collectUnnamedLayers(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	if len(images) == 0 {
+		return finish(ctx)
+	}
+	b.log.Info("incus: image operations under way; the stale commits and unnamed layers go once they end", "operations", len(images))
+	go func() {
+		for _, id := range images {
+			wctx, cancel := context.WithTimeout(context.Background(), opWaitLimit)
+			_, _ = b.c.Wait(wctx, id) // its failure is an outcome too
+			cancel()
+		}
+		fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := finish(fctx); err != nil {
+			b.log.Warn("incus: remove what commits cut short left", "err", err)
+		}
+	}()
+	return nil
+}

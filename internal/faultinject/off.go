@@ -1,0 +1,6 @@
+//go:build !faultinject
+
+package faultinject
+
+// Pause does nothing: this build has no fault injection.
+func Pause(point, detail string) {}
