@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -130,7 +131,16 @@ type procEntry struct {
 	// start, an exec another comm (mostly).
 	start, comm string
 	w           *runtime.Writer
+	checked     time.Time // when /proc last said it was this process
 }
+
+// procTrust is how long a process seen writing is taken to be the same
+// one under its pid without asking /proc again. Reading /proc/<pid>/stat
+// for each read of the group (a few events, when sandboxd keeps up) was
+// three quarters of the reader's time in BenchmarkWriterTracking. A pid is
+// not reused that fast (the kernel allocates them in a cycle); an exec
+// is the case this can miss, for its first writes within procTrust.
+const procTrust = 10 * time.Millisecond
 
 // open makes the group and starts its reader, once; its error stays.
 // The caller holds t.mu.
@@ -253,6 +263,7 @@ func (t *writerTracker) handle(buf []byte) {
 	// the read holds.
 	var seen map[*writerRecord]map[int]procLookup
 	var cur *writerRecord
+	now := time.Now()
 	for _, e := range evs {
 		if e.rec != cur {
 			if cur != nil {
@@ -276,7 +287,7 @@ func (t *writerTracker) handle(buf []byte) {
 		}
 		l, ok := seen[cur][e.pid]
 		if !ok {
-			l = cur.lookup(e.pid, t.self)
+			l = cur.lookup(e.pid, t.self, now)
 			seen[cur][e.pid] = l
 		}
 		if !l.record {
@@ -360,12 +371,15 @@ type procLookup struct {
 // and command line in the sandbox, and the command of envd it belongs to.
 // A process outside the sandbox's pid namespace is not recorded. The
 // caller holds r.mu.
-func (r *writerRecord) lookup(pid, self int) procLookup {
+func (r *writerRecord) lookup(pid, self int, now time.Time) procLookup {
 	if pid <= 0 || pid == self {
 		return procLookup{}
 	}
-	st, err := readStat(pid)
 	cached, known := r.procs[pid]
+	if known && now.Sub(cached.checked) < procTrust {
+		return procLookup{w: cached.w, record: cached.w != nil}
+	}
+	st, err := readStat(pid)
 	if err != nil {
 		// Exited and reaped: the process seen under this pid before is
 		// likelier than anything else; one never seen is unknown.
@@ -375,13 +389,15 @@ func (r *writerRecord) lookup(pid, self int) procLookup {
 		return procLookup{record: true}
 	}
 	if known && cached.start == st.start && cached.comm == st.comm {
+		cached.checked = now
+		r.procs[pid] = cached
 		return procLookup{w: cached.w, record: cached.w != nil}
 	}
 	w := r.describe(pid, st)
 	if len(r.procs) >= maxWriterProcs {
 		clear(r.procs)
 	}
-	r.procs[pid] = procEntry{start: st.start, comm: st.comm, w: w}
+	r.procs[pid] = procEntry{start: st.start, comm: st.comm, w: w, checked: now}
 	return procLookup{w: w, record: w != nil}
 }
 
