@@ -680,7 +680,9 @@ func eachHandle(upper string, rels []string, fn func(rel, key string)) error {
 				dir = nil
 			}
 			dirName = d
-			f, err := root.Open(d)
+			// O_DIRECTORY: a FIFO the sandbox put there since would
+			// block a plain open.
+			f, err := root.OpenFile(d, os.O_RDONLY|unix.O_DIRECTORY, 0)
 			if err != nil {
 				continue // gone since, or not a directory
 			}

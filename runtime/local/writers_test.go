@@ -172,9 +172,10 @@ func checkWriters(t *testing.T, got map[string]runtime.Change, want []wantWriter
 // started, a Python process that shell started (the same envd command),
 // envd itself for an upload; a deletion names none. A rename of the
 // directory above keeps the writer. The record survives pauses in memory
-// and to disk, tracking goes on after each resume, and nothing is left:
-// no mark once the sandbox is paused or gone, no fanotify fd or reader
-// once the backend is closed.
+// and to disk, tracking goes on after each resume and after a restart of
+// the backend (which forgets the writers), and nothing is left: no mark
+// once the sandbox is paused or gone, no fanotify fd or reader once the
+// backend is closed.
 func TestWriters(t *testing.T) {
 	for _, m := range userNSModes {
 		t.Run("userns="+m.String(), func(t *testing.T) {
@@ -257,6 +258,23 @@ time.sleep(3600)`
 			upload(t, b, id, "/home/user/by-sh", "envd now")
 			want = append(want, wantWriter{path: "/home/user/after-disk", comm: "envd", pid: 1, command: "envd"})
 			want[0] = wantWriter{path: "/home/user/by-sh", comm: "envd", pid: 1, command: "envd"}
+			checkWriters(t, changesByPath(t, b, id), want)
+
+			// A restart of sandboxd: the writers it kept are lost, the
+			// adopted sandbox is tracked again.
+			if err := closeB(); err != nil {
+				t.Fatal(err)
+			}
+			assertNoTracker(t)
+			b = env.openTracking(t, m)
+			closeB = closeOnce(t, b)
+			assertMarks(t, b, 1)
+			for i := range want {
+				want[i] = wantWriter{path: want[i].path}
+			}
+			checkWriters(t, changesByPath(t, b, id), want)
+			upload(t, b, id, "/home/user/after-restart", "x")
+			want = append(want, wantWriter{path: "/home/user/after-restart", comm: "envd", pid: 1, command: "envd"})
 			checkWriters(t, changesByPath(t, b, id), want)
 
 			if err := b.Destroy(t.Context(), id); err != nil {
