@@ -123,6 +123,20 @@ func TestWorkspaceE2E(t *testing.T) {
 		if out, errOut, err := cli(t, s.base, ka, "", "changes", seed.SandboxID); err != nil || !strings.Contains(out, `"writer": {`) || !strings.Contains(out, `"comm": "envd"`) {
 			t.Errorf("sandboxd sandbox changes: %v %s\n%s", err, errOut, out)
 		}
+		// diff --writers: the same patch, a comment naming the writer
+		// before a file's section.
+		out, errOut, err := cli(t, s.base, ka, "", "diff", "--writers", seed.SandboxID)
+		var plain []string
+		for line := range strings.SplitAfterSeq(out, "\n") {
+			if !strings.HasPrefix(line, "# writer of ") {
+				plain = append(plain, line)
+			}
+		}
+		if err != nil || !strings.Contains(out, "# writer of /home/user/proj/notes.txt: envd (pid 1): ") ||
+			!strings.Contains(out, "\ndiff --git a/home/user/proj/notes.txt b/home/user/proj/notes.txt\n") ||
+			strings.Join(plain, "") != string(s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil).body) {
+			t.Errorf("sandboxd sandbox diff --writers: %v %s\n%s", err, errOut, out)
+		}
 		r = s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil)
 		wantStatus(t, "diff", r, http.StatusOK)
 		diffBody := r.body
