@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 )
 
 type e2eChange struct {
@@ -21,12 +23,9 @@ type e2eChange struct {
 	Type   string `json:"type"`
 	Size   int64  `json:"size"`
 	Opaque bool   `json:"opaque"`
-	Writer *struct {
-		PID     int    `json:"pid"`
-		Comm    string `json:"comm"`
-		Command string `json:"command"`
-		EnvdPID int    `json:"envd_pid"`
-	} `json:"writer"`
+
+	// With --local-track-writers.
+	Writer *nativeapi.ChangeWriter `json:"writer"`
 }
 
 type e2eVersion struct {
@@ -108,14 +107,14 @@ func TestWorkspaceE2E(t *testing.T) {
 		for _, c := range cl.Changes {
 			switch w := c.Writer; c.Path {
 			case "/home/user/proj/notes.txt":
-				if w == nil || w.PID != 1 || w.Comm != "envd" || !strings.Contains(w.Command, "envd") || w.EnvdPID != 0 {
+				if w == nil || w.Pid != 1 || w.Comm != "envd" || w.Command == nil || !strings.Contains(*w.Command, "envd") || w.EnvdPid != nil {
 					t.Errorf("writer of notes.txt: %+v, want envd (pid 1)", w)
 				}
 			case "/home/user/proj/app.txt":
 				// The command's shell, envd's command itself, unless it
 				// was gone before the server looked (its argv, once it
 				// had exited).
-				if w != nil && (w.Comm != "sh" && w.Comm != "bash" || w.EnvdPID != w.PID || w.PID <= 1) {
+				if w != nil && (w.Comm != "sh" && w.Comm != "bash" || w.EnvdPid == nil || *w.EnvdPid != w.Pid || w.Pid <= 1) {
 					t.Errorf("writer of app.txt: %+v, want the command's shell", w)
 				}
 			}
