@@ -259,9 +259,6 @@ func (t *writerTracker) handle(buf []byte) {
 		buf = buf[n:]
 	}
 	t.mu.Unlock()
-	// Each process is looked at once per read, however many of its events
-	// the read holds.
-	var seen map[*writerRecord]map[int]procLookup
 	var cur *writerRecord
 	now := time.Now()
 	for _, e := range evs {
@@ -279,17 +276,7 @@ func (t *writerTracker) handle(buf []byte) {
 			delete(cur.byHandle, e.key)
 			continue
 		}
-		if seen == nil {
-			seen = map[*writerRecord]map[int]procLookup{}
-		}
-		if seen[cur] == nil {
-			seen[cur] = map[int]procLookup{}
-		}
-		l, ok := seen[cur][e.pid]
-		if !ok {
-			l = cur.lookup(e.pid, t.self, now)
-			seen[cur][e.pid] = l
-		}
+		l := cur.lookup(e.pid, t.self, now) // from its cache but every procTrust
 		if !l.record {
 			continue
 		}
