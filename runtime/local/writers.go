@@ -59,8 +59,9 @@ import (
 const writerMask = unix.FAN_CREATE | unix.FAN_MOVED_TO | unix.FAN_CLOSE_WRITE | unix.FAN_ATTRIB |
 	unix.FAN_DELETE_SELF | unix.FAN_ONDIR
 
-// maxWriterPaths bounds a sandbox's record of writers.
-const maxWriterPaths = 100_000
+// maxWriterPaths bounds a sandbox's record of writers (a variable for
+// the tests' sake).
+var maxWriterPaths = 100_000
 
 // maxWriterProcs bounds a sandbox's cache of the processes it saw write;
 // beyond, the cache starts again.

@@ -289,6 +289,35 @@ time.sleep(3600)`
 	}
 }
 
+// TestWritersTruncated: past its bound a sandbox's record takes no new
+// path and says it is truncated.
+func TestWritersTruncated(t *testing.T) {
+	b := newEnv(t).openTracking(t, local.UserNSAuto)
+	closeOnce(t, b)
+	local.SetMaxWriterPaths(t, 3)
+	id := mustCreate(t, b, runtime.Spec{})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	skipWithoutFanotify(t, b)
+	// Its writes before (TestWriters has WritersTruncated false for a
+	// record under its bound) and these: more inodes than 3.
+	for i := range 5 {
+		upload(t, b, id, fmt.Sprintf("/home/user/f%d", i), "x")
+	}
+	got := changesByPath(t, b, id)
+	if tr, err := b.WritersTruncated(t.Context(), id); err != nil || !tr {
+		t.Errorf("WritersTruncated = %v, %v past the bound; want true", tr, err)
+	}
+	n := 0
+	for _, c := range got {
+		if c.Writer != nil {
+			n++
+		}
+	}
+	if n > 3 {
+		t.Errorf("%d changes have a writer; the record holds at most 3", n)
+	}
+}
+
 func assertMarks(t *testing.T, b *local.Backend, want int) {
 	t.Helper()
 	if n, err := b.WriterMarks(); err != nil || n != want {
