@@ -52,6 +52,7 @@ type env struct {
 	st   *store.Store
 	mgr  *sandbox.Manager
 	mcp  *mcp.Server
+	be   *local.Backend
 	http *httptest.Server
 	keys map[string]string // tenant -> API key
 }
@@ -68,7 +69,9 @@ func newEnv(t *testing.T, limits *ratelimit.Tenants) *env {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	st, keys := storetest.Open(t, "acme", "other")
-	be := localtest.New(t, "sandboxd-mcptest", envdBin, netip.MustParsePrefix("10.173.0.0/16"), log)
+	// Writers tracked: sandbox_changes names them (TestWorkspaceWriters).
+	be := localtest.New(t, "sandboxd-mcptest", envdBin, netip.MustParsePrefix("10.173.0.0/16"), log,
+		func(o *local.Options) { o.TrackWriters = true })
 	// Templates keeps the versions sandbox_publish makes, and starts
 	// sandboxes of them; the backend's own template is "base".
 	builds, err := template.New(template.Config{Store: st, Backend: be, Layered: be, Dir: t.TempDir(), Log: log,
@@ -81,7 +84,7 @@ func newEnv(t *testing.T, limits *ratelimit.Tenants) *env {
 		Templates: builds})
 	ws := workspace.New(workspace.Config{Manager: mgr, Differ: be, Templates: builds, Log: log})
 	nat := native.New(native.Config{Manager: mgr, Workspace: ws, Log: log})
-	e := &env{t: t, st: st, mgr: mgr, keys: keys,
+	e := &env{t: t, st: st, mgr: mgr, keys: keys, be: be,
 		mcp: mcp.New(mcp.Config{Sandboxes: mgr, Envd: nat, Workspace: ws, Log: log, Version: "test"})}
 	e.http = httptest.NewServer(server.New(server.Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
 		JWT: jwtauth.NewVerifier(testSecret, nil), Limits: limits, Builds: builds, Differ: be}))

@@ -14,13 +14,14 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/server/native"
 	"github.com/sandboxd/sandboxd/template"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // Workspace is a sandbox's work as the workspace tools use it
 // (*workspace.Service): its changes, their patch, their export, their
 // publication, and the versions of its template.
 type Workspace interface {
-	Changes(ctx context.Context, id string) ([]runtime.Change, error)
+	Changes(ctx context.Context, id string) (workspace.ChangeList, error)
 	Diff(ctx context.Context, id string, w io.Writer) error
 	ExportPatch(ctx context.Context, id string, w io.Writer, finalize bool) error
 	Export(ctx context.Context, id string, w io.Writer, finalize bool) error
@@ -43,6 +44,8 @@ var changesTool = &sdk.Tool{
 		"added, modified and deleted paths (a directory that only holds changes is not listed itself). " +
 		"opaque marks a directory that was removed and made again: nothing of the template's is left in it. " +
 		"A path that is not valid UTF-8 is shown with U+FFFD in place of its odd bytes, and path_base64 has its exact bytes. " +
+		"Where the server records it, writer names the process that last wrote a path (pid, comm, command, and envd_pid: " +
+		"the command started through the sandbox's process API it belongs to). " +
 		"Use it to review an agent's work before sandbox_diff, sandbox_export or sandbox_publish.",
 	Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true},
 }
@@ -54,6 +57,16 @@ type changeOut struct {
 	Type       string `json:"type,omitempty" jsonschema:"file, dir, symlink or other (absent for a deletion)"`
 	Size       int64  `json:"size,omitempty" jsonschema:"a file's size in bytes"`
 	Opaque     bool   `json:"opaque,omitempty" jsonschema:"a directory that replaced the template's: nothing of what the template had in it is left"`
+
+	// Writer is the native API's ChangeWriter.
+	Writer *writerOut `json:"writer,omitempty" jsonschema:"the process that last created, renamed, changed the attributes of or wrote it, where recorded"`
+}
+
+type writerOut struct {
+	PID     int    `json:"pid" jsonschema:"its pid in the sandbox"`
+	Comm    string `json:"comm" jsonschema:"its kernel name, such as python3"`
+	Command string `json:"command,omitempty" jsonschema:"its argv joined by spaces, cut at 256 bytes; absent when it had exited"`
+	EnvdPID int    `json:"envd_pid,omitempty" jsonschema:"the pid of the command started through the process API (sandbox_exec) it is or descends from; absent for envd itself (a file write through the API)"`
 }
 
 type changesOut struct {
@@ -61,6 +74,8 @@ type changesOut struct {
 	Changes   []changeOut `json:"changes"`
 	Total     int         `json:"total" jsonschema:"how many changes there are; more than listed when the list was cut"`
 	Note      string      `json:"note,omitempty"`
+	// WritersTruncated: see the native API's ChangeList.
+	WritersTruncated bool `json:"writers_truncated,omitempty" jsonschema:"the server's record of writers is incomplete: a change without a writer may have had one"`
 }
 
 func (o changesOut) sandbox() string { return o.SandboxID }
@@ -69,11 +84,12 @@ func (s *Server) changes(ctx context.Context, _ *sdk.CallToolRequest, in idIn) (
 	if err := requireID(in.SandboxID); err != nil {
 		return changesOut{}, err
 	}
-	chs, err := s.cfg.Workspace.Changes(ctx, in.SandboxID)
+	list, err := s.cfg.Workspace.Changes(ctx, in.SandboxID)
 	if err != nil {
 		return changesOut{}, err
 	}
-	out := changesOut{SandboxID: in.SandboxID, Changes: []changeOut{}, Total: len(chs)}
+	chs := list.Changes
+	out := changesOut{SandboxID: in.SandboxID, Changes: []changeOut{}, Total: len(chs), WritersTruncated: list.WritersTruncated}
 	for i, c := range chs {
 		if i == maxChangesOut {
 			out.Note = fmt.Sprintf("only the first %d of %d changes are listed", maxChangesOut, len(chs))
@@ -83,6 +99,9 @@ func (s *Server) changes(ctx context.Context, _ *sdk.CallToolRequest, in idIn) (
 		co := changeOut{Path: text, PathBase64: raw, Kind: string(c.Kind), Size: c.Size, Opaque: c.Opaque}
 		if c.Kind != runtime.ChangeDeleted {
 			co.Type = native.ChangeType(c)
+		}
+		if w := c.Writer; w != nil {
+			co.Writer = &writerOut{PID: w.PID, Comm: w.Comm, Command: w.Command, EnvdPID: w.EnvdPID}
 		}
 		out.Changes = append(out.Changes, co)
 	}

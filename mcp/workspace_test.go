@@ -12,19 +12,26 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/jwtauth"
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
+	"github.com/sandboxd/sandboxd/runtime/local"
 )
 
+type changeOut struct {
+	Path       string `json:"path"`
+	PathBase64 string `json:"path_base64"`
+	Kind       string `json:"kind"`
+	Type       string `json:"type"`
+	Size       int64  `json:"size"`
+	Opaque     bool   `json:"opaque"`
+	// The tool's writer has the native API's shape.
+	Writer *nativeapi.ChangeWriter `json:"writer"`
+}
+
 type changesOut struct {
-	Changes []struct {
-		Path       string `json:"path"`
-		PathBase64 string `json:"path_base64"`
-		Kind       string `json:"kind"`
-		Type       string `json:"type"`
-		Size       int64  `json:"size"`
-		Opaque     bool   `json:"opaque"`
-	} `json:"changes"`
-	Total int    `json:"total"`
-	Note  string `json:"note"`
+	Changes          []changeOut `json:"changes"`
+	WritersTruncated bool        `json:"writers_truncated"`
+	Total            int         `json:"total"`
+	Note             string      `json:"note"`
 }
 
 type exportOut struct {
@@ -313,5 +320,39 @@ func TestWorkspaceTenantIsolation(t *testing.T) {
 	mustCall(t, other, "sandbox_list", nil, &list)
 	if len(list.Sandboxes) != 0 {
 		t.Errorf("another tenant's publish made it a sandbox: %+v", list)
+	}
+}
+
+// TestWorkspaceWriters: sandbox_changes names the process that wrote a
+// path, where the backend records it (runtime/local's TestWriters has the
+// cases): envd for a file written through sandbox_write_file (envd is
+// always there to be looked at, where a command may have exited); none
+// for a deletion.
+func TestWorkspaceWriters(t *testing.T) {
+	e := newEnv(t, nil)
+	cs := e.session("acme", nil, full...)
+	sb := e.create(cs, nil)
+	if err := e.be.WriterTracking(); errors.Is(err, local.ErrWritersUnsupported) {
+		t.Skipf("kernel refuses writer tracking: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	mustCall(t, cs, "sandbox_write_file", map[string]any{"sandbox_id": sb.ID, "path": "/home/user/notes.txt", "content": "x"}, nil)
+	run(t, cs, sb.ID, "root", "rm /etc/hosts")
+
+	var ch changesOut
+	mustCall(t, cs, "sandbox_changes", map[string]any{"sandbox_id": sb.ID}, &ch)
+	got := map[string]changeOut{}
+	for _, c := range ch.Changes {
+		got[c.Path] = c
+	}
+	if w := got["/home/user/notes.txt"].Writer; w == nil || w.Pid != 1 || w.Comm != "envd" || w.EnvdPid != nil {
+		t.Errorf("writer of notes.txt: %+v, want envd (pid 1)", w)
+	}
+	if c := got["/etc/hosts"]; c.Kind != "deleted" || c.Writer != nil {
+		t.Errorf("/etc/hosts: %+v, want deleted without a writer", c)
+	}
+	if ch.WritersTruncated {
+		t.Errorf("writers_truncated on a record of a few paths")
 	}
 }

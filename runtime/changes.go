@@ -51,4 +51,38 @@ type Change struct {
 	// Opaque: a directory that replaced the template's directory of that
 	// path, hiding everything that was in it.
 	Opaque bool
+	// Writer is the process that last created, renamed, changed the
+	// attributes of or closed after writing what is at Path, where the
+	// backend recorded it (a WriterTracker); nil for a deletion, and
+	// where nothing was recorded. Shared between changes: read only.
+	Writer *Writer
+}
+
+// Writer is a process that wrote to a sandbox's filesystem, as the
+// sandbox saw it when the backend looked (best effort: a process that had
+// exited left less to see).
+type Writer struct {
+	// PID is its pid in the sandbox's pid namespace.
+	PID int
+	// Comm is its kernel name (at most 15 bytes).
+	Comm string
+	// Command is its argv joined by spaces, cut at MaxWriterCommand
+	// bytes; "" when it had exited.
+	Command string
+	// EnvdPID is the pid (in the sandbox) of the command envd started
+	// that this process is or descends from: the leader of its session,
+	// as envd makes every command one. 0 when it is envd itself or not
+	// one of envd's commands, or when that leader had gone.
+	EnvdPID int
+}
+
+// MaxWriterCommand bounds Writer.Command.
+const MaxWriterCommand = 256
+
+// WriterTracker is a Differ that records which process wrote each path
+// (Change.Writer). Its record per sandbox is bounded; WritersTruncated
+// says when it stopped growing (or lost events), so that a change without
+// a writer may have had one.
+type WriterTracker interface {
+	WritersTruncated(ctx context.Context, id string) (bool, error)
 }

@@ -70,14 +70,35 @@ func backendErr(id string, err error) error {
 	return err
 }
 
-// Changes lists what sandbox id changed.
-func (s *Service) Changes(ctx context.Context, id string) ([]runtime.Change, error) {
+// ChangeList is what Changes reports.
+type ChangeList struct {
+	Changes []runtime.Change
+	// WritersTruncated: the backend's record of which process wrote what
+	// is incomplete (runtime.WriterTracker), so a change without a
+	// Writer may have had one.
+	WritersTruncated bool
+}
+
+// Changes lists what sandbox id changed, with their writers where the
+// backend records them.
+func (s *Service) Changes(ctx context.Context, id string) (ChangeList, error) {
 	d, err := s.differ(ctx, id)
 	if err != nil {
-		return nil, err
+		return ChangeList{}, err
 	}
 	ch, err := d.Changes(ctx, id)
-	return ch, backendErr(id, err)
+	if err != nil {
+		return ChangeList{}, backendErr(id, err)
+	}
+	out := ChangeList{Changes: ch}
+	if wt, ok := d.(runtime.WriterTracker); ok {
+		// Asked after the changes: a record that filled up meanwhile
+		// says so, erring on the side of "incomplete".
+		if out.WritersTruncated, err = wt.WritersTruncated(ctx, id); err != nil {
+			return ChangeList{}, backendErr(id, err)
+		}
+	}
+	return out, nil
 }
 
 // Diff writes the changes to regular files as a git-style unified patch.

@@ -25,6 +25,7 @@ type backendOpts struct {
 	userNS       userNSFlag
 	pauseReserve int
 	favorDynMods bool
+	trackWriters bool
 	initPath     string
 	registerer   prometheus.Registerer // the server's, for the egress name filter's metrics
 }
@@ -36,6 +37,7 @@ func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
+	fs.BoolVar(&o.trackWriters, "local-track-writers", false, "--backend local: record which process wrote each file a sandbox changes (the writer of its changes, with fanotify on Linux 5.17+); off by default: a shell loop writing small files runs 1.45-1.56x as long on a 2-core host; one large file, no slower (BENCHMARKS.md)")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")

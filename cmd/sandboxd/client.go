@@ -327,6 +327,7 @@ func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 	case "diff", "export":
 		output := fs.String("o", "-", "write to this file (- is stdout)")
 		finalize := fs.Bool("finalize", false, "export: kill the sandbox once the export is complete")
+		writers := fs.Bool("writers", false, "diff: a comment line before each file's section naming the process that wrote it, where the server records writers (serve --local-track-writers); git apply skips it")
 		run = func(c *apiClient) error {
 			id, err := oneID(fs.Args())
 			if err != nil {
@@ -336,7 +337,15 @@ func runSandboxCmd(ctx context.Context, args []string, cio clientIO) error {
 			if sub == "export" && *finalize {
 				path += "?finalize=true"
 			}
-			return c.download(ctx, path, *output, cio.out)
+			var filter func(io.Writer) io.Writer
+			if sub == "diff" && *writers {
+				var cl nativeapi.ChangeList
+				if err := c.json(ctx, http.MethodGet, "/"+url.PathEscape(id)+"/changes", nil, &cl); err != nil {
+					return err
+				}
+				filter = func(w io.Writer) io.Writer { return newWriterNotes(w, cl) }
+			}
+			return c.download(ctx, path, *output, cio.out, filter)
 		}
 	case "publish":
 		template := fs.String("template", "", "template to publish to (default: the one the sandbox was created from)")
@@ -497,7 +506,7 @@ func baseName(p string) string {
 
 // download streams the answer of GET path to the file named output (-:
 // stdout); a cut answer is an error, and a partly written file is removed.
-func (c *apiClient) download(ctx context.Context, path, output string, stdout io.Writer) (err error) {
+func (c *apiClient) download(ctx context.Context, path, output string, stdout io.Writer, filter func(io.Writer) io.Writer) (err error) {
 	resp, err := c.do(ctx, http.MethodGet, path, nil, "")
 	if err != nil {
 		return err
@@ -519,6 +528,14 @@ func (c *apiClient) download(ctx context.Context, path, output string, stdout io
 		}()
 		w = f
 	}
-	_, err = io.Copy(w, resp.Body)
-	return err
+	if filter != nil {
+		w = filter(w)
+	}
+	if _, err = io.Copy(w, resp.Body); err != nil {
+		return err
+	}
+	if f, ok := w.(interface{ Flush() error }); ok {
+		return f.Flush()
+	}
+	return nil
 }

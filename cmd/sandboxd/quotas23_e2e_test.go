@@ -34,6 +34,9 @@ func createVolume(t *testing.T, s *e2eServer, key, name string) e2eVolume {
 	wantStatus(t, "create volume "+name, r, http.StatusCreated)
 	var v e2eVolume
 	e2eDecode(t, "create volume", r, &v)
+	if v.VolumeID == "" {
+		t.Fatalf("create volume: %s", r)
+	}
 	return v
 }
 

@@ -363,6 +363,9 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 	if bo.userNS.mode != local.UserNSAuto && name != "local" {
 		return nil, fmt.Errorf("--local-userns: only for --backend local")
 	}
+	if bo.trackWriters && name != "local" {
+		return nil, fmt.Errorf("--local-track-writers: only for --backend local")
+	}
 	if len(bo.incusImages) > 0 && name != "incus" {
 		return nil, fmt.Errorf("--incus-image: only for --backend incus")
 	}
@@ -388,7 +391,8 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 			Root:     runDir, SaveDir: pauseDir, VolumeDir: bo.volumeDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
 			Templates: templates.paths(), TemplateResources: templates.resources(),
 			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: bo.egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
-			Log: log.With("component", "local"),
+			TrackWriters: bo.trackWriters,
+			Log:          log.With("component", "local"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)

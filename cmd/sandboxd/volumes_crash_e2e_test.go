@@ -148,7 +148,7 @@ func testVolumeCrash(t *testing.T, e *e2eEnv, bin, point, op string, kept bool, 
 	s := e.start()
 	var id string
 	if op == "delete" {
-		id = createVolume(t, s, ka, "vol")
+		id = createVolume(t, s, ka, "vol").VolumeID
 		if left := residue(t, id); len(left) == 0 {
 			t.Fatalf("the volume made for the delete has nothing on the host")
 		}
@@ -199,7 +199,7 @@ func testVolumeCrash(t *testing.T, e *e2eEnv, bin, point, op string, kept bool, 
 		// A retried delete of a volume the restart finished is a clean
 		// 404, and the name is free again.
 		wantStatus(t, "retry the delete", s.api(t, http.MethodDelete, "/volumes/"+id, ka, nil), http.StatusNotFound)
-		again := createVolume(t, s, ka, "vol")
+		again := createVolume(t, s, ka, "vol").VolumeID
 		useVolume(t, e, s, ka, "vol", "made again")
 		wantStatus(t, "delete the new volume", s.api(t, http.MethodDelete, "/volumes/"+again, ka, nil), http.StatusNoContent)
 		id = again
@@ -210,18 +210,6 @@ func testVolumeCrash(t *testing.T, e *e2eEnv, bin, point, op string, kept bool, 
 	if left := residue(t, id); len(left) > 0 {
 		t.Errorf("left of volume %s after its delete: %v", id, left)
 	}
-}
-
-func createVolume(t *testing.T, s *e2eServer, key, name string) string {
-	t.Helper()
-	r := s.api(t, http.MethodPost, "/volumes", key, map[string]string{"name": name})
-	wantStatus(t, "create volume "+name, r, http.StatusCreated)
-	var v struct{ VolumeID string }
-	e2eDecode(t, "create volume", r, &v)
-	if v.VolumeID == "" {
-		t.Fatalf("create volume: %s", r)
-	}
-	return v.VolumeID
 }
 
 func listVolumeIDs(t *testing.T, s *e2eServer, key string) []string {

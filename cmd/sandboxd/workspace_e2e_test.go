@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/openapi/nativeapi"
 )
 
 type e2eChange struct {
@@ -25,6 +27,9 @@ type e2eChange struct {
 	Type   string `json:"type"`
 	Size   int64  `json:"size"`
 	Opaque bool   `json:"opaque"`
+
+	// With --local-track-writers.
+	Writer *nativeapi.ChangeWriter `json:"writer"`
 }
 
 type e2eVersion struct {
@@ -79,10 +84,14 @@ func publish(t *testing.T, s *e2eServer, key, id string, body map[string]any) (e
 // the diff and the export show what each sandbox did; finalize ends it.
 func TestWorkspaceE2E(t *testing.T) {
 	e := newE2EEnv(t, "a", "b")
+	e.serveArgs = append(e.serveArgs, "--local-track-writers")
 	s := e.start()
 	ka, kb := e.keys["a"], e.keys["b"]
 	seed, _ := e.create(t, "/v2/sandboxes", ka, map[string]any{"timeout": 600})
 	s.mustRun(t, seed.SandboxID, *seed.EnvdAccessToken, "mkdir -p ~/proj && printf 'line 1\\nline 2\\nline 3\\n' > ~/proj/app.txt")
+	// Written by envd itself (PID 1, alive whenever the server looks):
+	// its writer is certain, where a command's may have exited.
+	s.writeFile(t, seed.SandboxID, *seed.EnvdAccessToken, "/home/user/proj/notes.txt", []byte("by upload\n"))
 
 	t.Run("changes, diff, export", func(t *testing.T) {
 		r := s.native(t, http.MethodGet, "/"+seed.SandboxID+"/changes", ka, nil)
@@ -97,6 +106,39 @@ func TestWorkspaceE2E(t *testing.T) {
 			if !slices.Contains(paths, want) {
 				t.Errorf("changes %q lack %q", paths, want)
 			}
+		}
+		// With --local-track-writers each change names its writer.
+		for _, c := range cl.Changes {
+			switch w := c.Writer; c.Path {
+			case "/home/user/proj/notes.txt":
+				if w == nil || w.Pid != 1 || w.Comm != "envd" || w.Command == nil || !strings.Contains(*w.Command, "envd") || w.EnvdPid != nil {
+					t.Errorf("writer of notes.txt: %+v, want envd (pid 1)", w)
+				}
+			case "/home/user/proj/app.txt":
+				// The command's shell, envd's command itself, unless it
+				// was gone before the server looked (its argv, once it
+				// had exited).
+				if w != nil && (w.Comm != "sh" && w.Comm != "bash" || w.EnvdPid == nil || *w.EnvdPid != w.Pid || w.Pid <= 1) {
+					t.Errorf("writer of app.txt: %+v, want the command's shell", w)
+				}
+			}
+		}
+		if out, errOut, err := cli(t, s.base, ka, "", "changes", seed.SandboxID); err != nil || !strings.Contains(out, `"writer": {`) || !strings.Contains(out, `"comm": "envd"`) {
+			t.Errorf("sandboxd sandbox changes: %v %s\n%s", err, errOut, out)
+		}
+		// diff --writers: the same patch, a comment naming the writer
+		// before a file's section.
+		out, errOut, err := cli(t, s.base, ka, "", "diff", "--writers", seed.SandboxID)
+		var plain []string
+		for line := range strings.SplitAfterSeq(out, "\n") {
+			if !strings.HasPrefix(line, "# writer of ") {
+				plain = append(plain, line)
+			}
+		}
+		if err != nil || !strings.Contains(out, "# writer of /home/user/proj/notes.txt: envd (pid 1): ") ||
+			!strings.Contains(out, "\ndiff --git a/home/user/proj/notes.txt b/home/user/proj/notes.txt\n") ||
+			strings.Join(plain, "") != string(s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil).body) {
+			t.Errorf("sandboxd sandbox diff --writers: %v %s\n%s", err, errOut, out)
 		}
 		r = s.native(t, http.MethodGet, "/"+seed.SandboxID+"/diff", ka, nil)
 		wantStatus(t, "diff", r, http.StatusOK)

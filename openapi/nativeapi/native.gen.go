@@ -130,6 +130,12 @@ type Change struct {
 
 	// Type What is there now; for a deletion: other.
 	Type ChangeType `json:"type"`
+
+	// Writer The process that last created, renamed, changed the attributes of or closed after writing
+	// what is at the path, where the server recorded it (local backend with
+	// --local-track-writers); absent for a deletion, and where nothing was recorded. Best effort:
+	// a process that had exited when it was looked at leaves less.
+	Writer *ChangeWriter `json:"writer,omitempty"`
 }
 
 // ChangeKind defines model for Change.Kind.
@@ -141,6 +147,30 @@ type ChangeType string
 // ChangeList defines model for ChangeList.
 type ChangeList struct {
 	Changes []Change `json:"changes"`
+
+	// WritersTruncated The record of writers stopped growing (100,000 paths per sandbox) or lost events (the
+	// kernel's queue overflowed): a change without a writer may have had one.
+	WritersTruncated *bool `json:"writers_truncated,omitempty"`
+}
+
+// ChangeWriter The process that last created, renamed, changed the attributes of or closed after writing
+// what is at the path, where the server recorded it (local backend with
+// --local-track-writers); absent for a deletion, and where nothing was recorded. Best effort:
+// a process that had exited when it was looked at leaves less.
+type ChangeWriter struct {
+	// Comm Its kernel name (at most 15 bytes), such as python3.
+	Comm string `json:"comm"`
+
+	// Command Its argv joined by spaces, cut at 256 bytes; absent when it had exited.
+	Command *string `json:"command,omitempty"`
+
+	// EnvdPid The pid of the command envd started (as envd's process API reported it) that this
+	// process is or descends from; absent for envd itself (an upload) and for processes not
+	// started through envd.
+	EnvdPid *int `json:"envd_pid,omitempty"`
+
+	// Pid Its pid as the sandbox sees it.
+	Pid int `json:"pid"`
 }
 
 // Error defines model for Error.

@@ -131,16 +131,25 @@ func (b *Backend) Changes(ctx context.Context, id string) ([]runtime.Change, err
 	if s.meta.Paused == pausedDisk {
 		upper = filepath.Join(b.savedDir(id), "upper")
 	}
-	gone := s.gone
+	gone, rec := s.gone, s.writers
 	s.mu.Unlock()
 	if gone {
 		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	if rec != nil {
+		b.writers.sync() // what was written before the call is in the record
 	}
 	entries, err := walkUpper(upper)
 	if err != nil {
 		return nil, fmt.Errorf("changes of sandbox %s: %w", id, err)
 	}
-	return changes(entries, lowers), nil
+	chs := changes(entries, lowers)
+	if rec != nil {
+		if err := rec.attach(upper, chs); err != nil {
+			return nil, fmt.Errorf("writers of sandbox %s: %w", id, err)
+		}
+	}
+	return chs, nil
 }
 
 // ExportChanges writes sandbox id's writable layer as an OCI layer tar,

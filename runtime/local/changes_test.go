@@ -45,14 +45,7 @@ name" && ln -s main.go ~/proj/src/link && mkfifo ~/fifo && touch "$HOME/$(printf
 				t.Fatalf("replace a directory of /etc: %v %v", res, err)
 			}
 			opaqueDir := res.Stdout
-			chs, err := b.Changes(t.Context(), id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := map[string]runtime.Change{}
-			for _, c := range chs {
-				got[c.Path] = c
-			}
+			chs, got := changesOf(t, b, id)
 			for _, w := range []struct {
 				path   string
 				kind   runtime.ChangeKind

@@ -65,6 +65,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 			Spec: spec, Lowers: tpl.lowers, Base: tpl.base,
 			CreatedAt: time.Now().UTC(), UserNS: b.userNS && tpl.userNS,
 		},
+		writers: b.newWriterRecord(),
 	}
 	if !tpl.defined {
 		s.meta.Template = tpl.lower()
@@ -336,7 +337,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		return err
 	}
 	tStarted := time.Now()
-	s.exited = exited
+	s.exited, s.initPid = exited, pid
 	if err := bindBootID(s.dir, pid); err != nil {
 		return err
 	}
@@ -365,6 +366,10 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	if s.ctr == nil {
 		s.loadContainer(filepath.Join(dir, "ctr"))
 	}
+	// From envd's answer on: what envd does to start (before it answers)
+	// is nobody's work.
+	b.armWriters(s, pid)
+	r.Add(func() { b.disarmWriters(s, false) })
 	b.log.Debug("sandbox started", "sandbox", spec.ID,
 		"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
 		"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted))

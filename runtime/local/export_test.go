@@ -64,3 +64,11 @@ const EnvdPath = envdPath
 
 // EnvdFSSource names the tmpfs that holds the backend's copy of envd.
 const EnvdFSSource = envdFSSource
+
+// SetMaxWriterPaths sets the bound of a sandbox's record of writers until
+// the end of t.
+func SetMaxWriterPaths(t interface{ Cleanup(func()) }, n int) {
+	old := maxWriterPaths
+	maxWriterPaths = n
+	t.Cleanup(func() { maxWriterPaths = old })
+}

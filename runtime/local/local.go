@@ -191,6 +191,11 @@ type Options struct {
 	// by more than about 10 ms waits for an RCU grace period (see
 	// favorDynMods). By default New turns it on where the kernel has it.
 	LeaveCgroupMount bool
+	// TrackWriters records which process wrote each file of a sandbox's
+	// writable layer (runtime.Change.Writer), with fanotify (writers.go).
+	// A kernel that cannot (before 5.17) leaves sandboxes untracked, said
+	// once in the log.
+	TrackWriters bool
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
 	// Log receives warnings about cleanup. Default slog.Default().
@@ -240,6 +245,10 @@ type Backend struct {
 	// removals in progress (under layersDir), which Reconcile leaves alone;
 	// guarded by mu.
 	layerTemps map[string]bool
+	// writers records the sandboxes' writers (Options.TrackWriters); nil:
+	// off. writersWarn says once that a kernel cannot.
+	writers     *writerTracker
+	writersWarn sync.Once
 }
 
 var (
@@ -249,6 +258,7 @@ var (
 	_ runtime.TemplateResourcer = (*Backend)(nil)
 	_ runtime.Layered           = (*Backend)(nil)
 	_ runtime.TemplateEnver     = (*Backend)(nil)
+	_ runtime.WriterTracker     = (*Backend)(nil)
 )
 
 // sandbox is one sandbox's in-memory handle. mu serializes lifecycle calls
@@ -275,6 +285,11 @@ type sandbox struct {
 	// template of the backend): set when s is made, never changed, so
 	// that RemoveLayer reads it under Backend.mu alone.
 	layers []string
+	// initPid is envd's pid (ours) while it runs.
+	initPid int
+	// writers is its record of writers (Options.TrackWriters), from its
+	// start (or adoption) to its destroy; nil when not tracked.
+	writers *writerRecord
 }
 
 // meta is what <dir>/meta.json records.
@@ -382,6 +397,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.InitPath != "" {
 		b.starter = starter.New(opts.InitPath)
+	}
+	if opts.TrackWriters {
+		b.writers = newWriterTracker(b.log)
 	}
 	if exe, err := os.Readlink("/proc/self/exe"); err == nil {
 		if sbx, err := filepath.Abs(b.sandboxesDir()); err == nil && nested(filepath.Dir(exe), sbx) {
@@ -569,6 +587,9 @@ func (b *Backend) Close() error {
 		_ = b.starter.Close() // the helper exits; the sandboxes it started live on
 	}
 	b.releasing.Wait()
+	if b.writers != nil {
+		b.writers.close() // the marks go with the group; sandboxes live on untracked
+	}
 	_ = b.egress.Close() // the name filter; the rules stay with the sandboxes
 	b.releaseViews()
 	if err := unmountStateFS(b.sandboxesDir()); err != nil {
@@ -644,13 +665,19 @@ func (b *Backend) adopt(ctx context.Context) error {
 			continue // dead or half-made: Reconcile removes it
 		}
 		b.mu.Lock()
-		if _, known := b.sbx[id]; !known {
+		_, known = b.sbx[id]
+		if !known {
 			b.sbx[id] = s
 			if s.meta.Net != nil {
 				b.ips[s.meta.Net.IP] = true
 			}
 		}
 		b.mu.Unlock()
+		if !known && s.initPid > 0 && !s.frozen {
+			s.mu.Lock()
+			b.armWriters(s, s.initPid)
+			s.mu.Unlock()
+		}
 	}
 	return nil
 }
@@ -714,10 +741,14 @@ func (b *Backend) load(id string) (*sandbox, error) {
 			b.log.Warn("adopt: remove the layer of a resumed sandbox", "sandbox", id, "err", err)
 		}
 	}
-	return &sandbox{
+	s := &sandbox{
 		id: id, dir: dir, meta: m, ctr: ctr, frozen: st == libcontainer.Paused, ready: ready, created: true,
-		layers: b.layerKeys(m.Lowers),
-	}, nil
+		layers: b.layerKeys(m.Lowers), writers: b.newWriterRecord(),
+	}
+	if cs, err := ctr.State(); err == nil {
+		s.initPid = cs.InitProcessPid
+	}
+	return s, nil
 }
 
 // loadSaved returns the sandbox paused to disk with meta m. What it held
@@ -728,7 +759,10 @@ func (b *Backend) load(id string) (*sandbox, error) {
 func (b *Backend) loadSaved(id, dir string, m meta) *sandbox {
 	ready := make(chan struct{})
 	close(ready)
-	s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true, layers: b.layerKeys(m.Lowers)}
+	s := &sandbox{id: id, dir: dir, meta: m, ready: ready, created: true, layers: b.layerKeys(m.Lowers), writers: b.newWriterRecord()}
+	if s.writers != nil {
+		s.writers.byPath = map[string]*runtime.Writer{} // lost with the process that kept them
+	}
 	if err := b.releaseStopped(s); err != nil {
 		b.log.Warn("adopt sandbox paused to disk: release", "sandbox", id, "err", err)
 	}

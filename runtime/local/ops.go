@@ -68,6 +68,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s.gone {
 		return nil
 	}
+	b.disarmWriters(s, false)
 	// SIGKILL to init kills the whole pid namespace; libcontainer thaws a
 	// paused sandbox first so that the kill is delivered.
 	switch ctr, err := s.container(); {

@@ -142,6 +142,7 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 	if err := ctr.Pause(); err != nil {
 		if st, _ := ctr.Status(); st == libcontainer.Paused {
 			s.frozen = true
+			b.disarmWriters(s, true)
 			return nil
 		}
 		if errors.Is(err, libcontainer.ErrNotRunning) {
@@ -150,6 +151,8 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	s.frozen = true
+	// Frozen, nothing writes: what it wrote is queued, and handled first.
+	b.disarmWriters(s, true)
 	return nil
 }
 
@@ -175,14 +178,18 @@ func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
+	// Armed before the thaw, so that nothing it writes then is missed.
+	b.armWriters(s, s.initPid)
 	if err := ctr.Resume(); err != nil {
 		if errors.Is(err, libcontainer.ErrNotPaused) {
 			if st, _ := ctr.Status(); st == libcontainer.Running {
 				s.frozen = false
 				return false, nil
 			}
+			b.disarmWriters(s, false)
 			return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotRunning)
 		}
+		b.disarmWriters(s, false)
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	s.frozen = false
@@ -268,6 +275,12 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 	if err := s.waitExit(); err != nil {
 		return err
 	}
+	// The layer's inodes do not survive the copy: its writers go by path
+	// from here (writerRecord.toHandles turns them back at the resume).
+	byPath, err := b.writersByPath(s)
+	if err != nil {
+		b.log.Warn("pause to disk: writers", "sandbox", s.id, "err", err)
+	}
 	saved := b.savedDir(s.id)
 	tmp := filepath.Join(b.opts.SaveDir, "."+s.id+savingSuffix)
 	m := s.meta
@@ -313,7 +326,16 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 		return fmt.Errorf("save upper layer: %w (%w)", err, runtime.ErrRestarted)
 	}
 	s.meta = m
-	s.exited = nil
+	s.exited, s.initPid = nil, 0
+	b.disarmWriters(s, false)
+	if s.writers != nil {
+		if byPath == nil {
+			byPath = map[string]*runtime.Writer{}
+		}
+		s.writers.mu.Lock()
+		s.writers.byPath, s.writers.byHandle = byPath, nil
+		s.writers.mu.Unlock()
+	}
 	// SaveDir's meta.json makes the pause hold even without this one (see
 	// load), which tells the state directory the same.
 	if err := writeJSON(filepath.Join(s.dir, "meta.json"), m); err != nil {
@@ -431,6 +453,20 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (err error) {
 		return copyTreeInCgroup(copyCtx, b.cgroupPath(s.id), saved, upper)
 	}); err != nil {
 		return fmt.Errorf("restore upper layer: %w", err)
+	}
+	if rec := s.writers; rec != nil {
+		rec.mu.Lock()
+		byPath := rec.byPath
+		err := rec.toHandles(s.upperDir())
+		rec.mu.Unlock()
+		if err != nil {
+			b.log.Warn("resume from disk: writers", "sandbox", s.id, "err", err)
+		}
+		r.Add(func() { // still paused to disk: by path again
+			rec.mu.Lock()
+			rec.byPath, rec.byHandle = byPath, nil
+			rec.mu.Unlock()
+		})
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

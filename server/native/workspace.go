@@ -43,13 +43,16 @@ func ChangePath(c runtime.Change) (text, base64Raw string) {
 }
 
 func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
-	changes, err := a.ws.Changes(r.Context(), id)
+	list, err := a.ws.Changes(r.Context(), id)
 	if err != nil {
 		WriteError(w, r, a.log, err)
 		return
 	}
-	out := nativeapi.ChangeList{Changes: make([]nativeapi.Change, 0, len(changes))}
-	for _, c := range changes {
+	out := nativeapi.ChangeList{Changes: make([]nativeapi.Change, 0, len(list.Changes))}
+	if list.WritersTruncated {
+		out.WritersTruncated = ptr(true)
+	}
+	for _, c := range list.Changes {
 		text, raw := ChangePath(c)
 		nc := nativeapi.Change{Path: text, Kind: nativeapi.ChangeKind(c.Kind), Type: nativeapi.ChangeType(ChangeType(c))}
 		if raw != "" {
@@ -64,9 +67,26 @@ func (a *API) GetChanges(w http.ResponseWriter, r *http.Request, id string) {
 		if c.Opaque {
 			nc.Opaque = ptr(true)
 		}
+		nc.Writer = nativeWriter(c.Writer)
 		out.Changes = append(out.Changes, nc)
 	}
 	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+// nativeWriter is a change's writer as the native API reports it; nil
+// for none.
+func nativeWriter(w *runtime.Writer) *nativeapi.ChangeWriter {
+	if w == nil {
+		return nil
+	}
+	nw := &nativeapi.ChangeWriter{Pid: w.PID, Comm: w.Comm}
+	if w.Command != "" {
+		nw.Command = ptr(w.Command)
+	}
+	if w.EnvdPID != 0 {
+		nw.EnvdPid = ptr(w.EnvdPID)
+	}
+	return nw
 }
 
 // streamed answers with the body write produces: errors before its first

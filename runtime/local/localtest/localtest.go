@@ -49,13 +49,16 @@ func exists(p string) bool {
 
 // New starts a local backend for t that runs envd, its state under
 // /run/<name>/ and its cgroup parent /<name>-..., sandboxes with internet
-// on subnet.
-func New(t testing.TB, name, envd string, subnet netip.Prefix, log *slog.Logger) *local.Backend {
+// on subnet; each of with may change its options first.
+func New(t testing.TB, name, envd string, subnet netip.Prefix, log *slog.Logger, with ...func(*local.Options)) *local.Backend {
 	t.Helper()
 	root := filepath.Join("/run", name, fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()))
 	cg := "/" + name + "-" + filepath.Base(root)
-	be, err := local.New(context.Background(), local.Options{Root: root, EnvdPath: envd, CgroupParent: cg, Log: log,
-		EgressSubnet: subnet})
+	opts := local.Options{Root: root, EnvdPath: envd, CgroupParent: cg, Log: log, EgressSubnet: subnet}
+	for _, f := range with {
+		f(&opts)
+	}
+	be, err := local.New(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
