@@ -620,6 +620,14 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		}
 	}
 	tInit := m.now()
+	// The timeout runs from the hand-over, not from the request: a cold
+	// create that took seconds (Incus under load) must not eat into a short
+	// timeout. startedAt moves with it, so endAt − startedAt stays the
+	// timeout, as E2B reports them.
+	sb.StartedAt, sb.EndAt = tInit.UTC(), tInit.Add(sb.Timeout).UTC()
+	if sb.IdleTTL > 0 {
+		sb.LastActiveAt = sb.StartedAt
+	}
 	sb.State = store.StateRunning
 	if err := tk.Commit(ctx); err != nil {
 		return err
@@ -635,7 +643,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	if extra.forkOf != "" {
 		action, from = "fork", []any{"fork_of", extra.forkOf}
 	}
-	m.audit(ctx, action, sb, nil, append(from, "took_ms", took.Milliseconds(), "timeout_s", int(sb.EndAt.Sub(start).Seconds()),
+	m.audit(ctx, action, sb, nil, append(from, "took_ms", took.Milliseconds(), "timeout_s", int(sb.Timeout.Seconds()),
 		"served_from", tk.ServedFrom(), "waited_ms", tk.Waited().Milliseconds(),
 		// Where the time went: quota, claim, wait and row; the backend's
 		// create (0 from a pool); envd's /init; the rest (row update).

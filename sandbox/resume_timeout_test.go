@@ -93,3 +93,35 @@ func TestOwnTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateTimeoutFromHandOver: a sandbox's timeout runs from when its
+// create answers, so a slow cold create (here 5 s, longer than the 3 s
+// timeout) still hands over a sandbox with its whole timeout ahead, and
+// endAt − startedAt is the timeout.
+func TestCreateTimeoutFromHandOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		e.be.CreateDelay = 5 * time.Second
+		sb, err := e.m.Create(as("a"), CreateRequest{Timeout: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := e.state(t, sb.ID)
+		if left := got.EndAt.Sub(time.Now()); left != 3*time.Second {
+			t.Errorf("end - now after the create = %v; want 3s", left)
+		}
+		if ttl := got.EndAt.Sub(got.StartedAt); ttl != 3*time.Second {
+			t.Errorf("endAt - startedAt = %v; want 3s", ttl)
+		}
+		time.Sleep(2 * time.Second)
+		e.m.Sweep(context.Background())
+		if st := e.state(t, sb.ID).State; st != store.StateRunning {
+			t.Fatalf("2 s into a 3 s timeout: %s; want running", st)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		e.m.Sweep(context.Background())
+		if st := e.state(t, sb.ID).State; st != store.StateKilled {
+			t.Errorf("past its timeout: %s; want killed", st)
+		}
+	})
+}
