@@ -1,8 +1,12 @@
 package sandbox
 
 import (
+	"context"
+	"net"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
@@ -80,4 +84,52 @@ func TestEnvdEntry(t *testing.T) {
 		e.Fields["pid"] != "7" || e.Fields["source"] != "envd" {
 		t.Errorf("envdEntry = %+v; want warn, envd's message, time and fields, source envd", e)
 	}
+}
+
+// hungEnvdBackend's envds hang once hang is set: a dial waits for its
+// context to end. It records the most dials that waited at once.
+type hungEnvdBackend struct {
+	*sandboxtestBackend
+	hang           atomic.Bool
+	inFlight, most atomic.Int32
+}
+
+func (b *hungEnvdBackend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	if !b.hang.Load() {
+		return b.sandboxtestBackend.Dial(ctx, id, port)
+	}
+	n := b.inFlight.Add(1)
+	defer b.inFlight.Add(-1)
+	for m := b.most.Load(); n > m && !b.most.CompareAndSwap(m, n); m = b.most.Load() {
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestSampleAllReadsEnvdLogsInParallel: the metrics pass does not wait for
+// hung envds one after another (each read waits out envdLogsTimeout).
+func TestSampleAllReadsEnvdLogsInParallel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hb *hungEnvdBackend
+		e := newTestEnv(t, func(c *Config) {
+			hb = &hungEnvdBackend{sandboxtestBackend: c.Backend.(*sandboxtestBackend)}
+			c.Backend = hb
+		})
+		const n = 2 * envdLogReaders
+		for range n {
+			if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hb.hang.Store(true)
+		start := time.Now()
+		e.m.SampleAll(context.Background())
+		if got := hb.most.Load(); got != envdLogReaders {
+			t.Errorf("%d envd log reads waited at once, want %d", got, envdLogReaders)
+		}
+		// Fake time: the pass took two rounds of timeouts, not n.
+		if took := time.Since(start); took != 2*envdLogsTimeout {
+			t.Errorf("the pass took %v of fake time, want %v", took, 2*envdLogsTimeout)
+		}
+	})
 }

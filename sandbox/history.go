@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"golang.org/x/sync/errgroup"
 )
 
 // Metrics history: RunMetrics samples every running sandbox once per
@@ -177,10 +178,17 @@ func (m *Manager) RunMetrics(ctx context.Context, interval time.Duration) {
 	every(ctx, interval, m.SampleAll)
 }
 
-// SampleAll takes one sample of every running sandbox, one after another: a
-// Stats call each, no goroutine per sandbox, and copies its envd's new log
-// lines into its log. Paused and in-between sandboxes are skipped; the
-// history of sandboxes no longer live goes.
+// envdLogReaders bounds how many envds SampleAll reads logs from at once.
+// A read waits up to envdLogsTimeout for an envd that hangs; one after
+// another, a host of hung sandboxes would stretch the pass by that much
+// each.
+const envdLogReaders = 8
+
+// SampleAll takes one sample of every running sandbox, one after another (a
+// Stats call each, no goroutine per sandbox), then copies the new log lines
+// of their envds into their logs, envdLogReaders at a time. Paused and
+// in-between sandboxes are skipped; the history of sandboxes no longer
+// live goes.
 func (m *Manager) SampleAll(ctx context.Context) {
 	start := m.now()
 	live, err := m.store.ListLive(ctx)
@@ -190,6 +198,9 @@ func (m *Manager) SampleAll(ctx context.Context) {
 	}
 	ids := make(map[string]bool, len(live))
 	sampled := 0
+	var reads errgroup.Group
+	reads.SetLimit(envdLogReaders)
+	defer reads.Wait() // on the early return below too
 	for _, sb := range live {
 		ids[sb.ID] = true
 		if sb.State != store.StateRunning {
@@ -210,8 +221,10 @@ func (m *Manager) SampleAll(ctx context.Context) {
 		}
 		m.history.add(sb.ID, m.now(), st, nil)
 		sampled++
-		m.pullEnvdLogs(ctx, sb.ID, sb.EnvdAccessToken)
+		id, token := sb.ID, sb.EnvdAccessToken
+		reads.Go(func() error { m.pullEnvdLogs(ctx, id, token); return nil })
 	}
+	_ = reads.Wait() // the reads return no error
 	m.history.keepOnly(ids)
 	if m.cfg.OnMetricsPass != nil {
 		m.cfg.OnMetricsPass(sampled, m.now().Sub(start))
