@@ -166,6 +166,12 @@ type Backend struct {
 	// snapshots it makes (propOwner, commitSnapshot): one without a name
 	// and another owner is what a dead process left.
 	owner string
+
+	// background is Reconcile's clean-up that waits for incusd
+	// (removeStaleCommits); closing ends with Close, which joins it.
+	background sync.WaitGroup
+	closing    context.Context
+	close      context.CancelFunc
 }
 
 var (
@@ -201,7 +207,7 @@ type sandbox struct {
 // New checks the Incus server, the pool and envd, and re-adopts the live
 // sandboxes of an earlier process. Unknown image aliases are not an error
 // here: Create of their template fails with ErrTemplateNotFound.
-func New(ctx context.Context, opts Options) (*Backend, error) {
+func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 	if opts.Pool == "" {
 		opts.Pool = "sandboxd"
 	}
@@ -231,6 +237,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			_ = eg.Close()
+		}
+	}()
 	if err := eg.UseResolvers(opts.EgressDNS); err != nil {
 		return nil, err
 	}
@@ -284,7 +295,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		defined:  map[string]*definedTemplate{},
 		owner:    strings.ToLower(rand.Text()[:10]),
 	}
-	if _, err := b.List(ctx); err != nil {
+	b.closing, b.close = context.WithCancel(context.Background())
+	if _, err = b.List(ctx); err != nil {
+		b.close()
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
 	return b, nil

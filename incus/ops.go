@@ -570,6 +570,11 @@ func waitClosed(ctx context.Context, waits []chan struct{}) error {
 	return nil
 }
 
-// Close stops the egress name filter; instances and their rules stay, for
-// the next sandboxd to adopt.
-func (b *Backend) Close() error { return b.egress.Close() }
+// Close stops Reconcile's background clean-up (the next start redoes it)
+// and the egress name filter; instances and their rules stay, for the next
+// sandboxd to adopt.
+func (b *Backend) Close() error {
+	b.close()
+	b.background.Wait()
+	return b.egress.Close()
+}

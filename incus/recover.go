@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
@@ -18,28 +19,42 @@ import (
 // appears after it ran and is never cleaned up. These are its steps for
 // that; the e2e TestIncusSnapshotCrashE2E kills sandboxd inside each.
 
-// opWaitLimit bounds the wait for one operation of an earlier process.
+// opWaitLimit bounds each wait for the operations of an earlier process,
+// all of them together: they run side by side in incusd.
 const opWaitLimit = 2 * time.Minute
 
 // awaitInstanceOps waits for the Incus operations under way on this
 // backend's instances (a create, a copy, a snapshot) and volumes (a create
 // or delete the volume service's Prune, after Reconcile, must see done),
-// each for at most opWaitLimit. Failures to look are logged: Reconcile goes on regardless.
+// for at most opWaitLimit in all. Failures to look are logged: Reconcile
+// goes on regardless.
 func (b *Backend) awaitInstanceOps(ctx context.Context) {
 	ops, err := b.c.RunningOperations(ctx)
 	if err != nil {
 		b.log.Warn("incus: list operations under way", "err", err)
 		return
 	}
+	var ours []string
 	for _, op := range ops {
-		if !b.onOurInstance(ctx, op) {
-			continue
+		if b.onOurInstance(ctx, op) {
+			b.log.Info("incus: waiting for an operation an earlier process began", "operation", op.ID, "description", op.Description)
+			ours = append(ours, op.ID)
 		}
-		b.log.Info("incus: waiting for an operation an earlier process began", "operation", op.ID, "description", op.Description)
-		wctx, cancel := context.WithTimeout(ctx, opWaitLimit)
-		_, _ = b.c.Wait(wctx, op.ID) // its failure is an outcome too
-		cancel()
 	}
+	b.waitOps(ctx, ours)
+}
+
+// waitOps waits for the operations ids, side by side, until they have all
+// ended, opWaitLimit has passed or ctx ends. An operation's failure is an
+// outcome too: only its end matters.
+func (b *Backend) waitOps(ctx context.Context, ids []string) {
+	ctx, cancel := context.WithTimeout(ctx, opWaitLimit)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() { _, _ = b.c.Wait(ctx, id) })
+	}
+	wg.Wait()
 }
 
 // onOurInstance says whether op acts on an instance or a volume of this
@@ -98,8 +113,8 @@ func (b *Backend) staleCommits(ctx context.Context, all []*Instance) (map[string
 // mount of it that it never removes (and an instance it then cannot
 // delete); a publish that ends makes its image after Reconcile's first
 // collection. Incus does not say which instance an image operation reads,
-// so every one under way is waited for, each for at most opWaitLimit, in
-// the background when there are any.
+// so every one under way is waited for (waitOps), in the background when
+// there are any; Close cancels and joins that (the next start redoes it).
 func (b *Backend) removeStaleCommits(ctx context.Context, stale map[string][]string) error {
 	ops, err := b.c.RunningOperations(ctx)
 	if err != nil {
@@ -131,17 +146,16 @@ func (b *Backend) removeStaleCommits(ctx context.Context, stale map[string][]str
 		return finish(ctx)
 	}
 	b.log.Info("incus: image operations under way; the stale commits and unnamed layers go once they end", "operations", len(images))
-	go func() {
-		for _, id := range images {
-			wctx, cancel := context.WithTimeout(context.Background(), opWaitLimit)
-			_, _ = b.c.Wait(wctx, id) // its failure is an outcome too
-			cancel()
+	b.background.Go(func() {
+		b.waitOps(b.closing, images)
+		if b.closing.Err() != nil {
+			return
 		}
-		fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		fctx, cancel := context.WithTimeout(b.closing, time.Minute)
 		defer cancel()
 		if err := finish(fctx); err != nil {
 			b.log.Warn("incus: remove what commits cut short left", "err", err)
 		}
-	}()
+	})
 	return nil
 }
