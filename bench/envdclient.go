@@ -113,7 +113,8 @@ func tcpTarget(addr string) *envdTarget {
 
 // runResult is what one process run returned.
 type runResult struct {
-	stdout int // bytes
+	stdout int    // bytes
+	head   []byte // the first 4 KiB of stdout
 	exit   int32
 	ended  bool
 }
@@ -139,7 +140,9 @@ func (t *envdTarget) run(ctx context.Context, cmd string, args ...string) (runRe
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if d := ev.GetData(); d != nil {
-			res.stdout += len(d.GetStdout())
+			out := d.GetStdout()
+			res.stdout += len(out)
+			res.head = append(res.head, out[:min(len(out), max(0, 4096-len(res.head)))]...)
 		}
 		if e := ev.GetEnd(); e != nil {
 			res.ended, res.exit = true, e.GetExitCode()

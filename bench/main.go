@@ -53,6 +53,7 @@ type Config struct {
 	SDKs           []string
 	CIData         string // the codeinterp scenario's data dir, kept across runs (its built template)
 	CISubnet       string // the codeinterp scenario's --egress-subnet
+	NetSubnet      string // the network scenario's --egress-subnet, if not sandboxd's default
 	Out            string
 	BinDir         string
 	Root           string
@@ -128,6 +129,7 @@ func run() int {
 	fs.StringVar(&sdks, "sdk", "python,js", "SDKs for the sdk scenario")
 	fs.StringVar(&cfg.CIData, "codeinterp-data", "/var/cache/sandboxd/bench-codeinterp", "codeinterp scenario: sandboxd's data dir, kept across runs so that code-interpreter-v1 (pip from PyPI, minutes) is built once")
 	fs.StringVar(&cfg.CISubnet, "codeinterp-subnet", "10.182.0.0/16", "codeinterp scenario: --egress-subnet of its sandboxd (its PyPI allowance lives in the subnet's nftables table: one no other sandboxd on the host uses)")
+	fs.StringVar(&cfg.NetSubnet, "network-subnet", "", "network scenario: --egress-subnet of its sandboxd (empty: sandboxd's default); give each sandboxd on a host its own")
 	fs.StringVar(&cfg.Out, "out", "bench/out/results.json", "JSON results file")
 	fs.StringVar(&cfg.BinDir, "bin", "bin", "directory with envd and sandboxd")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep sandboxd's and envd's logs (their directory is printed)")

@@ -437,7 +437,8 @@ func (e *Egress) configureHost(hl netlink.Link, ip netip.Addr) error {
 
 // ConfigureSandbox sets up eth0 in the network namespace of process pid:
 // address ip/32 (unless ip is the zero Addr: a runtime that moved the peer
-// in with its address), link up, and the default route via gw, on-link.
+// in with its address), link up, the default route via gw, on-link, and
+// TCP's initial receive buffer (SandboxRcvBuf).
 func ConfigureSandbox(pid int, ip, gw netip.Addr) error {
 	if pid <= 0 {
 		return errors.New("no sandbox process to find the network namespace by")
@@ -474,7 +475,7 @@ func ConfigureSandbox(pid int, ip, gw netip.Addr) error {
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("default route via %s: %w", gw, err)
 	}
-	return nil
+	return tuneSandbox(ns)
 }
 
 // DeleteLinks removes the veth ends of the sandbox with this key left in
