@@ -25,7 +25,7 @@ import (
 // and bash_kernel: CODEINTERP_TEST_VENV names one, or with
 // SANDBOXD_E2E_PYPI=1 the test makes one (pip from PyPI, a minute or two,
 // once: it is kept in the user's cache directory).
-func realVenv(t *testing.T) string {
+func realVenv(t testing.TB) string {
 	t.Helper()
 	if v := os.Getenv("CODEINTERP_TEST_VENV"); v != "" {
 		return v
@@ -67,7 +67,7 @@ func realVenv(t *testing.T) string {
 // startJupyter runs a Jupyter Server from venv as the template's start.sh
 // does (its config file, no token, loopback), on a free port, and returns
 // its URL and runtime directory.
-func startJupyter(t *testing.T, venv string) (string, string) {
+func startJupyter(t testing.TB, venv string) (string, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,8 +111,41 @@ func startJupyter(t *testing.T, venv string) (string, string) {
 	return "http://127.0.0.1:" + strconv.Itoa(port), runtime
 }
 
+// realServer is a Server on a real Jupyter Server, started, and its
+// HTTP surface.
+func realServer(t testing.TB, ctx context.Context) (*Server, *httptest.Server) {
+	venv := realVenv(t)
+	jurl, runtime := startJupyter(t, venv)
+	srv, err := New(Config{Jupyter: jurl, RuntimeDir: runtime, Cwd: t.TempDir(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return srv, hs
+}
+
+// BenchmarkRealExecute is /execute of 1+1 on loopback against a real
+// ipykernel: the server and the kernel, without a sandbox, proxy or SDK.
+func BenchmarkRealExecute(b *testing.B) {
+	ctx := context.Background()
+	_, hs := realServer(b, ctx)
+	for range 5 {
+		runCode(b, ctx, hs.URL, map[string]any{"code": "1+1"})
+	}
+	for b.Loop() {
+		if got := summary(runCode(b, ctx, hs.URL, map[string]any{"code": "1+1"})); got != "result:2 end" {
+			b.Fatal(got)
+		}
+	}
+}
+
 // runCode posts code to /execute and returns its lines.
-func runCode(t *testing.T, ctx context.Context, url string, req map[string]any) []Line {
+func runCode(t testing.TB, ctx context.Context, url string, req map[string]any) []Line {
 	t.Helper()
 	body, _ := json.Marshal(req)
 	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/execute", strings.NewReader(string(body)))
@@ -164,20 +197,9 @@ func summary(lines []Line) string {
 // results, state, env vars, an interrupt, a kernel that dies, 50 MB of
 // output, Bash, a context's restart.
 func TestRealKernels(t *testing.T) {
-	venv := realVenv(t)
-	jurl, runtime := startJupyter(t, venv)
-	srv, err := New(Config{Jupyter: jurl, RuntimeDir: runtime, Cwd: t.TempDir(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := srv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
+	srv, hs := realServer(t, ctx)
 
 	for _, tc := range []struct {
 		name string
@@ -228,6 +250,22 @@ func TestRealKernels(t *testing.T) {
 		}
 	} else {
 		t.Error("no bash kernel in the venv")
+	}
+
+	// Deno's kernel speaks ZeroMQ through another implementation (Rust's
+	// zeromq crate): where the venv has it, as the template does.
+	if srv.supported("javascript") {
+		for _, tc := range []struct{ code, want string }{
+			{`console.log("to", "stdout"); "a" + "b"`, `stdout:"to stdout\n" result:ab end`},
+			{`throw new TypeError("bad input")`, "error:TypeError end"},
+			{`const n: number = 41; n + 1`, "result:42 end"},
+		} {
+			if got := summary(runCode(t, ctx, hs.URL, map[string]any{"code": tc.code, "language": "ts"})); got != tc.want {
+				t.Errorf("deno: %s: %s, want %s", tc.code, got, tc.want)
+			}
+		}
+	} else {
+		t.Log("no deno kernel in the venv: JavaScript left out")
 	}
 
 	// A context of its own, restarted: its state is gone, the default
