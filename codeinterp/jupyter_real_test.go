@@ -94,8 +94,9 @@ func startJupyter(t testing.TB, venv string) (string, string) {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	// Its own process group, so that the kernels it started go with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that the kernels it started go with it;
+	// killed with the test binary too (its kernels follow their parent).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
