@@ -25,6 +25,7 @@ type ciIter struct {
 	InsideMs []float64 `json:"inside_ms"`
 	EnvsMs   []float64 `json:"envs_ms"`
 	JupyMs   []float64 `json:"jupyter_ms"`
+	ZMQMs    []float64 `json:"zmq_ms"`
 	MemUsed  float64   `json:"mem_used"`
 	IdleS    float64   `json:"idle_s"`
 	Error    string    `json:"error"`
@@ -103,7 +104,7 @@ func codeInterpScenario(ctx context.Context, b *Bench) error {
 	if warm != nil || warmErr != nil {
 		b.addCreateRows(sc, "from a warm pool", warm, warmErr)
 	}
-	var sdk, raw, inside, envs, jupy []float64
+	var sdk, raw, inside, envs, jupy, zmq []float64
 	errs := errCount(rtt, rttErr)
 	mem := -1.0
 	for _, it := range rtt {
@@ -113,7 +114,7 @@ func codeInterpScenario(ctx context.Context, b *Bench) error {
 		case "mem":
 			mem = it.MemUsed
 		case "jupyter":
-			jupy = it.JupyMs
+			jupy, zmq = it.JupyMs, it.ZMQMs
 		}
 	}
 	r := dist(sc, "run_code(\"1+1\") round trip through the SDK and the proxy", "ms", sdk, errs)
@@ -122,13 +123,17 @@ func codeInterpScenario(ctx context.Context, b *Bench) error {
 	ri := dist(sc, "POST /execute from inside the sandbox to the server on :49999 (no proxy, no SDK)", "ms", inside, 0)
 	re := dist(sc, "envd's GET /envs from inside the sandbox (the server asks it per execution)", "ms", envs, 0)
 	rj := dist(sc, "1+1 straight over Jupyter's kernel websocket from inside the sandbox (no server: execute_request → execute_reply and idle)", "ms", jupy, 0)
+	rz := dist(sc, "1+1 on the same kernel straight over ZeroMQ from inside the sandbox (jupyter_client: the kernel's own share)", "ms", zmq, 0)
 	if len(sdk) > 0 && len(raw) > 0 && len(inside) > 0 {
 		r.Compare = fmt.Sprintf("SDK %+.1f ms p50 over the raw request, which is %+.1f ms over the server inside", median(sdk)-median(raw), median(raw)-median(inside))
 	}
-	if len(inside) > 0 && len(jupy) > 0 {
-		ri.Compare = fmt.Sprintf("%+.1f ms p50 over Jupyter alone", median(inside)-median(jupy))
+	if len(inside) > 0 && len(zmq) > 0 {
+		ri.Compare = fmt.Sprintf("%+.1f ms p50 over the kernel alone", median(inside)-median(zmq))
 	}
-	b.add(r, rr, ri, re, rj)
+	if len(jupy) > 0 && len(zmq) > 0 {
+		rj.Compare = fmt.Sprintf("%+.1f ms p50 over the kernel alone: Jupyter's relay", median(jupy)-median(zmq))
+	}
+	b.add(r, rr, ri, re, rj, rz)
 	if mem >= 0 {
 		m := value(sc, fmt.Sprintf("idle code-interpreter sandbox, getMetrics mem_used after %.0f s idle", idle), "MiB", mem/(1<<20), 1)
 		m.Note = "after the round trips above: Jupyter, one Python kernel, the server, envd"

@@ -74,10 +74,8 @@ type execContext struct {
 
 	conn *kernelConn
 	// env is what this kernel's environment has of the sandbox's and
-	// the calls' env vars; restarts is the conn's restart count it was
-	// set at.
-	env      map[string]string
-	restarts int
+	// the calls' env vars.
+	env map[string]string
 	// broken: the kernel died, or an interrupted execution did not
 	// stop; the next call restarts it.
 	broken bool
@@ -98,7 +96,13 @@ func (c *execContext) acquire(ctx context.Context) error {
 func (c *execContext) release() { <-c.lock }
 
 // ready makes sure the kernel is up and connected; the lock is held.
+// Jupyter does not restart kernels on its own here (the template's
+// jupyter_server_config.py): a kernel whose connections closed died, and
+// is restarted now, before this call runs on it.
 func (c *execContext) ready(ctx context.Context) error {
+	if c.conn != nil && !c.conn.alive() {
+		c.broken = true
+	}
 	if c.broken {
 		if c.conn != nil {
 			c.conn.close()
@@ -109,29 +113,24 @@ func (c *execContext) ready(ctx context.Context) error {
 		}
 		c.env, c.broken = nil, false
 	}
-	if c.conn != nil && !c.conn.alive() {
-		c.conn = nil
-	}
 	fresh := c.conn == nil || c.unsure
+	if !fresh {
+		return nil
+	}
+	nctx, cancel := context.WithTimeout(ctx, firstReplyWait)
+	defer cancel()
 	if c.conn == nil {
-		conn, err := c.j.connect(ctx, c.kernel)
+		conn, err := c.j.connect(nctx, c.kernel, c.log.With("context", c.ID))
 		if err != nil {
 			return err
 		}
-		c.conn, c.env, c.restarts = conn, nil, conn.restarts()
+		c.conn, c.env = conn, nil
 	}
-	if c.conn.restarts() != c.restarts {
-		c.env, c.restarts, fresh = nil, c.conn.restarts(), true
+	if err := c.conn.nudge(nctx); err != nil {
+		c.broken = true
+		return fmt.Errorf("kernel %s: %w", c.kernel, err)
 	}
-	if fresh {
-		nctx, cancel := context.WithTimeout(ctx, firstReplyWait)
-		defer cancel()
-		if err := c.conn.nudge(nctx); err != nil {
-			c.broken = true
-			return fmt.Errorf("kernel %s: %w", c.kernel, err)
-		}
-		c.unsure = false
-	}
+	c.unsure = false
 	return nil
 }
 
@@ -141,14 +140,15 @@ func (c *execContext) restart(ctx context.Context) error {
 		return err
 	}
 	defer c.release()
-	if err := c.j.restartKernel(ctx, c.kernel); err != nil {
-		return err
-	}
-	// A websocket from before the restart may be left on the old
-	// kernel's channels: the next call connects anew.
+	// The connections end with the old kernel: the next call connects
+	// to the new one.
 	if c.conn != nil {
 		c.conn.close()
 		c.conn = nil
+	}
+	if err := c.j.restartKernel(ctx, c.kernel); err != nil {
+		c.broken = true
+		return err
 	}
 	c.env, c.broken = nil, false
 	return nil
@@ -318,16 +318,10 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 			if replied {
 				idle.Reset(idleWait)
 			}
-			if strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_") {
-				lines = e.kernelGone("the kernel died; the context has a new kernel for the next execution")
-				// Jupyter restarts a dead kernel itself; one it could
-				// not is restarted by the next call.
-				c.broken = m.Header.MsgType == "sandboxd_kernel_dead"
-			} else {
-				lines = e.handle(m)
-			}
+			lines = e.handle(m)
 		case <-c.conn.closed:
-			lines = e.kernelGone("the connection to the kernel was lost")
+			// Its connections end with the kernel's process.
+			lines = e.kernelGone("the kernel died; the context has a new kernel for the next execution")
 			c.broken = true
 		case <-cancelled:
 			cancelled = nil
@@ -389,8 +383,6 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 			pass(m)
 		case m := <-fence:
 			switch {
-			case strings.HasPrefix(m.Header.MsgType, "sandboxd_kernel_"):
-				return
 			case m.Channel == "iopub" && m.Header.MsgType == "status":
 				var st statusContent
 				_ = json.Unmarshal(m.Content, &st)

@@ -1,10 +1,12 @@
 // Package codeinterp owns the code interpreter that E2B's code-interpreter
 // SDKs talk to on port 49999 inside a sandbox: the HTTP surface (/execute,
 // /contexts, /health), the contexts (one Jupyter session and kernel each),
-// the Jupyter client (REST and the kernel websocket channels) and the
-// mapping of Jupyter's messages to E2B's NDJSON output lines. It runs as
-// cmd/code-interpreter, the start command of the code-interpreter-v1
-// template, beside a Jupyter Server on loopback.
+// the Jupyter client (REST, for the kernels' lifecycle) and the kernel
+// client (Jupyter's messaging protocol over ZeroMQ, package zmtp, straight
+// to the kernels' shell and iopub channels), and the mapping of Jupyter's
+// messages to E2B's NDJSON output lines. It runs as cmd/code-interpreter,
+// the start command of the code-interpreter-v1 template, beside a Jupyter
+// Server on loopback.
 package codeinterp
 
 import (
@@ -22,15 +24,12 @@ type header struct {
 	Version  string `json:"version"`
 }
 
-// message is one message on a kernel's websocket, in jupyter_server's JSON
-// framing: the channel travels with the message.
+// message is one message from a kernel, with the channel it came on.
 type message struct {
-	Header       header          `json:"header"`
-	ParentHeader header          `json:"parent_header"`
-	Metadata     map[string]any  `json:"metadata"`
-	Content      json.RawMessage `json:"content"`
-	Channel      string          `json:"channel"`
-	Buffers      []any           `json:"buffers,omitempty"`
+	Header       header
+	ParentHeader header
+	Content      json.RawMessage
+	Channel      string // shell or iopub
 }
 
 // Output line types of /execute, as E2B's SDKs read them.

@@ -23,6 +23,9 @@ import (
 type Config struct {
 	// Jupyter is the Jupyter Server's URL (http://127.0.0.1:8888).
 	Jupyter string
+	// RuntimeDir is the Jupyter Server's runtime directory, where the
+	// kernels' connection files are (JUPYTER_RUNTIME_DIR).
+	RuntimeDir string
 	// Envd is envd's URL inside the sandbox, for the sandbox's env vars
 	// (GET /envs).
 	Envd string
@@ -63,7 +66,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Cwd == "" {
 		cfg.Cwd = DefaultCwd
 	}
-	j, err := NewJupyter(cfg.Jupyter)
+	j, err := NewJupyter(cfg.Jupyter, cfg.RuntimeDir)
 	if err != nil {
 		return nil, err
 	}

@@ -1,13 +1,18 @@
 # Jupyter Server's configuration in sandboxd's code-interpreter-v1 (start.sh
 # passes it with --config).
 #
-# The kernel websocket without Nagle's algorithm: the kernel's replies to
-# one execution are several small frames (status busy, execute_input,
-# execute_result, execute_reply, status idle) written one after the other,
-# and with Nagle each one after the first waited for the client's delayed
-# ACK, 40 ms a run_code('1+1') (48 ms p50 before, 9 ms after, measured
-# against the code-interpreter server on loopback). Tornado leaves
-# TCP_NODELAY to the handler, which jupyter_server's does not set.
+# The code-interpreter server restarts a kernel that died (it sees its
+# ZeroMQ connections close) before the context's next execution; Jupyter
+# restarting it too, on its own poll, would race that restart.
+c.KernelManager.autorestart = False
+
+# The kernel websocket without Nagle's algorithm. The code-interpreter
+# server talks to the kernels over ZeroMQ, not through it; this is for
+# other clients of Jupyter's (the benchmark's comparison): the kernel's
+# replies to one execution are several small frames written one after the
+# other, and with Nagle each one after the first waited for the client's
+# delayed ACK, 40 ms a `1+1`. Tornado leaves TCP_NODELAY to the handler,
+# which jupyter_server's does not set.
 try:
     from jupyter_server.services.kernels.websocket import KernelWebsocketHandler as _Handler
 
