@@ -77,11 +77,11 @@ type admission struct {
 	// minWarmOf, when set, is the min_warm of each key (minWarm is not
 	// asked).
 	minWarmOf func(Key) int
-	seeds   func() []Key
-	admit   func(ctx context.Context, k Key, members, memMB int) error
+	seeds     func() []Key
+	admit     func(ctx context.Context, k Key, members, memMB int) error
 }
 
-func (a *admission) Seeds() []Key    { return a.seeds() }
+func (a *admission) Seeds() []Key { return a.seeds() }
 func (a *admission) MinWarm(k Key) int {
 	if a.minWarmOf != nil {
 		return a.minWarmOf(k)

@@ -146,6 +146,15 @@ type Config struct {
 	// them. The rest wait their turn, fairly between tenants. 0:
 	// DefaultColdParallel; negative: no bound.
 	ColdParallel int
+
+	// Spare turns the host-wide spare pools on (package pool): claims of
+	// the backend's own templates and of those named in SpareMin may take
+	// a never-used member after the tenant's own pool.
+	Spare bool
+	// SpareMin is the operator's floor of spare members per template
+	// reference (a name, optionally with a tag; a public template or one
+	// of the backend's own), in the template's default shape.
+	SpareMin map[string]int
 }
 
 // DefaultTemplate is the template of a create that names none.
@@ -272,6 +281,14 @@ func New(cfg Config) *Manager {
 			cfg, ok := m.templateConfig(template)
 			return ok && cfg.StartCmd != ""
 		},
+	}
+	if cfg.Spare {
+		m.adm.spare = &spares{
+			min: cfg.SpareMin, resolve: m.spareResolver, builtin: m.isBuiltin,
+			key: func(template string) pool.Key {
+				return m.PoolKey("", CreateRequest{Template: template, AllowInternet: true})
+			},
+		}
 	}
 	if m.adm.memAvailable == nil {
 		m.adm.memAvailable = MemAvailableMB

@@ -589,6 +589,11 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		!slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--egress-subnet") }) {
 		extraArgs = append(extraArgs, "--egress-subnet="+subnet)
 	}
+	// No spare floor unless the test asks for one: a test that counts what
+	// is on the host must not race the spare pool's first fill.
+	if !slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--spare-min") }) {
+		extraArgs = append(extraArgs, "--spare-min=")
+	}
 	bin := l.bin
 	if bin == "" {
 		bin = filepath.Join(e2eBinDir, "sandboxd")
