@@ -354,6 +354,11 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 // pool refill made ready.
 func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold bool) (*pool.Member, *gateWaiter, error) {
 	w := a.gate.enter(t)
+	if w == nil {
+		return nil, nil, errdefs.New(errdefs.ErrRateLimited, fmt.Sprintf(
+			"the host's create queue is full (%d cold creates in flight, this tenant's share of %d waiting); retry later",
+			a.gate.slots, a.gate.queueMax))
+	}
 	for {
 		select {
 		case <-w.granted:

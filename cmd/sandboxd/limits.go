@@ -37,13 +37,13 @@ type limitOpts struct {
 	settingsPoll                                    time.Duration
 	nativeIdleTTL                                   time.Duration
 
-	pool                   bool
-	poolLead, poolHalfLife time.Duration
-	poolIdle, poolForget   time.Duration
-	poolMax, poolParallel  int
-	coldParallel           int
-	spare                  bool
-	spareMin               spareMinFlag
+	pool                    bool
+	poolLead, poolHalfLife  time.Duration
+	poolIdle, poolForget    time.Duration
+	poolMax, poolParallel   int
+	coldParallel, coldQueue int
+	spare                   bool
+	spareMin                spareMinFlag
 }
 
 // spareMinFlag is --spare-min: TEMPLATE=N pairs, comma-separated.
@@ -105,7 +105,7 @@ func (o *limitOpts) spareFloors(codeInterp bool, availMB int) map[string]int {
 }
 
 func (o *limitOpts) register(fs *flag.FlagSet) {
-	fs.Float64Var(&o.createRate, "create-rate", 5, "default sandbox creates (create, resume, connect) per second per tenant; 0: no limit (tenants set --create-rate overrides)")
+	fs.Float64Var(&o.createRate, "create-rate", 0, "default sandbox creates (create, resume, connect) per second per tenant; 0: no limit, the host's capacity is shared fairly instead (--cold-parallel, --create-queue); tenants set --create-rate overrides")
 	fs.IntVar(&o.createBurst, "create-burst", 20, "default create token bucket size per tenant")
 	fs.Float64Var(&o.lifecycleRate, "lifecycle-rate", 20, "other mutating API calls per second per tenant; 0: no limit")
 	fs.IntVar(&o.lifecycleBurst, "lifecycle-burst", 50, "lifecycle token bucket size per tenant")
@@ -138,7 +138,8 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	_ = o.spareMin.Set(defaultSpareMin)
 	o.spareMin.set = false
 	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available at start`)
-	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once, one tenant holding all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
+	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once; a tenant alone may hold all, one of several all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
+	fs.IntVar(&o.coldQueue, "create-queue", sandbox.DefaultColdQueue, "creates waiting for a cold-create slot, shared fairly between the tenants waiting; a create beyond its tenant's share gets 429 + Retry-After; negative: unbounded")
 }
 
 // defaults are the server-wide tenant settings, for tenants (or values)

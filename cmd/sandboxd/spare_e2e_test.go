@@ -140,3 +140,60 @@ func TestSpareOff(t *testing.T) {
 		t.Errorf("spare target with --spare=false: %v", got)
 	}
 }
+
+// TestLoneTenantBurstDefaults: with the default settings (no per-tenant
+// create rate, the host's capacity shared work-conservingly), a lone
+// tenant's burst of 100 concurrent creates all succeed: no 429. An explicit
+// per-tenant limit (tenants set --create-rate) still answers 429 with
+// Retry-After and E2B's error body.
+func TestLoneTenantBurstDefaults(t *testing.T) {
+	e := newE2EEnv(t, "a")
+	e.launch.unset = []string{"SANDBOXD_CREATE_RATE"} // the flag's default
+	e.serveArgs = []string{"--spare-min=base=2"}
+	s := e.start()
+	key := e.keys["a"]
+	burst := func(n int) (created, limited int) {
+		type res struct {
+			r   e2eResponse
+			err error
+		}
+		out := make(chan res, n)
+		for range n {
+			go func() { // ends with its request
+				r, err := s.tryDo(http.MethodPost, e2eAPIPrefix+"/sandboxes", key,
+					map[string]any{"templateID": "base", "allow_internet_access": true, "timeout": 300}, nil)
+				out <- res{r, err}
+			}()
+		}
+		for range n {
+			x := <-out
+			switch {
+			case x.err != nil:
+				t.Errorf("create: %v", x.err)
+			case x.r.status == http.StatusCreated:
+				created++
+				e.track(wantSandboxBody(t, "create", x.r.body).SandboxID, key)
+			case x.r.status == http.StatusTooManyRequests:
+				limited++
+				wantError(t, "a create over the limit", x.r, http.StatusTooManyRequests)
+				if ra := x.r.header.Get("Retry-After"); ra == "" {
+					t.Errorf("429 without Retry-After")
+				}
+			default:
+				t.Errorf("create: %s, want 201 or 429", x.r)
+			}
+		}
+		return created, limited
+	}
+	if created, limited := burst(100); created != 100 || limited != 0 {
+		t.Fatalf("a lone tenant's 100 concurrent creates with the defaults: %d created, %d × 429; want 100 and 0", created, limited)
+	}
+
+	e.sandboxdCLI(t, "tenants", "set", "a", "--data-dir", e.dataDir, "--create-rate", "1", "--create-burst", "2")
+	// The setting applies once sandboxd re-reads it (--settings-poll);
+	// then a burst of 6 passes at most the bucket's 2 (and a refill).
+	e2eEventually(t, "429s at the explicit limit", time.Minute, 500*time.Millisecond, func() (bool, string) {
+		created, limited := burst(6)
+		return created <= 3 && limited >= 3, fmt.Sprintf("%d created, %d × 429", created, limited)
+	})
+}
