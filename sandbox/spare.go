@@ -41,13 +41,15 @@ type spares struct {
 const spareRefresh = 2 * time.Second
 
 // refresh resolves the references of min at most every spareRefresh.
+// Only Seeds (the pools' single refill loop) calls it; the store lookups
+// run outside mu, which claims take.
 func (s *spares) refresh(ctx context.Context) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.resolved.IsZero() && time.Since(s.resolved) < spareRefresh {
+	fresh := !s.resolved.IsZero() && time.Since(s.resolved) < spareRefresh
+	s.mu.Unlock()
+	if fresh {
 		return
 	}
-	s.resolved = time.Now()
 	floors := map[string]int{}
 	public := map[string]bool{}
 	for ref, n := range s.min {
@@ -56,7 +58,10 @@ func (s *spares) refresh(ctx context.Context) {
 			public[backend] = true
 		}
 	}
+	s.mu.Lock()
 	s.floors, s.public, s.builtins = floors, public, map[string]bool{}
+	s.resolved = time.Now()
+	s.mu.Unlock()
 }
 
 // eligible reports whether a spare pool may serve creates of template. It
