@@ -65,25 +65,7 @@ func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label stri
 		return err
 	}
 	defer h.Close()
-	var (
-		mu      sync.Mutex
-		ids     []string
-		limited int
-	)
-	each, wall, errs := concurrently(ctx, fire, func(ctx context.Context) error {
-		sb, err := h.create(ctx, true)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			if errors.Is(err, errRateLimited) {
-				limited++
-			}
-			b.logf("spare burst create: %v", err)
-			return err
-		}
-		ids = append(ids, sb.ID)
-		return nil
-	})
+	each, wall, errs, ids, limited := createBurst(ctx, b, h, fire)
 	from := h.servedFrom()
 	count := map[string]int{}
 	for _, id := range ids {
@@ -107,19 +89,7 @@ func afterBurst(ctx context.Context, b *Bench) error {
 		return err
 	}
 	defer h.Close()
-	var (
-		mu  sync.Mutex
-		ids []string
-	)
-	_, _, burstErrs := concurrently(ctx, 20, func(ctx context.Context) error {
-		sb, err := h.create(ctx, true)
-		if err == nil {
-			mu.Lock()
-			ids = append(ids, sb.ID)
-			mu.Unlock()
-		}
-		return err
-	})
+	_, _, burstErrs, ids, _ := createBurst(ctx, b, h, 20)
 	var took []time.Duration
 	errs, limited := burstErrs, 0
 	for range 10 {
@@ -146,4 +116,25 @@ func afterBurst(ctx context.Context, b *Bench) error {
 	b.add(r)
 	h.destroyAll(context.WithoutCancel(ctx), ids, 4)
 	return nil
+}
+
+// createBurst fires n concurrent creates; it returns each one's time, the
+// wall time, the failures, the sandboxes made and how many got a 429.
+func createBurst(ctx context.Context, b *Bench, h *Harness, n int) (each []time.Duration, wall time.Duration, errs int, ids []string, limited int) {
+	var mu sync.Mutex
+	each, wall, errs = concurrently(ctx, n, func(ctx context.Context) error {
+		sb, err := h.create(ctx, true)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if errors.Is(err, errRateLimited) {
+				limited++
+			}
+			b.logf("burst create: %v", err)
+			return err
+		}
+		ids = append(ids, sb.ID)
+		return nil
+	})
+	return each, wall, errs, ids, limited
 }
