@@ -100,6 +100,7 @@ var scenarios = []scenario{
 	{"memory", "host memory per idle sandbox (MemAvailable delta, cgroup usage, envd PSS)", memoryScenario},
 	{"density", "N idle sandboxes at once, all healthy", densityScenario},
 	{"fairness", "tenant B's create latency while tenant A floods", fairnessScenario},
+	{"spare", "issue 24 with the default settings: a lone tenant's 100 and 50 concurrent creates, 200 vs a spare pool of 50, create → first command after a burst of 20", spareScenario},
 	{"incus", "incus launch --ephemeral vs sandboxd cold create", incusScenario},
 	{"sdk", "SDK-observed Sandbox.create() -> first commands.run('true') (Python and JS SDKs)", sdkScenario},
 	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},

@@ -377,7 +377,10 @@ func fairnessScenario(ctx context.Context, b *Bench) error {
 }
 
 func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited bool) error {
-	var extra []string
+	// The bench's destroys keep pace with the flood: a destroy refused by
+	// the lifecycle limit would leave a sandbox (and its egress address)
+	// behind for the next sandboxd of the run.
+	extra := []string{"--lifecycle-rate=0"}
 	if b.flags["pool"] {
 		extra = append(extra, "--pool=false") // cold creates on both sides
 	}
@@ -386,7 +389,7 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	}
 	flood, limits := "tenant A floods (8 clients)", "limits are the build's defaults"
 	if !limited {
-		extra = append(extra, "--create-rate=0", "--lifecycle-rate=0") // its destroys keep pace too
+		extra = append(extra, "--create-rate=0")
 		flood, limits = "tenant A floods (8 clients) with no create rate limit", "no create rate limit"
 	}
 	h, err := b.startSide(ctx, []string{"b", "a"}, extra...)

@@ -354,8 +354,6 @@ run_debug() {
 # start_sandboxd DATA_DIR: serves on $sbxd_port with run dir $sbxd_run; waits
 # for GET /health (sandboxd has reconciled).
 start_sandboxd() {
-  # --create-burst 40: the concurrency tests create 20 sandboxes at once right
-  # after other creates; the default bucket (20, refilled at 5/s) could answer 429.
   # --domain (sbxd_domain): in the sandboxd and incus modes a reserved TLD
   # that never resolves, so getHost() is `<port>-<id>.sandboxd.test` (tested
   # by sending it as Host to sandboxd), and nothing can fall back to E2B's
@@ -364,7 +362,7 @@ start_sandboxd() {
   # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
   # check has killed the sandboxes through it.
   setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --domain "$sbxd_domain" --create-burst 40 --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain "$sbxd_domain" --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1

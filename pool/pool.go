@@ -2,6 +2,17 @@
 // demand, one pool per (tenant, template, resource shape), so that a create
 // claims a ready sandbox instead of booting one.
 //
+// Besides the tenants' pools there is a host-wide spare pool per (template,
+// shape): a Key whose Tenant is empty. Its members are never-used and
+// tenant-neutral (a random id and access token, the template, the shape;
+// nothing of any tenant), so handing one to any tenant leaks nothing; all
+// that is a tenant's (env, token, user, metadata, timeout, egress policy) is
+// applied at claim, as for a tenant's own member. A claim tries the
+// tenant's pool (its min_warm reservation) first, then the spare pool, and
+// only then misses. With spare pools (Config.Spare), the adaptive part of
+// the sizing moves to them: they follow the host-wide claim rate, and a
+// tenant's pool of a spare-eligible key keeps min_warm only.
+//
 // Rules, each against a failure other warm pools are known for:
 //   - A member is claimable only once the backend's Create has returned and
 //     its envd answered /health (never hand out an unready member).
@@ -45,7 +56,8 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-// Key names a pool: members of one key are interchangeable.
+// Key names a pool: members of one key are interchangeable. A Key with an
+// empty Tenant is a spare pool, shared by every tenant.
 type Key struct {
 	Tenant        tenant.ID
 	Template      string
@@ -54,6 +66,9 @@ type Key struct {
 	DiskMB        int
 	AllowInternet bool
 }
+
+// IsSpare reports whether k is a host-wide spare pool.
+func (k Key) IsSpare() bool { return k.Tenant == "" }
 
 // Member is a warm sandbox. After Claim it belongs to the caller.
 type Member struct {
@@ -105,6 +120,10 @@ type Config struct {
 	// the quota and the budget (its disk too where that is RAM). nil:
 	// key.MemoryMB.
 	MemberMB func(key Key) int
+	// Spare maps a tenant's key to the spare pool that may serve its
+	// claims (the key without its tenant), or reports false for a key no
+	// spare pool serves (a tenant's private template). nil: no spare pools.
+	Spare func(key Key) (Key, bool)
 	// NewID and NewToken mint member ids and access tokens.
 	NewID, NewToken func() string
 	Log             *slog.Logger
@@ -134,12 +153,17 @@ type Stat struct {
 	Target   int
 }
 
-// Count is the cumulative claims of a (tenant, template), for metrics.
+// Count is the cumulative claims of a (tenant, template), for metrics. The
+// Count of a spare pool (empty Tenant) counts the claims that reached it:
+// Hits it served, Misses it could not.
 type Count struct {
 	Tenant   tenant.ID
 	Template string
 	Hits     uint64
-	Misses   uint64
+	// Spare counts the tenant's claims the spare pool served (its own pool
+	// was empty); they are in neither Hits nor Misses.
+	Spare  uint64
+	Misses uint64
 	// Waited counts members handed out by Take: a miss that waited, and
 	// got a refill before it could start a cold create.
 	Waited uint64
@@ -246,8 +270,9 @@ func (pl *pool) rateNow(now time.Time, halfLife time.Duration) float64 {
 	return pl.rate * math.Exp2(-float64(dt)/float64(halfLife))
 }
 
-// Claim takes a ready member of key, or reports a miss. It never waits.
-// Either way it wakes the refiller, and the claim feeds key's claim rate.
+// Claim takes a ready member of key, or else of key's spare pool, or
+// reports a miss. It never waits. Either way it wakes the refiller, and the
+// claim feeds the claim rates of key and of its spare pool.
 func (p *Pools) Claim(key Key) (*Member, bool) {
 	now := time.Now()
 	p.mu.Lock()
@@ -255,6 +280,33 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 	if p.closed {
 		return nil, false
 	}
+	pl := p.claimed(key, now)
+	var sp *pool
+	if sk, ok := p.spareOf(key); ok {
+		sp = p.claimed(sk, now)
+	}
+	c := p.count(key)
+	defer p.wake()
+	if m := pl.take(); m != nil {
+		c.Hits++
+		return m, true
+	}
+	if sp != nil {
+		sc := p.count(sp.key)
+		if m := sp.take(); m != nil {
+			c.Spare++
+			sc.Hits++
+			return m, true
+		}
+		sc.Misses++
+	}
+	c.Misses++
+	return nil, false
+}
+
+// claimed finds (or makes) key's pool and feeds its claim rate; p.mu is
+// held.
+func (p *Pools) claimed(key Key, now time.Time) *pool {
 	pl := p.pools[key]
 	if pl == nil {
 		pl = &pool{key: key, created: now}
@@ -265,17 +317,26 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 	pl.rate = pl.rateNow(now, p.cfg.HalfLife) + math.Ln2/p.cfg.HalfLife.Seconds()
 	pl.rateAt = now
 	pl.lastClaim = now
-	c := p.count(key)
-	defer p.wake()
-	if len(pl.ready) == 0 {
-		c.Misses++
-		return nil, false
+	return pl
+}
+
+// spareOf is the spare pool serving claims of key, if any.
+func (p *Pools) spareOf(key Key) (Key, bool) {
+	if p.cfg.Spare == nil || key.IsSpare() {
+		return Key{}, false
+	}
+	return p.cfg.Spare(key)
+}
+
+// take removes and returns the oldest ready member, or nil.
+func (pl *pool) take() *Member {
+	if pl == nil || len(pl.ready) == 0 {
+		return nil
 	}
 	m := pl.ready[0]
 	pl.ready[0] = nil
 	pl.ready = pl.ready[1:]
-	c.Hits++
-	return m, true
+	return m
 }
 
 // Ready returns a channel that is closed the next time any member becomes
@@ -287,19 +348,27 @@ func (p *Pools) Ready() <-chan struct{} {
 	return p.readyCh
 }
 
-// Take takes a ready member of key for a caller whose Claim missed and who
-// waited for a refill. It neither counts a claim nor feeds the claim rate
-// (Claim did both); it counts the member as Waited and wakes the refiller.
+// Take takes a ready member of key (or of its spare pool) for a caller
+// whose Claim missed and who waited for a refill. It neither counts a claim
+// nor feeds the claim rate (Claim did both); it counts the member as Waited
+// and wakes the refiller.
 func (p *Pools) Take(key Key) (*Member, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pl := p.pools[key]
-	if p.closed || pl == nil || len(pl.ready) == 0 {
+	if p.closed {
 		return nil, false
 	}
-	m := pl.ready[0]
-	pl.ready[0] = nil
-	pl.ready = pl.ready[1:]
+	m := p.pools[key].take()
+	if m == nil {
+		if sk, ok := p.spareOf(key); ok {
+			if m = p.pools[sk].take(); m != nil {
+				p.count(sk).Waited++
+			}
+		}
+	}
+	if m == nil {
+		return nil, false
+	}
 	p.count(key).Waited++
 	p.wake()
 	return m, true
@@ -323,7 +392,10 @@ func (p *Pools) targetOf(pl *pool, now time.Time) int {
 		minWarm = p.cfg.Admission.MinWarm(pl.key)
 	}
 	adaptive := 0
-	if p.cfg.Lead > 0 && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {
+	// With a spare pool serving key's claims, it follows the claim rate
+	// host-wide; the tenant's own pool is min_warm, a reservation.
+	_, spared := p.spareOf(pl.key)
+	if p.cfg.Lead > 0 && !spared && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {
 		adaptive = int(math.Round(pl.rateNow(now, p.cfg.HalfLife) * p.cfg.Lead.Seconds()))
 	}
 	return min(max(minWarm, adaptive), p.cfg.MaxPerPool)
@@ -392,7 +464,13 @@ func (p *Pools) reconcile(ctx context.Context) {
 	p.mu.Unlock()
 
 	for _, m := range trim {
-		p.log.Info("pool trim", "tenant", string(m.Key.Tenant), "template", m.Key.Template, "member", m.ID)
+		if m.Key.IsSpare() {
+			// A spare member is host state no tenant owns: its coming and
+			// going gets an audit line of its own.
+			p.log.Info("spare member trim", "audit", true, "action", "spare_trim", "template", m.Key.Template, "member", m.ID)
+		} else {
+			p.log.Info("pool trim", "tenant", string(m.Key.Tenant), "template", m.Key.Template, "member", m.ID)
+		}
 		p.destroy(m.ID)
 	}
 	// Fairness: the pools furthest below target first.
@@ -503,8 +581,13 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	close(p.readyCh)
 	p.readyCh = make(chan struct{})
 	p.mu.Unlock()
-	p.log.Debug("pool member ready", "tenant", string(k.Tenant), "template", k.Template, "member", m.ID,
-		"took_ms", now.Sub(start).Milliseconds())
+	if k.IsSpare() {
+		p.log.Info("spare member ready", "audit", true, "action", "spare_ready", "template", k.Template, "member", m.ID,
+			"took_ms", now.Sub(start).Milliseconds())
+	} else {
+		p.log.Debug("pool member ready", "tenant", string(k.Tenant), "template", k.Template, "member", m.ID,
+			"took_ms", now.Sub(start).Milliseconds())
+	}
 	p.wake()
 }
 

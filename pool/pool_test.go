@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 var keyA = Key{Tenant: "a", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024, AllowInternet: true}
@@ -73,12 +74,20 @@ func start(t *testing.T, cfg Config, minWarm int) *env {
 // env unless set, and admit (nil admits every member).
 type admission struct {
 	minWarm func() int
-	seeds   func() []Key
-	admit   func(ctx context.Context, k Key, members, memMB int) error
+	// minWarmOf, when set, is the min_warm of each key (minWarm is not
+	// asked).
+	minWarmOf func(Key) int
+	seeds     func() []Key
+	admit     func(ctx context.Context, k Key, members, memMB int) error
 }
 
-func (a *admission) Seeds() []Key    { return a.seeds() }
-func (a *admission) MinWarm(Key) int { return a.minWarm() }
+func (a *admission) Seeds() []Key { return a.seeds() }
+func (a *admission) MinWarm(k Key) int {
+	if a.minWarmOf != nil {
+		return a.minWarmOf(k)
+	}
+	return a.minWarm()
+}
 func (a *admission) AdmitMember(ctx context.Context, k Key, members, memMB int) error {
 	if a.admit == nil {
 		return nil
@@ -425,6 +434,153 @@ func TestDropTemplate(t *testing.T) {
 		}
 		if _, ok := e.p.Claim(keyA); ok {
 			t.Fatal("claim of a dropped template hit")
+		}
+	})
+}
+
+// spareOfAll is Config.Spare serving every key but those of template
+// "private".
+func spareOfAll(k Key) (Key, bool) {
+	if k.Template == "private" {
+		return Key{}, false
+	}
+	k.Tenant = ""
+	return k, true
+}
+
+// A claim takes the tenant's own member (its min_warm reservation) first,
+// then a spare member, which any tenant may get, and only then misses;
+// spare members carry nothing of a tenant and are refilled after claims.
+func TestSpareServesAfterOwnPool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spare := keyA
+		spare.Tenant = ""
+		keyB := keyA
+		keyB.Tenant = "b"
+		adm := &admission{minWarmOf: func(k Key) int {
+			switch k.Tenant {
+			case "":
+				return 2
+			case "a":
+				return 1
+			}
+			return 0
+		}, seeds: func() []Key { return []Key{keyA, spare} }}
+		e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: -1, Parallel: 4}, 0)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s := e.stat(spare); s.Ready != 2 {
+			t.Fatalf("spare pool %+v, want 2 ready", s)
+		}
+		for _, m := range e.p.pools[spare].ready {
+			if sp := e.be.Get(m.ID).Spec; sp.Env != nil || m.Key.Tenant != "" {
+				t.Errorf("spare member %s carries a tenant's data: %+v", m.ID, sp)
+			}
+		}
+		own, ok := e.p.Claim(keyA)
+		if !ok || own.Key != keyA {
+			t.Fatalf("first claim of a: %+v %v, want a's own member", own, ok)
+		}
+		for i, k := range []Key{keyA, keyB} {
+			m, ok := e.p.Claim(k)
+			if !ok || !m.Key.IsSpare() {
+				t.Fatalf("claim %d of %s: %+v %v, want a spare member", i, k.Tenant, m, ok)
+			}
+		}
+		if _, ok := e.p.Claim(keyB); ok {
+			t.Fatal("claim hit with both pools empty")
+		}
+		want := map[tenant.ID]Count{
+			"a": {Tenant: "a", Template: "base", Hits: 1, Spare: 1},
+			"b": {Tenant: "b", Template: "base", Spare: 1, Misses: 1},
+			"":  {Tenant: "", Template: "base", Hits: 2, Misses: 1},
+		}
+		for _, c := range e.p.Counts() {
+			if c != want[c.Tenant] {
+				t.Errorf("count of %q = %+v, want %+v", c.Tenant, c, want[c.Tenant])
+			}
+		}
+		// Both pools refill; a member of a's reservation goes to a only.
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s, o := e.stat(spare), e.stat(keyA); s.Ready != 2 || o.Ready != 1 {
+			t.Fatalf("after refill: spare %+v, a %+v", s, o)
+		}
+		if m, ok := e.p.Claim(keyB); !ok || !m.Key.IsSpare() {
+			t.Fatalf("b after refill: %+v %v, want a spare member", m, ok)
+		}
+	})
+}
+
+// With spare pools the adaptive size follows the host-wide claim rate in
+// the spare pool, and a tenant's own pool stays at min_warm; a key no spare
+// pool serves keeps its own adaptive pool.
+func TestSpareFollowsHostWideRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		adm := &admission{seeds: func() []Key { return nil }}
+		e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: 5 * time.Second, HalfLife: time.Minute,
+			IdleAfter: 5 * time.Minute, Parallel: 8, Tick: time.Second}, 0)
+		keys := []Key{keyA, keyA, keyA}
+		keys[1].Tenant, keys[2].Tenant = "b", "c"
+		private := keyA
+		private.Template = "private"
+		// Three tenants, each 2/3 claim a second: 2/s host-wide, for 2 min.
+		for i := range 240 {
+			e.p.Claim(keys[i%3])
+			if i%2 == 0 {
+				e.p.Claim(private)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		synctest.Wait()
+		spare := keyA
+		spare.Tenant = ""
+		if s := e.stat(spare); s.Target < 7 || s.Target > 9 {
+			t.Errorf("spare target after 2/s host-wide = %d, want about 8", s.Target)
+		}
+		for _, k := range keys {
+			if s := e.stat(k); s.Target != 0 {
+				t.Errorf("tenant %s's pool target = %d, want 0 (min_warm; the spare pool adapts)", k.Tenant, s.Target)
+			}
+		}
+		if s := e.stat(private); s.Target < 3 || s.Target > 5 {
+			t.Errorf("private template pool target after 1/s = %d, want about 4 (its own adaptive size)", s.Target)
+		}
+		// Idle: the spare pool shrinks to its floor (0 here).
+		time.Sleep(6 * time.Minute)
+		synctest.Wait()
+		if s := e.stat(spare); s.Target != 0 || s.Ready != 0 {
+			t.Errorf("spare pool after idle: %+v, want empty", s)
+		}
+	})
+}
+
+// The spare pool's members pass the same Admission as a tenant's (the host
+// memory guard): refused, the pool stays below its floor.
+func TestSpareHeldBackByAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spare := keyA
+		spare.Tenant = ""
+		var asked atomic.Int64
+		adm := &admission{
+			minWarmOf: func(Key) int { return 4 },
+			admit: func(_ context.Context, k Key, members, _ int) error {
+				if !k.IsSpare() {
+					return fmt.Errorf("unexpected key %+v", k)
+				}
+				asked.Add(1)
+				if members >= 3 {
+					return errors.New("host memory budget reached")
+				}
+				return nil
+			},
+		}
+		adm.seeds = func() []Key { return []Key{spare} }
+		e := start(t, Config{Admission: adm, Spare: spareOfAll, Tick: time.Second}, 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if s := e.stat(spare); s.Ready != 3 || s.Target != 4 || asked.Load() == 0 {
+			t.Fatalf("spare pool %+v (asked %d), want 3 ready of target 4", s, asked.Load())
 		}
 	})
 }

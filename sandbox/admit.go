@@ -65,6 +65,9 @@ type Admitter struct {
 	// before its sandboxes are ready.
 	slowStart func(template string) bool
 
+	// spare: the host-wide spare pools (spare.go); nil: none.
+	spare *spares
+
 	tenants sync.Map   // tenant id -> *tenantState
 	hostMu  sync.Mutex // host budget check + insert, when hostMemoryMB > 0
 	pool    Pool       // nil: every create is cold
@@ -145,9 +148,13 @@ func (tk *Ticket) Member() *pool.Member { return tk.member }
 // Waited is how long the create waited for a slot or a refill.
 func (tk *Ticket) Waited() time.Duration { return tk.waited }
 
-// ServedFrom says where the sandbox comes from: "pool" or "cold".
+// ServedFrom says where the sandbox comes from: "pool" (the tenant's warm
+// pool), "spare" (the host-wide spare pool) or "cold".
 func (tk *Ticket) ServedFrom() string {
 	if tk.member != nil {
+		if tk.member.Key.IsSpare() {
+			return "spare"
+		}
 		return "pool"
 	}
 	return "cold"
@@ -347,6 +354,11 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 // pool refill made ready.
 func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold bool) (*pool.Member, *gateWaiter, error) {
 	w := a.gate.enter(t)
+	if w == nil {
+		return nil, nil, errdefs.New(errdefs.ErrRateLimited, fmt.Sprintf(
+			"the host's create queue is full (%d cold creates in flight, this tenant's share of %d waiting); retry later",
+			a.gate.slots, a.gate.queueMax))
+	}
 	for {
 		select {
 		case <-w.granted:
@@ -373,13 +385,18 @@ func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, col
 }
 
 // Seeds returns the default pool of every tenant whose min_warm is above
-// zero: template "base", default resources, internet allowed (what an SDK's
-// plain Sandbox.create() asks for).
+// zero (template "base", default resources, internet allowed: what an SDK's
+// plain Sandbox.create() asks for), and the spare pools the operator gave a
+// floor whose templates are ready.
 func (a *Admitter) Seeds() []pool.Key {
-	if a.settings == nil {
-		return nil
-	}
 	var keys []pool.Key
+	if a.spare != nil {
+		a.spare.refresh(context.Background())
+		keys = a.spare.seeds()
+	}
+	if a.settings == nil {
+		return keys
+	}
 	for _, t := range a.settings.Tenants() {
 		if a.settings.Get(t).MinWarm > 0 {
 			keys = append(keys, a.defaultKey(t))
@@ -388,10 +405,19 @@ func (a *Admitter) Seeds() []pool.Key {
 	return keys
 }
 
-// MinWarm is the min_warm of pool key: its tenant's setting, and at least
-// one for a built template with a start command.
+// MinWarm is the min_warm of pool key: its tenant's setting, or a spare
+// pool's floor; and at least one for a built template with a start command
+// (in the spare pool when one serves the template).
 func (a *Admitter) MinWarm(key pool.Key) int {
-	n := a.settings.Get(key.Tenant).MinWarm
+	n := 0
+	if key.IsSpare() {
+		n = a.spare.floor(key)
+	} else {
+		n = a.settings.Get(key.Tenant).MinWarm
+		if _, spared := a.SpareKey(key); spared {
+			return n
+		}
+	}
 	if a.slowStart != nil && a.slowStart(key.Template) {
 		// What a warm member hides is the template's start command:
 		// keep one of a template in use even without min_warm.
@@ -405,6 +431,11 @@ func (a *Admitter) MinWarm(key pool.Key) int {
 // sandboxes plus members stay within the tenant's quota, and the host guard
 // holds.
 func (a *Admitter) AdmitMember(ctx context.Context, key pool.Key, members, memoryMB int) error {
+	if key.IsSpare() {
+		// A spare member is in no tenant's quota until claimed (the claim
+		// passes the quota like any create); it counts in the host's.
+		return a.checkHost(ctx, a.MemberMB(key))
+	}
 	// Under the tenant's lock: a claim and its row land together, so the
 	// count never misses a sandbox whose member was just claimed.
 	ts := a.tenant(key.Tenant)

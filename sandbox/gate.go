@@ -2,26 +2,35 @@ package sandbox
 
 import (
 	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // coldGate bounds the cold creates in flight (see the package doc, "Cold
-// create admission"). A slot is free or held by one create of a tenant, and
-// one tenant holds at most perTenant slots (all but one, when there are
-// two or more): a create of another tenant then always finds a slot free
-// instead of waiting for one. Waiters queue per tenant; a freed slot goes
-// to the waiting tenant below its cap that holds the fewest slots, the one
-// served longest ago among equals, and within a tenant to its oldest
-// waiter.
+// create admission"), work-conserving: a tenant alone on the host may hold
+// every slot; once another tenant is active (holds a slot, waits for one,
+// or asked within shareWindow), each holds at most all slots but one, so
+// the other's create finds a slot free or waits for at most one create.
+// Waiters queue per tenant; a freed slot goes to the waiting tenant below
+// its cap that holds the fewest slots, the one served longest ago among
+// equals, and within a tenant to its oldest waiter.
+//
+// The queue is what exceeds the host's capacity: with queueMax above zero,
+// a tenant's waiters are bounded by its fair share of it (queueMax divided
+// among the tenants waiting), and a create beyond that is refused (429 with
+// Retry-After) instead of waiting unboundedly.
 type coldGate struct {
-	mu        sync.Mutex
-	free      int
-	perTenant int
-	held      map[tenant.ID]int
-	queues    map[tenant.ID][]*gateWaiter
-	served    map[tenant.ID]uint64 // grant sequence of each tenant's last slot
-	seq       uint64
+	mu          sync.Mutex
+	slots, free int
+	queueMax    int           // 0: unbounded
+	shareWindow time.Duration // how long a tenant counts as active after asking
+	now         func() time.Time
+	held        map[tenant.ID]int
+	queues      map[tenant.ID][]*gateWaiter
+	served      map[tenant.ID]uint64    // grant sequence of each tenant's last slot
+	asked       map[tenant.ID]time.Time // each tenant's last enter, within shareWindow
+	seq         uint64
 }
 
 type gateWaiter struct {
@@ -29,31 +38,73 @@ type gateWaiter struct {
 	granted chan struct{} // closed when the waiter holds a slot
 }
 
-func newColdGate(slots int) *coldGate {
+// defaultShareWindow: a tenant that asked for a slot this recently keeps
+// a slot free of any other tenant's, so its sequential creates during
+// another's flood never wait for the flood.
+const defaultShareWindow = 2 * time.Second
+
+func newColdGate(slots, queueMax int) *coldGate {
 	return &coldGate{
-		free:      slots,
-		perTenant: max(slots-1, 1),
-		held:      map[tenant.ID]int{},
-		queues:    map[tenant.ID][]*gateWaiter{},
-		served:    map[tenant.ID]uint64{},
+		slots: slots, free: slots, queueMax: max(queueMax, 0),
+		shareWindow: defaultShareWindow, now: time.Now,
+		held:   map[tenant.ID]int{},
+		queues: map[tenant.ID][]*gateWaiter{},
+		served: map[tenant.ID]uint64{},
+		asked:  map[tenant.ID]time.Time{},
 	}
+}
+
+// capLocked is the most slots tenant t may hold now: all of them while it
+// is alone, all but one (at least one) once another tenant is active.
+func (g *coldGate) capLocked(t tenant.ID, now time.Time) int {
+	for u, at := range g.asked {
+		if u == t {
+			continue
+		}
+		if g.held[u] > 0 || len(g.queues[u]) > 0 || now.Sub(at) < g.shareWindow {
+			return max(g.slots-1, 1)
+		}
+	}
+	return g.slots
 }
 
 // enter returns a waiter for a slot of tenant t; its granted channel is
 // already closed when a slot was free. Every waiter ends with leave: after
-// a grant (the slot is then released) or instead of one.
+// a grant (the slot is then released) or instead of one. It returns nil
+// when t's share of the bounded queue is full: the create is refused.
 func (g *coldGate) enter(t tenant.ID) *gateWaiter {
 	w := &gateWaiter{t: t, granted: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	now := g.now()
+	for u, at := range g.asked {
+		// Forget tenants idle past the window: the map follows active ones.
+		if now.Sub(at) >= g.shareWindow && g.held[u] == 0 && len(g.queues[u]) == 0 {
+			delete(g.asked, u)
+		}
+	}
+	g.asked[t] = now
 	// A tenant with waiters is at its cap, or no slot is free: it queues
 	// behind them.
-	if g.free > 0 && g.held[t] < g.perTenant && len(g.queues[t]) == 0 {
+	if g.free > 0 && g.held[t] < g.capLocked(t, now) && len(g.queues[t]) == 0 {
 		g.grantLocked(w)
 		return w
 	}
+	if g.queueMax > 0 && len(g.queues[t]) >= g.shareLocked(t) {
+		return nil
+	}
 	g.queues[t] = append(g.queues[t], w)
 	return w
+}
+
+// shareLocked is how many waiters tenant t may have: queueMax split evenly
+// among the tenants waiting (t among them), at least one.
+func (g *coldGate) shareLocked(t tenant.ID) int {
+	n := len(g.queues)
+	if _, ok := g.queues[t]; !ok {
+		n++
+	}
+	return max(g.queueMax/n, 1)
 }
 
 // leave releases w's slot if it got one, or takes it out of the queue.
@@ -102,11 +153,12 @@ func (g *coldGate) grantLocked(w *gateWaiter) {
 
 // handOnLocked gives free slots to waiters of tenants below their cap.
 func (g *coldGate) handOnLocked() {
+	now := g.now()
 	for g.free > 0 {
 		var next tenant.ID
 		found := false
 		for t := range g.queues {
-			if g.held[t] >= g.perTenant {
+			if g.held[t] >= g.capLocked(t, now) {
 				continue
 			}
 			if !found || g.held[t] < g.held[next] || g.held[t] == g.held[next] && g.served[t] < g.served[next] {

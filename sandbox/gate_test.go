@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/store"
@@ -30,28 +31,93 @@ func TestColdGate(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		slots int
-		run   func(t *testing.T, g *coldGate)
+		queue int
+		run   func(t *testing.T, g *coldGate, clock *time.Time)
 	}{
-		{"a tenant alone uses all slots but one, then queues", 3, func(t *testing.T, g *coldGate) {
-			a1, a2, a3 := g.enter("a"), g.enter("a"), g.enter("a")
-			if !granted(a1) || !granted(a2) || granted(a3) {
-				t.Fatalf("granted %v %v %v, want the first two", granted(a1), granted(a2), granted(a3))
+		{"a tenant alone uses every slot, then queues", 3, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
+			a1, a2, a3, a4 := g.enter("a"), g.enter("a"), g.enter("a"), g.enter("a")
+			if !granted(a1) || !granted(a2) || !granted(a3) || granted(a4) {
+				t.Fatalf("granted %v %v %v %v, want the first three", granted(a1), granted(a2), granted(a3), granted(a4))
 			}
+			// b arrives: it gets the next slot, before a's older waiter,
+			// and from then on a holds at most all but one.
 			b1 := g.enter("b")
-			if !granted(b1) {
-				t.Fatal("b found no free slot while a flooded")
+			if granted(b1) {
+				t.Fatal("b granted with no slot free")
 			}
 			g.leave(a1)
-			if !granted(a3) {
-				t.Fatal("a freed slot did not go to the waiter")
+			if !granted(b1) || granted(a4) {
+				t.Fatal("the freed slot did not go to b, the tenant holding none")
+			}
+			g.leave(a2)
+			if !granted(a4) {
+				t.Fatal("a's waiter not granted a second slot")
+			}
+			a5 := g.enter("a")
+			g.leave(b1)
+			if granted(a5) {
+				t.Fatal("a got a third slot while b is active")
 			}
 		}},
-		{"one slot: a tenant may take it", 1, func(t *testing.T, g *coldGate) {
+		{"while another tenant is active, a holds all but one", 3, 0, func(t *testing.T, g *coldGate, clock *time.Time) {
+			b1 := g.enter("b")
+			g.leave(b1) // b asked a moment ago: it counts as active
+			a1, a2, a3 := g.enter("a"), g.enter("a"), g.enter("a")
+			if !granted(a1) || !granted(a2) || granted(a3) {
+				t.Fatalf("granted %v %v %v, want two of three", granted(a1), granted(a2), granted(a3))
+			}
+			if b2 := g.enter("b"); !granted(b2) {
+				t.Fatal("b found no free slot while a flooded")
+			}
+			// b goes quiet past the window: a's next freed slot lets a
+			// take them all again.
+			*clock = clock.Add(defaultShareWindow)
+			a4 := g.enter("a")
+			g.leave(a1)
+			if !granted(a3) || granted(a4) {
+				t.Fatal("a's oldest waiter was not granted the freed slot")
+			}
+		}},
+		{"a tenant alone may queue the whole queue, then gets refused", 1, 4, func(t *testing.T, g *coldGate, _ *time.Time) {
+			g.enter("a") // holds the slot
+			for i := range 4 {
+				if w := g.enter("a"); w == nil {
+					t.Fatalf("waiter %d refused within the queue", i)
+				}
+			}
+			if w := g.enter("a"); w != nil {
+				t.Fatal("a waiter beyond the queue was queued")
+			}
+		}},
+		{"the queue is shared fairly between tenants waiting", 1, 4, func(t *testing.T, g *coldGate, _ *time.Time) {
+			g.enter("a")
+			for range 4 {
+				g.enter("a")
+			}
+			// b's share is 4/2 = 2, though a fills the whole queue.
+			if b1, b2 := g.enter("b"), g.enter("b"); b1 == nil || b2 == nil {
+				t.Fatal("b refused within its share")
+			}
+			if b3 := g.enter("b"); b3 != nil {
+				t.Fatal("b queued beyond its share")
+			}
+			if a := g.enter("a"); a != nil {
+				t.Fatal("a queued beyond its share")
+			}
+		}},
+		{"no queue bound: nothing is refused", 1, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
+			for i := range 1000 {
+				if g.enter("a") == nil {
+					t.Fatalf("enter %d refused without a bound", i)
+				}
+			}
+		}},
+		{"one slot: a tenant may take it", 1, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
 			if a1 := g.enter("a"); !granted(a1) {
 				t.Fatal("the only slot was not granted")
 			}
 		}},
-		{"a freed slot goes to the tenant holding fewer", 2, func(t *testing.T, g *coldGate) {
+		{"a freed slot goes to the tenant holding fewer", 2, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
 			a1, b1 := g.enter("a"), g.enter("b")
 			a2, a3, b2 := g.enter("a"), g.enter("a"), g.enter("b")
 			g.leave(b1) // b holds 0, a 1: b2 goes first although a queued before
@@ -63,7 +129,7 @@ func TestColdGate(t *testing.T) {
 				t.Fatal("a's waiters are not served oldest first")
 			}
 		}},
-		{"equal holders take turns", 3, func(t *testing.T, g *coldGate) {
+		{"equal holders take turns", 3, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
 			a1, b1, c1 := g.enter("a"), g.enter("b"), g.enter("c")
 			a2, b2 := g.enter("a"), g.enter("b")
 			g.leave(c1) // a and b hold one each; a was served longest ago
@@ -76,7 +142,7 @@ func TestColdGate(t *testing.T) {
 			}
 			g.leave(b1)
 		}},
-		{"a waiter that leaves gives up its place", 3, func(t *testing.T, g *coldGate) {
+		{"a waiter that leaves gives up its place", 3, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
 			a1, _, b1 := g.enter("a"), g.enter("a"), g.enter("b")
 			b2, c1 := g.enter("b"), g.enter("c")
 			g.leave(c1) // gave up (its context ended)
@@ -90,7 +156,12 @@ func TestColdGate(t *testing.T) {
 			g.leave(b1)
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.run(t, newColdGate(c.slots)) })
+		t.Run(c.name, func(t *testing.T) {
+			g := newColdGate(c.slots, c.queue)
+			clock := time.Unix(1e9, 0)
+			g.now = func() time.Time { return clock }
+			c.run(t, g, &clock)
+		})
 	}
 }
 
@@ -154,7 +225,7 @@ func TestColdCreatesBounded(t *testing.T) {
 		tenants []string
 		want    int32
 	}{
-		{"one tenant: all slots but one", []string{"a"}, 2},
+		{"one tenant: every slot (work-conserving)", []string{"a"}, 3},
 		{"two tenants: every slot", []string{"a", "b"}, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -277,6 +348,42 @@ func TestQuotaCountsWaitingCreates(t *testing.T) {
 		}
 		if n := e.be.Len(); n != 2 {
 			t.Fatalf("%d backend sandboxes, want 2", n)
+		}
+	})
+}
+
+// TestCreateQueueFull: past the bounded queue a create is refused at once
+// with ErrRateLimited (429 + Retry-After), leaving nothing behind, and the
+// creates within it all succeed.
+func TestCreateQueueFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cb *countingBackend
+		e := newTestEnv(t, func(c *Config) {
+			cb = &countingBackend{sandboxtestBackend: c.Backend.(*sandboxtestBackend), fast: time.Second}
+			c.Backend = cb
+			c.ColdParallel, c.ColdQueue = 1, 3
+		})
+		var wg sync.WaitGroup
+		var ok, limited atomic.Int32
+		for range 6 {
+			wg.Go(func() {
+				_, err := e.m.Create(as("a"), CreateRequest{})
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, errdefs.ErrRateLimited):
+					limited.Add(1)
+				default:
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if ok.Load() != 4 || limited.Load() != 2 {
+			t.Fatalf("%d created, %d refused; want 4 (1 slot + 3 queued) and 2", ok.Load(), limited.Load())
+		}
+		if n := e.be.Len(); n != 4 {
+			t.Fatalf("backend holds %d sandboxes, want 4", n)
 		}
 	})
 }

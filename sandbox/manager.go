@@ -21,11 +21,15 @@
 // per CPU, plus one) run at once. A miss waits for whichever comes first: a
 // slot, or a member that a pool refill (started by the claim itself) makes
 // ready; either way it is served as soon as capacity frees up, in arrival
-// order within its tenant. One tenant holds at most all slots but one, and
-// free slots go to the waiting tenant holding the fewest (the one served
-// longest ago among equals), so a tenant flooding creates never takes every
-// slot: another tenant's create finds one free, and shares the CPUs with
-// a bounded number of the flood's. A waiting create counts against its
+// order within its tenant. The bound is work-conserving: a tenant alone
+// may hold every slot; while another tenant is active each holds at most
+// all slots but one, and free slots go to the waiting tenant holding the
+// fewest (the one served longest ago among equals), so a tenant flooding
+// creates never takes every slot from another: the other's create finds
+// one free (or waits for one create), and shares the CPUs with a bounded
+// number of the flood's. Only what exceeds the host's capacity is refused:
+// the waiters are bounded (ColdQueue), each tenant to its share, and a
+// create beyond gets 429 with Retry-After. A waiting create counts against its
 // tenant's quota although it has no row yet, holds no lock, and gives up
 // when its request ends. Its audit line says how long it waited
 // (waited_ms) and where it was served from (served_from: pool or cold).
@@ -142,10 +146,24 @@ type Config struct {
 	OnLogDrop func(n int)
 
 	// ColdParallel bounds the cold creates in flight (backend creates of
-	// creates that missed the pool); one tenant may hold all but one of
-	// them. The rest wait their turn, fairly between tenants. 0:
-	// DefaultColdParallel; negative: no bound.
+	// creates that missed the pool); a tenant alone may hold all of them,
+	// one of several all but one. The rest wait their turn, fairly between
+	// tenants. 0: DefaultColdParallel; negative: no bound.
 	ColdParallel int
+	// ColdQueue bounds the creates waiting for a cold-create slot, each
+	// tenant to its fair share of it; a create beyond is refused with
+	// ErrRateLimited (429 + Retry-After). 0: DefaultColdQueue; negative:
+	// unbounded.
+	ColdQueue int
+
+	// Spare turns the host-wide spare pools on (package pool): claims of
+	// the backend's own templates and of those named in SpareMin may take
+	// a never-used member after the tenant's own pool.
+	Spare bool
+	// SpareMin is the operator's floor of spare members per template
+	// reference (a name, optionally with a tag; a public template or one
+	// of the backend's own), in the template's default shape.
+	SpareMin map[string]int
 }
 
 // DefaultTemplate is the template of a create that names none.
@@ -167,6 +185,12 @@ func DefaultMaxCPU() int { return max(goruntime.NumCPU()-1, 1) }
 // cold create is mostly CPU (mounts, namespaces, cgroups, envd's start),
 // so more at once only slows each down.
 func DefaultColdParallel() int { return max(goruntime.NumCPU(), 2) + 1 }
+
+// DefaultColdQueue is the default bound on creates waiting for a
+// cold-create slot: deep enough for a burst of a few hundred creates
+// (minus what the pools serve), shallow enough that a waiter is served
+// within seconds rather than timing out in its client.
+const DefaultColdQueue = 256
 
 // Manager is the lifecycle state machine. Its methods are safe for
 // concurrent use; actions on one sandbox are serialised.
@@ -273,17 +297,29 @@ func New(cfg Config) *Manager {
 			return ok && cfg.StartCmd != ""
 		},
 	}
+	if cfg.Spare {
+		m.adm.spare = &spares{
+			min: cfg.SpareMin, resolve: m.spareResolver, builtin: m.isBuiltin,
+			key: func(template string) pool.Key {
+				return m.PoolKey("", CreateRequest{Template: template, AllowInternet: true})
+			},
+		}
+	}
 	if m.adm.memAvailable == nil {
 		m.adm.memAvailable = MemAvailableMB
 	}
 	if m.adm.memTotal == nil {
 		m.adm.memTotal = MemTotalMB
 	}
+	queue := cfg.ColdQueue
+	if queue == 0 {
+		queue = DefaultColdQueue
+	}
 	switch {
 	case cfg.ColdParallel == 0:
-		m.adm.gate = newColdGate(DefaultColdParallel())
+		m.adm.gate = newColdGate(DefaultColdParallel(), queue)
 	case cfg.ColdParallel > 0:
-		m.adm.gate = newColdGate(cfg.ColdParallel)
+		m.adm.gate = newColdGate(cfg.ColdParallel, queue)
 	}
 	return m
 }

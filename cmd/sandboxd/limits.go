@@ -3,11 +3,17 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/codeinterp"
 	"github.com/sandboxd/sandboxd/pool"
 	"github.com/sandboxd/sandboxd/ratelimit"
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
@@ -31,15 +37,75 @@ type limitOpts struct {
 	settingsPoll                                    time.Duration
 	nativeIdleTTL                                   time.Duration
 
-	pool                   bool
-	poolLead, poolHalfLife time.Duration
-	poolIdle, poolForget   time.Duration
-	poolMax, poolParallel  int
-	coldParallel           int
+	pool                    bool
+	poolLead, poolHalfLife  time.Duration
+	poolIdle, poolForget    time.Duration
+	poolMax, poolParallel   int
+	coldParallel, coldQueue int
+	spare                   bool
+	spareMin                spareMinFlag
+}
+
+// spareMinFlag is --spare-min: TEMPLATE=N pairs, comma-separated.
+type spareMinFlag struct {
+	m   map[string]int
+	set bool // given on the command line (no default added)
+}
+
+func (f *spareMinFlag) String() string {
+	if f == nil || len(f.m) == 0 {
+		return ""
+	}
+	names := slices.Sorted(maps.Keys(f.m))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + "=" + strconv.Itoa(f.m[n])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *spareMinFlag) Set(v string) error {
+	m := map[string]int{}
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, n, ok := strings.Cut(part, "=")
+		c, err := strconv.Atoi(n)
+		if !ok || name == "" || err != nil || c < 0 {
+			return fmt.Errorf("%q: want TEMPLATE=N (N >= 0), e.g. base=2", part)
+		}
+		m[name] = c
+	}
+	f.m, f.set = m, true
+	return nil
+}
+
+// defaultSpareMin is --spare-min's default: two of base, so that a lone
+// user's first creates on a fresh sandboxd are warm claims.
+const defaultSpareMin = "base=2"
+
+// spareCodeInterpMinMB is the MemAvailable (MiB) at start below which the
+// code interpreter gets no spare member by default: an idle one holds
+// about 110 MiB, and its memory limit counts in the host budget.
+const spareCodeInterpMinMB = 2048
+
+// spareFloors is the spare pools' floors: --spare-min as given or, by
+// default, base=2 plus one code-interpreter-v1 when the code interpreter
+// is built (codeInterp) and the host has memory to spare (availMB).
+func (o *limitOpts) spareFloors(codeInterp bool, availMB int) map[string]int {
+	if o.spareMin.set {
+		return o.spareMin.m
+	}
+	floors := maps.Clone(o.spareMin.m)
+	if codeInterp && availMB >= spareCodeInterpMinMB {
+		floors[codeinterp.TemplateName] = 1
+	}
+	return floors
 }
 
 func (o *limitOpts) register(fs *flag.FlagSet) {
-	fs.Float64Var(&o.createRate, "create-rate", 5, "default sandbox creates (create, resume, connect) per second per tenant; 0: no limit (tenants set --create-rate overrides)")
+	fs.Float64Var(&o.createRate, "create-rate", 0, "default sandbox creates (create, resume, connect) per second per tenant; 0: no limit, the host's capacity is shared fairly instead (--cold-parallel, --create-queue); tenants set --create-rate overrides")
 	fs.IntVar(&o.createBurst, "create-burst", 20, "default create token bucket size per tenant")
 	fs.Float64Var(&o.lifecycleRate, "lifecycle-rate", 20, "other mutating API calls per second per tenant; 0: no limit")
 	fs.IntVar(&o.lifecycleBurst, "lifecycle-burst", 50, "lifecycle token bucket size per tenant")
@@ -68,7 +134,12 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.poolForget, "pool-forget", time.Hour, "a non-default pool without claims this long is removed")
 	fs.IntVar(&o.poolMax, "pool-max", 64, "largest target of any one pool")
 	fs.IntVar(&o.poolParallel, "pool-parallel", max(runtime.NumCPU(), 2), "warm member creates in flight at once")
-	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once, one tenant holding all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
+	fs.BoolVar(&o.spare, "spare", true, "keep host-wide spare pools: never-used, tenant-neutral sandboxes of the backend's templates and of those in --spare-min, claimed by any tenant after its own min_warm pool; sized by the host-wide claim rate above --spare-min's floor")
+	_ = o.spareMin.Set(defaultSpareMin)
+	o.spareMin.set = false
+	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available at start`)
+	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once; a tenant alone may hold all, one of several all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
+	fs.IntVar(&o.coldQueue, "create-queue", sandbox.DefaultColdQueue, "creates waiting for a cold-create slot, shared fairly between the tenants waiting; a create beyond its tenant's share gets 429 + Retry-After; negative: unbounded")
 }
 
 // defaults are the server-wide tenant settings, for tenants (or values)
@@ -102,18 +173,23 @@ func (o *limitOpts) ipLimiter() (*ratelimit.Limiter, ratelimit.Limit) {
 	return ratelimit.New(10*time.Minute, nil), ratelimit.Limit{Rate: o.ipRate, Burst: o.ipBurst}
 }
 
-// newPools builds the warm pools over mgr (nil when --pool=false).
+// newPools builds the warm pools over mgr (nil when --pool=false); the
+// spare pools are on with --spare (Manager's Config.Spare).
 func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *slog.Logger) *pool.Pools {
 	if !o.pool {
 		return nil
 	}
-	p := pool.New(pool.Config{
+	cfg := pool.Config{
 		Backend: be, Health: mgr.EnvdHealth, Prepare: mgr.PrepareMember, Admission: mgr.Admission(), MemberMB: mgr.Admission().MemberMB,
 		NewID: sandbox.NewID, NewToken: sandbox.NewToken,
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,
 		MaxPerPool: o.poolMax, Parallel: o.poolParallel,
-	})
+	}
+	if o.spare {
+		cfg.Spare = mgr.Admission().SpareKey
+	}
+	p := pool.New(cfg)
 	mgr.UsePool(p)
 	return p
 }
@@ -133,4 +209,13 @@ func poolStats(p *pool.Pools) server.PoolStats {
 		return nil
 	}
 	return p
+}
+
+// availableMB is the host's MemAvailable in MiB, 0 when unread.
+func availableMB() int {
+	mb, err := sandbox.MemAvailableMB()
+	if err != nil {
+		return 0
+	}
+	return mb
 }

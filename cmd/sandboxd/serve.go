@@ -207,8 +207,9 @@ func serve(args []string) error {
 		EnvdVersion: envdapi.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
-		ColdParallel: lim.coldParallel,
-		MaxCPU:       lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
+		ColdParallel: lim.coldParallel, ColdQueue: lim.coldQueue,
+		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availableMB()),
+		MaxCPU: lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
 		DiskInMemory:   *backend == "local", // its disk is a tmpfs
 		MetricsHistory: *metricsKeep, OnMetricsPass: metrics.ObserveMetricsPass,
 		OnLogDrop: metrics.LogsDropped,

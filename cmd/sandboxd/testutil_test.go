@@ -570,8 +570,9 @@ func tryStartE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs .
 
 // e2eLaunch is what a sandboxd is started from besides its flags.
 type e2eLaunch struct {
-	bin string   // the sandboxd binary; "": e2eBinDir's
-	env []string // added to e2eSandboxdEnviron
+	bin   string   // the sandboxd binary; "": e2eBinDir's
+	env   []string // added to e2eSandboxdEnviron
+	unset []string // names taken out of e2eSandboxdEnviron (a default under test)
 }
 
 func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...string) (*e2eServer, error) {
@@ -589,6 +590,11 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		!slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--egress-subnet") }) {
 		extraArgs = append(extraArgs, "--egress-subnet="+subnet)
 	}
+	// No spare floor unless the test asks for one: a test that counts what
+	// is on the host must not race the spare pool's first fill.
+	if !slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--spare-min") }) {
+		extraArgs = append(extraArgs, "--spare-min=")
+	}
 	bin := l.bin
 	if bin == "" {
 		bin = filepath.Join(e2eBinDir, "sandboxd")
@@ -599,7 +605,10 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		"--run-dir", runDir,
 		"--envd", filepath.Join(e2eBinDir, "envd"),
 	}, extraArgs...)...)
-	cmd.Env = append(e2eSandboxdEnviron(), l.env...)
+	cmd.Env = append(slices.DeleteFunc(e2eSandboxdEnviron(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(l.unset, name)
+	}), l.env...)
 	// A file, not a pipe: sandboxes outlive a SIGKILLed sandboxd, and
 	// nothing may hold a pipe of ours open past the process we wait for.
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// spareScenario measures issue 24's rows against sandboxes with the
+// build's default settings (no per-tenant create rate, the default spare
+// pool), each on a fresh sandboxd: a lone tenant's bursts, create → first
+// command right after a burst, and a burst against a spare pool of 50.
+func spareScenario(ctx context.Context, b *Bench) error {
+	if !b.flags["spare-min"] {
+		b.add(unavailable("spare", "issue 24's bursts with the default settings", "this build has no spare pool"))
+		return nil
+	}
+	for _, c := range []struct {
+		fire  int
+		extra []string
+		spare int // ready spare members to wait for before the burst
+		goal  string
+		label string
+	}{
+		{100, nil, 2, "0 × 429, p99 ≤ 1 s", "one tenant, 100 concurrent creates, default settings"},
+		{50, nil, 2, "p99 ≤ 100 ms", "50 concurrent creates, default settings"},
+		{200, []string{"--spare-min=base=50", "--pool-lead=-1s"}, 50, "p99 ≤ 1 s, 0 errors", "200 concurrent creates vs a spare pool of 50"},
+	} {
+		if err := spareBurst(ctx, b, c.fire, c.spare, c.goal, c.label, c.extra...); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return afterBurst(ctx, b)
+}
+
+// startDefaults starts a sandboxd with the build's create defaults plus
+// extra and waits for spare ready members of base. The lifecycle and read
+// limits are off: the bench's own destroys and metric reads must not get
+// 429s, and neither class is what these rows measure.
+func (b *Bench) startDefaults(ctx context.Context, spare int, extra ...string) (*Harness, error) {
+	extra = append([]string{"--lifecycle-rate=0", "--read-rate=0"}, extra...)
+	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		n, _ := h.metricSum(ctx, "sandboxd_spare_members", map[string]string{"state": "ready", "template": "base"})
+		if int(n) >= spare {
+			return h, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			h.Close()
+			return nil, fmt.Errorf("spare pool holds %.0f ready members after 3 min, want %d", n, spare)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label string, extra ...string) error {
+	h, err := b.startDefaults(ctx, spare, extra...)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	each, wall, errs, ids, limited := createBurst(ctx, b, h, fire)
+	from := h.servedFrom()
+	count := map[string]int{}
+	for _, id := range ids {
+		count[from[id]]++
+	}
+	r := durDist("spare", label+", each", each, errs)
+	r.Goal = goal
+	r.Compare = fmt.Sprintf("%d × 429; served spare %d, cold %d; all done in %.0f ms",
+		limited, count["spare"], count["cold"], float64(wall)/float64(time.Millisecond))
+	b.add(r)
+	h.destroyAll(context.WithoutCancel(ctx), ids, 4)
+	return nil
+}
+
+// afterBurst: 20 concurrent creates, then 10 sequential create → first
+// commands.run('true') → kill, as issue 24's SDK loop does, over HTTP and
+// the envd proxy (the SDK scenario's path without the SDK's own cost).
+func afterBurst(ctx context.Context, b *Bench) error {
+	h, err := b.startDefaults(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	_, _, burstErrs, ids, _ := createBurst(ctx, b, h, 20)
+	var took []time.Duration
+	errs, limited := burstErrs, 0
+	for range 10 {
+		t0 := time.Now()
+		sb, err := h.create(ctx, true)
+		if err == nil {
+			tgt := h.proxyTarget(sb)
+			_, err = tgt.run(ctx, "true")
+			tgt.close()
+			took = append(took, time.Since(t0))
+			_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
+		}
+		if err != nil {
+			errs++
+			if errors.Is(err, errRateLimited) {
+				limited++
+			}
+			b.logf("after-burst create: %v", err)
+		}
+	}
+	r := durDist("spare", "create → first commands.run, 10 sequential after a burst of 20, default settings (HTTP, no SDK)", took, errs)
+	r.Goal = "p99 ≤ 40 ms, no 429"
+	r.Compare = fmt.Sprintf("%d × 429 (burst errors %d)", limited, burstErrs)
+	b.add(r)
+	h.destroyAll(context.WithoutCancel(ctx), ids, 4)
+	return nil
+}
+
+// createBurst fires n concurrent creates; it returns each one's time, the
+// wall time, the failures, the sandboxes made and how many got a 429.
+func createBurst(ctx context.Context, b *Bench, h *Harness, n int) (each []time.Duration, wall time.Duration, errs int, ids []string, limited int) {
+	var mu sync.Mutex
+	each, wall, errs = concurrently(ctx, n, func(ctx context.Context) error {
+		sb, err := h.create(ctx, true)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if errors.Is(err, errRateLimited) {
+				limited++
+			}
+			b.logf("burst create: %v", err)
+			return err
+		}
+		ids = append(ids, sb.ID)
+		return nil
+	})
+	return each, wall, errs, ids, limited
+}
