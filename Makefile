@@ -8,7 +8,7 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build base deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
@@ -46,9 +46,16 @@ sandboxd-init: deps
 generate:
 	./scripts/generate.sh
 
+# The root filesystem of the template base (Debian bookworm with Python,
+# Node and npm, git, curl, sudo …) from Debian packages, for both backends:
+# built once (5-10 min, mostly downloads), then cached under
+# /var/cache/sandboxd/base (scripts/base-rootfs.sh).
+base:
+	./scripts/base-rootfs.sh >/dev/null
+
 # Serve sandboxd on the local backend at 127.0.0.1:3000 and print the three
 # exports an E2B SDK needs.
-run: build
+run: build base
 	./scripts/run.sh
 
 # envd alone on localhost:49983, for E2B's SDKs in debug mode.
@@ -60,7 +67,7 @@ run-envd: envd
 # alone (they keep both cores busy); then the cgroup VMs, side by side
 # (test-cgroup), run beside the SDK suites one after another
 # (test-vms-beside-compat).
-test: build test-go test-schema test-deploy test-vms-beside-compat
+test: build base test-go test-schema test-deploy test-vms-beside-compat
 
 # The SDK suites beside the cgroup VMs: ≈ 35 min for all instead of ≈ 55
 # one after the other. The VMs, which emulate their CPUs, run slower then;
