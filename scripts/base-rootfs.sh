@@ -27,12 +27,13 @@ set -euo pipefail
 CACHE=${CACHE:-/var/cache/sandboxd/base}
 # What E2B's base image has (python:3 with build tools, curl, git; Node
 # and npm; sudo) in Debian's packages, with the tools sandboxd's own
-# tests and templates use (iproute2's ss, procps' ps).
+# tests and templates use (iproute2's ss, procps' ps). libnss-myhostname
+# resolves the sandbox's own host name (its id), which sudo looks up.
 PACKAGES=(
   python3 python-is-python3 python3-pip python3-venv python3-dev
   nodejs npm
   build-essential git curl wget ca-certificates gnupg openssh-client
-  sudo iproute2 iputils-ping procps psmisc socat less file
+  sudo libnss-myhostname iproute2 iputils-ping procps psmisc socat less file
   unzip zip xz-utils bzip2 tzdata
 )
 
@@ -66,16 +67,8 @@ if [[ -d $dst ]]; then
   exit 0
 fi
 
-# The first URI of the debian.sources stanza that carries the plain
-# "bookworm" suite (not -security), as scripts/incus-setup.sh reads it.
 sources=/etc/apt/sources.list.d/debian.sources
-uri=$(awk '
-  /^[[:space:]]*$/ { if (uri != "" && main) { print uri; exit } uri=""; main=0; next }
-  /^URIs:/   { uri=$2 }
-  /^Suites:/ { for (i=2;i<=NF;i++) if ($i=="bookworm") main=1 }
-  END        { if (uri != "" && main) print uri }
-' "$sources" 2>/dev/null | head -n1)
-[[ -n $uri ]] || { log "no bookworm URI in $sources"; exit 1; }
+uri=$("$(dirname "${BASH_SOURCE[0]}")/debian-uri.sh")
 command -v debootstrap >/dev/null || { log "no debootstrap: run scripts/deps.sh build"; exit 1; }
 
 work=$(mktemp -d "$CACHE/.build-XXXXXX")

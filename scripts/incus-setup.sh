@@ -37,23 +37,13 @@ step_done() { log "  done in $(awk -v a="$step_start" -v b="$EPOCHREALTIME" 'BEG
 [[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
 
-# The first URI of the debian.sources stanza that carries the plain
-# "bookworm" suite (not -security).
-debian_uri() {
-  awk '
-    /^[[:space:]]*$/ { if (uri != "" && main) { print uri; exit } uri=""; main=0; next }
-    /^URIs:/   { uri=$2 }
-    /^Suites:/ { for (i=2;i<=NF;i++) if ($i=="bookworm") main=1 }
-    END        { if (uri != "" && main) print uri }
-  ' /etc/apt/sources.list.d/debian.sources | head -n1
-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # --- 1+2. packages -----------------------------------------------------------
 BP=/etc/apt/sources.list.d/sandboxd-bookworm-backports.sources
 if ! command -v incus >/dev/null || ! command -v mkfs.btrfs >/dev/null || ! command -v debootstrap >/dev/null; then
   step "installing incus, btrfs-progs, debootstrap"
-  uri=$(debian_uri)
-  [[ -n $uri ]] || { log "no bookworm URI in /etc/apt/sources.list.d/debian.sources"; exit 1; }
+  uri=$("$here/debian-uri.sh")
   if [[ ! -e $BP ]]; then
     cat >"$BP" <<EOF
 Types: deb
@@ -118,7 +108,6 @@ fi
 # --- 5. test image -------------------------------------------------------------
 # The root filesystem is the local backend's base too (scripts/base-rootfs.sh,
 # cached; it waits for a concurrent build of it), plus a fallback /sbin/init.
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rootfs=$("$here/base-rootfs.sh")
 tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION-$(basename "$rootfs").tar
 if [[ ! -s $tarball ]]; then

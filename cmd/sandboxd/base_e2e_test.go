@@ -39,6 +39,10 @@ test -s /etc/ssl/certs/ca-certificates.crt && echo ca
 			t.Errorf("no %q in %q", want, res.stdout)
 		}
 	}
+	// Without a word on stderr (such as sudo's "unable to resolve host").
+	if res := s.mustRun(t, id, tok, "sudo -n true"); res.stderr != "" {
+		t.Errorf("sudo -n true: stderr %q", res.stderr)
+	}
 	// Root may change base's /usr (sudo apt-get install works as in E2B):
 	// the write lands in this sandbox's layer, not in the template nor on
 	// the host.
