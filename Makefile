@@ -82,34 +82,34 @@ test-vms-beside-compat: build vm-bin
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
-test-go:
+test-go: base
 	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 ./...
 
 # schemathesis over both OpenAPI specs against a real sandboxd: no 5xx but
 # 501, every response as its spec says (scripts/schemathesis.sh).
-test-schema: build
+test-schema: build base
 	$(STAGE) schema ./scripts/schemathesis.sh
 
 # docker-compose.yml, the systemd unit and the Grafana dashboard against
 # compose-go, systemd-analyze and a real Prometheus scraping a real
 # sandboxd (scripts/deploy-check.sh).
-test-deploy: build
+test-deploy: build base
 	$(STAGE) deploy ./scripts/deploy-check.sh
 
-test-compat: build
+test-compat: build base
 	$(STAGE) compat-pinned ./compat-tests/run.sh
 
 # The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'
 # next major version reaches E2B: TLS with a test CA, host routing, *.localhost
 # resolved by nss-myhostname (compat-tests/run.sh, domain mode).
-test-compat-domain: build
+test-compat-domain: build base
 	COMPAT_TARGET=domain $(STAGE) compat-domain ./compat-tests/run.sh
 
 # The same suites against sandboxd with the newest SDKs the registries serve,
 # so a new E2B release that breaks compatibility shows up here first; a
 # suite whose newest SDKs are the pinned ones is skipped (test-compat ran
 # them).
-test-compat-latest: build
+test-compat-latest: build base
 	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest COMPAT_SKIP_IF_PINNED=1 $(STAGE) compat-latest ./compat-tests/run.sh
 
 # The same suites against sandboxd on the Incus backend, when Incus
@@ -156,7 +156,7 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-bench: build
+bench: build base
 	@BENCH_SKIP_BUILD=1 ./bench/run.sh $(BENCH_ARGS)
 
 clean:
