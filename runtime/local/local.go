@@ -331,7 +331,7 @@ func (m *meta) upgrade() {
 	}
 }
 
-// New prepares Root (building the base template), re-adopts sandboxes that
+// New prepares Root (writing the host view), re-adopts sandboxes that
 // are still alive from an earlier process and returns the Backend. It does
 // not remove dead sandboxes' leftovers: call Reconcile for that.
 func New(ctx context.Context, opts Options) (*Backend, error) {
@@ -910,7 +910,7 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 // Reconcile removes what dead sandboxes left behind: state directories
 // whose init is gone or that an interrupted Create left half-made, with
 // their mounts and cgroups; cgroups under CgroupParent with no directory;
-// old base templates no live sandbox uses; and temporary directories that
+// old host views no live sandbox uses; and temporary directories that
 // interrupted writes and removals of layers left (layers themselves are
 // RemoveLayer's). Live sandboxes and creates in progress in this process
 // are untouched.

@@ -36,7 +36,7 @@ const envdSocketDir = "/run/envd"
 // template is what a sandbox's root is built from: lowers are the
 // read-only overlay lower directories, top first (one for a template of
 // the backend; layers on that for one of DefineTemplate), mounts are bind
-// mounts added on top (for base, the host's /usr).
+// mounts added on top (for host, the host's /usr).
 type template struct {
 	name   string
 	lowers []string
