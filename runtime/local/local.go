@@ -448,12 +448,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	b.templates[HostTemplate] = &template{name: HostTemplate, lowers: []string{hostDir}, base: HostTemplate, mounts: mounts}
 	if opts.BaseRootfs == "" {
 		b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{hostDir}, base: BaseTemplate, mounts: mounts}
+		b.log.Info("local backend: base template is the host view")
 	} else {
 		dir, err := baseRootfs(opts.BaseRootfs)
 		if err != nil {
 			return nil, fmt.Errorf("local backend: base template: %w", err)
 		}
 		b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{dir}, base: BaseTemplate}
+		b.log.Info("local backend: base template", "rootfs", dir)
 	}
 	for name, r := range opts.TemplateResources {
 		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate && name != HostTemplate {
