@@ -48,7 +48,7 @@ generate:
 
 # The root filesystem of the template base (Debian bookworm with Python,
 # Node and npm, git, curl, sudo …) from Debian packages, for both backends:
-# built once (5-10 min, mostly downloads), then cached under
+# built once (8-15 min, mostly downloads and dpkg), then cached under
 # /var/cache/sandboxd/base (scripts/base-rootfs.sh).
 base:
 	./scripts/base-rootfs.sh >/dev/null

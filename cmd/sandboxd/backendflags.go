@@ -55,7 +55,7 @@ func (o *backendOpts) localBase() (string, error) {
 		return "", nil
 	}
 	if _, err := os.Stat(o.baseRootfs); err != nil {
-		return "", fmt.Errorf("--base-rootfs %s: %w: build it with `make base` (scripts/base-rootfs.sh, as root, about 5-10 min once), or give --base-rootfs= for the host view as base", o.baseRootfs, err)
+		return "", fmt.Errorf("--base-rootfs %s: %w: build it with `make base` (scripts/base-rootfs.sh, as root, 8-15 min once), or give --base-rootfs= for the host view as base", o.baseRootfs, err)
 	}
 	return o.baseRootfs, nil
 }
