@@ -8,7 +8,7 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build base deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
@@ -46,9 +46,16 @@ sandboxd-init: deps
 generate:
 	./scripts/generate.sh
 
+# The root filesystem of the template base (Debian bookworm with Python,
+# Node and npm, git, curl, sudo …) from Debian packages, for both backends:
+# built once (8-15 min, mostly downloads and dpkg), then cached under
+# /var/cache/sandboxd/base (scripts/base-rootfs.sh).
+base:
+	./scripts/base-rootfs.sh >/dev/null
+
 # Serve sandboxd on the local backend at 127.0.0.1:3000 and print the three
 # exports an E2B SDK needs.
-run: build
+run: build base
 	./scripts/run.sh
 
 # envd alone on localhost:49983, for E2B's SDKs in debug mode.
@@ -60,7 +67,7 @@ run-envd: envd
 # alone (they keep both cores busy); then the cgroup VMs, side by side
 # (test-cgroup), run beside the SDK suites one after another
 # (test-vms-beside-compat).
-test: build test-go test-schema test-deploy test-vms-beside-compat
+test: build base test-go test-schema test-deploy test-vms-beside-compat
 
 # The SDK suites beside the cgroup VMs: ≈ 35 min for all instead of ≈ 55
 # one after the other. The VMs, which emulate their CPUs, run slower then;
@@ -75,34 +82,34 @@ test-vms-beside-compat: build vm-bin
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
-test-go:
+test-go: base
 	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 ./...
 
 # schemathesis over both OpenAPI specs against a real sandboxd: no 5xx but
 # 501, every response as its spec says (scripts/schemathesis.sh).
-test-schema: build
+test-schema: build base
 	$(STAGE) schema ./scripts/schemathesis.sh
 
 # docker-compose.yml, the systemd unit and the Grafana dashboard against
 # compose-go, systemd-analyze and a real Prometheus scraping a real
 # sandboxd (scripts/deploy-check.sh).
-test-deploy: build
+test-deploy: build base
 	$(STAGE) deploy ./scripts/deploy-check.sh
 
-test-compat: build
+test-compat: build base
 	$(STAGE) compat-pinned ./compat-tests/run.sh
 
 # The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'
 # next major version reaches E2B: TLS with a test CA, host routing, *.localhost
 # resolved by nss-myhostname (compat-tests/run.sh, domain mode).
-test-compat-domain: build
+test-compat-domain: build base
 	COMPAT_TARGET=domain $(STAGE) compat-domain ./compat-tests/run.sh
 
 # The same suites against sandboxd with the newest SDKs the registries serve,
 # so a new E2B release that breaks compatibility shows up here first; a
 # suite whose newest SDKs are the pinned ones is skipped (test-compat ran
 # them).
-test-compat-latest: build
+test-compat-latest: build base
 	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest COMPAT_SKIP_IF_PINNED=1 $(STAGE) compat-latest ./compat-tests/run.sh
 
 # The same suites against sandboxd on the Incus backend, when Incus
@@ -149,7 +156,7 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-bench: build
+bench: build base
 	@BENCH_SKIP_BUILD=1 ./bench/run.sh $(BENCH_ARGS)
 
 clean:

@@ -18,8 +18,9 @@
 //     a p2p NIC (a veth) as eth0, whose host end is named, addressed and
 //     filtered by runtime/egress exactly like runtime/local's;
 //   - keeps Docker's default capabilities minus CAP_NET_RAW and CAP_MKNOD
-//     (lxc.cap.drop), no_new_privs, and /usr read-only (a read-only idmapped
-//     bind of its own /usr);
+//     (lxc.cap.drop); setuid programs (sudo) work, as in E2B; /usr is
+//     read-only only with Options.ReadOnlyUsr (a read-only idmapped bind
+//     of its own /usr);
 //   - carries user.sandboxd.* config keys (id, template, created-at and the
 //     spec) from which List rebuilds the backend's view after a restart.
 //
@@ -109,7 +110,7 @@ type Options struct {
 	// /run/sandboxd/incus.
 	Root string
 	// IncusDir is incusd's state directory, where the pool's volumes are
-	// mounted (for the read-only /usr bind). Default /var/lib/incus.
+	// mounted (for ReadOnlyUsr's bind). Default /var/lib/incus.
 	IncusDir string
 	// PidsMax bounds tasks per sandbox: default 1024.
 	PidsMax int
@@ -130,8 +131,10 @@ type Options struct {
 	EnvdLogLevel string
 	// StartTimeout bounds Create when ctx has no deadline. Default 30s.
 	StartTimeout time.Duration
-	// WritableUsr leaves the template's /usr writable by root inside.
-	WritableUsr bool
+	// ReadOnlyUsr shows the template's /usr read-only even to root inside.
+	// By default root may change it (apt-get install, as in E2B), in the
+	// sandbox's own root volume.
+	ReadOnlyUsr bool
 	// NoDiskSync skips the syncfs Stats does so that btrfs quota groups
 	// count recent writes (a sync of the whole pool's filesystem).
 	NoDiskSync bool
@@ -431,9 +434,12 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		fmt.Sprintf("lxc.init.cmd = %s --init --socket %s/envd.sock --listen 127.0.0.1:%d --log-level %s",
 			envdPath, envdSocketDir, runtime.EnvdPort, b.opts.EnvdLogLevel),
 		"lxc.cap.drop = " + strings.Join(droppedCaps, " "),
-		"lxc.no_new_privs = 1",
+		// No no_new_privs: setuid programs work (sudo, as in E2B's
+		// sandboxes); what they give is root inside, which the API gives
+		// anyone with the sandbox anyway, still without the dropped
+		// capabilities (runtime/local does the same).
 	}
-	if !b.opts.WritableUsr {
+	if b.opts.ReadOnlyUsr {
 		usr := filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", s.name, "rootfs", "usr")
 		raw = append(raw, "lxc.mount.entry = "+usr+" usr none ro,bind,idmap=container 0 0")
 	}

@@ -7,7 +7,9 @@
 #                   time (runtime/local/DEPS.md): gcc + libc6-dev for cgo and
 #                   the static sandboxd-init, libseccomp-dev + pkg-config for
 #                   -tags seccomp, nftables and iproute2 for sandboxes with
-#                   internet egress. `make build` (so `make run`) calls this.
+#                   internet egress, debootstrap for the base root
+#                   filesystem (scripts/base-rootfs.sh). `make build` (so
+#                   `make run`) calls this.
 #   deps.sh schema  only schemathesis's venv (below); scripts/schemathesis.sh
 #                   calls this.
 #   deps.sh         (all) the above, plus what `make test` and `make bench`
@@ -48,6 +50,7 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [[ $mode == all ]]; then
   command -v useradd >/dev/null 2>&1 || need+=(passwd)
   command -v timeout >/dev/null 2>&1 || need+=(coreutils)

@@ -27,6 +27,7 @@ type backendOpts struct {
 	favorDynMods bool
 	trackWriters bool
 	initPath     string
+	baseRootfs   string
 	registerer   prometheus.Registerer // the server's, for the egress name filter's metrics
 }
 
@@ -38,9 +39,25 @@ func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
 	fs.BoolVar(&o.trackWriters, "local-track-writers", false, "--backend local: record which process wrote each file a sandbox changes (the writer of its changes, with fanotify on Linux 5.17+); off by default: a shell loop writing small files runs 1.45-1.56x as long on a 2-core host; one large file, no slower (BENCHMARKS.md)")
+	fs.StringVar(&o.baseRootfs, "base-rootfs", defaultBaseRootfs, "--backend local: root filesystem directory of the template base (Debian with Python, Node and npm, git, curl, sudo …; `make base` or scripts/base-rootfs.sh builds it, once); empty: base is the host view, as the template host")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")
+}
+
+// defaultBaseRootfs is where scripts/base-rootfs.sh links its newest build.
+const defaultBaseRootfs = "/var/cache/sandboxd/base/rootfs"
+
+// localBase returns --base-rootfs for local.Options.BaseRootfs, or an
+// error that names the command building it when it is missing.
+func (o *backendOpts) localBase() (string, error) {
+	if o.baseRootfs == "" {
+		return "", nil
+	}
+	if _, err := os.Stat(o.baseRootfs); err != nil {
+		return "", fmt.Errorf("--base-rootfs %s: %w: build it with `make base` (scripts/base-rootfs.sh, as root, 8-15 min once), or give --base-rootfs= for the host view as base", o.baseRootfs, err)
+	}
+	return o.baseRootfs, nil
 }
 
 // subnet parses --egress-subnet; the zero Prefix means the backend's default.

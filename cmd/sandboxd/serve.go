@@ -68,7 +68,7 @@ func serve(args []string) error {
 		codeInterp   = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
 	)
 	templates := templateFlag{}
-	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base (resources only); repeatable")
+	fs.Var(templates, "template", "extra local template NAME=PATH[,cpu=N][,memory=MiB][,disk=MiB]: a root filesystem directory, a docker-save tarball or an OCI layout directory (LAYOUT:REF picks an image), with the resources its sandboxes get when a create names none; NAME may be base or host (resources only); repeatable")
 	var lim limitOpts
 	lim.register(fs)
 	var bo backendOpts
@@ -383,6 +383,10 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		if err != nil {
 			return nil, err
 		}
+		baseRootfs, err := bo.localBase()
+		if err != nil {
+			return nil, err
+		}
 		initPath := bo.localInit(exe)
 		if initPath == "" {
 			log.Info("local backend: no sandboxd-init; sandboxes start from this process (1-2 ms more per create)", "local_init", bo.initPath)
@@ -390,7 +394,7 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		be, err := local.New(ctx, local.Options{
 			InitPath: initPath,
 			Root:     runDir, SaveDir: pauseDir, VolumeDir: bo.volumeDir, SaveReserveMB: bo.pauseReserve, CgroupParent: cgroupParent(runDir), EnvdPath: envdPath,
-			Templates: templates.paths(), TemplateResources: templates.resources(),
+			Templates: templates.paths(), TemplateResources: templates.resources(), BaseRootfs: baseRootfs,
 			EgressSubnet: egressSubnet, EgressAllow: bo.egressAllow, EgressDNS: bo.egressDNS, Registerer: bo.registerer, UserNS: bo.userNS.mode, LeaveCgroupMount: !bo.favorDynMods,
 			TrackWriters: bo.trackWriters,
 			Log:          log.With("component", "local"),
@@ -463,9 +467,9 @@ func (t templateFlag) Set(v string) error {
 	}
 	arg.path = rest
 	switch {
-	case name == local.BaseTemplate && arg.path != "":
+	case (name == local.BaseTemplate || name == local.HostTemplate) && arg.path != "":
 		return fmt.Errorf("template %s is built in: give it resources only (%s=,cpu=N...)", name, name)
-	case name != local.BaseTemplate && arg.path == "":
+	case name != local.BaseTemplate && name != local.HostTemplate && arg.path == "":
 		return fmt.Errorf("template %s: want NAME=PATH, got %q", name, v)
 	}
 	if _, dup := t[name]; dup {

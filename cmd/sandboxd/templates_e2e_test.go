@@ -493,7 +493,7 @@ func TestTemplateBuildLimitsE2E(t *testing.T) {
 	e.sandboxdCLI(t, "tenants", "set", "small", "--data-dir", e.dataDir,
 		"--build-memory-mb", "64", "--build-disk-mb", "64", "--build-timeout-s", "3")
 	s := e.start()
-	// 400 MiB touched, by python3 from the host's /usr (base): over the
+	// 400 MiB touched, by base's python3: over the
 	// small tenant's 64 MiB (plus its 64 MiB disk, which the local backend
 	// charges to the same cgroup), under the server's 2 GiB.
 	hog := `python3 -c 'b = bytearray(400 << 20); b[::4096] = b"x" * len(b[::4096]); print("held")'`
@@ -547,7 +547,7 @@ func TestTemplateFlagImageEnvE2E(t *testing.T) {
 }
 
 // A template from an image made of Debian packages (scripts/incus-setup.sh's
-// debootstrap: python3, python3-venv, nodejs, iproute2), pulled from a
+// tarball of the base root filesystem: Python, Node, iproute2 …), pulled from a
 // registry on loopback: the Python and Node toolchains work in its build
 // steps, in its start command (a server the ready command waits for with
 // ss, as the SDKs' waitForPort does) and in its sandboxes.

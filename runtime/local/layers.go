@@ -234,7 +234,7 @@ func (b *Backend) reconcileLayers() error {
 
 // DefineTemplate makes name an overlay of layers (bottom first) on base's
 // root: base's directories, with base's bind mounts (the host's /usr for
-// "base"). base may itself be a template of DefineTemplate.
+// "host"). base may itself be a template of DefineTemplate.
 func (b *Backend) DefineTemplate(_ context.Context, name, base string, layers []string) error {
 	t, err := b.stack(name, base, layers)
 	if err != nil {

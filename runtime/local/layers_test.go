@@ -113,7 +113,7 @@ func TestLayerImportImage(t *testing.T) {
 		define(t, b, "img-alone", "", "img-1")
 		define(t, b, "img-on-base", "base", "img-1")
 		names, err := b.Templates(ctx)
-		if err != nil || !slices.Equal(names, []string{"base", "img-alone", "img-on-base"}) {
+		if err != nil || !slices.Equal(names, []string{"base", "host", "img-alone", "img-on-base"}) {
 			t.Errorf("Templates() = %v, %v", names, err)
 		}
 		if r, ok := b.TemplateResources("img-alone"); !ok || r != (runtime.Resources{}) {
@@ -397,7 +397,7 @@ func TestDefineTemplateErrors(t *testing.T) {
 			}
 		})
 	}
-	if names, _ := b.Templates(ctx); !slices.Equal(names, []string{"base"}) {
+	if names, _ := b.Templates(ctx); !slices.Equal(names, []string{"base", "host"}) {
 		t.Errorf("Templates() after failed definitions = %v", names)
 	}
 	// As many as mount(2) takes (with a user namespace's longer paths),

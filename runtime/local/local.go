@@ -156,8 +156,14 @@ type Options struct {
 	// "LAYOUT:REF") is imported once with ImportOCI into
 	// <Root>/templates/oci-<hash of the image> and used from there, with
 	// root and user (uid 1000) added to its /etc/passwd and /etc/group
-	// where missing. "base" is built in.
+	// where missing. "base" and "host" are built in.
 	Templates map[string]string
+	// BaseRootfs is the root filesystem directory of the template "base"
+	// (scripts/base-rootfs.sh builds one: Debian with Python, Node, git,
+	// sudo …), used read-only as its lower layer; a symlink is resolved
+	// once, at New, so that a rebuild behind it changes nothing for this
+	// backend. Empty: "base" is the host view, as "host".
+	BaseRootfs string
 	// TemplateResources are the resources templates (of Templates, or
 	// "base") declare, reported by TemplateResources for the control plane
 	// to resolve a create's defaults with. Zero fields are unset.
@@ -325,7 +331,7 @@ func (m *meta) upgrade() {
 	}
 }
 
-// New prepares Root (building the base template), re-adopts sandboxes that
+// New prepares Root (writing the host view), re-adopts sandboxes that
 // are still alive from an earlier process and returns the Backend. It does
 // not remove dead sandboxes' leftovers: call Reconcile for that.
 func New(ctx context.Context, opts Options) (*Backend, error) {
@@ -431,17 +437,28 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			"profile and can create user namespaces (and mount inside them)")
 	}
 
-	ents, mounts, err := baseEntries()
+	ents, mounts, err := hostEntries()
 	if err != nil {
-		return nil, fmt.Errorf("local backend: base template: %w", err)
+		return nil, fmt.Errorf("local backend: host template: %w", err)
 	}
-	baseDir := filepath.Join(opts.Root, "templates", BaseTemplate+"-"+digest(ents))
-	if err := writeTemplate(baseDir, ents); err != nil {
-		return nil, fmt.Errorf("local backend: base template: %w", err)
+	hostDir := filepath.Join(opts.Root, "templates", HostTemplate+"-"+digest(ents))
+	if err := writeTemplate(hostDir, ents); err != nil {
+		return nil, fmt.Errorf("local backend: host template: %w", err)
 	}
-	b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{baseDir}, base: BaseTemplate, mounts: mounts}
+	b.templates[HostTemplate] = &template{name: HostTemplate, lowers: []string{hostDir}, base: HostTemplate, mounts: mounts}
+	if opts.BaseRootfs == "" {
+		b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{hostDir}, base: BaseTemplate, mounts: mounts}
+		b.log.Info("local backend: base template is the host view")
+	} else {
+		dir, err := baseRootfs(opts.BaseRootfs)
+		if err != nil {
+			return nil, fmt.Errorf("local backend: base template: %w", err)
+		}
+		b.templates[BaseTemplate] = &template{name: BaseTemplate, lowers: []string{dir}, base: BaseTemplate}
+		b.log.Info("local backend: base template", "rootfs", dir)
+	}
 	for name, r := range opts.TemplateResources {
-		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate {
+		if _, ok := opts.Templates[name]; !ok && name != BaseTemplate && name != HostTemplate {
 			return nil, fmt.Errorf("local backend: resources for unknown template %q", name)
 		}
 		if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
@@ -449,7 +466,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 	}
 	for name, d := range opts.Templates {
-		if name == BaseTemplate {
+		if name == BaseTemplate || name == HostTemplate {
 			return nil, fmt.Errorf("local backend: template %q is built in", name)
 		}
 		lower, env, err := ociTemplate(ctx, filepath.Join(opts.Root, "templates"), d)
@@ -895,7 +912,7 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 // Reconcile removes what dead sandboxes left behind: state directories
 // whose init is gone or that an interrupted Create left half-made, with
 // their mounts and cgroups; cgroups under CgroupParent with no directory;
-// old base templates no live sandbox uses; and temporary directories that
+// old host views no live sandbox uses; and temporary directories that
 // interrupted writes and removals of layers left (layers themselves are
 // RemoveLayer's). Live sandboxes and creates in progress in this process
 // are untouched.

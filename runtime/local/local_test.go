@@ -484,8 +484,8 @@ func TestDirTemplate(t *testing.T) {
 				t.Fatal(err)
 			}
 			names, err := b.Templates(t.Context())
-			if err != nil || !slices.Equal(names, []string{"base", "empty"}) {
-				t.Errorf("Templates() = %v, %v; want [base empty]", names, err)
+			if err != nil || !slices.Equal(names, []string{"base", "empty", "host"}) {
+				t.Errorf("Templates() = %v, %v; want [base empty host]", names, err)
 			}
 			id := runtimetest.NewID()
 			sb, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: "empty"}))

@@ -353,7 +353,7 @@ func TestOCITemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	names, err := b.Templates(t.Context())
-	if err != nil || !slices.Equal(names, []string{"base", "saved", "single", "v2"}) {
+	if err != nil || !slices.Equal(names, []string{"base", "host", "saved", "single", "v2"}) {
 		t.Errorf("Templates() = %v, %v", names, err)
 	}
 	for tpl, want := range map[string]string{"saved": "from the tarball", "v2": "from layout v2", "single": "from layout v1"} {

@@ -505,7 +505,7 @@ func restoreTimeout(base time.Duration, diskMB int) time.Duration {
 // lives, whatever happens to its template since) and the mounts of its
 // base template. Only when the base's directory, the bottom one, is gone
 // (Root was a tmpfs, and the template came back under another digest
-// after a reboot: the base template's holds the host's /etc files) is it
+// after a reboot: the host view's holds the host's /etc files) is it
 // the base's current one, as an image update would give a container:
 // without it the sandbox could never run again. Layers have no such
 // fallback: their keys name their content. The caller holds s.mu.

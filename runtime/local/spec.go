@@ -125,9 +125,14 @@ func ociSpec(in specInput) *specs.Spec {
 				"--listen", "127.0.0.1:" + strconv.Itoa(runtime.EnvdPort),
 				"--log-level", in.logLevel,
 			},
-			Env:             env,
-			Cwd:             "/",
-			NoNewPrivileges: true,
+			Env: env,
+			Cwd: "/",
+			// Setuid programs work (sudo, as in E2B's sandboxes): what they
+			// give is root inside, which the API gives anyone with the
+			// sandbox anyway; root inside keeps the bounding set above and
+			// the seccomp profile, and with a user namespace is no one on
+			// the host. Docker's default too.
+			NoNewPrivileges: false,
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  capabilities,
 				Effective: capabilities,

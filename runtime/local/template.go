@@ -14,9 +14,16 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// BaseTemplate is the template every local backend has: the host's /usr
-// read-only, a synthesized /etc, writable /home/user and /tmp.
+// BaseTemplate is the template every local backend has and sandboxes get
+// when they name none: the root filesystem of Options.BaseRootfs (a Debian
+// made from packages by scripts/base-rootfs.sh), or the host view when
+// there is none.
 const BaseTemplate = "base"
+
+// HostTemplate is the host view every local backend has: the host's /usr
+// read-only, a synthesized /etc, writable /home/user and /tmp. Whatever
+// the host has installed, and nothing its /usr lacks.
+const HostTemplate = "host"
 
 // envdPath is where the envd binary appears inside every sandbox, bind-mounted
 // read-only from the host.
@@ -29,7 +36,7 @@ const envdSocketDir = "/run/envd"
 // template is what a sandbox's root is built from: lowers are the
 // read-only overlay lower directories, top first (one for a template of
 // the backend; layers on that for one of DefineTemplate), mounts are bind
-// mounts added on top (for base, the host's /usr).
+// mounts added on top (for host, the host's /usr).
 type template struct {
 	name   string
 	lowers []string
@@ -77,7 +84,7 @@ const (
 		"protocols: files\nservices: files\nethers: files\nrpc: files\n"
 )
 
-// hostEtc are host /etc paths copied into the base template when present:
+// hostEtc are host /etc paths copied into the host template when present:
 // what the dynamic loader, Debian's alternatives, TLS and Python need. Nothing
 // secret (no shadow, keys or host names).
 var hostEtc = []string{
@@ -88,10 +95,10 @@ var hostEtc = []string{
 	"debian_version", "os-release", "lsb-release",
 }
 
-// baseEntries returns the synthesized content of the base template, and the
+// hostEntries returns the synthesized content of the host template, and the
 // bind mounts that go with it (host /usr, and /bin etc. where the host has
 // no merged /usr).
-func baseEntries() ([]entry, []specs.Mount, error) {
+func hostEntries() ([]entry, []specs.Mount, error) {
 	ents := []entry{
 		dir(".", 0o755),
 		dir("usr", 0o755), dir("proc", 0o555), dir("sys", 0o555), dir("dev", 0o755),
@@ -155,6 +162,25 @@ func baseEntries() ([]entry, []specs.Mount, error) {
 }
 
 func pathDir(p string) string { return filepath.Dir(p) }
+
+// baseRootfs resolves Options.BaseRootfs to the directory it names and
+// checks that it holds a root filesystem envd can start in (a shell).
+func baseRootfs(p string) (string, error) {
+	dir, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("root filesystem %s: %w", p, err)
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("root filesystem %s: not a directory", p)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bin", "sh")); err != nil {
+		return "", fmt.Errorf("root filesystem %s: no /bin/sh: %w", p, err)
+	}
+	return dir, nil
+}
 
 // hostTree reads a host file, symlink or directory tree (regular files up to
 // 1 MiB each) as entries under rel. A missing path yields nothing.

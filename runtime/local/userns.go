@@ -141,7 +141,7 @@ func (b *Backend) idmappedLowers(lowers []string) ([]string, error) {
 }
 
 // inTemplatesDir returns lower relative to <Root>/templates, if it is
-// under it (the base template, imported images).
+// under it (the host view, imported images).
 func (b *Backend) inTemplatesDir(lower string) (string, bool) {
 	rel, err := filepath.Rel(filepath.Join(b.opts.Root, "templates"), lower)
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {

@@ -912,10 +912,23 @@ func testMount(t *testing.T, b runtime.Backend) {
 
 const capSysAdmin = 21
 
+// testCapabilities: no one in a sandbox has CAP_SYS_ADMIN, neither root
+// nor user, nor user through a setuid root program (sudo, where the
+// template has it: setuid works in sandboxes, as in E2B's, since what it
+// gives is root inside; the backends' own tests check that it does).
 func testCapabilities(t *testing.T, b runtime.Backend) {
 	sb := create(t, b)
-	for _, user := range []string{"root", "user"} {
-		res := mustSh(t, b, sb.ID, user, "grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status")
+	const status = "grep -E '^(CapEff|CapBnd):' /proc/self/status"
+	check := []struct{ who, user, script string }{
+		{"root", "root", status},
+		{"user", "user", status},
+	}
+	// Where sudo works (not in a host view, whose /usr is nosuid).
+	if res := mustSh(t, b, sb.ID, "user", "sudo -n id -u 2>/dev/null || true"); strings.TrimSpace(res.Stdout) == "0" {
+		check = append(check, struct{ who, user, script string }{"user with sudo", "user", "sudo -n " + status})
+	}
+	for _, c := range check {
+		res := mustSh(t, b, sb.ID, c.user, c.script)
 		fields := map[string]string{}
 		for line := range strings.SplitSeq(strings.TrimSpace(res.Stdout), "\n") {
 			k, v, _ := strings.Cut(line, ":")
@@ -924,32 +937,28 @@ func testCapabilities(t *testing.T, b runtime.Backend) {
 		for _, k := range []string{"CapEff", "CapBnd"} {
 			v, err := strconv.ParseUint(fields[k], 16, 64)
 			if err != nil {
-				t.Fatalf("as %s: %s = %q: %v", user, k, fields[k], err)
+				t.Fatalf("as %s: %s = %q: %v", c.who, k, fields[k], err)
 			}
 			if v&(1<<capSysAdmin) != 0 {
-				t.Errorf("as %s: %s = %s has CAP_SYS_ADMIN", user, k, fields[k])
+				t.Errorf("as %s: %s = %s has CAP_SYS_ADMIN", c.who, k, fields[k])
 			}
-		}
-		if fields["NoNewPrivs"] != "1" {
-			t.Errorf("as %s: NoNewPrivs = %q; want 1", user, fields["NoNewPrivs"])
 		}
 	}
 }
 
 func testTemplate(t *testing.T, b runtime.Backend) {
 	x, y := create(t, b), create(t, b)
+	// Root may write /usr (E2B's sandboxes let it install packages) or
+	// not (a backend that shows it read-only), but never into the
+	// template: another sandbox does not see it.
 	for _, p := range []string{"/usr/bin/sandboxd-test", "/usr/sandboxd-test"} {
-		res, err := sh(ctxFor(t), b, x.ID, "root", "touch "+p)
-		if err != nil {
+		if _, err := sh(ctxFor(t), b, x.ID, "root", "touch "+p); err != nil {
 			t.Fatal(err)
-		}
-		if res.ExitCode == 0 {
-			t.Errorf("as root, wrote %s in the template", p)
 		}
 	}
 	// Writable paths are per sandbox: what x writes, y does not see.
 	mustSh(t, b, x.ID, "root", "echo x > /etc/sandboxd-marker && echo x > /tmp/sandboxd-marker && echo x > /home/user/sandboxd-marker")
-	res := mustSh(t, b, y.ID, "root", "ls /etc/sandboxd-marker /tmp/sandboxd-marker /home/user/sandboxd-marker 2>/dev/null; true")
+	res := mustSh(t, b, y.ID, "root", "ls /etc/sandboxd-marker /tmp/sandboxd-marker /home/user/sandboxd-marker /usr/bin/sandboxd-test /usr/sandboxd-test 2>/dev/null; true")
 	if strings.TrimSpace(res.Stdout) != "" {
 		t.Errorf("sandbox %s sees files written by %s: %q", y.ID, x.ID, res.Stdout)
 	}

@@ -15,8 +15,9 @@ from conftest import API_URL, SANDBOXD_ONLY
 
 # The first test waits for the template build (minutes on a fresh data dir).
 # sandboxd builds the template with its template builder, on either backend.
-# The Incus test image has no npm, so its template has no Deno kernel
-# (run.sh says so with COMPAT_NO_JS_KERNEL=1 in the incus mode).
+# A base without npm gets a template without the Deno kernel; set
+# COMPAT_NO_JS_KERNEL=1 to run against one (sandboxd's base has npm on
+# both backends).
 needs_js_kernel = pytest.mark.skipif(
     os.environ.get("COMPAT_NO_JS_KERNEL") == "1",
     reason="no JavaScript/TypeScript kernel on this backend: its base has no npm",
