@@ -462,6 +462,9 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), or inc
     # drop whatever their own --egress-allow-cidr does not list for every
     # address in it, the code-interpreter build's PyPI too.
     sbxd_args=(--backend incus --egress-subnet 10.199.0.0/24)
+    # Its test image has no npm: the code-interpreter template has no Deno
+    # kernel there, and the suites skip the JavaScript/TypeScript cases.
+    export COMPAT_NO_JS_KERNEL=1
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
     layers_before=$(incus_layers)
   else

@@ -7,10 +7,12 @@
 #      systemd here) and waits for it;
 #   4. creates a btrfs storage pool on a loop file (no network: sandboxes
 #      are network-less, and this script never creates one);
-#   5. imports sandboxd's base root filesystem (scripts/base-rootfs.sh: a
-#      Debian bookworm with Python, Node and npm, git, curl, sudo …, the
-#      local backend's base too) as the test image, with a fallback
-#      /sbin/init, cached as a unified tarball under /var/cache/sandboxd/incus.
+#   5. builds the test image: a debootstrap minbase bookworm with python3
+#      (and venv), nodejs, iproute2 (ss) and procps, a user "user" (uid
+#      1000), a fallback /sbin/init and the host's CA bundle (what the local
+#      backend's sandboxes see: a mirror or an egress proxy the host trusts
+#      works from a template build's pip too), cached as a unified tarball
+#      under /var/cache/sandboxd/incus, and imports it with an alias.
 # Each step is skipped when already done. Prints how long each step took.
 #
 # Environment:
@@ -27,7 +29,7 @@ CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
 DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
-IMAGE_VERSION=5
+IMAGE_VERSION=4
 
 log() { echo "incus-setup: $*" >&2; }
 step_start=0
@@ -37,13 +39,14 @@ step_done() { log "  done in $(awk -v a="$step_start" -v b="$EPOCHREALTIME" 'BEG
 [[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The mirror the host's apt config names (no registry host is written here).
+debian_uri() { "$(dirname "${BASH_SOURCE[0]}")/debian-uri.sh"; }
 
 # --- 1+2. packages -----------------------------------------------------------
 BP=/etc/apt/sources.list.d/sandboxd-bookworm-backports.sources
 if ! command -v incus >/dev/null || ! command -v mkfs.btrfs >/dev/null || ! command -v debootstrap >/dev/null; then
   step "installing incus, btrfs-progs, debootstrap"
-  uri=$("$here/debian-uri.sh")
+  uri=$(debian_uri)
   if [[ ! -e $BP ]]; then
     cat >"$BP" <<EOF
 Types: deb
@@ -105,38 +108,52 @@ if ! incus storage show "$POOL" >/dev/null 2>&1; then
   step_done
 fi
 
+# Deleting large subvolumes (big layer images) can leave btrfs' quota groups
+# marked inconsistent, and then volume and root sizes are not enforced
+# (TestVolumes saw a 32 MiB volume take 64 MB): rescan.
+pool_dir=/var/lib/incus/storage-pools/$POOL
+if btrfs qgroup show "$pool_dir" 2>&1 | grep -q inconsistent; then
+  step "rescanning the pool's btrfs quota groups (marked inconsistent)"
+  btrfs quota rescan -w "$pool_dir" >/dev/null
+  step_done
+fi
+
 # --- 5. test image -------------------------------------------------------------
-# The root filesystem is the local backend's base too (scripts/base-rootfs.sh,
-# cached; it waits for a concurrent build of it), plus a fallback /sbin/init.
-rootfs=$("$here/base-rootfs.sh")
-tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION-$(basename "$rootfs").tar
+tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
 if [[ ! -s $tarball ]]; then
-  step "building $tarball from $rootfs"
+  step "building $tarball (debootstrap minbase bookworm + python3, python3-venv, nodejs, iproute2, procps)"
   mkdir -p "$CACHE"
   work=$(mktemp -d "$CACHE/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
+  debootstrap --variant=minbase --include=python3,python3-venv,nodejs,iproute2,procps bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
+    { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+  r=$work/rootfs
+  rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/*
+  chroot "$r" /usr/sbin/groupadd -g 1000 user
+  chroot "$r" /usr/sbin/useradd -m -u 1000 -g 1000 -s /bin/bash user
   # Fallback init for `incus launch` without sandboxd (benchmarks); sandboxd
   # replaces it with envd through raw.lxc lxc.init.cmd.
-  # (In usr/sbin: the merged /usr's /sbin is a link to it.)
-  sbin=sbin
-  [[ -L $rootfs/sbin ]] && sbin=usr/sbin
-  mkdir -p "$work/rootfs/$sbin"
-  printf '#!/bin/sh\nexec sleep infinity\n' >"$work/rootfs/$sbin/init"
-  chmod 755 "$work/rootfs/$sbin/init"
+  printf '#!/bin/sh\nexec sleep infinity\n' >"$r/sbin/init"
+  chmod 755 "$r/sbin/init"
+  mkdir -p "$r/opt/sandboxd" "$r/run/envd"
+  # minbase has no ca-certificates; the host's bundle is what the local
+  # backend's sandboxes trust (they see the host's /etc), so templates
+  # built on either backend reach the same mirrors. A changed host bundle
+  # needs an IMAGE_VERSION bump (or removing the cached tarball).
+  if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
+    install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
+  fi
+  printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$r/etc/resolv.conf"
   cat >"$work/metadata.yaml" <<EOF
 architecture: x86_64
 creation_date: $(date +%s)
 properties:
-  description: sandboxd base (scripts/base-rootfs.sh, $(basename "$rootfs"))
+  description: sandboxd test image (Debian bookworm minbase + python3, python3-venv, nodejs, iproute2, procps, the host's CA bundle)
   os: debian
   release: bookworm
   variant: sandboxd-base-v$IMAGE_VERSION
 EOF
-  # The base's directory as rootfs/, then the init (Debian's minbase has
-  # none, so no entry is there twice).
-  tar --numeric-owner -cf "$tarball.tmp" -C "$work" metadata.yaml \
-    -C "$(dirname "$rootfs")" --transform "s,^$(basename "$rootfs"),rootfs," "$(basename "$rootfs")" \
-    -C "$work" "rootfs/$sbin/init"
+  tar -C "$work" --numeric-owner -cf "$tarball.tmp" metadata.yaml rootfs
   mv "$tarball.tmp" "$tarball"
   rm -rf "$work"
   trap - EXIT
