@@ -82,8 +82,10 @@ test-vms-beside-compat: build vm-bin
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
+# -timeout 30m: cmd/sandboxd's e2e tests take about 10 min on 2 busy cores,
+# go test's default limit per package.
 test-go: base
-	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 ./...
+	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 -timeout 30m ./...
 
 # schemathesis over both OpenAPI specs against a real sandboxd: no 5xx but
 # 501, every response as its spec says (scripts/schemathesis.sh).

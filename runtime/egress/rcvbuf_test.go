@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"crypto/rand"
 	"fmt"
 	"net/netip"
 	"os"
@@ -54,7 +55,9 @@ func TestSandboxRcvBuf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := "egress-test-rmem-" + strconv.Itoa(os.Getpid())
+	// Not the pid: pids come round again, and a run killed before its
+	// cleanup leaves its links.
+	key := "egress-test-rmem-" + rand.Text()[:8]
 	t.Cleanup(func() { DeleteLinks(key) })
 	pid := netnsProcess(t)
 	if _, err := e.CreateVethIn(key, netip.MustParseAddr("10.189.250.9"), pid); err != nil {
