@@ -7,12 +7,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/loopback"
+	"github.com/sandboxd/sandboxd/internal/netnsrun"
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/egress/policy"
@@ -515,35 +515,7 @@ func loopbackUp(pid int) error {
 	if pid <= 0 {
 		return errors.New("instance has no init process")
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer unix.Close(self)
-		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		err = loopback.Up()
-		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
-			goruntime.UnlockOSThread()
-		} // else the locked thread ends with this goroutine
-		errc <- err
-	}()
-	return <-errc
+	return netnsrun.Run(pid, loopback.Up)
 }
 
 // WaitDeletes waits until the background deletions started so far are done,

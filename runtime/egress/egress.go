@@ -475,7 +475,7 @@ func ConfigureSandbox(pid int, ip, gw netip.Addr) error {
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("default route via %s: %w", gw, err)
 	}
-	return tuneSandbox(ns)
+	return tuneSandbox(pid)
 }
 
 // DeleteLinks removes the veth ends of the sandbox with this key left in

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
-	"github.com/vishvananda/netns"
+	"github.com/sandboxd/sandboxd/internal/netnsrun"
 )
 
 // SandboxRcvBuf is the receive buffer a TCP socket in a sandbox starts
@@ -30,23 +29,12 @@ import (
 // allocation: memory is taken only by data a sandbox leaves unread.
 const SandboxRcvBuf = 4 << 20
 
-// setRcvBuf sets the default of net.ipv4.tcp_rmem in ns to SandboxRcvBuf
-// (at most the namespace's maximum; never lower than it was), leaving
-// the minimum and maximum as they are.
-func setRcvBuf(ns netns.NsHandle) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread enters the sandbox's namespace and is not used
-		// again: without UnlockOSThread it ends with this goroutine.
-		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter the sandbox's network namespace: %w", err)
-			return
-		}
-		// A net sysctl is the namespace of the thread that opens it.
-		errc <- writeRcvBuf("/proc/sys/net/ipv4/tcp_rmem", SandboxRcvBuf)
-	}()
-	return <-errc
+// setRcvBuf sets the default of net.ipv4.tcp_rmem in the network
+// namespace of process pid to SandboxRcvBuf (at most the namespace's
+// maximum; never lower than it was), leaving the minimum and maximum as
+// they are. A net sysctl is the namespace of the thread that opens it.
+func setRcvBuf(pid int) error {
+	return netnsrun.Run(pid, func() error { return writeRcvBuf("/proc/sys/net/ipv4/tcp_rmem", SandboxRcvBuf) })
 }
 
 // writeRcvBuf raises the default (second) value of the tcp_rmem file at
@@ -73,11 +61,12 @@ func writeRcvBuf(path string, def int) error {
 	return os.WriteFile(path, fmt.Appendf(nil, "%d %d %d", v[0], def, v[2]), 0o644)
 }
 
-// tuneSandbox applies SandboxRcvBuf in ns. It only costs speed, so a
-// kernel or runtime that does not let sandboxd write the sandbox's
-// sysctls (no such file, not permitted) leaves the kernel's default.
-func tuneSandbox(ns netns.NsHandle) error {
-	err := setRcvBuf(ns)
+// tuneSandbox applies SandboxRcvBuf in the network namespace of process
+// pid. It only costs speed, so a kernel or runtime that does not let
+// sandboxd write the sandbox's sysctls (no such file, not permitted)
+// leaves the kernel's default.
+func tuneSandbox(pid int) error {
+	err := setRcvBuf(pid)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
 		return nil
 	}
