@@ -356,7 +356,7 @@ func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, col
 	w := a.gate.enter(t)
 	if w == nil {
 		return nil, nil, errdefs.New(errdefs.ErrRateLimited, fmt.Sprintf(
-			"the host's create queue is full (%d cold creates in flight, this tenant's share of %d waiting); retry later",
+			"the host's create queue is full (%d cold creates in flight, this tenant's share of the %d that may wait is taken); retry later",
 			a.gate.slots, a.gate.queueMax))
 	}
 	for {
