@@ -175,6 +175,10 @@ type Backend struct {
 	background sync.WaitGroup
 	closing    context.Context
 	close      context.CancelFunc
+
+	// quota rescans the pool's btrfs quota groups when the kernel stops
+	// keeping them (quota.go).
+	quota *quotaGuard
 }
 
 var (
@@ -303,6 +307,9 @@ func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 		b.close()
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
+	b.quota = newQuotaGuard(filepath.Join(opts.IncusDir, "storage-pools", opts.Pool))
+	b.ensureQuota(ctx)
+	b.background.Go(b.watchQuota)
 	return b, nil
 }
 
@@ -545,6 +552,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
+	b.ensureQuota(ctx) // the root's size holds only with consistent quota groups
 	wrap := func(step string, err error) error {
 		return fmt.Errorf("create sandbox %s: %s: %w", spec.ID, step, err)
 	}

@@ -766,3 +766,22 @@ func TestForkBomb(t *testing.T) {
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	runtimetest.ForkBomb(t, b, id, cgroups.IsCgroup2UnifiedMode())
 }
+
+// TestQuotaGuard: the backend finds its pool's quota-group state in sysfs
+// (a guard that found nothing would never rescan), and a check leaves the
+// groups consistent: rescanned if the kernel had marked them, untouched
+// otherwise.
+func TestQuotaGuard(t *testing.T) {
+	b, _ := newBackend(t)
+	g := incus.QuotaGuardOf(b)
+	if g.Inconsistent() == "" {
+		t.Fatal("no qgroups/inconsistent file found for the pool; the guard would never act")
+	}
+	if _, err := g.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(g.Inconsistent())
+	if err != nil || strings.TrimSpace(string(raw)) != "0" {
+		t.Errorf("after the check, %s = %q, %v; want 0", g.Inconsistent(), raw, err)
+	}
+}

@@ -55,6 +55,7 @@ func (b *Backend) CreateVolume(ctx context.Context, id string, sizeMB int) error
 	// security.shifted: attached through idmapped mounts, never shifted on
 	// disk, so the files keep the ids the sandboxes see (and the content
 	// API reads them as such) whichever container attached them first.
+	b.ensureQuota(ctx) // the size below holds only with consistent quota groups
 	cfg := map[string]string{"size": strconv.Itoa(sizeMB) + "MiB", "security.shifted": "true", keyVolume: id}
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace

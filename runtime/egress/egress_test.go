@@ -119,7 +119,11 @@ func netnsProcess(t *testing.T) int {
 		t.Fatal(err)
 	}
 	for i := 0; i < 1000; i++ { // until unshare has made the namespace and exec'd sleep
-		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && ns != self {
+		// Not only a namespace other than this process's: the child starts
+		// in the forking thread's, which is another one when a thread was
+		// left in a sandbox's namespace; sleep runs only after the unshare.
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && ns != self && string(comm) == "sleep\n" {
 			return cmd.Process.Pid
 		}
 		time.Sleep(time.Millisecond)
