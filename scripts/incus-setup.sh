@@ -108,25 +108,6 @@ if ! incus storage show "$POOL" >/dev/null 2>&1; then
   step_done
 fi
 
-# Deleting a subvolume whose tree is deep (a sandbox or layer image of a
-# GiB or more) makes the kernel mark btrfs' quota groups inconsistent
-# rather than account the drop (drop_subtree_threshold, 3 by default), and
-# then volume and root sizes are not enforced (TestVolumes saw a 32 MiB
-# volume take 64 MB). Account every drop (8: the highest level; deletes
-# cost more), and rescan groups already inconsistent. The threshold lasts
-# as long as incusd's mount of the pool.
-pool_dir=/var/lib/incus/storage-pools/$POOL
-fsid=$(findmnt -n -o UUID --target "$pool_dir" || true)
-threshold=/sys/fs/btrfs/$fsid/qgroups/drop_subtree_threshold
-if [[ -n $fsid && -w $threshold && $(cat "$threshold") != 8 ]]; then
-  echo 8 >"$threshold"
-fi
-if btrfs qgroup show "$pool_dir" 2>&1 | grep -q inconsistent; then
-  step "rescanning the pool's btrfs quota groups (marked inconsistent)"
-  btrfs quota rescan -w "$pool_dir" >/dev/null
-  step_done
-fi
-
 # --- 5. test image -------------------------------------------------------------
 tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
 if [[ ! -s $tarball ]]; then
