@@ -221,30 +221,8 @@ func incusScenario(ctx context.Context, b *Bench) error {
 		}
 	}()
 
-	// sandboxd on the Incus backend, with its own run dir and data dir and
-	// no limits. Only one runs at a time: a second one's start-up reconcile
-	// would destroy the first one's sandboxes (same, empty, namespace).
 	var sbdInstances []string // sandboxd instance names seen, for the final check
-	startIncus := func(extra ...string) (*Harness, error) {
-		h, err := newHarness(b.cfg.Root, b.cfg.BinDir)
-		if err != nil {
-			return nil, err
-		}
-		_ = os.Remove(h.runDir)
-		if h.runDir, err = os.MkdirTemp("/run/sandboxd", "bench-incus-"); err != nil {
-			h.runDir = ""
-			h.Close()
-			return nil, err
-		}
-		h.keepLogs = b.cfg.KeepLogs
-		args := append(append([]string{"--backend", "incus"}, noLimits(b.flags)...), extra...)
-		if err := h.startSandboxd(ctx, []string{"bench"}, args...); err != nil {
-			h.Close()
-			return nil, err
-		}
-		b.logf("sandboxd on the Incus backend on %s (run dir %s, %s)", h.addr, h.runDir, strings.Join(args, " "))
-		return h, nil
-	}
+	startIncus := func(extra ...string) (*Harness, error) { return b.startIncusSide(ctx, extra...) }
 	// stopIncus deletes the API's sandboxes and stops sandboxd (which drains
 	// its pool and waits for Incus's background deletes); whatever of this
 	// run is still in Incus then (a delete that failed) is deleted too.
@@ -485,4 +463,29 @@ func incusWarm(ctx context.Context, b *Bench, a *incusAPI, start func(...string)
 	}
 	b.add(c, durDist("incus", "warm claim → first /health via proxy, Incus backend", healthy, 0))
 	return nil
+}
+
+// startIncusSide starts a sandboxd on the Incus backend, with its own run
+// dir and data dir and no limits, plus extra serve flags. Only one runs at
+// a time: a second one's start-up reconcile would destroy the first one's
+// sandboxes (same, empty, namespace).
+func (b *Bench) startIncusSide(ctx context.Context, extra ...string) (*Harness, error) {
+	h, err := newHarness(b.cfg.Root, b.cfg.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	_ = os.Remove(h.runDir)
+	if h.runDir, err = os.MkdirTemp("/run/sandboxd", "bench-incus-"); err != nil {
+		h.runDir = ""
+		h.Close()
+		return nil, err
+	}
+	h.keepLogs = b.cfg.KeepLogs
+	args := append(append([]string{"--backend", "incus"}, noLimits(b.flags)...), extra...)
+	if err := h.startSandboxd(ctx, []string{"bench"}, args...); err != nil {
+		h.Close()
+		return nil, err
+	}
+	b.logf("sandboxd on the Incus backend on %s (run dir %s, %s)", h.addr, h.runDir, strings.Join(args, " "))
+	return h, nil
 }

@@ -13,12 +13,33 @@ import (
 // → 201 (goal ≤ 300 ms each on the local backend), and a create from the
 // snapshot against cold creates of its template, interleaved (goal: within
 // 20%).
-func snapshotScenario(ctx context.Context, b *Bench) error {
-	extra := noLimits(b.flags)
+func snapshotScenario(ctx context.Context, b *Bench) error { return snapshotOn(ctx, b, "snapshot") }
+
+// snapshotIncusScenario is snapshotScenario on the Incus backend, where a
+// snapshot is a layer instance (a copy of the commit's instance snapshot)
+// and a fork a copy of the instance.
+func snapshotIncusScenario(ctx context.Context, b *Bench) error {
+	return snapshotOn(ctx, b, "snapshot-incus")
+}
+
+// snapshotOn runs the snapshot scenario under name: "snapshot" on the local
+// backend, "snapshot-incus" on Incus.
+func snapshotOn(ctx context.Context, b *Bench, name string) error {
+	var extra []string
 	if b.flags["pool"] {
 		extra = append(extra, "--pool=false") // both creates cold
 	}
-	h, err := b.startSide(ctx, []string{"bench"}, extra...)
+	var h *Harness
+	var err error
+	if name == "snapshot-incus" {
+		if why := b.incusUnavailable(ctx, newIncusAPI()); why != "" {
+			b.add(unavailable(name, "snapshot, fork and creates on the Incus backend", why))
+			return nil
+		}
+		h, err = b.startIncusSide(ctx, extra...)
+	} else {
+		h, err = b.startSide(ctx, []string{"bench"}, append(noLimits(b.flags), extra...)...)
+	}
 	if err != nil {
 		return err
 	}
@@ -86,13 +107,13 @@ func snapshotScenario(ctx context.Context, b *Bench) error {
 			_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
 		}
 	})
-	rs := durDist("snapshot", "snapshot of a sandbox with 100 MB written: POST /sandboxes/{id}/snapshots → 201", snap, errs)
+	rs := durDist(name, "snapshot of a sandbox with 100 MB written: POST /sandboxes/{id}/snapshots → 201", snap, errs)
 	rs.Goal = "≤ 300 ms"
-	rf := durDist("snapshot", "fork of that sandbox (count 1): POST /sandboxes/{id}/fork → 201, the fork's envd initialised", fork, 0)
+	rf := durDist(name, "fork of that sandbox (count 1): POST /sandboxes/{id}/fork → 201, the fork's envd initialised", fork, 0)
 	rf.Goal = "≤ 300 ms"
-	rc := durDist("snapshot", "create from the snapshot → 201 (cold)", fromSnap, 0)
+	rc := durDist(name, "create from the snapshot → 201 (cold)", fromSnap, 0)
 	rc.Goal = "within 20% of a cold create of its template"
-	rb := durDist("snapshot", "cold create of base → 201 (interleaved)", cold, 0)
+	rb := durDist(name, "cold create of base → 201 (interleaved)", cold, 0)
 	if rc.P50 != nil && rb.P50 != nil && *rb.P50 > 0 {
 		rc.Compare = fmt.Sprintf("p50 %+.0f%% vs base cold", (*rc.P50 / *rb.P50 - 1)*100)
 	}

@@ -462,9 +462,6 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), or inc
     # drop whatever their own --egress-allow-cidr does not list for every
     # address in it, the code-interpreter build's PyPI too.
     sbxd_args=(--backend incus --egress-subnet 10.199.0.0/24)
-    # Its test image has no npm: the code-interpreter template has no Deno
-    # kernel there, and the suites skip the JavaScript/TypeScript cases.
-    export COMPAT_NO_JS_KERNEL=1
     before=$(incus_instances) || { echo "compat-tests: [incus] cannot list Incus instances" >&2; total_fail=$((total_fail + 1)); return; }
     layers_before=$(incus_layers)
   else
@@ -603,26 +600,24 @@ EOF2
       fi
     fi
     # The run's templates lived in its throw-away data dir; their layer
-    # images would stay on the pool (whole roots each) run after run.
+    # instances would stay on the pool run after run.
     local l
-    for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus image delete "$l" >/dev/null 2>&1; done
+    for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus delete "$l" >/dev/null 2>&1; done
   fi
 }
 
 # incus_instances: the names of the Incus instances a sandboxd without a
 # namespace could have made (tests of the incus package use namespaces),
-# sorted, one a line.
-# incus_layers: the template layer images (Incus images aliased
-# sandboxd-layer-*) there are now.
-incus_layers() {
-  incus image list -c l --format csv 2>/dev/null | grep '^sandboxd-layer-' | sort
-}
-
-incus_instances() {
+# but for finished template layers, sorted, one a line.
+# incus_layers: the finished template layers (stopped sbl-* instances with
+# user.sandboxd.layer) such a sandboxd has now.
+incus_instances() { incus_list 'not i["name"].startswith("sbl-")'; }
+incus_layers() { incus_list 'i["name"].startswith("sbl-") and "user.sandboxd.layer" in i["config"]'; }
+incus_list() {
   incus query '/1.0/instances?recursion=1' | python3 -c '
 import json, sys
 print("\n".join(sorted(i["name"] for i in json.load(sys.stdin)
-                        if not i["config"].get("user.sandboxd.namespace"))))'
+                        if not i["config"].get("user.sandboxd.namespace") and ('"$1"'))))'
 }
 
 

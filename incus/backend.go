@@ -79,6 +79,9 @@ const (
 	keySpec      = "user.sandboxd.spec"
 	keyNamespace = "user.sandboxd.namespace"
 	keyEgressIP  = "user.sandboxd.egress-ip"
+	// keySource is the image fingerprint or layer instance the root was
+	// cloned from (rootSource.id).
+	keySource = "user.sandboxd.source"
 	// keyPaused is "disk" on the stopped instance of a sandbox paused to
 	// disk (which is then not ephemeral, so that the stop keeps it).
 	keyPaused = "user.sandboxd.paused"
@@ -162,7 +165,7 @@ type Backend struct {
 	sbx      map[string]*sandbox         // live and in-creation sandboxes
 	ips      map[netip.Addr]string       // egress addresses in use → instance name
 	deleting map[string]chan struct{}    // closed when the instance is gone
-	images   map[string]*imageInfo       // by alias or fingerprint
+	images   map[string]*rootSource      // base images, by alias or fingerprint
 	defined  map[string]*definedTemplate // templates of DefineTemplate (layers.go)
 
 	// owner is this process's mark on the layer images and commit
@@ -187,19 +190,43 @@ var (
 	_ runtime.TemplateLister = (*Backend)(nil)
 )
 
-type imageInfo struct {
-	fingerprint string
-	size        int64
+// rootSource is what a sandbox's root is cloned from: a template's image
+// (one of Options.Images), or a layer instance (layers.go).
+type rootSource struct {
+	image string // fingerprint; "" for a layer
+	layer string // layer instance name; "" for an image
+	// size is the bytes the source's root holds, which the clone's root
+	// size must allow for (see instanceRequest).
+	size int64
+}
+
+// id names the source: an image's fingerprint or a layer instance's name
+// (recorded on sandboxes as keySource).
+func (r *rootSource) id() string {
+	if r.layer != "" {
+		return r.layer
+	}
+	return r.image
+}
+
+// instanceSource is r as the source of an instance create: a btrfs
+// snapshot either way (of the image's volume, unpacked once on the pool,
+// or of the layer instance's root).
+func (r *rootSource) instanceSource() InstanceSource {
+	if r.layer != "" {
+		return InstanceSource{Type: "copy", Source: r.layer, InstanceOnly: true}
+	}
+	return InstanceSource{Type: "image", Fingerprint: r.image}
 }
 
 // sandbox is one sandbox's in-memory handle; mu serializes lifecycle calls.
 type sandbox struct {
 	id, name, dir string
 	ip            netip.Addr // egress address; invalid without internet
-	// fingerprint is the image the root was cloned from, and stack what
-	// that image holds (see propStack in layers.go).
-	fingerprint string
-	stack       []string
+	// source is the id of the image or layer the root was cloned from
+	// (rootSource.id), and stack what it holds (see keyStack in layers.go).
+	source string
+	stack  []string
 
 	mu        sync.Mutex
 	spec      runtime.Spec
@@ -298,16 +325,16 @@ func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 		ips:      map[netip.Addr]string{},
 		sbx:      map[string]*sandbox{},
 		deleting: map[string]chan struct{}{},
-		images:   map[string]*imageInfo{},
+		images:   map[string]*rootSource{},
 		defined:  map[string]*definedTemplate{},
 		owner:    strings.ToLower(rand.Text()[:10]),
+		quota:    newQuotaGuard(filepath.Join(opts.IncusDir, "storage-pools", opts.Pool)),
 	}
 	b.closing, b.close = context.WithCancel(context.Background())
 	if _, err = b.List(ctx); err != nil {
 		b.close()
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
-	b.quota = newQuotaGuard(filepath.Join(opts.IncusDir, "storage-pools", opts.Pool))
 	b.ensureQuota(ctx)
 	b.background.Go(b.watchQuota)
 	return b, nil
@@ -395,7 +422,7 @@ func removeSockDir(dir string) error {
 }
 
 // image resolves a template's alias or fingerprint, caching the answer.
-func (b *Backend) image(ctx context.Context, ref string) (*imageInfo, error) {
+func (b *Backend) image(ctx context.Context, ref string) (*rootSource, error) {
 	b.mu.Lock()
 	im := b.images[ref]
 	b.mu.Unlock()
@@ -412,7 +439,7 @@ func (b *Backend) image(ctx context.Context, ref string) (*imageInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	im = &imageInfo{fingerprint: img.Fingerprint, size: img.Size}
+	im = &rootSource{image: img.Fingerprint, size: img.Size}
 	b.mu.Lock()
 	b.images[ref] = im
 	b.mu.Unlock()
@@ -431,7 +458,7 @@ var droppedCaps = []string{
 }
 
 // instanceRequest describes sandbox s as an Incus create request.
-func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, error) {
+func (b *Backend) instanceRequest(s *sandbox, src *rootSource) (InstancesPost, error) {
 	sp := s.spec
 	specJSON, err := json.Marshal(sp)
 	if err != nil {
@@ -470,9 +497,17 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		keyCreatedAt:                            s.createdAt.Format(time.RFC3339Nano),
 		keySpec:                                 string(specJSON),
 		keyStack:                                strings.Join(s.stack, ","),
+		keySource:                               src.id(),
 	}
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace
+	}
+	if src.layer != "" {
+		// Not inherited from the layer instance (an empty value drops a
+		// key a copy would take over).
+		for _, k := range []string{keyLayer, keyOwner, keyLayerSize} {
+			cfg[k] = ""
+		}
 	}
 	// Env for envd (and so every process it runs), as runtime/local.
 	env := map[string]string{
@@ -483,10 +518,14 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 	for k, v := range env {
 		cfg["environment."+k] = v
 	}
-	// The pool's quota counts the image's blocks the snapshot references
-	// too: the root gets the image's size plus DiskSizeMB (with 10% for
-	// btrfs metadata), so that DiskSizeMB is what the sandbox can write.
-	rootMiB := (im.size*11/10)>>20 + int64(sp.DiskSizeMB) + 1
+	// Full quota groups count the source's blocks the clone references
+	// too: the root then gets the source's size (with 10% for btrfs
+	// metadata) on top of DiskSizeMB, so that DiskSizeMB is what the
+	// sandbox can write. Simple quotas count only what it writes.
+	rootMiB := int64(sp.DiskSizeMB) + 1
+	if !b.quota.simple {
+		rootMiB += (src.size * 11 / 10) >> 20
+	}
 	devices := map[string]map[string]string{
 		"root": {"type": "disk", "path": "/", "pool": b.opts.Pool, "size": strconv.FormatInt(rootMiB, 10) + "MiB"},
 		"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
@@ -507,7 +546,7 @@ func (b *Backend) instanceRequest(s *sandbox, im *imageInfo) (InstancesPost, err
 		Type:      "container",
 		Ephemeral: true,
 		Start:     true,
-		Source:    InstanceSource{Type: "image", Fingerprint: im.fingerprint},
+		Source:    src.instanceSource(),
 		Config:    cfg,
 		Profiles:  []string{}, // no default profile: no NIC, our root device
 		Devices:   devices,
@@ -558,14 +597,14 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	}
 
 	s := &sandbox{
-		id:          spec.ID,
-		name:        b.instanceName(spec.ID),
-		dir:         b.sockDir(b.instanceName(spec.ID)),
-		spec:        spec,
-		createdAt:   time.Now().UTC(),
-		ready:       make(chan struct{}),
-		fingerprint: im.fingerprint,
-		stack:       stack,
+		id:        spec.ID,
+		name:      b.instanceName(spec.ID),
+		dir:       b.sockDir(b.instanceName(spec.ID)),
+		spec:      spec,
+		createdAt: time.Now().UTC(),
+		ready:     make(chan struct{}),
+		source:    im.id(),
+		stack:     stack,
 	}
 	// Claim the id, waiting for a deletion of the same id to finish.
 	for {
@@ -706,7 +745,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 // the same image, so that its root is one of template's, and have the same
 // network devices (the copy keeps the source's devices the new sandbox's
 // config does not override).
-func (b *Backend) forkSource(ctx context.Context, src string, spec runtime.Spec, im *imageInfo) (string, error) {
+func (b *Backend) forkSource(ctx context.Context, src string, spec runtime.Spec, im *rootSource) (string, error) {
 	s, err := b.get(ctx, src)
 	if err != nil {
 		return "", err
@@ -714,7 +753,7 @@ func (b *Backend) forkSource(ctx context.Context, src string, spec runtime.Spec,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.spec.Template != spec.Template || s.fingerprint != im.fingerprint:
+	case s.spec.Template != spec.Template || s.source != im.id():
 		return "", fmt.Errorf("%w: sandbox %s was created from another version of template %q", runtime.ErrInvalidSpec, src, spec.Template)
 	case s.spec.AllowInternet != spec.AllowInternet:
 		return "", fmt.Errorf("%w: sandbox %s and its fork differ in internet access", runtime.ErrInvalidSpec, src)
@@ -722,11 +761,17 @@ func (b *Backend) forkSource(ctx context.Context, src string, spec runtime.Spec,
 	return s.name, nil
 }
 
-// createError is err, the failure of a create from image im, unless im is
-// gone (a layer removed after its template was defined): then
+// createError is err, the failure of a create from im, unless im is gone
+// (a layer removed after its template was defined): then
 // ErrTemplateNotFound, which Incus does not say in a way to branch on.
-func (b *Backend) createError(ctx context.Context, spec runtime.Spec, im *imageInfo, err error) error {
-	if _, ierr := b.c.Image(context.WithoutCancel(ctx), im.fingerprint); errors.Is(ierr, runtime.ErrNotFound) {
+func (b *Backend) createError(ctx context.Context, spec runtime.Spec, im *rootSource, err error) error {
+	var ierr error
+	if im.layer != "" {
+		_, ierr = b.c.Instance(context.WithoutCancel(ctx), im.layer)
+	} else {
+		_, ierr = b.c.Image(context.WithoutCancel(ctx), im.image)
+	}
+	if errors.Is(ierr, runtime.ErrNotFound) {
 		return fmt.Errorf("create sandbox %s: %w: the image of template %q is gone", spec.ID, runtime.ErrTemplateNotFound, spec.Template)
 	}
 	return err
@@ -907,7 +952,10 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	} else {
 		s.stack = []string{sp.Template} // made before layers existed
 	}
-	s.fingerprint = in.Config["volatile.base_image"]
+	s.source = in.Config[keySource]
+	if s.source == "" {
+		s.source = in.Config["volatile.base_image"] // made before layer instances
+	}
 	if ip, err := netip.ParseAddr(in.Config[keyEgressIP]); err == nil {
 		s.ip = ip
 		b.ips[ip] = in.Name

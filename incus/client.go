@@ -521,6 +521,29 @@ func (c *Client) PatchInstance(ctx context.Context, name string, p InstancePatch
 	return err
 }
 
+// InstancePut replaces an instance's own config, devices and profiles
+// (PUT); Incus keeps the volatile keys it is given back.
+type InstancePut struct {
+	Config      map[string]string            `json:"config"`
+	Devices     map[string]map[string]string `json:"devices"`
+	Profiles    []string                     `json:"profiles"`
+	Ephemeral   bool                         `json:"ephemeral"`
+	Description string                       `json:"description,omitempty"`
+}
+
+// PutInstance replaces instance name's configuration, waiting for the
+// operation when the server answers with one.
+func (c *Client) PutInstance(ctx context.Context, name string, p InstancePut) error {
+	return c.maybeWait(ctx, http.MethodPut, "/1.0/instances/"+url.PathEscape(name), p)
+}
+
+// RenameInstance renames a stopped instance and waits for it; a name taken
+// already is ErrAlreadyExists.
+func (c *Client) RenameInstance(ctx context.Context, name, to string) error {
+	_, err := c.run(ctx, http.MethodPost, "/1.0/instances/"+url.PathEscape(name), map[string]string{"name": to})
+	return err
+}
+
 // DeleteInstance deletes a stopped instance and waits for it.
 func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 	_, err := c.run(ctx, http.MethodDelete, "/1.0/instances/"+url.PathEscape(name), nil)

@@ -15,3 +15,6 @@ func (q QuotaGuard) Inconsistent() string { return q.g.inconsistent }
 
 // Check is quotaGuard.check.
 func (q QuotaGuard) Check(ctx context.Context) (bool, error) { return q.g.check(ctx) }
+
+// Simple says whether the guard found simple quotas on the pool.
+func (q QuotaGuard) Simple() bool { return q.g.simple }

@@ -784,4 +784,68 @@ func TestQuotaGuard(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(raw)) != "0" {
 		t.Errorf("after the check, %s = %q, %v; want 0", g.Inconsistent(), raw, err)
 	}
+	// scripts/incus-setup.sh turns simple quotas on where the kernel has them.
+	if _, err := os.Stat("/sys/fs/btrfs/features/simple_quota"); err == nil && !g.Simple() {
+		t.Errorf("the pool keeps full quota groups; scripts/incus-setup.sh turns simple quotas on")
+	}
+}
+
+// TestDiskSize: a sandbox can write its DiskSizeMB into its root, and not
+// much more, whatever its template's root holds (the base, or a layer of a
+// sandbox that wrote 200 MB), and a full sandbox is still destroyed.
+func TestDiskSize(t *testing.T) {
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	src := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: src, MemoryMB: 256, DiskSizeMB: 256, CPUCount: 1})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), src) })
+	sh(t, b, src, "root", "head -c 200000000 /dev/urandom > /big && sync")
+	key := newLayerKey(t, b)
+	if err := b.Commit(ctx, src, key); err != nil {
+		t.Fatal(err)
+	}
+	tpl := "disk-" + randHex()
+	if err := b.DefineTemplate(ctx, tpl, incus.DefaultTemplate, []string{key}); err != nil {
+		t.Fatal(err)
+	}
+	for _, template := range []string{incus.DefaultTemplate, tpl} {
+		id := runtimetest.NewID()
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, Template: template, MemoryMB: 256, DiskSizeMB: 64, CPUCount: 1})); err != nil {
+			t.Fatal(err)
+		}
+		sh(t, b, id, "root", "head -c 50000000 /dev/urandom > /mine && sync")
+		r, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c", "head -c 30000000 /dev/urandom > /more && sync")
+		if err != nil || r.ExitCode == 0 || !strings.Contains(r.Stderr, "quota") {
+			t.Errorf("%s: 80 MB into a 64 MiB disk: %v, %+v; want a disk quota error", template, err, r)
+		}
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Errorf("%s: Destroy of a full sandbox: %v", template, err)
+		}
+	}
+	if err := b.Destroy(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WaitDeletes(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBaseImage: the base image is scripts/base-rootfs.sh's Debian (what
+// E2B's base has), with sudo working for user (no no_new_privs) and /usr
+// writable by root, in the sandbox's own volume.
+func TestBaseImage(t *testing.T) {
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if _, err := b.Create(ctx, runtime.Spec{ID: id, Template: incus.DefaultTemplate, MemoryMB: 300, DiskSizeMB: 64, CPUCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	res, err := runtimetest.Exec(ctx, b, id, "user", "/bin/sh", "-c",
+		`sudo -n id -u && python --version && node --version >/dev/null && npm --version >/dev/null && git --version >/dev/null && sudo -n touch /usr/local/probe && echo ok`)
+	if err != nil || res.ExitCode != 0 || !strings.HasPrefix(res.Stdout, "0\nPython 3.") || !strings.HasSuffix(res.Stdout, "ok\n") || res.Stderr != "" {
+		t.Errorf("base image: %+v, %v", res, err)
+	}
 }

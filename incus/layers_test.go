@@ -6,8 +6,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,20 +124,57 @@ func newLayerKey(t *testing.T, b *incus.Backend) string {
 	return key
 }
 
-// layerImages counts the images that carry layer key in their properties.
-func layerImages(t *testing.T, b *incus.Backend, key string) int {
+// layerInstances returns the instances that hold layer key, made or half
+// made, and counts the images that carry it (which only an import under
+// way has).
+func layerInstances(t *testing.T, b *incus.Backend, key string) (ins []*incus.Instance, images int) {
 	t.Helper()
-	all, err := b.Client().Images(t.Context())
+	all, err := b.Client().Instances(t.Context(), "user.sandboxd.layer")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, im := range all {
-		if im.Properties["sandboxd.layer"] == key {
-			n++
+	for _, in := range all {
+		if in.Config["user.sandboxd.layer"] == key {
+			ins = append(ins, in)
 		}
 	}
-	return n
+	ims, err := b.Client().Images(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range ims {
+		if im.Properties["sandboxd.layer"] == key {
+			images++
+		}
+	}
+	return ins, images
+}
+
+// oneLayer fails the test unless layer key is one whole instance (no half
+// made one, no image left by the import) that holds none of the config of
+// the sandbox it was made from.
+func oneLayer(t *testing.T, b *incus.Backend, key string) {
+	t.Helper()
+	ins, images := layerInstances(t, b, key)
+	if len(ins) != 1 || images != 0 {
+		t.Fatalf("layer %s: %d instances, %d images; want 1 instance, no image", key, len(ins), images)
+	}
+	in := ins[0]
+	if !strings.HasPrefix(in.Name, "sbl-") || in.Status != "Stopped" || in.Ephemeral {
+		t.Errorf("layer %s: instance %s, %s, ephemeral %v; want a stopped persistent sbl- instance", key, in.Name, in.Status, in.Ephemeral)
+	}
+	for k := range in.Config {
+		if strings.HasPrefix(k, "environment.") || k == "raw.lxc" || k == "user.sandboxd.spec" || k == "user.sandboxd.id" || strings.HasPrefix(k, "limits.") {
+			t.Errorf("layer %s keeps the sandbox's %s", key, k)
+		}
+	}
+	if d := slices.Sorted(maps.Keys(in.Devices)); !slices.Equal(d, []string{"root"}) {
+		t.Errorf("layer %s: devices %v; want root only", key, d)
+	}
+	// With full quota groups (not simple quotas), what its root references.
+	if n, err := strconv.ParseInt(in.Config["user.sandboxd.layer-size"], 10, 64); !incus.QuotaGuardOf(b).Simple() && (err != nil || n < 1<<20) {
+		t.Errorf("layer %s: size %q; want the bytes its root references", key, in.Config["user.sandboxd.layer-size"])
+	}
 }
 
 func layerKey() string { return "test-" + randHex() + randHex() }
@@ -185,7 +225,8 @@ func TestLayersImportImage(t *testing.T) {
 	if have, err := b.HasLayer(ctx, key); err != nil || !have {
 		t.Fatalf("HasLayer = %v, %v; want true", have, err)
 	}
-	// Concurrent imports of one new key: both succeed, one image stays.
+	oneLayer(t, b, key)
+	// Concurrent imports of one new key: both succeed, one layer stays.
 	key2 := newLayerKey(t, b)
 	errs := make(chan error, 2)
 	for range 2 {
@@ -196,9 +237,7 @@ func TestLayersImportImage(t *testing.T) {
 			t.Errorf("concurrent ImportImage: %v", err)
 		}
 	}
-	if n := layerImages(t, b, key2); n != 1 {
-		t.Errorf("%d images of layer %s after two concurrent imports; want 1", n, key2)
-	}
+	oneLayer(t, b, key2)
 	tpl := "imp-" + randHex()
 	if err := b.DefineTemplate(ctx, tpl, "", []string{key}); err != nil {
 		t.Fatalf("DefineTemplate: %v", err)
@@ -237,8 +276,9 @@ func TestLayersCommit(t *testing.T) {
 	k1, k2 := newLayerKey(t, b), newLayerKey(t, b)
 
 	// Step 1 on base, with internet access as the template builder does.
-	box := create(t, b, runtime.Spec{AllowInternet: true})
+	box := create(t, b, runtime.Spec{AllowInternet: true, Env: map[string]string{"LAYER_SECRET": "s3"}})
 	sh(t, b, box, "root", `set -e
+head -c 67108864 /dev/zero > /big && sync
 echo changed >> /etc/hostname
 rm /etc/issue
 mkdir -p /srv/app && echo app > /srv/app/main && chown -R 1000:1000 /srv/app
@@ -258,6 +298,7 @@ chmod 4755 /srv/app/main`)
 	if err := b.Commit(ctx, box, k1); err != nil {
 		t.Fatalf("Commit again: %v", err)
 	}
+	oneLayer(t, b, k1)
 	if err := b.Destroy(ctx, box); err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +308,18 @@ chmod 4755 /srv/app/main`)
 		t.Fatalf("DefineTemplate(base, [k1]): %v", err)
 	}
 	t0 = time.Now()
-	box2 := create(t, b, runtime.Spec{Template: t1, AllowInternet: true})
+	box2 := create(t, b, runtime.Spec{Template: t1, AllowInternet: true, DiskSizeMB: 64})
 	t.Logf("first Create from a committed layer: %s", time.Since(t0).Round(time.Millisecond))
+	// Nothing of the source sandbox's config comes with its layer; its
+	// root's size allows for what the layer holds (base and /big), so
+	// the sandbox can write its own 64 MiB, and not much more.
+	if got := sh(t, b, box2, "root", `echo "[$LAYER_SECRET]"`); got != "[]\n" {
+		t.Errorf("the source sandbox's env in a sandbox of its layer: %q", got)
+	}
+	sh(t, b, box2, "root", `head -c 50000000 /dev/zero > /mine && sync && rm /mine && sync`)
+	if r, err := runtimetest.Exec(ctx, b, box2, "root", "/bin/sh", "-c", `head -c 200000000 /dev/zero > /mine; rc=$?; sync; rm -f /mine; exit $rc`); err != nil || r.ExitCode == 0 {
+		t.Errorf("200 MB into a sandbox of 64 MiB disk from a layer: %v, %+v; want a failure", err, r)
+	}
 	check := `tail -n1 /etc/hostname; test -e /etc/issue && echo issue; stat -c '%n %U %u %a' /srv/app /srv/app/main /home/user/note; cat /home/user/note`
 	want1 := "changed\n/srv/app user 1000 755\n/srv/app/main user 1000 4755\n/home/user/note user 1000 644\nby-user\n"
 	if got := sh(t, b, box2, "root", check); got != want1 {
@@ -443,18 +494,23 @@ func TestLayersRestart(t *testing.T) {
 	_ = b2.WaitDeletes(ctx)
 }
 
-// TestLayersReconcile: Reconcile deletes a layer image of its namespace left
-// without its alias by an earlier process (a crash between publish and
-// alias), and no other: not another namespace's, nor one of its own
-// process (a Commit between the two steps).
+// TestLayersReconcile: Reconcile deletes what a dead process's layer
+// making left in its namespace (unnamed layer images, half-made layer
+// instances), and nothing else: not another namespace's, not what this
+// process is making, not a finished layer; a named layer image of an older
+// version becomes a layer instance.
 func TestLayersReconcile(t *testing.T) {
 	b, ns := newBackend(t)
 	ctx := t.Context()
 	c := b.Client()
-	upload := func(namespace, owner string) string {
+	upload := func(namespace, owner string, key ...string) string {
+		layer := "orphan"
+		if len(key) > 0 {
+			layer = key[0]
+		}
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
-		meta := "architecture: x86_64\ncreation_date: 1\nproperties:\n  sandboxd.layer: \"orphan\"\n  sandboxd.namespace: \"" + namespace + "\"\n  sandboxd.owner: \"" + owner + "\"\n"
+		meta := "architecture: x86_64\ncreation_date: 1\nproperties:\n  sandboxd.layer: \"" + layer + "\"\n  sandboxd.stack: \"," + layer + "\"\n  sandboxd.namespace: \"" + namespace + "\"\n  sandboxd.owner: \"" + owner + "\"\n"
 		_ = tw.WriteHeader(&tar.Header{Name: "metadata.yaml", Mode: 0o644, Size: int64(len(meta))})
 		_, _ = tw.Write([]byte(meta))
 		_ = tw.WriteHeader(&tar.Header{Name: "rootfs/", Typeflag: tar.TypeDir, Mode: 0o755})
@@ -467,16 +523,65 @@ func TestLayersReconcile(t *testing.T) {
 		return fp
 	}
 	mine, other, live := upload("test-"+ns, "dead"), upload("test-other-"+ns, "dead"), upload("test-"+ns, incus.OwnerOf(b))
+	legacyKey := newLayerKey(t, b)
+	legacy := upload("test-"+ns, "dead", legacyKey)
+	if err := c.CreateImageAlias(ctx, "sandboxd-layer-"+randHex()+"-"+legacyKey, legacy, "an older version's layer"); err != nil {
+		t.Fatal(err)
+	}
+	base, err := c.ImageAlias(ctx, "sandboxd-base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := func(name, namespace, owner string) string {
+		name += "-" + randHex()
+		op, err := c.CreateInstance(ctx, incus.InstancesPost{
+			Name: name, Type: "container", Source: incus.InstanceSource{Type: "image", Fingerprint: base},
+			Config:   map[string]string{"user.sandboxd.layer": "k", "user.sandboxd.namespace": namespace, "user.sandboxd.owner": owner},
+			Devices:  map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "sandboxd"}},
+			Profiles: []string{},
+		})
+		if err == nil {
+			_, err = c.Wait(ctx, op)
+		}
+		if err != nil {
+			t.Fatalf("instance %s: %v", name, err)
+		}
+		t.Cleanup(func() { _ = c.DeleteInstance(context.Background(), name) })
+		return name
+	}
+	deadTemp := layer("sbt-dead", "test-"+ns, "dead")
+	keep := []string{
+		layer("sbt-other", "test-other-"+ns, "dead"),
+		layer("sbt-"+incus.OwnerOf(b), "test-"+ns, incus.OwnerOf(b)),
+		layer("sbl-done", "test-"+ns, "dead"),
+	}
 	if err := b.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Image(ctx, mine); !errors.Is(err, runtime.ErrNotFound) {
-		t.Errorf("unnamed layer image of the namespace after Reconcile: %v; want it gone", err)
+		t.Errorf("a dead process's layer image of the namespace after Reconcile: %v; want it gone", err)
 	}
 	if _, err := c.Image(ctx, other); err != nil {
-		t.Errorf("another namespace's unnamed layer image after Reconcile: %v; want it kept", err)
+		t.Errorf("another namespace's layer image after Reconcile: %v; want it kept", err)
 	}
 	if _, err := c.Image(ctx, live); err != nil {
-		t.Errorf("this process's unnamed layer image after Reconcile: %v; want it kept", err)
+		t.Errorf("this process's layer image after Reconcile: %v; want it kept", err)
+	}
+	if _, err := c.Instance(ctx, deadTemp); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("a dead process's half-made layer instance after Reconcile: %v; want it gone", err)
+	}
+	for _, name := range keep {
+		if _, err := c.Instance(ctx, name); err != nil {
+			t.Errorf("instance %s after Reconcile: %v; want it kept", name, err)
+		}
+	}
+	if _, err := c.Image(ctx, legacy); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("an older version's layer image after Reconcile: %v; want it made an instance and gone", err)
+	}
+	if have, err := b.HasLayer(ctx, legacyKey); err != nil || !have {
+		t.Errorf("HasLayer of a migrated layer image = %v, %v; want true", have, err)
+	}
+	if err := b.DefineTemplate(ctx, "legacy-"+randHex(), "", []string{legacyKey}); err != nil {
+		t.Errorf("DefineTemplate on a migrated layer: %v", err)
 	}
 }

@@ -427,8 +427,8 @@ func (b *Backend) syncRoot(name string) {
 // Reconcile finishes what a crash interrupted: instances with a
 // user.sandboxd.id that are not running or frozen (a Destroy that did not
 // complete, a failed start) are deleted, socket directories without a
-// live sandbox are removed, and so are layer images left without their
-// alias (collectUnnamedLayers) and the snapshots of commits cut short. It
+// live sandbox are removed, and so are the half-made layers and the
+// snapshots of commits cut short (collectLayerLeftovers). It
 // first waits for what Incus still does for an earlier process (see
 // recover.go), and waits for the deletions it starts, as long as ctx
 // allows.
@@ -480,8 +480,11 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	// Layer images made before the restart are unnamed only if their
-	// Commit or import was cut short; so are commit snapshots.
+	if err := b.migrateLayerImages(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	// Commit snapshots of an earlier process are those of a Commit cut
+	// short.
 	stale, err := b.staleCommits(ctx, all)
 	if err != nil {
 		errs = append(errs, err)

@@ -2,6 +2,7 @@ package incus
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -33,12 +34,29 @@ const (
 	btrfsSuperMagic     = 0x9123683e
 	fsInfoFSIDOffset    = 16
 	quotaRescanArgsSize = 64
+
+	// BTRFS_IOC_INO_LOOKUP, _IOWR(0x94, 18, 4096 bytes), and
+	// BTRFS_IOC_TREE_SEARCH, _IOWR(0x94, 17, 4096 bytes): a subvolume's id,
+	// and its quota group's item in the quota tree.
+	iocInoLookup      = 3<<30 | 4096<<16 | 0x94<<8 | 18
+	iocTreeSearch     = 3<<30 | 4096<<16 | 0x94<<8 | 17
+	firstFreeObjectID = 256
+	quotaTreeID       = 8
+	qgroupInfoKey     = 242
+	searchKeySize     = 104 // struct btrfs_ioctl_search_key
+	searchHeaderSize  = 32  // struct btrfs_ioctl_search_header
 )
 
 // quotaGuard watches the quota groups of the filesystem at dir.
 type quotaGuard struct {
 	dir          string
 	inconsistent string // its sysfs file, "" when there is none to read
+	// simple: the filesystem keeps simple quotas (squota, Linux 6.7+;
+	// scripts/incus-setup.sh turns them on): an extent counts against the
+	// subvolume that wrote it, not against every one that shares it, so a
+	// clone's size limits only what it writes, and none is ever
+	// inconsistent.
+	simple bool
 }
 
 // newQuotaGuard finds the sysfs file of dir's btrfs filesystem; a
@@ -65,6 +83,8 @@ func newQuotaGuard(dir string) *quotaGuard {
 	if _, err := os.Stat(p); err == nil {
 		g.inconsistent = p
 	}
+	mode, _ := os.ReadFile(filepath.Join("/sys/fs/btrfs", fsid, "qgroups", "mode"))
+	g.simple = strings.TrimSpace(string(mode)) == "squota"
 	return g
 }
 
@@ -131,4 +151,47 @@ func (b *Backend) watchQuota() {
 			b.ensureQuota(b.closing)
 		}
 	}
+}
+
+// referencedBytes is what btrfs counts against the size of the subvolume at
+// dir: the bytes its quota group references, shared or not. A layer's
+// root holds that much of every root cloned from it, which Incus's size
+// (a limit on the referenced bytes) must allow for. An error when dir is
+// not a btrfs subvolume with quotas on.
+func referencedBytes(dir string) (int64, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var lookup [4096]byte // treeid, objectid, name
+	binary.LittleEndian.PutUint64(lookup[8:], firstFreeObjectID)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), iocInoLookup, uintptr(unsafe.Pointer(&lookup[0]))); e != 0 {
+		return 0, fmt.Errorf("btrfs subvolume id of %s: %w", dir, e)
+	}
+	subvol := binary.LittleEndian.Uint64(lookup[0:])
+	var args [4096]byte
+	key := args[:searchKeySize]
+	binary.LittleEndian.PutUint64(key[0:], quotaTreeID) // tree_id
+	// min/max objectid 0 (a level-0 group's info item), min/max offset the
+	// group id (the subvolume's), any transid.
+	binary.LittleEndian.PutUint64(key[24:], subvol)
+	binary.LittleEndian.PutUint64(key[32:], subvol)
+	binary.LittleEndian.PutUint64(key[48:], ^uint64(0))
+	binary.LittleEndian.PutUint32(key[56:], qgroupInfoKey)
+	binary.LittleEndian.PutUint32(key[60:], qgroupInfoKey)
+	binary.LittleEndian.PutUint32(key[64:], 1) // nr_items
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), iocTreeSearch, uintptr(unsafe.Pointer(&args[0]))); e != 0 {
+		return 0, fmt.Errorf("btrfs quota group of %s: %w", dir, e)
+	}
+	if binary.LittleEndian.Uint32(key[64:]) != 1 {
+		return 0, fmt.Errorf("btrfs quota group of %s: none (quotas off?)", dir)
+	}
+	hdr := args[searchKeySize:]
+	if binary.LittleEndian.Uint64(hdr[8:]) != 0 || binary.LittleEndian.Uint64(hdr[16:]) != subvol ||
+		binary.LittleEndian.Uint32(hdr[24:]) != qgroupInfoKey || binary.LittleEndian.Uint32(hdr[28:]) < 16 {
+		return 0, fmt.Errorf("btrfs quota group of %s: unexpected item", dir)
+	}
+	item := hdr[searchHeaderSize:] // generation, rfer, rfer_cmpr, excl, excl_cmpr
+	return int64(binary.LittleEndian.Uint64(item[8:])), nil
 }

@@ -14,7 +14,7 @@ import (
 
 // What a SIGKILLed sandboxd began in Incus goes on without it: incusd
 // finishes copying and starting a fork's instance, making a commit's
-// snapshot, publishing a layer image. Reconcile must act on the outcome,
+// snapshot, copying it into a layer instance, unpacking an imported image. Reconcile must act on the outcome,
 // not on the middle, or the outcome (an instance, an unnamed image)
 // appears after it ran and is never cleaned up. These are its steps for
 // that; the e2e TestIncusSnapshotCrashE2E kills sandboxd inside each.
@@ -67,11 +67,15 @@ func (b *Backend) onOurInstance(ctx context.Context, op *Operation) bool {
 	}
 	for _, p := range op.Resources["instances"] {
 		name := path.Base(p)
-		if !strings.HasPrefix(name, "sbx-") && !strings.HasPrefix(name, "sbh-") {
-			continue
-		}
-		if in, err := b.c.Instance(ctx, name); err == nil && b.ours(in) {
-			return true
+		switch {
+		case strings.HasPrefix(name, "sbx-"), strings.HasPrefix(name, "sbh-"):
+			if in, err := b.c.Instance(ctx, name); err == nil && b.ours(in) {
+				return true
+			}
+		case strings.HasPrefix(name, layerPrefix), strings.HasPrefix(name, layerTempPrefix):
+			if in, err := b.c.Instance(ctx, name); err == nil && b.isLayer(in) {
+				return true
+			}
 		}
 	}
 	return false
@@ -107,12 +111,12 @@ func (b *Backend) staleCommits(ctx context.Context, all []*Instance) (map[string
 }
 
 // removeStaleCommits deletes the snapshots of staleCommits, then collects
-// the unnamed layers (collectUnnamedLayers), once the image operations
-// under way have ended: a publish the earlier process began may be
-// reading such a snapshot, and deleting it then leaves Incus with a
-// mount of it that it never removes (and an instance it then cannot
-// delete); a publish that ends makes its image after Reconcile's first
-// collection. Incus does not say which instance an image operation reads,
+// what layer makings cut short left (collectLayerLeftovers), once the
+// image operations under way have ended: an image an import of the
+// earlier process uploads appears when its operation ends, after
+// Reconcile's first collection would have looked. (The copies of commit
+// snapshots into layers are instance operations: awaitInstanceOps waited
+// for them.) Incus does not say which instance an image operation reads,
 // so every one under way is waited for (waitOps), in the background when
 // there are any; Close cancels and joins that (the next start redoes it).
 func (b *Backend) removeStaleCommits(ctx context.Context, stale map[string][]string) error {
@@ -137,7 +141,7 @@ func (b *Backend) removeStaleCommits(ctx context.Context, stale map[string][]str
 				b.log.Info("incus: deleted the snapshot of a commit cut short", "instance", name, "snapshot", s)
 			}
 		}
-		if err := b.collectUnnamedLayers(ctx); err != nil {
+		if err := b.collectLayerLeftovers(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		return errors.Join(errs...)

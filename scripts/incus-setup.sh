@@ -2,17 +2,20 @@
 # Prepares this machine for the Incus backend (incus/), idempotently:
 #   1. adds Debian's bookworm-backports suite, deriving its URI from apt's
 #      existing debian.sources entry (no registry host is written here);
-#   2. installs incus (6.0 from backports), btrfs-progs and debootstrap;
+#   2. installs incus (6.0 from backports), btrfs-progs (from backports too:
+#      6.7 or later, for simple quotas) and debootstrap;
 #   3. starts incusd in the background when its socket does not answer (no
 #      systemd here) and waits for it;
 #   4. creates a btrfs storage pool on a loop file (no network: sandboxes
-#      are network-less, and this script never creates one);
-#   5. builds the test image: a debootstrap minbase bookworm with python3
-#      (and venv), nodejs, iproute2 (ss) and procps, a user "user" (uid
-#      1000), a fallback /sbin/init and the host's CA bundle (what the local
-#      backend's sandboxes see: a mirror or an egress proxy the host trusts
-#      works from a template build's pip too), cached as a unified tarball
-#      under /var/cache/sandboxd/incus, and imports it with an alias.
+#      are network-less, and this script never creates one) and turns on
+#      btrfs' simple quotas on it (see below);
+#   5. imports sandboxd's base root filesystem (scripts/base-rootfs.sh: a
+#      Debian bookworm with Python, Node and npm, git, curl, sudo …, the
+#      local backend's base too) as the image of template base, with a
+#      fallback /sbin/init, cached as a unified tarball under
+#      /var/cache/sandboxd/incus, and deletes the image it replaces;
+#   6. unpacks it onto the pool once (incusd does that at an image's first
+#      instance, which would otherwise be the first sandbox's create).
 # Each step is skipped when already done. Prints how long each step took.
 #
 # Environment:
@@ -29,7 +32,7 @@ CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
 DEAD_PROXY=http://127.0.0.1:9
 # Bump to rebuild the cached image when its recipe changes.
-IMAGE_VERSION=4
+IMAGE_VERSION=5
 
 log() { echo "incus-setup: $*" >&2; }
 step_start=0
@@ -39,12 +42,14 @@ step_done() { log "  done in $(awk -v a="$step_start" -v b="$EPOCHREALTIME" 'BEG
 [[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The mirror the host's apt config names (no registry host is written here).
-debian_uri() { "$(dirname "${BASH_SOURCE[0]}")/debian-uri.sh"; }
+debian_uri() { "$here/debian-uri.sh"; }
 
 # --- 1+2. packages -----------------------------------------------------------
 BP=/etc/apt/sources.list.d/sandboxd-bookworm-backports.sources
-if ! command -v incus >/dev/null || ! command -v mkfs.btrfs >/dev/null || ! command -v debootstrap >/dev/null; then
+simple_quotas_cli() { btrfs quota enable --help 2>&1 | grep -q -- --simple; }
+if ! command -v incus >/dev/null || ! command -v mkfs.btrfs >/dev/null || ! command -v debootstrap >/dev/null || ! simple_quotas_cli; then
   step "installing incus, btrfs-progs, debootstrap"
   uri=$(debian_uri)
   if [[ ! -e $BP ]]; then
@@ -66,8 +71,8 @@ EOF
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   apt-get install -y -qq --no-install-recommends -t bookworm-backports \
-    incus incus-client >/dev/null
-  apt-get install -y -qq --no-install-recommends btrfs-progs debootstrap \
+    incus incus-client btrfs-progs >/dev/null
+  apt-get install -y -qq --no-install-recommends debootstrap \
     squashfs-tools xz-utils rsync attr >/dev/null
   if [[ -n $own_policy ]]; then
     rm -f /usr/sbin/policy-rc.d
@@ -108,42 +113,55 @@ if ! incus storage show "$POOL" >/dev/null 2>&1; then
   step_done
 fi
 
-# --- 5. test image -------------------------------------------------------------
-tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION.tar
+# Simple quotas (squota, Linux 6.7+): an extent counts against the subvolume
+# that wrote it, so a sandbox's root size limits what it writes, and deleting
+# a clone costs the kernel nothing to account. Full quota groups (the mode
+# Incus would turn on) account every extent a clone shares with its image on
+# delete: 7.5 s of btrfs-cleaner CPU per sandbox of the Debian base here, a
+# queue that outlived CI. The switch drops the groups and their limits, so
+# the sandboxes live at that moment (none on a fresh pool) keep no size.
+pool_dir=/var/lib/incus/storage-pools/$POOL
+fsid=$(btrfs filesystem show "$pool_dir" | awk '/uuid:/ {print $NF; exit}')
+qmode=$(cat "/sys/fs/btrfs/$fsid/qgroups/mode" 2>/dev/null || echo disabled)
+if [[ $qmode != squota && -e /sys/fs/btrfs/features/simple_quota ]]; then
+  step "simple quotas on pool $POOL (were: $qmode)"
+  [[ $qmode == disabled ]] || btrfs quota disable "$pool_dir"
+  btrfs quota enable --simple "$pool_dir"
+  step_done
+fi
+
+# --- 5. base image -------------------------------------------------------------
+# The root filesystem is the local backend's base too (scripts/base-rootfs.sh,
+# cached; it waits for a concurrent build of it), plus a fallback /sbin/init.
+rootfs=$("$here/base-rootfs.sh")
+tarball=$CACHE/sandboxd-base-v$IMAGE_VERSION-$(basename "$rootfs").tar
 if [[ ! -s $tarball ]]; then
-  step "building $tarball (debootstrap minbase bookworm + python3, python3-venv, nodejs, iproute2, procps)"
+  step "building $tarball from $rootfs"
   mkdir -p "$CACHE"
   work=$(mktemp -d "$CACHE/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
-  debootstrap --variant=minbase --include=python3,python3-venv,nodejs,iproute2,procps bookworm "$work/rootfs" "$(debian_uri)" >"$work/debootstrap.log" 2>&1 ||
-    { tail -20 "$work/debootstrap.log" >&2; exit 1; }
-  r=$work/rootfs
-  rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/*
-  chroot "$r" /usr/sbin/groupadd -g 1000 user
-  chroot "$r" /usr/sbin/useradd -m -u 1000 -g 1000 -s /bin/bash user
   # Fallback init for `incus launch` without sandboxd (benchmarks); sandboxd
   # replaces it with envd through raw.lxc lxc.init.cmd.
-  printf '#!/bin/sh\nexec sleep infinity\n' >"$r/sbin/init"
-  chmod 755 "$r/sbin/init"
-  mkdir -p "$r/opt/sandboxd" "$r/run/envd"
-  # minbase has no ca-certificates; the host's bundle is what the local
-  # backend's sandboxes trust (they see the host's /etc), so templates
-  # built on either backend reach the same mirrors. A changed host bundle
-  # needs an IMAGE_VERSION bump (or removing the cached tarball).
-  if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
-    install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
-  fi
-  printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$r/etc/resolv.conf"
+  # (In usr/sbin: the merged /usr's /sbin is a link to it.)
+  sbin=sbin
+  [[ -L $rootfs/sbin ]] && sbin=usr/sbin
+  mkdir -p "$work/rootfs/$sbin"
+  printf '#!/bin/sh\nexec sleep infinity\n' >"$work/rootfs/$sbin/init"
+  chmod 755 "$work/rootfs/$sbin/init"
   cat >"$work/metadata.yaml" <<EOF
 architecture: x86_64
 creation_date: $(date +%s)
 properties:
-  description: sandboxd test image (Debian bookworm minbase + python3, python3-venv, nodejs, iproute2, procps, the host's CA bundle)
+  description: sandboxd base (scripts/base-rootfs.sh, $(basename "$rootfs"))
   os: debian
   release: bookworm
   variant: sandboxd-base-v$IMAGE_VERSION
 EOF
-  tar -C "$work" --numeric-owner -cf "$tarball.tmp" metadata.yaml rootfs
+  # The base's directory as rootfs/, then the init (Debian's minbase has
+  # none, so no entry is there twice).
+  tar --numeric-owner -cf "$tarball.tmp" -C "$work" metadata.yaml \
+    -C "$(dirname "$rootfs")" --transform "s,^$(basename "$rootfs"),rootfs," "$(basename "$rootfs")" \
+    -C "$work" "rootfs/$sbin/init"
   mv "$tarball.tmp" "$tarball"
   rm -rf "$work"
   trap - EXIT
@@ -159,6 +177,23 @@ if [[ $have_fp != "$want_fp" ]]; then
   else
     incus image import "$tarball" --alias "$ALIAS"
   fi
+  # The image it replaces goes (sandboxes cloned from it keep their roots:
+  # a btrfs snapshot does not depend on its source), and so do older
+  # recipes' tarballs.
+  if [[ -n $have_fp ]]; then incus image delete "$have_fp" 2>/dev/null || true; fi
+  find "$CACHE" -maxdepth 1 -name 'sandboxd-base-v*.tar' ! -path "$tarball" -delete
+  step_done
+fi
+
+# --- 6. the image's volume on the pool -------------------------------------------
+# incusd unpacks an image into a volume of the pool at its first instance and
+# clones that volume from then on: done here, once, not in the first create.
+if ! incus storage volume show "$POOL" "image/$want_fp" >/dev/null 2>&1; then
+  step "unpacking $ALIAS onto pool $POOL"
+  warm=sandboxd-setup-unpack
+  incus delete -f "$warm" >/dev/null 2>&1 || true
+  out=$(incus init "$ALIAS" "$warm" --storage "$POOL" --no-profiles 2>&1) || { echo "$out" >&2; exit 1; }
+  incus delete "$warm"
   step_done
 fi
 log "ready: socket $SOCK, pool $POOL, image $ALIAS"

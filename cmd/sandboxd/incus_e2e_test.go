@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -250,14 +249,26 @@ func TestIncusRestart(t *testing.T) {
 	// The env's cleanup checks the run dir (socket directories) and mounts.
 }
 
-// namespacedLayer matches the layer aliases of a backend with a namespace
-// ("sandboxd-layer-<12 hex of the namespace>-<key>"): the incus package's
-// tests, which run beside these. The e2e sandboxd has no namespace, and
-// its keys (uuids, "snap-…", content hashes) never have that shape.
-var namespacedLayer = regexp.MustCompile(`^sandboxd-layer-[0-9a-f]{12}-`)
+// incusLayerKey is the config key naming the layer a layer instance holds.
+const incusLayerKey = "user.sandboxd.layer"
 
-// ownLayerAlias says whether alias is a layer image a namespace-less
-// sandboxd, as the e2e tests run it, could have made.
-func ownLayerAlias(alias string) bool {
-	return strings.HasPrefix(alias, "sandboxd-layer-") && !namespacedLayer.MatchString(alias)
+// ownLayers returns the layer instances, made or half made, that a
+// namespace-less sandboxd (the e2e tests') could have made, by instance
+// name, with the layer key each holds; the incus package's tests, which
+// run beside these, use namespaces.
+func ownLayers(t *testing.T, c *incus.Client) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ins, err := c.Instances(ctx, incusLayerKey)
+	if err != nil {
+		t.Fatalf("list Incus layer instances: %v", err)
+	}
+	out := map[string]string{}
+	for _, in := range ins {
+		if in.Config["user.sandboxd.namespace"] == "" {
+			out[in.Name] = in.Config[incusLayerKey]
+		}
+	}
+	return out
 }

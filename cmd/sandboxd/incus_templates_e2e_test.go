@@ -18,26 +18,17 @@ import (
 // cleanup, which reports them).
 func TestIncusTemplateBuildE2E(t *testing.T) {
 	e, c := newIncusE2EEnv(t, "a")
-	ctx := t.Context()
-	before, err := c.ImageAliases(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := ownLayers(t, c)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		after, err := c.ImageAliases(ctx)
-		if err != nil {
-			t.Errorf("list image aliases: %v", err)
-			return
-		}
-		for name, fp := range after {
-			if _, had := before[name]; had || !ownLayerAlias(name) {
+		for name, key := range ownLayers(t, c) {
+			if _, had := before[name]; had {
 				continue
 			}
-			t.Errorf("layer image %s left after the templates were deleted", name)
-			if err := c.DeleteImage(ctx, fp); err != nil {
-				t.Errorf("delete image %s: %v", name, err)
+			t.Errorf("layer %s (%s) left after the templates were deleted", key, name)
+			if err := c.DeleteInstance(ctx, name); err != nil {
+				t.Errorf("delete layer instance %s: %v", name, err)
 			}
 		}
 	})

@@ -425,18 +425,11 @@ func TestSnapshotKillRaceE2E(t *testing.T) {
 // background.
 func TestIncusSnapshotKillRaceE2E(t *testing.T) {
 	e, c := newIncusE2EEnv(t, "a")
-	before, err := c.ImageAliases(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := ownLayers(t, c)
 	layers := func() []string {
-		after, err := c.ImageAliases(t.Context())
-		if err != nil {
-			t.Fatalf("list Incus image aliases: %v", err)
-		}
 		var out []string
-		for name := range after {
-			if _, had := before[name]; !had && ownLayerAlias(name) && strings.Contains(name, "snap-") {
+		for name, key := range ownLayers(t, c) {
+			if _, had := before[name]; !had && strings.HasPrefix(key, "snap-") {
 				out = append(out, name)
 			}
 		}

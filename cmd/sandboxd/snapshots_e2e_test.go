@@ -70,21 +70,14 @@ func TestSnapshotForkE2E(t *testing.T) {
 // deleted.
 func TestIncusSnapshotForkE2E(t *testing.T) {
 	e, c := newIncusE2EEnv(t, "a", "b")
-	before, err := c.ImageAliases(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := ownLayers(t, c)
 	kept := testSnapshotFork(t, e)
 	r := e.start().api(t, http.MethodDelete, "/templates/"+url.PathEscape(kept), e.keys["a"], nil)
 	wantStatus(t, "delete the last snapshot", r, http.StatusNoContent)
-	after, err := c.ImageAliases(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, fp := range after {
-		if _, had := before[name]; !had && ownLayerAlias(name) {
-			t.Errorf("layer image %s left after the snapshots were deleted", name)
-			_ = c.DeleteImage(context.Background(), fp)
+	for name, key := range ownLayers(t, c) {
+		if _, had := before[name]; !had {
+			t.Errorf("layer %s (%s) left after the snapshots were deleted", key, name)
+			_ = c.DeleteInstance(context.Background(), name)
 		}
 	}
 }

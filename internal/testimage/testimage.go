@@ -20,6 +20,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -102,10 +103,9 @@ func Registry(user, pass string) http.Handler {
 	})
 }
 
-// DebianCache is where scripts/incus-setup.sh keeps its Debian test image
-// (debootstrap minbase bookworm with python3, python3-venv, nodejs,
-// iproute2 and procps), an Incus unified tarball: metadata.yaml and
-// rootfs/.
+// DebianCache is where scripts/incus-setup.sh keeps its Debian image (the
+// base root filesystem of scripts/base-rootfs.sh: Python, Node and npm,
+// git, sudo …), an Incus unified tarball: metadata.yaml and rootfs/.
 const DebianCache = "/var/cache/sandboxd/incus"
 
 // Debian returns the newest of DebianCache's images as a one-layer OCI
@@ -117,11 +117,23 @@ func Debian(dir string) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	// sandboxd-base-v<N>.tar, or since v5 sandboxd-base-v<N>-<the base
+	// root filesystem's directory>.tar: the highest N, the newest file of
+	// it.
 	newest, best := "", -1
+	var bestTime time.Time
 	for _, m := range matches {
-		v, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "sandboxd-base-v"), ".tar"))
-		if err == nil && v > best {
-			newest, best = m, v
+		num, _, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "sandboxd-base-v"), ".tar"), "-")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			continue
+		}
+		fi, err := os.Stat(m)
+		if err != nil {
+			continue
+		}
+		if v > best || v == best && fi.ModTime().After(bestTime) {
+			newest, best, bestTime = m, v, fi.ModTime()
 		}
 	}
 	if newest == "" {
