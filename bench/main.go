@@ -106,6 +106,7 @@ var scenarios = []scenario{
 	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},
 	{"template", "template builds (5 steps, cold and cached) and creates of a template with a 2 s start, warm vs base", templateScenario},
 	{"snapshot", "snapshot and fork of a sandbox with 100 MB written, and a create from the snapshot vs a cold create of its template", snapshotScenario},
+	{"incus-burst", "issue 24's Incus row: 20 concurrent Python SDK creates, each then running a command, default settings (needs scripts/incus-setup.sh)", incusBurstScenario},
 	{"snapshot-incus", "the snapshot scenario on the Incus backend (needs scripts/incus-setup.sh)", snapshotIncusScenario},
 	{"codeinterp", "E2B's code-interpreter SDK (Python): create → first run_code cold and warm, run_code round trip and where its time goes, idle memory", codeInterpScenario},
 }

@@ -222,7 +222,9 @@ func incusScenario(ctx context.Context, b *Bench) error {
 	}()
 
 	var sbdInstances []string // sandboxd instance names seen, for the final check
-	startIncus := func(extra ...string) (*Harness, error) { return b.startIncusSide(ctx, extra...) }
+	startIncus := func(extra ...string) (*Harness, error) {
+		return b.startIncusSide(ctx, append(noLimits(b.flags), extra...)...)
+	}
 	// stopIncus deletes the API's sandboxes and stops sandboxd (which drains
 	// its pool and waits for Incus's background deletes); whatever of this
 	// run is still in Incus then (a delete that failed) is deleted too.
@@ -466,7 +468,7 @@ func incusWarm(ctx context.Context, b *Bench, a *incusAPI, start func(...string)
 }
 
 // startIncusSide starts a sandboxd on the Incus backend, with its own run
-// dir and data dir and no limits, plus extra serve flags. Only one runs at
+// dir and data dir, and the serve flags args. Only one runs at
 // a time: a second one's start-up reconcile would destroy the first one's
 // sandboxes (same, empty, namespace).
 func (b *Bench) startIncusSide(ctx context.Context, extra ...string) (*Harness, error) {
@@ -481,7 +483,7 @@ func (b *Bench) startIncusSide(ctx context.Context, extra ...string) (*Harness, 
 		return nil, err
 	}
 	h.keepLogs = b.cfg.KeepLogs
-	args := append(append([]string{"--backend", "incus"}, noLimits(b.flags)...), extra...)
+	args := append([]string{"--backend", "incus"}, extra...)
 	if err := h.startSandboxd(ctx, []string{"bench"}, args...); err != nil {
 		h.Close()
 		return nil, err

@@ -36,7 +36,7 @@ func snapshotOn(ctx context.Context, b *Bench, name string) error {
 			b.add(unavailable(name, "snapshot, fork and creates on the Incus backend", why))
 			return nil
 		}
-		h, err = b.startIncusSide(ctx, extra...)
+		h, err = b.startIncusSide(ctx, append(noLimits(b.flags), extra...)...)
 	} else {
 		h, err = b.startSide(ctx, []string{"bench"}, append(noLimits(b.flags), extra...)...)
 	}

@@ -45,15 +45,24 @@ func (b *Bench) startDefaults(ctx context.Context, spare int, extra ...string) (
 	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(3 * time.Minute)
+	if _, err := h.waitSpare(ctx, spare, 3*time.Minute); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// waitSpare waits until h's spare pool holds at least want ready members
+// of base, and returns how many it holds.
+func (h *Harness) waitSpare(ctx context.Context, want int, within time.Duration) (int, error) {
+	deadline := time.Now().Add(within)
 	for {
 		n, _ := h.metricSum(ctx, "sandboxd_spare_members", map[string]string{"state": "ready", "template": "base"})
-		if int(n) >= spare {
-			return h, nil
+		if int(n) >= want {
+			return int(n), nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			h.Close()
-			return nil, fmt.Errorf("spare pool holds %.0f ready members after 3 min, want %d", n, spare)
+			return int(n), fmt.Errorf("spare pool holds %.0f ready members after %s, want %d", n, within, want)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

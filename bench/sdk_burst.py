@@ -1,0 +1,70 @@
+"""N concurrent Sandbox.create() → commands.run('true') → kill() with E2B's
+Python SDK, as one tenant's agent fleet would start them.
+
+Driven by the bench's incus-burst scenario, which sets E2B_API_URL,
+E2B_SANDBOX_URL and E2B_API_KEY. Prints one JSON object per line:
+
+  {"kind": "item", "create_ms": .., "first_run_ms": .., "total_ms": ..}
+  {"kind": "error", "error": "..."}
+  {"kind": "wall", "ms": ..}   (from the start to the end of the last run)
+
+usage: sdk_burst.py N
+"""
+
+import json
+import sys
+import threading
+import time
+
+from benchutil import ms  # noqa: E402  (first: it checks the environment)
+
+from e2b import Sandbox  # noqa: E402
+
+
+T0 = [0.0]  # when the burst starts (perf_counter)
+
+
+def one(out: list, lock: threading.Lock, start: threading.Event) -> None:
+    start.wait()
+    rec = {"kind": "item"}
+    sbx = None
+    try:
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(timeout=600)
+        rec["create_ms"] = ms(t0)
+        t1 = time.perf_counter()
+        sbx.commands.run("true")
+        rec["first_run_ms"] = ms(t1)
+        rec["total_ms"] = ms(t0)
+        rec["done_at_ms"] = ms(T0[0])
+    except Exception as e:  # noqa: BLE001  (any failure is a row's error)
+        rec = {"kind": "error", "error": f"{type(e).__name__}: {e}"}
+    with lock:
+        out.append(rec)
+    if sbx is not None:
+        try:
+            sbx.kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def main() -> None:
+    n = int(sys.argv[1])
+    out: list = []
+    lock = threading.Lock()
+    start = threading.Event()
+    threads = [threading.Thread(target=one, args=(out, lock, start)) for _ in range(n)]
+    for t in threads:
+        t.start()
+    T0[0] = time.perf_counter()
+    start.set()
+    for t in threads:
+        t.join()
+    for rec in out:
+        print(json.dumps(rec))
+    done = [r["done_at_ms"] for r in out if r["kind"] == "item"]
+    print(json.dumps({"kind": "wall", "ms": max(done) if done else None}))
+
+
+if __name__ == "__main__":
+    main()
