@@ -91,7 +91,8 @@ run native openapi/native.yaml "$base"
 
 # One line for both specs, from the JUnit reports (a spec that timed out has
 # none: that is a failure).
-"$venv/bin/python" - "$work/e2b.xml" "$work/native.xml" <<'PY'
+rc=0
+"$venv/bin/python" - "$work/e2b.xml" "$work/native.xml" <<'PY' || rc=$?
 import sys, xml.etree.ElementTree as ET
 passed = failed = 0
 for path in sys.argv[1:]:
@@ -108,3 +109,11 @@ for path in sys.argv[1:]:
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
+if [[ $rc != 0 ]]; then
+  # What sandboxd said while it failed (a broken response leaves no trace
+  # in schemathesis' report); the work dir stays for the rest.
+  echo "schemathesis: sandboxd's errors, warnings and panics (all of it: $work/sandboxd.log):" >&2
+  grep -E '"level":"(ERROR|WARN)"|panic|"status":5' "$work/sandboxd.log" | tail -n 40 >&2 || true
+  SCHEMA_KEEP=1
+fi
+exit "$rc"
