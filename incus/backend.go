@@ -5,8 +5,10 @@
 //
 // A sandbox's container:
 //   - starts from an Incus image (Options.Images maps template names to image
-//     aliases or fingerprints) with its root on a copy-on-write storage pool
-//     (btrfs: each instance is a snapshot of the unpacked image);
+//     aliases or fingerprints) or, for a built template, from a stopped
+//     layer instance (layers.go), with its root on a copy-on-write storage
+//     pool (btrfs: each root is a snapshot of the image's unpacked volume or
+//     of the layer's root);
 //   - runs envd as its init (raw.lxc lxc.init.cmd), from the host's envd
 //     binary shared read-only with a disk device at /opt/sandboxd/envd;
 //   - shares a per-sandbox host directory <Root>/sandboxes/<id> at /run/envd
@@ -565,7 +567,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	spec.EnvdInit, spec.ForkOf = nil, ""
 	// Resolved now: a template defined again later does not change
 	// this sandbox.
-	im, stack, err := b.templateImage(ctx, spec.Template)
+	im, stack, err := b.templateSource(ctx, spec.Template)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}

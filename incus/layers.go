@@ -89,8 +89,8 @@ const keyStack = "user.sandboxd.stack"
 // definedTemplate is a template of DefineTemplate: the source of its roots
 // and the stack it holds.
 type definedTemplate struct {
-	image *rootSource
-	stack []string
+	source *rootSource
+	stack  []string
 }
 
 // layerName is the instance name of layer key: "sbl-" and 40 hex of a hash
@@ -402,7 +402,7 @@ func (b *Backend) DefineTemplate(ctx context.Context, name, base string, layers 
 			below = []string{base}
 			if len(layers) == 0 {
 				var err error
-				if src, _, err = b.templateImage(ctx, base); err != nil {
+				if src, _, err = b.templateSource(ctx, base); err != nil {
 					return wrap(err)
 				}
 			}
@@ -414,7 +414,7 @@ func (b *Backend) DefineTemplate(ctx context.Context, name, base string, layers 
 		if d == nil {
 			return wrap(fmt.Errorf("%w: base %q", runtime.ErrTemplateNotFound, base))
 		}
-		below, src = d.stack, d.image
+		below, src = d.stack, d.source
 	}
 	stack := append(slices.Clone(below), layers...)
 	if len(layers) > 0 {
@@ -439,7 +439,7 @@ func (b *Backend) DefineTemplate(ctx context.Context, name, base string, layers 
 		src = &rootSource{layer: top.Name, size: size}
 	}
 	b.mu.Lock()
-	b.defined[name] = &definedTemplate{image: src, stack: stack}
+	b.defined[name] = &definedTemplate{source: src, stack: stack}
 	b.mu.Unlock()
 	return nil
 }
@@ -455,10 +455,10 @@ func (b *Backend) UndefineTemplate(_ context.Context, name string) error {
 	return nil
 }
 
-// templateImage resolves template name (of Options.Images or of
-// DefineTemplate) to its image and the stack the image holds; an unknown
-// name or a missing image is ErrTemplateNotFound.
-func (b *Backend) templateImage(ctx context.Context, name string) (*rootSource, []string, error) {
+// templateSource resolves template name (of Options.Images or of
+// DefineTemplate) to the source of its roots and the stack it holds; an
+// unknown name or a missing image is ErrTemplateNotFound.
+func (b *Backend) templateSource(ctx context.Context, name string) (*rootSource, []string, error) {
 	if ref, ok := b.opts.Images[name]; ok {
 		im, err := b.image(ctx, ref)
 		if errors.Is(err, runtime.ErrNotFound) {
@@ -475,7 +475,7 @@ func (b *Backend) templateImage(ctx context.Context, name string) (*rootSource, 
 	if d == nil {
 		return nil, nil, fmt.Errorf("%w: %q", runtime.ErrTemplateNotFound, name)
 	}
-	return d.image, d.stack, nil
+	return d.source, d.stack, nil
 }
 
 // definedNames are the names of DefineTemplate's templates.
@@ -568,7 +568,7 @@ func (b *Backend) migrateLayerImages(ctx context.Context) error {
 // BaseDigest names base's root: its image's fingerprint (a new image under
 // the same alias is another base) or its top layer's instance.
 func (b *Backend) BaseDigest(ctx context.Context, base string) (string, error) {
-	im, _, err := b.templateImage(ctx, base)
+	im, _, err := b.templateSource(ctx, base)
 	if err != nil {
 		return "", fmt.Errorf("base digest: %w", err)
 	}

@@ -14,10 +14,11 @@ import (
 
 // What a SIGKILLed sandboxd began in Incus goes on without it: incusd
 // finishes copying and starting a fork's instance, making a commit's
-// snapshot, copying it into a layer instance, unpacking an imported image. Reconcile must act on the outcome,
-// not on the middle, or the outcome (an instance, an unnamed image)
-// appears after it ran and is never cleaned up. These are its steps for
-// that; the e2e TestIncusSnapshotCrashE2E kills sandboxd inside each.
+// snapshot, copying it into a layer instance, unpacking an imported image.
+// Reconcile must act on the outcome, not on the middle, or the outcome (an
+// instance, an unnamed image) appears after it ran and is never cleaned
+// up. These are its steps for that; the e2e TestIncusSnapshotCrashE2E
+// kills sandboxd inside a snapshot and a fork.
 
 // opWaitLimit bounds each wait for the operations of an earlier process,
 // all of them together: they run side by side in incusd.
