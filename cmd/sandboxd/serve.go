@@ -208,7 +208,7 @@ func serve(args []string) error {
 		OnCreateFrom: metrics.ObserveCreate,
 		Settings:     settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel, ColdQueue: lim.coldQueue,
-		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availableMB()),
+		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availableMB(), *backend),
 		MaxCPU: lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
 		DiskInMemory:   *backend == "local", // its disk is a tmpfs
 		MetricsHistory: *metricsKeep, OnMetricsPass: metrics.ObserveMetricsPass,

@@ -13,17 +13,22 @@ func TestSpareFloors(t *testing.T) {
 		args       []string
 		codeInterp bool
 		availMB    int
+		backend    string
 		want       map[string]int
 		wantErr    bool
 	}{
-		{"default", nil, false, 8192, map[string]int{"base": 2}, false},
-		{"default with the code interpreter", nil, true, 8192, map[string]int{"base": 2, "code-interpreter-v1": 1}, false},
-		{"default, code interpreter, short of memory", nil, true, 1024, map[string]int{"base": 2}, false},
-		{"given: exactly that", []string{"--spare-min=base=5,py=1"}, true, 8192, map[string]int{"base": 5, "py": 1}, false},
-		{"given empty: none", []string{"--spare-min="}, true, 8192, map[string]int{}, false},
-		{"bad count", []string{"--spare-min=base=x"}, false, 0, nil, true},
-		{"negative", []string{"--spare-min=base=-1"}, false, 0, nil, true},
-		{"no name", []string{"--spare-min==2"}, false, 0, nil, true},
+		{"default", nil, false, 8192, "local", map[string]int{"base": 2}, false},
+		{"default with the code interpreter", nil, true, 8192, "local", map[string]int{"base": 2, "code-interpreter-v1": 1}, false},
+		{"default, code interpreter, short of memory", nil, true, 1024, "local", map[string]int{"base": 2}, false},
+		{"default on Incus: one per GiB", nil, false, 8192, "incus", map[string]int{"base": 8}, false},
+		{"default on Incus: at most 20", nil, true, 22 << 10, "incus", map[string]int{"base": 20, "code-interpreter-v1": 1}, false},
+		{"default on Incus: at least 2", nil, false, 1024, "incus", map[string]int{"base": 2}, false},
+		{"given: exactly that", []string{"--spare-min=base=5,py=1"}, true, 8192, "local", map[string]int{"base": 5, "py": 1}, false},
+		{"given on Incus: exactly that", []string{"--spare-min=base=5"}, true, 8192, "incus", map[string]int{"base": 5}, false},
+		{"given empty: none", []string{"--spare-min="}, true, 8192, "local", map[string]int{}, false},
+		{"bad count", []string{"--spare-min=base=x"}, false, 0, "local", nil, true},
+		{"negative", []string{"--spare-min=base=-1"}, false, 0, "local", nil, true},
+		{"no name", []string{"--spare-min==2"}, false, 0, "local", nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var o limitOpts
@@ -37,7 +42,7 @@ func TestSpareFloors(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if got := o.spareFloors(c.codeInterp, c.availMB); !maps.Equal(got, c.want) {
+			if got := o.spareFloors(c.codeInterp, c.availMB, c.backend); !maps.Equal(got, c.want) {
 				t.Errorf("floors = %v, want %v", got, c.want)
 			}
 		})
