@@ -78,6 +78,7 @@ done
 run() {
   echo "schemathesis: $1 ($2) against $3" >&2
   SCHEMATHESIS_HOOKS=hooks SCHEMATHESIS_TELEMETRY=false PYTHONPATH=$root/compat-tests/schema \
+    HYPOTHESIS_STORAGE_DIRECTORY=$work/hypothesis \
     timeout --kill-after=10 "$per_spec" "$venv/bin/schemathesis" run "$2" --base-url "$3" \
     -H "Authorization: Bearer $key" \
     --checks not_a_server_error_but_501,response_schema_conformance \
