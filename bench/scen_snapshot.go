@@ -13,25 +13,27 @@ import (
 // → 201 (goal ≤ 300 ms each on the local backend), and a create from the
 // snapshot against cold creates of its template, interleaved (goal: within
 // 20%).
-func snapshotScenario(ctx context.Context, b *Bench) error { return snapshotOn(ctx, b, "snapshot") }
+func snapshotScenario(ctx context.Context, b *Bench) error {
+	return snapshotOn(ctx, b, "snapshot", false)
+}
 
 // snapshotIncusScenario is snapshotScenario on the Incus backend, where a
 // snapshot is a layer instance (a copy of the commit's instance snapshot)
 // and a fork a copy of the instance.
 func snapshotIncusScenario(ctx context.Context, b *Bench) error {
-	return snapshotOn(ctx, b, "snapshot-incus")
+	return snapshotOn(ctx, b, "snapshot-incus", true)
 }
 
-// snapshotOn runs the snapshot scenario under name: "snapshot" on the local
-// backend, "snapshot-incus" on Incus.
-func snapshotOn(ctx context.Context, b *Bench, name string) error {
+// snapshotOn runs the snapshot scenario, its rows labelled name, on the
+// local backend or on Incus.
+func snapshotOn(ctx context.Context, b *Bench, name string, onIncus bool) error {
 	var extra []string
 	if b.flags["pool"] {
 		extra = append(extra, "--pool=false") // both creates cold
 	}
 	var h *Harness
 	var err error
-	if name == "snapshot-incus" {
+	if onIncus {
 		if why := b.incusUnavailable(ctx, newIncusAPI()); why != "" {
 			b.add(unavailable(name, "snapshot, fork and creates on the Incus backend", why))
 			return nil

@@ -175,11 +175,7 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 		return err
 	}
 	if !b.quota.simple { // simple quotas charge a clone only what it writes
-		size, err := b.layerSize(ctx, tmp, in)
-		if err != nil {
-			return err
-		}
-		cfg[keyLayerSize] = strconv.FormatInt(size, 10)
+		cfg[keyLayerSize] = strconv.FormatInt(b.layerSize(tmp), 10)
 	}
 	for k, v := range in.Config {
 		if strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "image.") {
@@ -204,23 +200,17 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 
 // layerSize is what the root of new layer instance tmp references on the
 // pool, which full quota groups count against every clone's size: btrfs'
-// count when the pool is on this host, else an upper bound
-// (the source's size and its writable disk are not known here: the
-// root's own size limit, or 0 when it has none, which leaves clones
-// without the allowance).
-func (b *Backend) layerSize(ctx context.Context, tmp string, in *Instance) (int64, error) {
-	dir := filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", tmp)
-	n, err := referencedBytes(dir)
-	if err == nil {
-		return n, nil
+// count, read where the pool is on this host. Elsewhere (a remote Incus
+// with full quota groups) it is 0, and a clone's root then has its own
+// disk size minus what the layer holds: logged.
+func (b *Backend) layerSize(tmp string) int64 {
+	n, err := referencedBytes(filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", tmp))
+	if err != nil {
+		b.log.Warn("incus: a layer's size is not readable here (btrfs quota groups of a remote pool?); its clones get no allowance for it",
+			"instance", tmp, "err", err)
+		return 0
 	}
-	b.log.Warn("incus: a layer's size from its root's device (btrfs quota groups not readable here)", "instance", tmp, "err", err)
-	if sz := in.ExpandedDevices["root"]["size"]; sz != "" {
-		if v, perr := strconv.ParseInt(strings.TrimSuffix(sz, "MiB"), 10, 64); perr == nil {
-			return v << 20, nil
-		}
-	}
-	return 0, nil
+	return n
 }
 
 // Commit makes layer key a copy of sandbox id's whole root as it is now:
