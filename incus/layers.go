@@ -186,16 +186,40 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 		return fmt.Errorf("set config: %w", err)
 	}
 	err = b.c.RenameInstance(ctx, tmp, b.layerName(key))
-	if errors.Is(err, runtime.ErrAlreadyExists) {
-		if _, lerr := b.layerInstance(ctx, key); lerr == nil {
-			dropTemp() // a concurrent making of key won
-			return nil
-		}
+	if errors.Is(err, runtime.ErrAlreadyExists) && b.awaitLayer(ctx, key) {
+		dropTemp() // a concurrent making of key won
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("name: %w", err)
 	}
 	return nil
+}
+
+// layerRenameWait bounds awaitLayer: a concurrent rename takes Incus
+// well under a second.
+const layerRenameWait = 30 * time.Second
+
+// awaitLayer reports whether layer key's instance exists, waiting for it
+// for up to layerRenameWait: a rename that lost to a concurrent one sees
+// the name taken (its storage volume is renamed first) before the winner's
+// instance answers by that name.
+func (b *Backend) awaitLayer(ctx context.Context, key string) bool {
+	deadline := time.Now().Add(layerRenameWait)
+	for {
+		_, err := b.layerInstance(ctx, key)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, runtime.ErrNotFound) || time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // layerSize is what the root of new layer instance tmp references on the
