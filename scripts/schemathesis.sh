@@ -87,8 +87,32 @@ run() {
     --request-timeout 10000 --stateful none --workers 1 \
     --junit-xml "$work/$1.xml" --sanitize-output false ${SCHEMA_ARGS:-} || true
 }
-run e2b openapi/e2b.yaml "$base/v1/sandboxes/e2b"
-run native openapi/native.yaml "$base"
+# only_resets REPORT: the report's failures are all connections reset by
+# sandboxd, and there is at least one. Most likely: Go's net/http answers a request it
+# cannot parse with a 400 and closes the connection with the request's body
+# unread, so the kernel sends a reset that can overtake the 400 (seen in 2 of
+# about 12 runs, on a different POST each time, a request that never reached
+# the handlers). Such a spec runs once more; anything else fails at once.
+only_resets() {
+  "$venv/bin/python" - "$1" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+except (OSError, ET.ParseError):
+    sys.exit(1)
+bad = [e for c in cases for e in list(c.findall("failure")) + list(c.findall("error"))]
+sys.exit(0 if bad and all("Connection reset by peer" in (e.text or "") for e in bad) else 1)
+PY
+}
+for spec in "e2b openapi/e2b.yaml $base/v1/sandboxes/e2b" "native openapi/native.yaml $base"; do
+  set -- $spec
+  run "$1" "$2" "$3"
+  if only_resets "$work/$1.xml"; then
+    echo "schemathesis: $1: only connections reset by sandboxd (a request Go's server could not parse); running it once more" >&2
+    mv "$work/$1.xml" "$work/$1.reset.xml"
+    run "$1" "$2" "$3"
+  fi
+done
 
 # One line for both specs, from the JUnit reports (a spec that timed out has
 # none: that is a failure).
