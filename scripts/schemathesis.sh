@@ -90,8 +90,8 @@ run() {
 # only_resets REPORT: the report's failures are all connections reset by
 # sandboxd, and there is at least one. Most likely: Go's net/http answers a request it
 # cannot parse with a 400 and closes the connection with the request's body
-# unread, so the kernel sends a reset that can overtake the 400 (seen in 2 of
-# about 12 runs, on a different POST each time, a request that never reached
+# unread, so the kernel sends a reset that can overtake the 400 (seen in 3 of
+# about 14 runs, on a different POST each time, a request that never reached
 # the handlers). Such a spec runs once more; anything else fails at once.
 only_resets() {
   "$venv/bin/python" - "$1" <<'PY'
