@@ -22,8 +22,9 @@
 //     token and default user to envd's /init after the claim, so per-user
 //     data never forces a cold start. The member's access token is minted
 //     at warm time, so the backend's port tunnel already knows it.
-//   - Refill is event-driven: every claim wakes the refiller at once; a
-//     slow tick only trims, forgets and retries after failures.
+//   - Refill is event-driven: a miss wakes the refiller at once, a hit once
+//     the claimer has handed the member over (Refill); a slow tick only
+//     trims, forgets and retries after failures.
 //   - Members have no store row and no end time, so the TTL sweeper never
 //     sees them; sandboxd's start-up Reconcile destroys members a previous
 //     process left (backend sandboxes without a row), and Run drains the
@@ -271,8 +272,9 @@ func (pl *pool) rateNow(now time.Time, halfLife time.Duration) float64 {
 }
 
 // Claim takes a ready member of key, or else of key's spare pool, or
-// reports a miss. It never waits. Either way it wakes the refiller, and the
-// claim feeds the claim rates of key and of its spare pool.
+// reports a miss. It never waits. A miss wakes the refiller at once; after
+// a hit the caller calls Refill once it has handed the member over. Either
+// way the claim feeds the claim rates of key and of its spare pool.
 func (p *Pools) Claim(key Key) (*Member, bool) {
 	now := time.Now()
 	p.mu.Lock()
@@ -286,7 +288,6 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 		sp = p.claimed(sk, now)
 	}
 	c := p.count(key)
-	defer p.wake()
 	if m := pl.take(); m != nil {
 		c.Hits++
 		return m, true
@@ -301,8 +302,17 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 		sc.Misses++
 	}
 	c.Misses++
+	p.wake()
 	return nil, false
 }
+
+// Refill wakes the refiller after a claim that got a member, once the
+// claimer is done handing it over. A hit does not wake it itself: the
+// refill's cold create (tens of milliseconds of CPU) would share a small
+// host's CPUs with the rest of the claim (envd's /init, the row), which is
+// most of a warm create's time; waiting for the hand-over costs the pool a
+// millisecond.
+func (p *Pools) Refill() { p.wake() }
 
 // claimed finds (or makes) key's pool and feeds its claim rate; p.mu is
 // held.

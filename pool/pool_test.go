@@ -127,10 +127,16 @@ func TestFillsToMinWarmAndRefillsOnClaim(t *testing.T) {
 		if got := e.be.Get(m.ID).Spec.AccessToken; got != m.AccessToken {
 			t.Errorf("backend token %q, member token %q", got, m.AccessToken)
 		}
-		// The tick is an hour away: only the claim's wake-up can refill.
+		// The tick is an hour away: only a wake-up can refill, and a hit
+		// leaves it to the claimer, once the member is handed over.
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 2 || s.Starting != 0 {
+			t.Fatalf("right after claim: %+v, want no refill before Refill", s)
+		}
+		e.p.Refill()
 		synctest.Wait()
 		if s := e.stat(keyA); s.Ready+s.Starting != 3 {
-			t.Fatalf("right after claim: %+v, want a refill under way", s)
+			t.Fatalf("after Refill: %+v, want a refill under way", s)
 		}
 		time.Sleep(200 * time.Millisecond)
 		synctest.Wait()

@@ -26,6 +26,8 @@ type Pool interface {
 	Take(key pool.Key) (*pool.Member, bool)
 	// ReservedMB is the memory of all members, for the host budget.
 	ReservedMB() int
+	// Refill wakes the refiller once a claimed member was handed over.
+	Refill()
 }
 
 // Admitter decides whether a sandbox may come into being, and from where:
@@ -139,6 +141,7 @@ type Ticket struct {
 	// unless committed.
 	rowIn     bool
 	committed bool
+	refilled  bool // Release told the pool to replace the member
 	unlock    func()
 }
 
@@ -204,6 +207,10 @@ func (tk *Ticket) Commit(ctx context.Context) error {
 // the create's own undos (the backend's sandbox) have run.
 func (tk *Ticket) Release() {
 	tk.ReleaseSlot()
+	if tk.member != nil && !tk.refilled {
+		tk.refilled = true
+		tk.a.pool.Refill() // its claim left that to the end of the create
+	}
 	if !tk.committed {
 		if tk.pending {
 			tk.ts.mu.Lock()

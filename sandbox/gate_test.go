@@ -314,7 +314,7 @@ func TestMissTakesRefill(t *testing.T) {
 			t.Fatalf("a miss with the slot busy and no refill ready returned: %+v", r)
 		default:
 		}
-		cb.hold <- struct{}{} // the refill started by the first claim
+		cb.hold <- struct{}{} // the refill the first create's hand-over started
 		r := <-waiter
 		got, err := r.sb, r.err
 		if err != nil {
@@ -334,6 +334,34 @@ func TestMissTakesRefill(t *testing.T) {
 		if err := <-coldDone; !errors.Is(err, context.Canceled) {
 			t.Fatalf("the cancelled cold create: %v", err)
 		}
+	})
+}
+
+// TestHitRefillsAtHandOver: a create served by a warm member starts the
+// member's replacement when it is done (no tick needed), not at the claim.
+func TestHitRefillsAtHandOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, cb := newCountingEnv(t, 1)
+		cb.hold = make(chan struct{})
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
+		p := e.startPools(t)
+		cb.hold <- struct{}{}
+		waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
+		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // no fake time passes: the pool's tick cannot fire
+		starting := 0
+		for _, s := range p.Stats() {
+			if s.Key.Tenant == "a" {
+				starting += s.Starting
+			}
+		}
+		if starting != 1 {
+			t.Fatalf("after the create: %+v, want the replacement starting", p.Stats())
+		}
+		cb.hold <- struct{}{}
+		waitFor(t, "the replacement", func() bool { return ready(p, "a") == 1 })
 	})
 }
 
