@@ -94,20 +94,32 @@ const spareCodeInterpMinMB = 2048
 // spareFloors).
 const incusSpareMax = 20
 
+// localSpareMB is the MemAvailable at start (MiB) per default spare member
+// of base on the local backend (see spareFloors).
+const localSpareMB = 256
+
 // spareFloors is the spare pools' floors: --spare-min as given or, by
-// default, base=2 plus one code-interpreter-v1 when the code interpreter
-// is built (codeInterp) and the host has memory to spare (availMB). On
-// Incus, base gets one per GiB available, 2 to incusSpareMax: a cold
-// create there costs ≈ 0.27 s of incusd's CPU (20 at once took 4.1 s on
-// 2 cores, 0.3 s from 20 spare members) and an idle member ≈ 18 MiB of
-// host memory.
+// default, one base member per so much memory available at start
+// (availMB), at least 2, plus one code-interpreter-v1 when the code
+// interpreter is built (codeInterp) and the host has memory to spare.
+//   - Local backend: one per localSpareMB, up to --pool-max. An idle
+//     member holds ≈ 2.5 MiB of host memory (1% of what it is kept for)
+//     and no CPU, while a cold create costs ≈ 30 ms of CPU: 50 concurrent
+//     cold creates are CPU-bound at ≈ 0.75 s on 2 cores, 50 claims take
+//     a few ms each.
+//   - Incus: one per GiB, up to incusSpareMax: a cold create there costs
+//     ≈ 0.27 s of incusd's CPU (20 at once took 4.1 s on 2 cores, 0.3 s
+//     from 20 spare members) and an idle member ≈ 18 MiB.
 func (o *limitOpts) spareFloors(codeInterp bool, availMB int, backend string) map[string]int {
 	if o.spareMin.set {
 		return o.spareMin.m
 	}
 	floors := maps.Clone(o.spareMin.m)
-	if backend == "incus" {
+	switch backend {
+	case "incus":
 		floors["base"] = min(max(floors["base"], availMB/1024), incusSpareMax)
+	case "local":
+		floors["base"] = max(floors["base"], min(availMB/localSpareMB, o.poolMax))
 	}
 	if codeInterp && availMB >= spareCodeInterpMinMB {
 		floors[codeinterp.TemplateName] = 1
@@ -148,7 +160,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.spare, "spare", true, "keep host-wide spare pools: never-used, tenant-neutral sandboxes of the backend's templates and of those in --spare-min, claimed by any tenant after its own min_warm pool; sized by the host-wide claim rate above --spare-min's floor")
 	_ = o.spareMin.Set(defaultSpareMin)
 	o.spareMin.set = false
-	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available at start, and with --backend incus one base per GiB available, 2 to 20 (a cold create costs Incus ≈ 0.27 s of CPU)`)
+	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default base=2 grows with the memory available at start: on the local backend one base per 256 MiB, up to --pool-max (an idle member holds ≈ 2.5 MiB), on Incus one per GiB, up to 20 (a cold create costs Incus ≈ 0.27 s of CPU); it gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available`)
 	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once; a tenant alone may hold all, one of several all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
 	fs.IntVar(&o.coldQueue, "create-queue", sandbox.DefaultColdQueue, "creates waiting for a cold-create slot, shared fairly between the tenants waiting; a create beyond its tenant's share gets 429 + Retry-After; negative: unbounded")
 }

@@ -17,9 +17,13 @@ func TestSpareFloors(t *testing.T) {
 		want       map[string]int
 		wantErr    bool
 	}{
-		{"default", nil, false, 8192, "local", map[string]int{"base": 2}, false},
-		{"default with the code interpreter", nil, true, 8192, "local", map[string]int{"base": 2, "code-interpreter-v1": 1}, false},
-		{"default, code interpreter, short of memory", nil, true, 1024, "local", map[string]int{"base": 2}, false},
+		{"default: one per 256 MiB", nil, false, 8192, "local", map[string]int{"base": 32}, false},
+		{"default: at most --pool-max", nil, false, 23 << 10, "local", map[string]int{"base": 64}, false},
+		{"default: at most a lower --pool-max", []string{"--pool-max=10"}, false, 23 << 10, "local", map[string]int{"base": 10}, false},
+		{"default: at least 2", nil, false, 300, "local", map[string]int{"base": 2}, false},
+		{"default with the code interpreter", nil, true, 8192, "local", map[string]int{"base": 32, "code-interpreter-v1": 1}, false},
+		{"default, code interpreter, short of memory", nil, true, 1024, "local", map[string]int{"base": 4}, false},
+		{"default on another backend: 2", nil, false, 8192, "other", map[string]int{"base": 2}, false},
 		{"default on Incus: one per GiB", nil, false, 8192, "incus", map[string]int{"base": 8}, false},
 		{"default on Incus: at most 20", nil, true, 22 << 10, "incus", map[string]int{"base": 20, "code-interpreter-v1": 1}, false},
 		{"default on Incus: at least 2", nil, false, 1024, "incus", map[string]int{"base": 2}, false},
