@@ -16,6 +16,12 @@
 // Rules, each against a failure other warm pools are known for:
 //   - A member is claimable only once the backend's Create has returned and
 //     its envd answered /health (never hand out an unready member).
+//   - A member ready for Recheck is checked again (/health) by the refill
+//     loop, out of the pool meanwhile so that no claim can take it; one
+//     that fails is destroyed and replaced, never handed out (an envd dies
+//     while warm: killed, out of memory). Between two checks, the claim's
+//     own /init is the check: package sandbox then falls back to a cold
+//     create.
 //   - A claim removes the member from the pool for good: it becomes the
 //     caller's sandbox, which destroys it when it ends (never reuse).
 //   - A claim carries no per-user data: the caller hands env vars, access
@@ -49,6 +55,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -81,6 +88,9 @@ type Member struct {
 	AccessToken string
 	Key         Key
 	ReadyAt     time.Time
+
+	// checkedAt is when its envd last answered /health.
+	checkedAt time.Time
 }
 
 // Admission is what the pools need of sandboxd's admission control
@@ -144,7 +154,19 @@ type Config struct {
 	Parallel int
 	// Tick is the period of the trimming/retry pass; default 1 s.
 	Tick time.Duration
+	// Recheck is how long a member stays ready before its envd is checked
+	// again (Health); default 30 s, negative disables. The pass runs at
+	// least this often, whatever Tick.
+	Recheck time.Duration
 }
+
+// A recheck's bounds: a healthy envd answers /health at once over the
+// backend's channel, so a second means it is gone or wedged; and a few at
+// a time, so that a pool full of due members is not all out at once.
+const (
+	recheckTimeout  = time.Second
+	recheckParallel = 4
+)
 
 // Stat describes one pool, for metrics.
 type Stat struct {
@@ -187,6 +209,7 @@ type Pools struct {
 	pools    map[Key]*pool
 	counts   map[countKey]*Count
 	starting int // creates in flight, all pools
+	checking int // rechecks in flight, all pools
 	closed   bool
 }
 
@@ -197,8 +220,12 @@ type countKey struct {
 
 type pool struct {
 	key      Key
-	ready    []*Member
+	ready    []*Member // oldest (ReadyAt) first: claims take the oldest
 	starting int
+	// checking: members out of ready for a recheck. They count as ready
+	// for the sizing, the quota and the memory (they are, until found
+	// dead), but no claim can take them.
+	checking int
 	target   int
 	seed     bool
 
@@ -236,6 +263,9 @@ func New(cfg Config) *Pools {
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
+	}
+	if cfg.Recheck == 0 {
+		cfg.Recheck = 30 * time.Second
 	}
 	if cfg.MemberMB == nil {
 		cfg.MemberMB = func(k Key) int { return k.MemoryMB }
@@ -415,7 +445,11 @@ func (p *Pools) targetOf(pl *pool, now time.Time) int {
 // in-flight creates are cancelled and every ready member is destroyed. It
 // returns once the drain is done.
 func (p *Pools) Run(ctx context.Context) {
-	t := time.NewTicker(p.cfg.Tick)
+	period := p.cfg.Tick
+	if p.cfg.Recheck > 0 {
+		period = min(period, p.cfg.Recheck)
+	}
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		p.reconcile(ctx)
@@ -434,8 +468,8 @@ type plan struct {
 	want int // members to start
 }
 
-// reconcile runs one pass: seeds, targets, trims, forgets and starts
-// creates. Only Run calls it, so starts never race each other.
+// reconcile runs one pass: seeds, targets, trims, forgets, rechecks and
+// starts creates. Only Run calls it, so starts never race each other.
 func (p *Pools) reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
@@ -458,7 +492,7 @@ func (p *Pools) reconcile(ctx context.Context) {
 	}
 	for k, pl := range p.pools {
 		pl.target = p.targetOf(pl, now)
-		have := len(pl.ready) + pl.starting
+		have := len(pl.ready) + pl.starting + pl.checking
 		switch {
 		case have > pl.target && len(pl.ready) > 0:
 			n := min(have-pl.target, len(pl.ready))
@@ -471,8 +505,16 @@ func (p *Pools) reconcile(ctx context.Context) {
 			delete(p.pools, k)
 		}
 	}
+	checks := p.dueLocked(now)
 	p.mu.Unlock()
 
+	for _, c := range checks {
+		p.wg.Add(1)
+		go func() { // exits within recheckTimeout
+			defer p.wg.Done()
+			p.recheck(ctx, c.pl, c.m)
+		}()
+	}
 	for _, m := range trim {
 		if m.Key.IsSpare() {
 			// A spare member is host state no tenant owns: its coming and
@@ -492,6 +534,79 @@ func (p *Pools) reconcile(ctx context.Context) {
 			}
 		}
 	}
+}
+
+type check struct {
+	pl *pool
+	m  *Member
+}
+
+// dueLocked takes the members due for a recheck out of their pools, as
+// many as the bound on rechecks in flight allows; p.mu is held. Out of
+// ready, no Claim or Take can hand one out while its envd is asked, and
+// one that fails never goes back: checking in place and dropping failures
+// afterwards would leave a window in which a claim takes a member whose
+// check has just failed.
+func (p *Pools) dueLocked(now time.Time) []check {
+	if p.cfg.Recheck < 0 {
+		return nil
+	}
+	var due []check
+	for _, pl := range p.pools {
+		keep := pl.ready[:0]
+		for _, m := range pl.ready {
+			if p.checking < recheckParallel && now.Sub(m.checkedAt) >= p.cfg.Recheck {
+				due = append(due, check{pl, m})
+				p.checking++
+				pl.checking++
+				continue
+			}
+			keep = append(keep, m)
+		}
+		clear(pl.ready[len(keep):])
+		pl.ready = keep
+	}
+	return due
+}
+
+// recheck asks member m of pl for /health again: healthy, it goes back to
+// pl in its place by ReadyAt; else it is destroyed. Either way the refiller
+// looks again: to replace it, or to check the next due members.
+func (p *Pools) recheck(ctx context.Context, pl *pool, m *Member) {
+	hctx, cancel := context.WithTimeout(ctx, recheckTimeout)
+	err := p.cfg.Health(hctx, m.ID)
+	cancel()
+	now := time.Now()
+	p.mu.Lock()
+	p.checking--
+	pl.checking--
+	// A member of a pool dropped or forgotten meanwhile, or checked while
+	// the drain began, is destroyed as one that failed.
+	kept := err == nil && !p.closed && p.pools[m.Key] == pl
+	if kept {
+		m.checkedAt = now
+		i := sort.Search(len(pl.ready), func(i int) bool { return pl.ready[i].ReadyAt.After(m.ReadyAt) })
+		pl.ready = slices.Insert(pl.ready, i, m)
+		// A claim that missed while it was out may be waiting for it.
+		close(p.readyCh)
+		p.readyCh = make(chan struct{})
+	}
+	p.mu.Unlock()
+	defer p.wake()
+	if kept {
+		return
+	}
+	if err != nil && ctx.Err() == nil {
+		k := m.Key
+		if k.IsSpare() {
+			p.log.Info("spare member unhealthy", "audit", true, "action", "spare_unhealthy", "template", k.Template, "member", m.ID,
+				"ready_s", int(now.Sub(m.ReadyAt).Seconds()), "err", err)
+		} else {
+			p.log.Warn("pool member unhealthy", "tenant", string(k.Tenant), "template", k.Template, "member", m.ID,
+				"ready_s", int(now.Sub(m.ReadyAt).Seconds()), "err", err)
+		}
+	}
+	p.destroy(m.ID)
 }
 
 // startOne launches one member create for pl, if the parallelism bound and
@@ -529,7 +644,7 @@ func (p *Pools) startOne(ctx context.Context, pl *pool) bool {
 func (p *Pools) tenantMembersLocked(t tenant.ID) (n, memMB int) {
 	for _, pl := range p.pools {
 		if pl.key.Tenant == t {
-			c := len(pl.ready) + pl.starting
+			c := len(pl.ready) + pl.starting + pl.checking
 			n += c
 			memMB += c * p.cfg.MemberMB(pl.key)
 		}
@@ -579,7 +694,7 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 		return
 	}
 	pl.failures = 0
-	m.ReadyAt = now
+	m.ReadyAt, m.checkedAt = now, now
 	// A member made for a pool that was forgotten meanwhile, or after the
 	// drain began, is destroyed rather than kept.
 	if p.closed || p.pools[k] != pl {
@@ -666,7 +781,7 @@ func (p *Pools) ReservedMB() int {
 	defer p.mu.Unlock()
 	n := 0
 	for _, pl := range p.pools {
-		n += (len(pl.ready) + pl.starting) * p.cfg.MemberMB(pl.key)
+		n += (len(pl.ready) + pl.starting + pl.checking) * p.cfg.MemberMB(pl.key)
 	}
 	return n
 }
@@ -677,7 +792,9 @@ func (p *Pools) Stats() []Stat {
 	defer p.mu.Unlock()
 	out := make([]Stat, 0, len(p.pools))
 	for _, pl := range p.pools {
-		out = append(out, Stat{Key: pl.key, Ready: len(pl.ready), Starting: pl.starting, Target: pl.target})
+		// A member under a recheck is ready until found dead: the gauge
+		// does not dip every Recheck.
+		out = append(out, Stat{Key: pl.key, Ready: len(pl.ready) + pl.checking, Starting: pl.starting, Target: pl.target})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].Key, out[j].Key

@@ -590,3 +590,134 @@ func TestSpareHeldBackByAdmission(t *testing.T) {
 		}
 	})
 }
+
+// health is a Config.Health whose members can be made to fail, or to hang
+// until the check's deadline, and that counts its calls per member.
+type health struct {
+	mu    sync.Mutex
+	calls map[string]int
+	bad   map[string]bool // answers an error
+	hang  map[string]bool // answers only when ctx ends
+}
+
+func newHealth() *health {
+	return &health{calls: map[string]int{}, bad: map[string]bool{}, hang: map[string]bool{}}
+}
+
+func (h *health) check(ctx context.Context, id string) error {
+	h.mu.Lock()
+	h.calls[id]++
+	bad, hang := h.bad[id], h.hang[id]
+	h.mu.Unlock()
+	switch {
+	case hang:
+		<-ctx.Done()
+		return ctx.Err()
+	case bad:
+		return errors.New("envd not answering")
+	}
+	return nil
+}
+
+func (h *health) set(m map[string]bool, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m[id] = true
+}
+
+func (h *health) count(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[id]
+}
+
+// A member ready for Recheck is checked again: healthy, it stays, in its
+// place (the oldest is still handed out first); dead, it is destroyed,
+// never handed out, and replaced. A negative Recheck checks only at create.
+func TestRecheck(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		recheck time.Duration
+		bad     bool // m1's envd dies once it is ready
+		// m1's /health calls: at create, and at each recheck
+		wantCalls  int
+		wantGone   bool     // m1 destroyed
+		wantClaims []string // what claims hand out, in order
+	}{
+		{"healthy members stay in order", 10 * time.Second, false, 2, false, []string{"m1", "m2"}},
+		{"dead member destroyed and replaced", 10 * time.Second, true, 2, true, []string{"m2", "m3"}},
+		{"disabled", -1, true, 1, false, []string{"m1", "m2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHealth()
+				// One create at a time: m1 is ready 100 ms before m2, and
+				// with a tick of 50 ms it is rechecked alone, then goes
+				// back before m2.
+				e := start(t, Config{Health: h.check, Recheck: tc.recheck, Parallel: 1, Tick: 50 * time.Millisecond, Lead: -1}, 2)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if s := e.stat(keyA); s.Ready != 2 {
+					t.Fatalf("after fill: %+v, want 2 ready", s)
+				}
+				if tc.bad {
+					h.set(h.bad, "m1")
+				}
+				// Past the rechecks (due at 10.1 and 10.2 s) and the
+				// refill they may start (100 ms).
+				time.Sleep(11 * time.Second)
+				synctest.Wait()
+				if got := h.count("m1"); got != tc.wantCalls {
+					t.Errorf("m1's /health calls = %d, want %d", got, tc.wantCalls)
+				}
+				if gone := e.be.Get("m1") == nil; gone != tc.wantGone {
+					t.Errorf("m1 destroyed = %v, want %v", gone, tc.wantGone)
+				}
+				if s := e.stat(keyA); s.Ready != 2 || s.Starting != 0 {
+					t.Fatalf("after the recheck: %+v, want 2 ready", s)
+				}
+				for i, want := range tc.wantClaims {
+					m, ok := e.p.Claim(keyA)
+					if !ok || m.ID != want {
+						t.Fatalf("claim %d: %+v %v, want %s", i, m, ok, want)
+					}
+				}
+			})
+		})
+	}
+}
+
+// A member under a recheck is out of the pool: a claim cannot take it,
+// even when its envd answers only at the check's deadline; once that
+// passes it is destroyed and replaced. Meanwhile it still counts as ready,
+// so no refill doubles it.
+func TestRecheckHoldsMemberOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHealth()
+		e := start(t, Config{Health: h.check, Recheck: 10 * time.Second, Parallel: 1, Tick: time.Second, Lead: -1}, 1)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.set(h.hang, "m1")
+		time.Sleep(10 * time.Second) // the tick at 11 s starts m1's recheck
+		synctest.Wait()
+		if got := h.count("m1"); got != 2 {
+			t.Fatalf("m1's /health calls = %d, want 2 (its recheck under way)", got)
+		}
+		if s := e.stat(keyA); s.Ready != 1 || s.Starting != 0 {
+			t.Fatalf("during the recheck: %+v, want 1 ready (under check), none starting", s)
+		}
+		if m, ok := e.p.Claim(keyA); ok {
+			t.Fatalf("claimed %s, a member under its recheck", m.ID)
+		}
+		time.Sleep(recheckTimeout)
+		synctest.Wait()
+		if e.be.Get("m1") != nil {
+			t.Fatal("m1 outlived a recheck that timed out")
+		}
+		time.Sleep(200 * time.Millisecond) // its replacement
+		synctest.Wait()
+		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m2" {
+			t.Fatalf("claim after the recheck: %+v %v, want m2", m, ok)
+		}
+	})
+}

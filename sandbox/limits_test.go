@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -352,29 +353,159 @@ func TestPoolRespectsQuota(t *testing.T) {
 	})
 }
 
-func TestPoolFailedInitFallsBackCleanly(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newTestEnv(t, nil)
-		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
-		p := e.startPools(t)
-		waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
-		member := e.be.IDs()[0]
-		// Its envd dies: /init fails, the create fails and the member is gone
-		// (never returned to the pool), and no row is left.
-		if err := e.be.Pause(context.Background(), member, runtime.PauseMemory); err != nil {
-			t.Fatal(err)
+// flakyBackend is the fake backend with a say over Dial (a member's envd
+// made unreachable) and a count of Destroy calls per sandbox.
+type flakyBackend struct {
+	*sandboxtest.Backend
+	mu       sync.Mutex
+	destroys map[string]int
+	// dial, when set, may fail a Dial before the fake does it.
+	dial func(ctx context.Context, id string) error
+}
+
+func (b *flakyBackend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	b.mu.Lock()
+	dial := b.dial
+	b.mu.Unlock()
+	if dial != nil {
+		if err := dial(ctx, id); err != nil {
+			return nil, err
 		}
-		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err == nil {
-			t.Fatal("create on a dead member succeeded")
-		}
-		if e.be.Get(member) != nil {
-			t.Fatal("failed member not destroyed")
-		}
-		if _, err := e.st.GetSandboxAny(context.Background(), member); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("row of failed create: %v", err)
-		}
-		waitFor(t, "refill", func() bool { return ready(p, "a") == 1 })
-	})
+	}
+	return b.Backend.Dial(ctx, id, port)
+}
+
+func (b *flakyBackend) Destroy(ctx context.Context, id string) error {
+	b.mu.Lock()
+	b.destroys[id]++
+	b.mu.Unlock()
+	return b.Backend.Destroy(ctx, id)
+}
+
+func (b *flakyBackend) destroyed(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.destroys[id]
+}
+
+// A claimed member whose envd is gone (its /init fails) is destroyed, once,
+// and the create goes on cold, under an id and token of its own: the
+// caller gets a sandbox, not an error. The quota (one sandbox) proves the
+// first attempt gave everything back before the second was admitted. A
+// cold create that fails too, and a create whose caller went away, end in
+// an error; none leaves a row, a pending count or a lock.
+func TestClaimFailedInitFallsBackCold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// kill makes the member's /init fail; cancel is the create's.
+		kill          func(e *testEnv, fb *flakyBackend, member string, cancel context.CancelFunc)
+		wantErr       bool
+		wantFallbacks int
+	}{
+		{
+			name: "member's envd gone",
+			kill: func(e *testEnv, _ *flakyBackend, member string, _ context.CancelFunc) {
+				_ = e.be.Pause(context.Background(), member, runtime.PauseMemory) // Dial: ErrPaused
+			},
+			wantFallbacks: 1,
+		},
+		{
+			name: "cold create fails too",
+			kill: func(e *testEnv, _ *flakyBackend, _ string, _ context.CancelFunc) {
+				e.be.FailInit.Store(true) // the member's /init, and the cold create's probe
+			},
+			wantErr: true, wantFallbacks: 1,
+		},
+		{
+			name: "caller went away",
+			kill: func(_ *testEnv, fb *flakyBackend, member string, cancel context.CancelFunc) {
+				fb.mu.Lock()
+				defer fb.mu.Unlock()
+				fb.dial = func(ctx context.Context, id string) error {
+					if id != member {
+						return nil
+					}
+					cancel()
+					return ctx.Err()
+				}
+			},
+			wantErr: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var fb *flakyBackend
+				var fallbacks atomic.Int64
+				e := newTestEnv(t, func(c *Config) {
+					fb = &flakyBackend{Backend: c.Backend.(*sandboxtest.Backend), destroys: map[string]int{}}
+					c.Backend = fb
+					c.OnClaimFallback = func(template, servedFrom string) {
+						if template == "base" && servedFrom == "pool" {
+							fallbacks.Add(1)
+						}
+					}
+				})
+				e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1); s.MaxSandboxes = tenant.Of(1) })
+				p := e.startPools(t)
+				waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
+				member := e.be.IDs()[0]
+				memberToken := e.be.Get(member).Spec.AccessToken
+				ctx, cancel := context.WithCancel(as("a"))
+				t.Cleanup(cancel)
+				tc.kill(e, fb, member, cancel)
+
+				sb, err := e.m.Create(ctx, CreateRequest{AllowInternet: true, Secure: true, EnvVars: map[string]string{"FOO": "bar"}})
+				if gotErr := err != nil; gotErr != tc.wantErr {
+					t.Fatalf("create: %+v, %v; want an error: %v", sb, err, tc.wantErr)
+				}
+				if got := fallbacks.Load(); got != int64(tc.wantFallbacks) {
+					t.Errorf("fallbacks counted = %d, want %d", got, tc.wantFallbacks)
+				}
+				if got := fb.destroyed(member); got != 1 || e.be.Get(member) != nil {
+					t.Errorf("member %s destroyed %d times (still there: %v), want once", member, got, e.be.Get(member) != nil)
+				}
+				if _, err := e.st.GetSandboxAny(context.Background(), member); !errors.Is(err, store.ErrNotFound) {
+					t.Errorf("row of the failed member: %v", err)
+				}
+				live, err := e.st.ListLive(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.wantErr {
+					if len(live) != 0 {
+						t.Errorf("live rows after the failed create: %v", live)
+					}
+				} else {
+					if sb.ID == member || sb.EnvdAccessToken == "" || sb.EnvdAccessToken == memberToken {
+						t.Errorf("sandbox %s token %q: want an id and token other than the member's", sb.ID, sb.EnvdAccessToken)
+					}
+					if v, _ := e.served.Load("base"); v != "cold" {
+						t.Errorf("served_from = %v, want cold", v)
+					}
+					if len(live) != 1 || live[0].ID != sb.ID || live[0].State != store.StateRunning {
+						t.Errorf("live rows %v, want only %s running", live, sb.ID)
+					}
+					inits := e.be.Inits(sb.ID)
+					if len(inits) != 1 || inits[0]["accessToken"] != sb.EnvdAccessToken {
+						t.Errorf("/init of the cold sandbox: %v, want its own token", inits)
+					}
+					if got := e.be.Get(sb.ID).Spec.AccessToken; got != sb.EnvdAccessToken {
+						t.Errorf("backend token %q != envd token %q", got, sb.EnvdAccessToken)
+					}
+				}
+				ts := e.m.adm.tenant("a")
+				ts.mu.Lock()
+				pending, pendingMB := ts.pending, ts.pendingMB
+				ts.mu.Unlock()
+				if pending != 0 || pendingMB != 0 || e.m.adm.pendingMB.Load() != 0 {
+					t.Errorf("pending after the create: %d (%d MiB), host %d MiB; want none", pending, pendingMB, e.m.adm.pendingMB.Load())
+				}
+				if n := e.m.locks.len(); n != 0 {
+					t.Errorf("%d sandbox locks held after the create", n)
+				}
+			})
+		})
+	}
 }
 
 func TestReconcileDestroysLeftoverMembers(t *testing.T) {

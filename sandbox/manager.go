@@ -13,7 +13,9 @@
 // A create first claims a warm member of its pool (package pool). A hit
 // costs envd's /init and one store write, and never waits on anything a
 // cold create holds: the tenant's lock is taken only for tenants with a
-// quota, and only around the check and the insert.
+// quota, and only around the check and the insert. A member whose envd
+// does not take the /init (it died while warm) is destroyed and the create
+// goes on as a cold one: a dead member costs the caller time, not an error.
 //
 // A miss needs a backend create, which is mostly CPU (mounts, namespaces,
 // cgroups, envd's start). Started all at once, a burst of them shares the
@@ -111,6 +113,10 @@ type Config struct {
 	// OnCreateFrom, when set, observes every successful create with where
 	// it was served from: "pool" (a warm member) or "cold".
 	OnCreateFrom func(template, servedFrom string, took time.Duration)
+	// OnClaimFallback, when set, counts creates whose claimed member
+	// (servedFrom "pool" or "spare") failed envd's /init and that went on
+	// as cold creates.
+	OnClaimFallback func(template, servedFrom string)
 
 	// Settings holds the per-tenant quotas (max sandboxes, max memory) and
 	// min_warm; nil means no quotas and no min_warm.
@@ -574,15 +580,52 @@ type createExtra struct {
 // create admits sb, brings it up and commits it; on failure it leaves
 // nothing behind. extra makes it a fork or mounts volumes; either makes
 // it the backend's create, never a warm member's claim.
+//
+// A claimed member whose envd does not take its /init (it died while
+// warm: killed, out of memory) is the pool's failure, not the caller's:
+// the member is destroyed and the create goes on once more as a cold one,
+// as if the claim had missed. A cold create's failure is the caller's
+// error, and so is any failure once the caller's ctx is done.
 func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra) (err error) {
 	ctx, span := tracer.Start(ctx, "sandbox.create", trace.WithAttributes(
 		attribute.String("sandbox.id", sb.ID), attribute.String("tenant", string(sb.Tenant)), attribute.String("sandbox.template", sb.Template)))
 	defer func() { telemetry.End(span, err) }()
+	cold := extra.forkOf != "" || len(extra.mounts) > 0
+	bad, err := m.createOnce(ctx, span, sb, key, start, extra, cold)
+	if bad == nil || ctx.Err() != nil {
+		return err
+	}
+	// Its ticket is released and the member destroyed: the retry holds
+	// nothing of the first attempt but the row to be, which gets an id
+	// (and token) of its own, as newRow mints them; the member's are gone
+	// with it.
+	servedFrom := "pool"
+	if bad.Key.IsSpare() {
+		servedFrom = "spare"
+	}
+	m.log.WarnContext(ctx, "claimed member's envd failed its /init: destroyed, creating cold instead",
+		"sandbox_id", bad.ID, "tenant", string(sb.Tenant), "template", sb.Template, "served_from", servedFrom, "err", err)
+	if m.cfg.OnClaimFallback != nil {
+		m.cfg.OnClaimFallback(sb.Template, servedFrom)
+	}
+	sb.ID = newID()
+	if sb.Secure {
+		sb.EnvdAccessToken = newToken()
+	}
+	span.SetAttributes(attribute.String("sandbox.id", sb.ID), attribute.String("sandbox.claim_failed", bad.ID))
+	_, err = m.createOnce(ctx, span, sb, key, start, extra, true)
+	return err
+}
+
+// createOnce is one attempt of create: admitted cold, or as a claim unless
+// cold. On failure it leaves nothing behind; bad is the claimed member when
+// the failure was its envd's /init (create's cue to retry cold).
+func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra, cold bool) (bad *pool.Member, err error) {
 	actx, aspan := tracer.Start(ctx, "sandbox.admit")
-	tk, err := m.adm.Admit(actx, AdmitRequest{Sandbox: sb, Key: key, Cold: extra.forkOf != "" || len(extra.mounts) > 0})
+	tk, err := m.adm.Admit(actx, AdmitRequest{Sandbox: sb, Key: key, Cold: cold})
 	telemetry.End(aspan, err)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	span.SetAttributes(attribute.String("sandbox.served_from", tk.ServedFrom()))
 	if tk.Member() != nil {
@@ -614,14 +657,14 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 			ForkOf: extra.forkOf, Mounts: extra.mounts,
 		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
-			return fmt.Errorf("create sandbox: %w", err)
+			return nil, fmt.Errorf("create sandbox: %w", err)
 		}
 		bctx, bspan := tracer.Start(ctx, "backend.create")
 		created, err := m.backend.Create(bctx, spec)
 		telemetry.End(bspan, err)
 		tk.ReleaseSlot() // the slot bounds the backend's work, not the rest
 		if err != nil {
-			return fmt.Errorf("create sandbox: %w", backendErr(err))
+			return nil, fmt.Errorf("create sandbox: %w", backendErr(err))
 		}
 		r.Add(destroy)
 		initialized = created != nil && created.EnvdInitialized
@@ -640,11 +683,11 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		telemetry.End(ispan, err)
 		if err != nil {
 			<-policyErr
-			return fmt.Errorf("create sandbox: init envd: %w", err)
+			return tk.Member(), fmt.Errorf("create sandbox: init envd: %w", err)
 		}
 	}
 	if err := <-policyErr; err != nil {
-		return fmt.Errorf("create sandbox: %w", err)
+		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	if cfg, ok := m.templateConfig(sb.Template); ok && cfg.StartCmd != "" && tk.Member() == nil {
 		// A warm member ran it before it was claimed.
@@ -652,7 +695,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		err := m.startTemplate(sctx, sb.ID, sb.EnvdAccessToken, cfg)
 		telemetry.End(sspan, err)
 		if err != nil {
-			return fmt.Errorf("create sandbox: %w", err)
+			return nil, fmt.Errorf("create sandbox: %w", err)
 		}
 	}
 	tInit := m.now()
@@ -666,7 +709,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 	}
 	sb.State = store.StateRunning
 	if err := tk.Commit(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	r.Success()
 	took := m.now().Sub(start)
@@ -685,7 +728,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		// create (0 from a pool); envd's /init; the rest (row update).
 		"admit_ms", tAdmitted.Sub(start).Milliseconds(), "backend_ms", tBackend.Sub(tAdmitted).Milliseconds(),
 		"init_ms", tInit.Sub(tBackend).Milliseconds())...)
-	return nil
+	return nil, nil
 }
 
 // tracer is the lifecycle's: a span per create (and fork), with one for

@@ -43,6 +43,10 @@ type Metrics struct {
 	metricsSampled  prometheus.Gauge
 	logEntryDropped prometheus.Counter
 
+	// Creates whose claimed member failed envd's /init and went on cold
+	// (ClaimFallback).
+	claimFallbacks *prometheus.CounterVec // template, served_from
+
 	proxyRequests *prometheus.CounterVec // port_class, code
 	proxyBytes    *prometheus.CounterVec // direction
 	proxyStreams  prometheus.Gauge
@@ -97,6 +101,10 @@ func NewMetrics() *Metrics {
 		Name: "sandboxd_sandbox_log_entries_dropped_total",
 		Help: "Sandbox log entries evicted (oldest first) to keep each sandbox's log within its bounds.",
 	})
+	m.claimFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_pool_claim_fallbacks_total",
+		Help: "Creates whose claimed warm member (served_from: pool or spare) failed envd's /init: the member was destroyed and the create went on cold.",
+	}, []string{"template", "served_from"})
 	m.proxyBytesIn = m.proxyBytes.WithLabelValues(proxy.DirectionIn)
 	m.proxyBytesOut = m.proxyBytes.WithLabelValues(proxy.DirectionOut)
 
@@ -105,7 +113,7 @@ func NewMetrics() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.CreateLatency,
 		m.proxyRequests, m.proxyBytes, m.proxyStreams,
-		m.metricsPass, m.metricsSampled, m.logEntryDropped,
+		m.metricsPass, m.metricsSampled, m.logEntryDropped, m.claimFallbacks,
 		sandboxCollector{m}, hostMemoryCollector{m},
 	)
 	return m
@@ -134,6 +142,15 @@ func (m *Metrics) ObserveCreate(template, servedFrom string, d time.Duration) {
 		return
 	}
 	m.CreateLatency.WithLabelValues(template, servedFrom).Observe(d.Seconds())
+}
+
+// ClaimFallback counts a create whose claimed member failed envd's /init
+// and that went on as a cold create.
+func (m *Metrics) ClaimFallback(template, servedFrom string) {
+	if m == nil {
+		return
+	}
+	m.claimFallbacks.WithLabelValues(template, servedFrom).Inc()
 }
 
 // ObserveMetricsPass records one pass of the sandbox metrics sampler.
