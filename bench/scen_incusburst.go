@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -33,46 +31,13 @@ func incusBurstScenario(ctx context.Context, b *Bench) error {
 	defer h.Close()
 	// The default floor (on Incus one per GiB available, 2 to 20), as
 	// sandboxd reports it, filled.
-	var target float64
-	for deadline := time.Now().Add(time.Minute); target == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		target, _ = h.metricSum(ctx, "sandboxd_spare_target", map[string]string{"template": "base"})
-	}
-	spare, err := h.waitSpare(ctx, max(int(target), 1), 3*time.Minute)
+	spare, err := h.waitSpare(ctx, 0, 3*time.Minute)
 	if err != nil {
 		return err
 	}
 	lines, err := b.runSDKLines(ctx, h, []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_burst.py"), fmt.Sprint(n)}, nil)
-	var total, create []float64
-	var wall float64
-	errs, limited := 0, 0
-	for _, l := range lines {
-		var it struct {
-			Kind     string  `json:"kind"`
-			CreateMs float64 `json:"create_ms"`
-			TotalMs  float64 `json:"total_ms"`
-			Ms       float64 `json:"ms"`
-			Error    string  `json:"error"`
-		}
-		if json.Unmarshal(l, &it) != nil {
-			continue
-		}
-		switch it.Kind {
-		case "item":
-			total, create = append(total, it.TotalMs), append(create, it.CreateMs)
-		case "error":
-			errs++
-			if strings.Contains(it.Error, "429") || strings.Contains(it.Error, "RateLimit") {
-				limited++
-			}
-			b.logf("incus-burst: %s", it.Error)
-		case "wall":
-			wall = it.Ms
-		}
-	}
-	if err != nil {
-		errs++
-		b.logf("incus-burst: %v", err)
-	}
+	out := b.parseBurst("incus-burst", lines, err)
+	total, create, wall, errs, limited := out.total, out.create, out.wall, out.errs, out.limited
 	r := dist("incus-burst", label+", each", "ms", total, errs)
 	r.Goal = "all done ≤ 2 s"
 	r.Compare = fmt.Sprintf("all done in %.0f ms; %d × 429; %d spare members ready at the start", wall, limited, spare)

@@ -251,31 +251,21 @@ func withVariant(measure, variant string) string {
 // every successful create so far.
 func (h *Harness) servedFrom() map[string]string {
 	out := map[string]string{}
-	logs, _ := filepath.Glob(filepath.Join(h.workDir, "sandboxd.*.log"))
-	for _, p := range logs {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
+	h.eachLogLine(func(line []byte) {
+		var l struct {
+			Action     string `json:"action"`
+			Result     string `json:"result"`
+			ID         string `json:"sandbox_id"`
+			ServedFrom string `json:"served_from"`
+			WaitedMS   int64  `json:"waited_ms"`
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var l struct {
-				Action     string `json:"action"`
-				Result     string `json:"result"`
-				ID         string `json:"sandbox_id"`
-				ServedFrom string `json:"served_from"`
-				WaitedMS   int64  `json:"waited_ms"`
+		if json.Unmarshal(line, &l) == nil && l.Action == "create" && l.Result == "ok" && l.ServedFrom != "" {
+			if l.ServedFrom == "pool" && l.WaitedMS > 0 {
+				l.ServedFrom = "refill"
 			}
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Action == "create" && l.Result == "ok" && l.ServedFrom != "" {
-				if l.ServedFrom == "pool" && l.WaitedMS > 0 {
-					l.ServedFrom = "refill"
-				}
-				out[l.ID] = l.ServedFrom
-			}
+			out[l.ID] = l.ServedFrom
 		}
-		f.Close()
-	}
+	})
 	return out
 }
 
@@ -285,6 +275,25 @@ func (h *Harness) servedFrom() map[string]string {
 // request parsing).
 func (h *Harness) serverDurations(method, suffix string, status int) []time.Duration {
 	var out []time.Duration
+	h.eachLogLine(func(line []byte) {
+		var l struct {
+			Msg        string  `json:"msg"`
+			Method     string  `json:"method"`
+			Path       string  `json:"path"`
+			Status     int     `json:"status"`
+			DurationMS float64 `json:"duration_ms"`
+		}
+		if json.Unmarshal(line, &l) == nil && l.Msg == "http request" && l.Method == method &&
+			strings.HasSuffix(l.Path, suffix) && l.Status == status {
+			out = append(out, time.Duration(l.DurationMS*float64(time.Millisecond)))
+		}
+	})
+	return out
+}
+
+// eachLogLine calls fn with every line sandboxd has logged so far (all its
+// starts).
+func (h *Harness) eachLogLine(fn func(line []byte)) {
 	logs, _ := filepath.Glob(filepath.Join(h.workDir, "sandboxd.*.log"))
 	for _, p := range logs {
 		f, err := os.Open(p)
@@ -294,21 +303,10 @@ func (h *Harness) serverDurations(method, suffix string, status int) []time.Dura
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			var l struct {
-				Msg        string  `json:"msg"`
-				Method     string  `json:"method"`
-				Path       string  `json:"path"`
-				Status     int     `json:"status"`
-				DurationMS float64 `json:"duration_ms"`
-			}
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "http request" && l.Method == method &&
-				strings.HasSuffix(l.Path, suffix) && l.Status == status {
-				out = append(out, time.Duration(l.DurationMS*float64(time.Millisecond)))
-			}
+			fn(sc.Bytes())
 		}
 		f.Close()
 	}
-	return out
 }
 
 // warmBurst fires cfg.Burst*4 concurrent creates (200 by default) at a

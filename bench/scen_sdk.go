@@ -45,31 +45,15 @@ func sdkScenario(ctx context.Context, b *Bench) error {
 // pool).
 func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string, iters, runs int, direct string) error {
 	for _, sdk := range b.cfg.SDKs {
-		var argv []string
-		env := []string{}
-		label := ""
-		switch sdk {
-		case "python", "py":
-			py := pythonBin(b.cfg.Root)
-			if py == "" {
-				b.add(unavailable(scenario, "Python SDK", "compat-tests/python/.venv is missing (scripts/deps.sh installs it)"))
-				continue
-			}
-			argv = []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_bench.py")}
-			label = prefix + "Python SDK"
-		case "js", "node":
-			entry := filepath.Join(b.cfg.Root, "compat-tests/js/node_modules/e2b/dist/index.mjs")
-			node, err := exec.LookPath("node")
-			if err != nil || !exists(entry) {
-				b.add(unavailable(scenario, "JS SDK", "node or compat-tests/js/node_modules/e2b is missing (scripts/deps.sh installs it)"))
-				continue
-			}
-			argv = []string{node, filepath.Join(b.cfg.Root, "bench", "sdk_bench.mjs")}
-			env = append(env, "E2B_JS_SDK="+entry)
-			label = prefix + "JS SDK"
-		default:
+		label, argv, env, why := b.sdkScript(sdk, "sdk_bench")
+		if argv == nil && why == "" {
 			return fmt.Errorf("unknown SDK %q (python, js)", sdk)
 		}
+		if why != "" {
+			b.add(unavailable(scenario, label, why))
+			continue
+		}
+		label = prefix + label
 		argv = append(argv, strconv.Itoa(iters), strconv.Itoa(runs))
 		if direct != "" {
 			argv = append(argv, direct)
@@ -81,6 +65,28 @@ func (b *Bench) runSDKs(ctx context.Context, h *Harness, scenario, prefix string
 		b.addSDKRows(scenario, label, res, err)
 	}
 	return nil
+}
+
+// sdkScript is how to run bench/<script>.py or .mjs with sdk ("python"
+// or "js"): the row label, argv and extra env; why says what is missing
+// to run it. An unknown sdk gets neither argv nor why.
+func (b *Bench) sdkScript(sdk, script string) (label string, argv, env []string, why string) {
+	switch sdk {
+	case "python", "py":
+		py := pythonBin(b.cfg.Root)
+		if py == "" {
+			return "Python SDK", nil, nil, "compat-tests/python/.venv is missing (scripts/deps.sh installs it)"
+		}
+		return "Python SDK", []string{py, filepath.Join(b.cfg.Root, "bench", script+".py")}, nil, ""
+	case "js", "node":
+		entry := filepath.Join(b.cfg.Root, "compat-tests/js/node_modules/e2b/dist/index.mjs")
+		node, err := exec.LookPath("node")
+		if err != nil || !exists(entry) {
+			return "JS SDK", nil, nil, "node or compat-tests/js/node_modules/e2b is missing (scripts/deps.sh installs it)"
+		}
+		return "JS SDK", []string{node, filepath.Join(b.cfg.Root, "bench", script+".mjs")}, []string{"E2B_JS_SDK=" + entry}, ""
+	}
+	return sdk, nil, nil, ""
 }
 
 func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]sdkIter, error) {

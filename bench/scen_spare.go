@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,19 +22,22 @@ func spareScenario(ctx context.Context, b *Bench) error {
 	for _, c := range []struct {
 		fire  int
 		extra []string
-		spare int // ready spare members to wait for before the burst
+		spare int // ready spare members to wait for before the burst; 0: the default floor
 		goal  string
 		label string
 	}{
-		{100, nil, 2, "0 × 429, p99 ≤ 1 s", "one tenant, 100 concurrent creates, default settings"},
-		{50, nil, 2, "p99 ≤ 100 ms", "50 concurrent creates, default settings"},
+		{100, nil, 0, "0 × 429, p99 ≤ 1 s", "one tenant, 100 concurrent creates, default settings"},
+		{50, nil, 0, "p99 ≤ 100 ms", "50 concurrent creates, default settings"},
 		{200, []string{"--spare-min=base=50", "--pool-lead=-1s"}, 50, "p99 ≤ 1 s, 0 errors", "200 concurrent creates vs a spare pool of 50"},
 	} {
 		if err := spareBurst(ctx, b, c.fire, c.spare, c.goal, c.label, c.extra...); err != nil || ctx.Err() != nil {
 			return err
 		}
 	}
-	return afterBurst(ctx, b)
+	if err := afterBurst(ctx, b); err != nil || ctx.Err() != nil {
+		return err
+	}
+	return sdkAfterBurst(ctx, b)
 }
 
 // startDefaults starts a sandboxd with the build's create defaults plus
@@ -53,16 +58,23 @@ func (b *Bench) startDefaults(ctx context.Context, spare int, extra ...string) (
 }
 
 // waitSpare waits until h's spare pool holds at least want ready members
-// of base, and returns how many it holds.
+// of base (want 0: its target, once sandboxd reports one), and returns how
+// many it holds.
 func (h *Harness) waitSpare(ctx context.Context, want int, within time.Duration) (int, error) {
 	deadline := time.Now().Add(within)
 	for {
 		n, _ := h.metricSum(ctx, "sandboxd_spare_members", map[string]string{"state": "ready", "template": "base"})
-		if int(n) >= want {
+		target := want
+		if want <= 0 {
+			// 0 until the pools' first pass has sized it.
+			t, _ := h.metricSum(ctx, "sandboxd_spare_target", map[string]string{"template": "base"})
+			target = int(t)
+		}
+		if target > 0 && int(n) >= target {
 			return int(n), nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return int(n), fmt.Errorf("spare pool holds %.0f ready members after %s, want %d", n, within, want)
+			return int(n), fmt.Errorf("spare pool holds %.0f ready members after %s, want %d", n, within, target)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -93,7 +105,7 @@ func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label stri
 // commands.run('true') → kill, as issue 24's SDK loop does, over HTTP and
 // the envd proxy (the SDK scenario's path without the SDK's own cost).
 func afterBurst(ctx context.Context, b *Bench) error {
-	h, err := b.startDefaults(ctx, 2)
+	h, err := b.startDefaults(ctx, 0)
 	if err != nil {
 		return err
 	}
@@ -146,4 +158,81 @@ func createBurst(ctx context.Context, b *Bench, h *Harness, n int) (each []time.
 		return nil
 	})
 	return each, wall, errs, ids, limited
+}
+
+// sdkAfterBurst is afterBurst through E2B's SDKs, as the issue measured
+// it: sdk_burst.py (.mjs) fires 20 concurrent Sandbox.create() →
+// commands.run('true') → kill(), then 10 more one after another, against
+// a sandboxd with the default settings whose spare pool holds its floor.
+func sdkAfterBurst(ctx context.Context, b *Bench) error {
+	h, err := b.startDefaults(ctx, 0)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for _, sdk := range b.cfg.SDKs {
+		label, argv, env, why := b.sdkScript(sdk, "sdk_burst")
+		measure := label + ": create → first commands.run, 10 sequential after a burst of 20, default settings"
+		if why != "" {
+			b.add(unavailable("spare", measure, why))
+			continue
+		}
+		if _, err := h.waitSpare(ctx, 0, 3*time.Minute); err != nil {
+			return err
+		}
+		lines, err := b.runSDKLines(ctx, h, append(argv, "20", "10"), env)
+		out := b.parseBurst(label, lines, err)
+		seq, errs, limited := out.seq, out.errs, out.limited
+		r := dist("spare", measure, "ms", seq, errs)
+		r.Goal = "p99 ≤ 40 ms, no 429"
+		r.Compare = fmt.Sprintf("%d × 429 (burst and loop)", limited)
+		b.add(r)
+	}
+	return nil
+}
+
+// burstOut is what sdk_burst.py (.mjs) printed: each burst create's
+// create → first command time and create time, the burst's wall time, the
+// sequential ones' times, and the failures (429s among them).
+type burstOut struct {
+	total, create, seq []float64
+	wall               float64
+	errs, limited      int
+}
+
+// parseBurst reads sdk_burst's lines; err is the script's own failure,
+// counted as one more error. Failures are logged under label.
+func (b *Bench) parseBurst(label string, lines [][]byte, err error) burstOut {
+	var out burstOut
+	for _, l := range lines {
+		var it struct {
+			Kind     string  `json:"kind"`
+			CreateMs float64 `json:"create_ms"`
+			TotalMs  float64 `json:"total_ms"`
+			Ms       float64 `json:"ms"`
+			Error    string  `json:"error"`
+		}
+		if json.Unmarshal(l, &it) != nil {
+			continue
+		}
+		switch it.Kind {
+		case "item":
+			out.total, out.create = append(out.total, it.TotalMs), append(out.create, it.CreateMs)
+		case "seq":
+			out.seq = append(out.seq, it.TotalMs)
+		case "wall":
+			out.wall = it.Ms
+		case "error":
+			out.errs++
+			if strings.Contains(it.Error, "429") || strings.Contains(it.Error, "RateLimit") {
+				out.limited++
+			}
+			b.logf("%s: %s", label, it.Error)
+		}
+	}
+	if err != nil {
+		out.errs++
+		b.logf("%s: %v", label, err)
+	}
+	return out
 }

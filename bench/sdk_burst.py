@@ -1,14 +1,19 @@
 """N concurrent Sandbox.create() → commands.run('true') → kill() with E2B's
 Python SDK, as one tenant's agent fleet would start them.
 
-Driven by the bench's incus-burst scenario, which sets E2B_API_URL,
-E2B_SANDBOX_URL and E2B_API_KEY. Prints one JSON object per line:
+Then, with THEN > 0, THEN more of them one after another, as issue 24's
+agent loop does right after a burst.
+
+Driven by the bench's incus-burst and spare scenarios, which set
+E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Prints one JSON object per
+line:
 
   {"kind": "item", "create_ms": .., "first_run_ms": .., "total_ms": ..}
   {"kind": "error", "error": "..."}
   {"kind": "wall", "ms": ..}   (from the start to the end of the last run)
+  {"kind": "seq", "total_ms": ..}   (one of the THEN sequential ones)
 
-usage: sdk_burst.py N
+usage: sdk_burst.py N [THEN]
 """
 
 import json
@@ -64,6 +69,15 @@ def main() -> None:
         print(json.dumps(rec))
     done = [r["done_at_ms"] for r in out if r["kind"] == "item"]
     print(json.dumps({"kind": "wall", "ms": max(done) if done else None}))
+    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 0):
+        seq: list = []
+        go = threading.Event()
+        go.set()
+        one(seq, lock, go)
+        for rec in seq:
+            if rec["kind"] == "item":
+                rec = {"kind": "seq", "total_ms": rec["total_ms"]}
+            print(json.dumps(rec), flush=True)
 
 
 if __name__ == "__main__":

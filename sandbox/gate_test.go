@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/pool"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/store"
@@ -285,12 +286,7 @@ func TestColdCreateFairness(t *testing.T) {
 // member the pool's refill makes, rather than waiting for the slot.
 func TestMissTakesRefill(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, cb := newCountingEnv(t, 1)
-		cb.hold = make(chan struct{})
-		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
-		p := e.startPools(t)
-		cb.hold <- struct{}{} // the first member
-		waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
+		e, cb, p := oneWarmMember(t)
 
 		stuck := CreateRequest{AllowInternet: true, EnvVars: map[string]string{"STUCK": "1"}}
 		hit, err := e.m.Create(as("a"), stuck) // the member: no backend create at all
@@ -337,16 +333,24 @@ func TestMissTakesRefill(t *testing.T) {
 	})
 }
 
+// oneWarmMember: one cold-create slot, tenant a with min_warm 1 and its
+// member ready; the backend's creates wait on cb.hold from then on.
+func oneWarmMember(t *testing.T) (*testEnv, *countingBackend, *pool.Pools) {
+	t.Helper()
+	e, cb := newCountingEnv(t, 1)
+	cb.hold = make(chan struct{})
+	e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
+	p := e.startPools(t)
+	cb.hold <- struct{}{} // the first member
+	waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
+	return e, cb, p
+}
+
 // TestHitRefillsAtHandOver: a create served by a warm member starts the
 // member's replacement when it is done (no tick needed), not at the claim.
 func TestHitRefillsAtHandOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, cb := newCountingEnv(t, 1)
-		cb.hold = make(chan struct{})
-		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
-		p := e.startPools(t)
-		cb.hold <- struct{}{}
-		waitFor(t, "1 warm member", func() bool { return ready(p, "a") == 1 })
+		e, cb, p := oneWarmMember(t)
 		if _, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true}); err != nil {
 			t.Fatal(err)
 		}
