@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/template"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -247,6 +248,9 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	// A 400 for a request net/http cannot parse must reach a client still
+	// sending its body (see httpx.LingerListener).
+	ln = httpx.LingerListener(ln)
 	serveErr := make(chan error, 1)
 	scheme := "http"
 	if tlsConfig != nil {
