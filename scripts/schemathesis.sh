@@ -88,11 +88,14 @@ run() {
     --junit-xml "$work/$1.xml" --sanitize-output false ${SCHEMA_ARGS:-} || true
 }
 # only_resets REPORT: the report's failures are all connections reset by
-# sandboxd, and there is at least one. Most likely: Go's net/http answers a request it
+# sandboxd, and there is at least one. Go's net/http answers a request it
 # cannot parse with a 400 and closes the connection with the request's body
-# unread, so the kernel sends a reset that can overtake the 400 (seen in 3 of
+# unread; a client still sending it got a reset instead of the 400 (3 of
 # about 14 runs, on a different POST each time, a request that never reached
-# the handlers). Such a spec runs once more; anything else fails at once.
+# the handlers). sandboxd's listener now closes lingering
+# (httpx.LingerListener, tested by TestLingerListenerKeepsTheAnswer), so this
+# should not happen any more; if it does, the spec runs once more and says
+# so, and anything else fails at once.
 only_resets() {
   "$venv/bin/python" - "$1" <<'PY'
 import sys, xml.etree.ElementTree as ET
