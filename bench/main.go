@@ -70,6 +70,9 @@ type Bench struct {
 	rows  []Row
 	runs  []ScenarioRun
 	log   io.Writer
+	// sdkCPU is the CPU time (user + system) of the last SDK script run:
+	// the client shares this box's CPUs with sandboxd.
+	sdkCPU time.Duration
 }
 
 // ScenarioRun records how one scenario went.

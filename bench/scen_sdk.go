@@ -122,6 +122,9 @@ func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	if ps := cmd.ProcessState; ps != nil {
+		b.sdkCPU = ps.UserTime() + ps.SystemTime()
+	}
 	var res [][]byte
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
