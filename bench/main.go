@@ -70,9 +70,6 @@ type Bench struct {
 	rows  []Row
 	runs  []ScenarioRun
 	log   io.Writer
-	// sdkCPU is the CPU time (user + system) of the last SDK script run:
-	// the client shares this box's CPUs with sandboxd.
-	sdkCPU time.Duration
 }
 
 // ScenarioRun records how one scenario went.

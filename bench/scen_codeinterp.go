@@ -180,7 +180,7 @@ func (b *Bench) addCreateRows(sc, label string, res []ciIter, runErr error) {
 // runCI runs codeinterp_bench.py with args against h's sandboxd.
 func (b *Bench) runCI(ctx context.Context, h *Harness, py string, args ...string) ([]ciIter, error) {
 	argv := append([]string{py, filepath.Join(b.cfg.Root, "bench", "codeinterp_bench.py")}, args...)
-	raw, err := b.runSDKLines(ctx, h, argv, nil)
+	raw, _, err := b.runSDKLines(ctx, h, argv, nil)
 	var res []ciIter
 	for _, l := range raw {
 		var it ciIter

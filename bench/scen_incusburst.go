@@ -35,7 +35,7 @@ func incusBurstScenario(ctx context.Context, b *Bench) error {
 	if err != nil {
 		return err
 	}
-	lines, err := b.runSDKLines(ctx, h, []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_burst.py"), fmt.Sprint(n)}, nil)
+	lines, _, err := b.runSDKLines(ctx, h, []string{py, filepath.Join(b.cfg.Root, "bench", "sdk_burst.py"), fmt.Sprint(n)}, nil)
 	out := b.parseBurst("incus-burst", lines, err)
 	total, create, wall, errs, limited := out.total, out.create, out.wall, out.errs, out.limited
 	r := dist("incus-burst", label+", each", "ms", total, errs)

@@ -90,7 +90,7 @@ func (b *Bench) sdkScript(sdk, script string) (label string, argv, env []string,
 }
 
 func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]sdkIter, error) {
-	lines, err := b.runSDKLines(ctx, h, argv, env)
+	lines, _, err := b.runSDKLines(ctx, h, argv, env)
 	var res []sdkIter
 	for _, l := range lines {
 		var it sdkIter
@@ -102,8 +102,9 @@ func (b *Bench) runSDK(ctx context.Context, h *Harness, argv, env []string) ([]s
 }
 
 // runSDKLines runs an SDK script against h's sandboxd (within the
-// scenario budget) and returns its stdout's lines.
-func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string) ([][]byte, error) {
+// scenario budget) and returns its stdout's lines and the CPU time (user +
+// system) it used: the client shares the box's CPUs with sandboxd.
+func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string) (_ [][]byte, cpu time.Duration, _ error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.Budget)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -123,7 +124,7 @@ func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if ps := cmd.ProcessState; ps != nil {
-		b.sdkCPU = ps.UserTime() + ps.SystemTime()
+		cpu = ps.UserTime() + ps.SystemTime()
 	}
 	var res [][]byte
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -136,9 +137,9 @@ func (b *Bench) runSDKLines(ctx context.Context, h *Harness, argv, env []string)
 		if len(tail) > 400 {
 			tail = tail[len(tail)-400:]
 		}
-		return res, fmt.Errorf("%v: %s", err, tail)
+		return res, cpu, fmt.Errorf("%v: %s", err, tail)
 	}
-	return res, nil
+	return res, cpu, nil
 }
 
 func (b *Bench) addSDKRows(scenario, label string, res []sdkIter, runErr error) {
