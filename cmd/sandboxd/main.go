@@ -6,6 +6,7 @@
 //	sandboxd keys create --tenant NAME | keys list [--tenant NAME] | keys revoke ID
 //	sandboxd tenants list | tenants create NAME
 //	sandboxd mcp [--url URL] [--token TOKEN]   (MCP over stdio, bridged to a server's /mcp)
+//	sandboxd relay --client-cert FILE [--listen :8444] [--cert FILE --key FILE] [--sandbox-subnet CIDR]   (on each Incus cluster member)
 //
 // Every flag can also come from the environment (SANDBOXD_<FLAG>, dashes as
 // underscores) or a --config file; command-line flags win, then the
@@ -43,6 +44,8 @@ func main() {
 		err = mcpCmd(os.Args[2:])
 	case "tls":
 		err = tlsCmd(os.Args[2:])
+	case "relay":
+		err = relayCmd(os.Args[2:])
 	case "version":
 		fmt.Println(version)
 	case "-h", "--help", "help":
@@ -73,6 +76,8 @@ func usage() {
   sandboxd sandbox create|list|get|rm|exec|shell|cp ...   (client of a running server; see docs/native-api.md)
   sandboxd mcp [--url http://127.0.0.1:3000] [--token T]   the MCP tools over stdio, for desktop agents
   sandboxd tls init --domain D [--dir DIR]   local CA + certificate for D and *.D (serve --tls-cert/--tls-key)
+  sandboxd relay --client-cert FILE [--listen :8444] [--cert FILE --key FILE] [--sandbox-subnet 10.135.0.0/16]
+        the pipe from sandboxd to the sandboxes of an Incus cluster member, and the member's firewall
   sandboxd version
 Flags also come from SANDBOXD_<FLAG> (e.g. SANDBOXD_DATA_DIR) and --config FILE.
 `)

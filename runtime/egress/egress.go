@@ -11,7 +11,8 @@
 //   - input from a sandbox veth is dropped: a sandbox never reaches the
 //     host itself, on any of its addresses (sandboxd's port, or anything
 //     bound to 0.0.0.0), but for DNS to a resolver of its resolv.conf
-//     that is the host's;
+//     that is the host's, and for its replies to an Incus cluster
+//     member's relay (RelayMark, member.go);
 //   - a source address not routed back to the veth it came from is
 //     dropped;
 //   - forwarding between sandbox veths is dropped: sandboxes do not reach
@@ -21,7 +22,10 @@
 //     except those the operator allows (New's allow) and the sandboxes'
 //     resolvers on port 53 (ResolvConf);
 //   - IPv6 is dropped (sandboxes get no IPv6 address);
-//   - new connections into a sandbox are dropped; replies pass.
+//   - new connections into a sandbox are dropped; replies pass;
+//   - on a cluster member, the host ends of sandboxes without internet
+//     access (NoNetPrefix) forward nothing either way and take no input
+//     but the replies to the relay (member.go).
 //
 // The host end is named HostPrefix+12 hex digits of a hash of the
 // sandbox's key; the sandbox end is eth0, made right in the sandbox's
@@ -119,6 +123,13 @@ var DefaultDeny = []netip.Prefix{
 // accepts it: the subnets of two tables may overlap (a test's /24 inside a
 // default /16), and the wider one's input would drop the narrower's
 // redirected traffic as its own sandboxes'.
+//
+// The same table serves an Incus cluster member (member.go): the rules
+// marked RelayMark and those of NoNetPrefix's interfaces are the member's,
+// and match nothing on a single host, where no socket carries RelayMark
+// and no host end is named sbn. One template for both, so that a sandboxd
+// serve and a relay setting up the same subnet on one host write the same
+// table rather than take each other's rules away.
 const rulesetTemplate = `table inet {{.Table}} {
 	set deny4 {
 		type ipv4_addr; flags interval; auto-merge;
@@ -139,16 +150,22 @@ const rulesetTemplate = `table inet {{.Table}} {
 		type ipv4_addr : verdict;
 	}
 	chain input {
-		type filter hook input priority -10; policy accept;
+		{{hook "input"}}
 		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
+		iifname "{{.Prefix}}*" ct direction reply ct mark {{.RelayMark}} accept
 		iifname "{{.Prefix}}*" ct status dnat ct mark {{.FilterMark}} accept
 		iifname "{{.Prefix}}*" ip saddr vmap @pol4
 		iifname "{{.Prefix}}*" ip saddr {{.Subnet}} ip daddr @dns4 meta l4proto { tcp, udp } th dport 53 accept
 		iifname "{{.Prefix}}*" ip saddr != {{.Subnet}} accept
 		iifname "{{.Prefix}}*" drop
+		iifname "{{.NoNet}}*" fib saddr . iif oif missing drop
+		iifname "{{.NoNet}}*" ct direction reply ct mark {{.RelayMark}} accept
+		iifname "{{.NoNet}}*" drop
 	}
 	chain forward {
-		type filter hook forward priority -10; policy accept;
+		{{hook "forward"}}
+		iifname "{{.NoNet}}*" drop
+		oifname "{{.NoNet}}*" drop
 		iifname "{{.Prefix}}*" oifname "{{.Prefix}}*" drop
 		iifname "{{.Prefix}}*" meta nfproto ipv6 drop
 		iifname "{{.Prefix}}*" fib saddr . iif oif missing drop
@@ -161,18 +178,44 @@ const rulesetTemplate = `table inet {{.Table}} {
 		oifname "{{.Prefix}}*" ct state established,related accept
 		oifname "{{.Prefix}}*" drop
 	}
+	chain output {
+		{{hook "output"}}
+		oifname "{{.Prefix}}*" ip daddr {{.Subnet}} meta l4proto tcp meta mark {{.RelayMark}} ct state new ct mark set {{.RelayMark}}
+		oifname "{{.NoNet}}*" ip daddr {{.Subnet}} meta l4proto tcp meta mark {{.RelayMark}} ct state new ct mark set {{.RelayMark}}
+		oifname != "{{.Prefix}}*" oifname != "{{.NoNet}}*" ip daddr {{.Subnet}} meta mark {{.RelayMark}} reject with icmpx host-unreachable
+	}
 	chain prerouting {
-		type nat hook prerouting priority -100; policy accept;
+		{{hook "prerouting"}}
 		iifname "{{.Prefix}}*" ip saddr vmap @nat4
 	}
 	chain postrouting {
-		type nat hook postrouting priority 100; policy accept;
+		{{hook "postrouting"}}
 		iifname "{{.Prefix}}*" oifname != "{{.Prefix}}*" ip saddr {{.Subnet}} masquerade
 	}
 }
 `
 
+// baseChains are the ruleset's base chains and their declarations, which
+// installTable repeats when it rewrites a table in place.
+var baseChains = []struct{ name, decl string }{
+	{"input", "type filter hook input priority -10; policy accept;"},
+	{"forward", "type filter hook forward priority -10; policy accept;"},
+	{"output", "type filter hook output priority -10; policy accept;"},
+	{"prerouting", "type nat hook prerouting priority -100; policy accept;"},
+	{"postrouting", "type nat hook postrouting priority 100; policy accept;"},
+}
+
+func chainDecl(name string) string {
+	for _, c := range baseChains {
+		if c.name == name {
+			return c.decl
+		}
+	}
+	panic("egress: no base chain " + name) // the template is ours
+}
+
 var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
+	"hook": chainDecl,
 	"join": func(v any) string {
 		var parts []string
 		switch v := v.(type) {
@@ -193,7 +236,8 @@ var rulesetTmpl = template.Must(template.New("ruleset").Funcs(template.FuncMap{
 func (e *Egress) ruleset() string {
 	var b strings.Builder
 	if err := rulesetTmpl.Execute(&b, map[string]any{
-		"Table": e.table, "Prefix": e.prefix, "Subnet": e.subnet, "FilterMark": fmt.Sprintf("0x%08x", FilterMark),
+		"Table": e.table, "Prefix": e.prefix, "NoNet": e.noNetPrefix, "Subnet": e.subnet,
+		"FilterMark": fmt.Sprintf("0x%08x", FilterMark), "RelayMark": fmt.Sprintf("0x%08x", RelayMark),
 		"Deny": DefaultDeny, "Allow": e.allow, "DNS": e.resolvers,
 	}); err != nil {
 		panic(err) // the template and its data are ours
@@ -227,10 +271,10 @@ type Egress struct {
 	gateway   netip.Addr
 	allow     []netip.Prefix // exceptions to DefaultDeny
 	resolvers []netip.Addr   // of the sandboxes' resolv.conf
-	// table and prefix are Table and HostPrefix; tests use their own, so
-	// that they do not fight a sandboxd (or another package's tests) on
-	// this host over the rules.
-	table, prefix string
+	// table, prefix and noNetPrefix are Table, HostPrefix and
+	// NoNetPrefix; tests use their own, so that they do not fight a
+	// sandboxd (or another package's tests) on this host over the rules.
+	table, prefix, noNetPrefix string
 
 	once    sync.Once
 	initErr error
@@ -263,7 +307,7 @@ func New(subnet netip.Prefix, allow ...netip.Prefix) (*Egress, error) {
 		return nil, fmt.Errorf("egress subnet %s: want IPv4, /28 or larger", subnet)
 	}
 	e := &Egress{
-		subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, table: tableName(subnet),
+		subnet: subnet, gateway: subnet.Addr().Next(), resolvers: hostResolvers(), prefix: HostPrefix, noNetPrefix: NoNetPrefix, table: tableName(subnet),
 		policies: map[netip.Addr]sandboxPolicy{}, installed: map[netip.Addr]bool{}, deniedConns: map[string]uint64{}, log: slog.Default(),
 	}
 	for _, p := range allow {

@@ -74,7 +74,7 @@ func TestPolicyRules(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				fresh.table, fresh.prefix, fresh.resolvers = e.table, e.prefix, e.resolvers
+				fresh.table, fresh.prefix, fresh.noNetPrefix, fresh.resolvers = e.table, e.prefix, e.noNetPrefix, e.resolvers
 				if err := fresh.Setup(); err != nil {
 					t.Fatal(err)
 				}

@@ -123,7 +123,7 @@ func testEgress(t testing.TB, subnet netip.Prefix, allow []netip.Prefix, resolve
 	}
 	// Still a table per subnet, under a name of the test's own (so not
 	// DeleteTable).
-	e.table, e.prefix, e.resolvers = "test_"+e.table, "sbt", resolvers
+	e.table, e.prefix, e.noNetPrefix, e.resolvers = "test_"+e.table, "sbt", "sbu", resolvers
 	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", e.table).Run() })
 	t.Cleanup(func() { _ = e.Close() }) // first: its NFLOG group is free for the next
 	return e

@@ -286,8 +286,8 @@ func (e *Egress) installTable() error {
 	t := "inet " + e.table
 	if out, err := exec.Command("nft", "list", "map", "inet", e.table, "pol4").Output(); err == nil {
 		var b strings.Builder
-		for _, c := range []string{"input", "forward", "prerouting", "postrouting"} {
-			fmt.Fprintf(&b, "add chain %s %s\nflush chain %s %s\n", t, c, t, c)
+		for _, c := range baseChains { // declared: output is new to tables of before the relay
+			fmt.Fprintf(&b, "add chain %s %s { %s }\nflush chain %s %s\n", t, c.name, c.decl, t, c.name)
 		}
 		for _, s := range []string{"deny4", "allow4", "dns4"} {
 			fmt.Fprintf(&b, "flush set %s %s\n", t, s)
