@@ -150,6 +150,11 @@ type Options struct {
 	// Log receives warnings about background deletions. Default
 	// slog.Default().
 	Log *slog.Logger
+	// Cluster, when set, drives an Incus cluster through Client (an HTTPS
+	// client, NewRemoteClient) and reaches sandboxes through each member's
+	// relay (cluster.go). EnvdPath, Root and the egress options are then
+	// unused: envd and the firewall are the members'.
+	Cluster *ClusterOptions
 }
 
 // Backend is the Incus runtime.Backend.
@@ -184,6 +189,10 @@ type Backend struct {
 	// quota rescans the pool's btrfs quota groups when the kernel stops
 	// keeping them (quota.go).
 	quota *quotaGuard
+
+	// cluster is the members and placement in cluster mode; nil on a
+	// single host.
+	cluster *cluster
 }
 
 var (
@@ -223,8 +232,12 @@ func (r *rootSource) instanceSource() InstanceSource {
 
 // sandbox is one sandbox's in-memory handle; mu serializes lifecycle calls.
 type sandbox struct {
-	id, name, dir string
-	ip            netip.Addr // egress address; invalid without internet
+	id, name, dir string // dir: "" in cluster mode
+	// ip is the egress address (invalid without internet) or, in cluster
+	// mode, the routed address every sandbox has.
+	ip netip.Addr
+	// member is the cluster member the instance is on ("" on one host).
+	member string
 	// source is the id of the image or layer the root was cloned from
 	// (rootSource.id), and stack what it holds (see keyStack in layers.go).
 	source string
@@ -282,17 +295,18 @@ func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 		return nil, err
 	}
 	eg.Observe(opts.Log.With("component", "egress"), opts.Registerer)
-	if opts.EnvdPath == "" {
-		return nil, fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)
-	}
-	envd, err := filepath.Abs(opts.EnvdPath)
-	if err != nil {
+	var cl *cluster
+	if opts.Cluster != nil {
+		if opts.Client == nil {
+			return nil, fmt.Errorf("incus backend: %w: cluster mode needs a remote client", runtime.ErrInvalidSpec)
+		}
+		if cl, err = newCluster(*opts.Cluster); err != nil {
+			return nil, err
+		}
+		opts.EnvdPath = cl.opts.MemberEnvd
+	} else if err := checkEnvd(&opts); err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(envd); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("incus backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
-	}
-	opts.EnvdPath = envd
 	c := opts.Client
 	if c == nil {
 		c = NewUnixClient(opts.Socket)
@@ -307,16 +321,11 @@ func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 	if _, err := c.StoragePool(ctx, opts.Pool); err != nil {
 		return nil, fmt.Errorf("incus backend: storage pool %q: %w", opts.Pool, err)
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Root, "sandboxes"), 0o700); err != nil {
-		return nil, fmt.Errorf("incus backend: %w", err)
-	}
-	// Written whole and renamed: running sandboxes keep the file they have.
-	resolv := filepath.Join(opts.Root, "resolv.conf")
-	if err := os.WriteFile(resolv+".tmp", eg.ResolvConf(), 0o644); err != nil {
-		return nil, fmt.Errorf("incus backend: %w", err)
-	}
-	if err := os.Rename(resolv+".tmp", resolv); err != nil {
-		return nil, fmt.Errorf("incus backend: %w", err)
+	resolv := ""
+	if cl == nil {
+		if resolv, err = writeHostFiles(opts.Root, eg); err != nil {
+			return nil, fmt.Errorf("incus backend: %w", err)
+		}
 	}
 	b := &Backend{
 		opts:     opts,
@@ -331,15 +340,59 @@ func New(ctx context.Context, opts Options) (_ *Backend, err error) {
 		defined:  map[string]*definedTemplate{},
 		owner:    strings.ToLower(rand.Text()[:10]),
 		quota:    newQuotaGuard(filepath.Join(opts.IncusDir, "storage-pools", opts.Pool)),
+		cluster:  cl,
 	}
 	b.closing, b.close = context.WithCancel(context.Background())
+	if cl != nil {
+		// The members' pools are not here: their quota mode is what the
+		// operator says (ClusterOptions.SimpleQuotas).
+		b.quota = &quotaGuard{simple: cl.opts.SimpleQuotas}
+		if err := b.startCluster(ctx, srv); err != nil {
+			b.close()
+			return nil, fmt.Errorf("incus backend: %w", err)
+		}
+	}
 	if _, err = b.List(ctx); err != nil {
 		b.close()
 		return nil, fmt.Errorf("incus backend: %w", err)
 	}
+	if cl != nil {
+		b.background.Go(b.watchCluster)
+		return b, nil
+	}
 	b.ensureQuota(ctx)
 	b.background.Go(b.watchQuota)
 	return b, nil
+}
+
+// checkEnvd makes opts.EnvdPath absolute and checks that it is a file.
+func checkEnvd(opts *Options) error {
+	if opts.EnvdPath == "" {
+		return fmt.Errorf("incus backend: %w: no envd binary given", runtime.ErrUnavailable)
+	}
+	envd, err := filepath.Abs(opts.EnvdPath)
+	if err != nil {
+		return err
+	}
+	if fi, err := os.Stat(envd); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("incus backend: %w: envd binary %s: %v", runtime.ErrUnavailable, envd, err)
+	}
+	opts.EnvdPath = envd
+	return nil
+}
+
+// writeHostFiles makes root's socket directory parent and the sandboxes'
+// resolv.conf, and returns the latter's path. The file is written whole
+// and renamed: running sandboxes keep the one they have.
+func writeHostFiles(root string, eg *egress.Egress) (string, error) {
+	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
+		return "", err
+	}
+	resolv := filepath.Join(root, "resolv.conf")
+	if err := os.WriteFile(resolv+".tmp", eg.ResolvConf(), 0o644); err != nil {
+		return "", err
+	}
+	return resolv, os.Rename(resolv+".tmp", resolv)
 }
 
 func orDefault(v, def int) int {
@@ -385,7 +438,13 @@ func (b *Backend) ours(in *Instance) bool {
 // sockDir is the host directory of instance name's envd socket: a small
 // tmpfs of its own, so that root inside, who can write there, cannot fill
 // the host's /run.
-func (b *Backend) sockDir(name string) string { return filepath.Join(b.opts.Root, "sandboxes", name) }
+// In cluster mode there is none: "".
+func (b *Backend) sockDir(name string) string {
+	if b.cluster != nil {
+		return ""
+	}
+	return filepath.Join(b.opts.Root, "sandboxes", name)
+}
 
 // makeSockDir creates and mounts dir, replacing what is there.
 func makeSockDir(dir string) error {
@@ -409,8 +468,12 @@ func mountSockDir(dir string) error {
 	return nil
 }
 
-// removeSockDir unmounts and removes dir; a missing dir is fine.
+// removeSockDir unmounts and removes dir; a missing dir is fine, and so is
+// none ("": cluster mode).
 func removeSockDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
 	for {
 		err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		if err != nil {
@@ -466,9 +529,14 @@ func (b *Backend) instanceRequest(s *sandbox, src *rootSource) (InstancesPost, e
 	if err != nil {
 		return InstancesPost{}, err
 	}
+	// envd listens on the shared socket directory and loopback or, in
+	// cluster mode, on the sandbox's routed address (the relay's way in).
+	listen := fmt.Sprintf("--socket %s/envd.sock --listen 127.0.0.1:%d", envdSocketDir, runtime.EnvdPort)
+	if b.cluster != nil {
+		listen = fmt.Sprintf("--listen 0.0.0.0:%d", runtime.EnvdPort)
+	}
 	raw := []string{
-		fmt.Sprintf("lxc.init.cmd = %s --init --socket %s/envd.sock --listen 127.0.0.1:%d --log-level %s",
-			envdPath, envdSocketDir, runtime.EnvdPort, b.opts.EnvdLogLevel),
+		fmt.Sprintf("lxc.init.cmd = %s --init %s --log-level %s", envdPath, listen, b.opts.EnvdLogLevel),
 		"lxc.cap.drop = " + strings.Join(droppedCaps, " "),
 		// No no_new_privs: setuid programs work (sudo, as in E2B's
 		// sandboxes); what they give is root inside, which the API gives
@@ -531,10 +599,15 @@ func (b *Backend) instanceRequest(s *sandbox, src *rootSource) (InstancesPost, e
 	devices := map[string]map[string]string{
 		"root": {"type": "disk", "path": "/", "pool": b.opts.Pool, "size": strconv.FormatInt(rootMiB, 10) + "MiB"},
 		"envd": {"type": "disk", "source": b.opts.EnvdPath, "path": envdPath, "readonly": "true"},
-		"sock": {"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"},
 	}
 	maps.Copy(devices, b.volumeDevices(sp.Mounts))
-	if s.ip.IsValid() {
+	if b.cluster != nil {
+		maps.Copy(devices, b.clusterDevices(s))
+		cfg[keyEgressIP] = s.ip.String()
+	} else {
+		devices["sock"] = map[string]string{"type": "disk", "source": s.dir, "path": envdSocketDir, "shift": "true"}
+	}
+	if s.ip.IsValid() && b.cluster == nil {
 		// A bare veth: Incus names the host end (so that the egress rules,
 		// which match its prefix, cover it) and moves the other in as
 		// eth0; the addresses and routes are ours (Create).
@@ -577,7 +650,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 			return nil, fmt.Errorf("create sandbox %s: fork of %s: %w", spec.ID, forkOf, err)
 		}
 	}
-	if spec.AllowInternet {
+	// The member a fork, a layered template or a volume must be on.
+	var onMember string
+	if b.cluster != nil {
+		if onMember, err = b.storageMember(ctx, spec, im, forkOf); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		}
+	} else if spec.AllowInternet {
 		if err := b.egress.Setup(); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w: %w", spec.ID, runtime.ErrUnavailable, err)
 		}
@@ -601,13 +680,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	s := &sandbox{
 		id:        spec.ID,
 		name:      b.instanceName(spec.ID),
-		dir:       b.sockDir(b.instanceName(spec.ID)),
 		spec:      spec,
 		createdAt: time.Now().UTC(),
 		ready:     make(chan struct{}),
 		source:    im.id(),
 		stack:     stack,
 	}
+	s.dir = b.sockDir(s.name)
 	// Claim the id, waiting for a deletion of the same id to finish.
 	for {
 		b.mu.Lock()
@@ -617,14 +696,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 		}
 		gone := b.deleting[spec.ID]
 		if gone == nil {
-			if spec.AllowInternet {
-				ip, err := b.egress.Allocate(func(a netip.Addr) bool { _, used := b.ips[a]; return used })
-				if err != nil {
-					b.mu.Unlock()
-					return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
-				}
-				s.ip = ip
-				b.ips[ip] = s.name
+			if err := b.claimAddress(s, onMember); err != nil {
+				b.mu.Unlock()
+				return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 			}
 			b.sbx[spec.ID] = s
 			b.mu.Unlock()
@@ -670,7 +744,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	// that the map lacks (an earlier process's, not adopted yet) takes the
 	// id, and its socket directory must stay.
 	fresh := true
-	if err := mountSockDir(s.dir); errors.Is(err, os.ErrExist) {
+	if s.dir == "" {
+		// Cluster mode: no socket directory; a taken name fails the POST.
+	} else if err := mountSockDir(s.dir); errors.Is(err, os.ErrExist) {
 		fresh = false
 		if _, err := b.c.Instance(ctx, s.name); err == nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrAlreadyExists)
@@ -688,6 +764,9 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	req, err := b.instanceRequest(s, im)
 	if err != nil {
 		return nil, wrap("config", err)
+	}
+	if s.member != singleMember {
+		req.Target = s.member
 	}
 	if forkSrc != "" {
 		// A copy of the source's root volume (a btrfs snapshot: one
@@ -729,7 +808,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name, "fresh", fresh,
+	b.log.Debug("incus sandbox created", "sandbox", spec.ID, "instance", s.name, "member", s.member, "fresh", fresh,
 		"socket_dir", tDir.Sub(t0), "running", tRunning.Sub(tDir), "healthy", tHealthy.Sub(tRunning),
 		"network", time.Since(tHealthy), "total", time.Since(t0))
 	r.Success()
@@ -740,6 +819,32 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	s.mu.Unlock()
 	info.EnvdInitialized = init != nil
 	return info, nil
+}
+
+// claimAddress reserves what sandbox s needs before its instance is made:
+// the egress address of a sandbox with internet access or, in cluster
+// mode, a member (onMember when set) and the routed address every sandbox
+// has there. The caller holds b.mu.
+func (b *Backend) claimAddress(s *sandbox, onMember string) error {
+	var ip netip.Addr
+	var err error
+	switch {
+	case b.cluster != nil:
+		if s.member, err = b.place(s.spec, onMember); err != nil {
+			return err
+		}
+		ip, err = b.allocateSandboxIP()
+	case s.spec.AllowInternet:
+		ip, err = b.egress.Allocate(func(a netip.Addr) bool { _, used := b.ips[a]; return used })
+	default:
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.ip = ip
+	b.ips[ip] = s.name
+	return nil
 }
 
 // forkSource returns the instance of sandbox src for a fork into a new
@@ -788,7 +893,14 @@ func (b *Backend) createError(ctx context.Context, spec runtime.Spec, im *rootSo
 // returns when envd first answered. With init, envd's first answer is to
 // that /init (envdconn.Health.Init).
 func (b *Backend) settle(ctx context.Context, s *sandbox, init []byte) (healthy time.Time, err error) {
-	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{MaxDelay: 2 * time.Millisecond, Socket: filepath.Join(s.dir, "envd.sock"), Init: init}); err != nil {
+	if b.cluster != nil {
+		// Incus set the routed NIC up on both ends, and LXC loopback.
+		if err := envdconn.WaitHealthy(ctx, b.envdDialer(s), envdconn.Health{MaxDelay: 5 * time.Millisecond, Init: init}); err != nil {
+			return time.Time{}, fmt.Errorf("envd: %w", err)
+		}
+		return time.Now(), nil
+	}
+	if err := envdconn.WaitHealthy(ctx, b.envdDialer(s), envdconn.Health{MaxDelay: 2 * time.Millisecond, Socket: filepath.Join(s.dir, "envd.sock"), Init: init}); err != nil {
 		return time.Time{}, fmt.Errorf("envd: %w", err)
 	}
 	healthy = time.Now()
@@ -817,7 +929,7 @@ func (b *Backend) settle(ctx context.Context, s *sandbox, init []byte) (healthy 
 // peer credentials of a connection, recorded at its listen), checked to be
 // in s's instance's cgroup; failing that, the instance's init from Incus.
 func (b *Backend) envdPid(ctx context.Context, s *sandbox) (int, error) {
-	if conn, err := s.dialEnvd(ctx); err == nil {
+	if conn, err := b.envdDialer(s)(ctx); err == nil {
 		pid := peerPid(conn)
 		conn.Close()
 		if pid > 0 && inInstanceCgroup(pid, s.name) {
@@ -879,10 +991,16 @@ func (s *sandbox) info() *runtime.Sandbox {
 	return &runtime.Sandbox{ID: s.id, Template: s.spec.Template, State: state, OnDisk: s.onDisk, Spec: s.spec, CreatedAt: s.createdAt}
 }
 
-// dialEnvd connects to envd's unix socket in the shared socket directory
-// (see envdconn.DialSocket: root inside can plant a symlink there).
-func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
-	return envdconn.DialSocket(ctx, filepath.Join(s.dir, "envd.sock"), s.id)
+// envdDialer connects to s's envd: its unix socket in the shared socket
+// directory (see envdconn.DialSocket: root inside can plant a symlink
+// there) or, in cluster mode, its address through the member's relay.
+func (b *Backend) envdDialer(s *sandbox) envdconn.DialFunc {
+	if b.cluster != nil {
+		return func(ctx context.Context) (net.Conn, error) { return b.dialCluster(ctx, s, runtime.EnvdPort) }
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		return envdconn.DialSocket(ctx, filepath.Join(s.dir, "envd.sock"), s.id)
+	}
 }
 
 // get returns the live sandbox id: from memory, or adopted from Incus (a
@@ -920,7 +1038,7 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 // if needed; nil if in is not a live sandbox or is being deleted.
 func (b *Backend) adopt(in *Instance) *sandbox {
 	id := in.Config[keyID]
-	if !b.ours(in) {
+	if !b.ours(in) || b.isLostInstance(in) {
 		return nil
 	}
 	onDisk := in.Status == "Stopped" && in.Config[keyPaused] == pausedDisk
@@ -946,13 +1064,17 @@ func (b *Backend) adopt(in *Instance) *sandbox {
 	ready := make(chan struct{})
 	close(ready)
 	s := &sandbox{
-		id: id, name: in.Name, dir: b.sockDir(in.Name), spec: sp, createdAt: created,
+		id: id, name: in.Name, spec: sp, createdAt: created,
 		paused: in.Status == "Frozen" || onDisk, onDisk: onDisk, ready: ready, created: true, readyAt: time.Now(),
 	}
 	if st, ok := in.Config[keyStack]; ok {
 		s.stack = strings.Split(st, ",")
 	} else {
 		s.stack = []string{sp.Template} // made before layers existed
+	}
+	s.dir = b.sockDir(in.Name)
+	if b.cluster != nil {
+		s.member = in.Location
 	}
 	s.source = in.Config[keySource]
 	if s.source == "" {

@@ -260,7 +260,12 @@ func (c *Client) query(ctx context.Context, method, path string, q url.Values, b
 
 // async does a call answered with an operation and returns its id.
 func (c *Client) async(ctx context.Context, method, path string, body any) (string, error) {
-	r, err := c.do(ctx, method, path, nil, body)
+	return c.asyncQuery(ctx, method, path, nil, body)
+}
+
+// asyncQuery is async with query parameters.
+func (c *Client) asyncQuery(ctx context.Context, method, path string, q url.Values, body any) (string, error) {
+	r, err := c.do(ctx, method, path, q, body)
 	if err != nil {
 		return "", err
 	}
@@ -357,6 +362,8 @@ type Server struct {
 		StorageDrivers []struct {
 			Name string `json:"name"`
 		} `json:"storage_supported_drivers"`
+		ServerClustered bool   `json:"server_clustered"`
+		ServerName      string `json:"server_name"`
 	} `json:"environment"`
 }
 
@@ -402,6 +409,9 @@ type InstancesPost struct {
 	// Profiles nil means the "default" profile; an empty non-nil slice
 	// means none.
 	Profiles []string `json:"profiles"`
+	// Target is the cluster member to create the instance on (?target=);
+	// empty: the server's (a cluster's scheduler picks).
+	Target string `json:"-"`
 }
 
 // Instance is GET /1.0/instances/<name> (and one entry of a recursion=1
@@ -418,6 +428,9 @@ type Instance struct {
 	ExpandedDevices map[string]map[string]string `json:"expanded_devices"`
 	CreatedAt       time.Time                    `json:"created_at"`
 	State           *InstanceState               `json:"state,omitempty"`
+	// Location is the cluster member the instance is on ("none" on a
+	// server that is not clustered).
+	Location string `json:"location"`
 }
 
 // InstanceState is GET /1.0/instances/<name>/state.
@@ -453,7 +466,11 @@ type StatePut struct {
 // CreateInstance starts creating an instance and returns the operation id:
 // the instance exists (and, with Start, runs) once Wait on it returns.
 func (c *Client) CreateInstance(ctx context.Context, req InstancesPost) (string, error) {
-	return c.async(ctx, http.MethodPost, "/1.0/instances", req)
+	var q url.Values
+	if req.Target != "" {
+		q = url.Values{"target": {req.Target}}
+	}
+	return c.asyncQuery(ctx, http.MethodPost, "/1.0/instances", q, req)
 }
 
 // Instance returns one instance.

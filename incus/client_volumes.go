@@ -22,6 +22,9 @@ type StorageVolume struct {
 	Config map[string]string `json:"config"`
 	// UsedBy lists the instances (as API paths) that attach it.
 	UsedBy []string `json:"used_by"`
+	// Location is the cluster member that holds it (local pools), "none"
+	// off a cluster.
+	Location string `json:"location"`
 }
 
 func customVolumesPath(pool string) string {

@@ -18,3 +18,8 @@ func (q QuotaGuard) Check(ctx context.Context) (bool, error) { return q.g.check(
 
 // Simple says whether the guard found simple quotas on the pool.
 func (q QuotaGuard) Simple() bool { return q.g.simple }
+
+// PoolSimpleQuotas says whether this host's Incus pool keeps simple quotas.
+func PoolSimpleQuotas(pool string) bool {
+	return newQuotaGuard("/var/lib/incus/storage-pools/" + pool).simple
+}

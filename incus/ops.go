@@ -51,8 +51,8 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		s.mu.Unlock()
 		return nil
 	}
-	if deleting {
-		return nil
+	if deleting || b.lostSandbox(id) {
+		return nil // a lost one is deleted when its member is back
 	}
 	// Unknown here: maybe a sandbox of an earlier process.
 	in, err := b.c.Instance(ctx, b.instanceName(id))
@@ -133,6 +133,10 @@ func (b *Backend) releaseIPs(name string) {
 	defer b.mu.Unlock()
 	for ip, n := range b.ips {
 		if n == name {
+			if b.cluster != nil {
+				delete(b.ips, ip) // no host firewall: the members' is static
+				continue
+			}
 			if err := b.egress.ClearPolicy(ip); err != nil {
 				b.log.Warn("egress policy of a removed instance", "instance", name, "err", err)
 			}
@@ -147,11 +151,17 @@ func (b *Backend) SetEgressPolicy(ctx context.Context, id string, p *policy.Poli
 	if err != nil {
 		return err
 	}
-	if !s.ip.IsValid() {
+	if !s.ip.IsValid() || !s.spec.AllowInternet {
 		if p.Empty() {
 			return nil
 		}
 		return fmt.Errorf("egress policy of sandbox %s: %w: it has no internet access", id, runtime.ErrInvalidSpec)
+	}
+	if b.cluster != nil {
+		if p.Empty() {
+			return nil
+		}
+		return fmt.Errorf("egress policy of sandbox %s: %w: per-sandbox network rules on an Incus cluster", id, runtime.ErrUnsupported)
 	}
 	return b.egress.SetPolicy(ctx, id, s.ip, p)
 }
@@ -291,8 +301,10 @@ func (b *Backend) resumeFromDisk(ctx context.Context, s *sandbox) (bool, error) 
 		ctx, cancel = context.WithTimeout(ctx, b.opts.StartTimeout)
 		defer cancel()
 	}
-	if err := makeSockDir(s.dir); err != nil {
-		return false, wrap(fmt.Errorf("socket dir: %w", err))
+	if s.dir != "" {
+		if err := makeSockDir(s.dir); err != nil {
+			return false, wrap(fmt.Errorf("socket dir: %w", err))
+		}
 	}
 	// Any failure from here leaves the instance stopped and marked: still
 	// paused to disk, and a later Resume tries again.
@@ -373,7 +385,7 @@ func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 	if paused {
 		return nil, fmt.Errorf("dial sandbox %s: %w", id, runtime.ErrPaused)
 	}
-	return envdconn.Dial(ctx, s.dialEnvd, token, id, port)
+	return envdconn.Dial(ctx, b.envdDialer(s), token, id, port)
 }
 
 // Stats reads the instance's state: CPU time, memory and processes from
@@ -388,7 +400,7 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	sp := s.spec
 	s.mu.Unlock()
 	if !b.opts.NoDiskSync {
-		b.syncRoot(s.name)
+		b.syncRoot(ctx, s.name)
 	}
 	st, err := b.c.InstanceState(ctx, s.name)
 	if err != nil {
@@ -413,8 +425,19 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 }
 
 // syncRoot commits the filesystem holding instance name's root, so that
-// btrfs quota groups (which Incus reports as usage) count recent writes.
-func (b *Backend) syncRoot(name string) {
+// btrfs quota groups (which Incus reports as usage) count recent writes. In
+// cluster mode the filesystem is the member's, synced from inside the
+// sandbox (`sync -f /`, an Incus exec: tens of milliseconds); a failure
+// leaves the usage as of btrfs' last commit (30 s at most by default).
+func (b *Backend) syncRoot(ctx context.Context, name string) {
+	if b.cluster != nil {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := b.c.Exec(sctx, name, []string{"sync", "-f", "/"}); err != nil {
+			b.log.Debug("incus: sync of a sandbox's root before its stats", "instance", name, "err", err)
+		}
+		return
+	}
 	fd, err := unix.Open(filepath.Join(b.opts.IncusDir, "storage-pools", b.opts.Pool, "containers", name),
 		unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -453,8 +476,8 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		if !b.ours(in) {
-			continue
+		if !b.ours(in) || b.isLostInstance(in) {
+			continue // a lost one is deleted when its member is back
 		}
 		b.mu.Lock()
 		if b.sbx[id] == nil {
@@ -475,9 +498,11 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	for _, in := range all {
 		busy[in.Name] = true // live, or being deleted (which removes it)
 	}
-	ents, err := os.ReadDir(filepath.Join(b.opts.Root, "sandboxes"))
-	if err != nil {
-		return err
+	var ents []os.DirEntry
+	if b.cluster == nil {
+		if ents, err = os.ReadDir(filepath.Join(b.opts.Root, "sandboxes")); err != nil {
+			return err
+		}
 	}
 	var errs []error
 	if err := b.migrateLayerImages(ctx); err != nil {

@@ -327,7 +327,32 @@ func New(cfg Config) *Manager {
 	case cfg.ColdParallel > 0:
 		m.adm.gate = newColdGate(cfg.ColdParallel, queue)
 	}
+	if lr, ok := cfg.Backend.(lossReporter); ok {
+		lr.OnLost(m.lost)
+	}
 	return m
+}
+
+// lossReporter is a backend that can lose sandboxes behind the Manager's
+// back: the Incus backend in cluster mode, when a member is gone.
+type lossReporter interface {
+	OnLost(fn func(id string))
+}
+
+// lost records that the backend gave sandbox id up: it is killed, so that
+// it is never reported running while nothing runs it. A spare pool member
+// has no row; the pool's health check drops it.
+func (m *Manager) lost(id string) {
+	ctx := context.Background()
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.store.GetSandboxAny(ctx, id)
+	if err != nil || sb.State == store.StateKilled {
+		return
+	}
+	if err := m.kill(ctx, &sb, "member_lost", "cause", "its cluster member is gone"); err != nil {
+		m.log.Error("kill a lost sandbox", "sandbox_id", id, "err", err)
+	}
 }
 
 // lock serialises lifecycle actions on one sandbox id.

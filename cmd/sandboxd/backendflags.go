@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -29,6 +30,28 @@ type backendOpts struct {
 	initPath     string
 	baseRootfs   string
 	registerer   prometheus.Registerer // the server's, for the egress name filter's metrics
+	incusRemote  remoteOpts
+}
+
+// remoteOpts are the flags of --backend incus on a remote server or a
+// cluster (incus/cluster.go).
+type remoteOpts struct {
+	url, clientCert, clientKey, serverCert string
+	relayPort                              int
+	sandboxSubnet                          string
+	memberEnvd                             string
+	lostAfter                              time.Duration
+}
+
+func (o *remoteOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.url, "incus-remote", "", "--backend incus: https://HOST:8443 of a remote Incus server or a member of an Incus cluster, instead of the local socket. Sandboxes then get a routed address of --incus-sandbox-subnet and are reached through `sandboxd relay` on each member (incus/README.md, Cluster)")
+	fs.StringVar(&o.clientCert, "incus-client-cert", "", "--incus-remote: PEM client certificate, trusted by Incus (incus config trust add-certificate) and pinned by every member's relay")
+	fs.StringVar(&o.clientKey, "incus-client-key", "", "--incus-remote: PEM key of --incus-client-cert")
+	fs.StringVar(&o.serverCert, "incus-server-cert", "", "--incus-remote: PEM certificate the server (a cluster: its cluster certificate) and the relays present, pinned")
+	fs.IntVar(&o.relayPort, "incus-relay-port", 8444, "--incus-remote: port of `sandboxd relay` on each member's address")
+	fs.StringVar(&o.sandboxSubnet, "incus-sandbox-subnet", "10.135.0.0/16", "--incus-remote: IPv4 subnet of the sandboxes' routed addresses (the relays' --sandbox-subnet)")
+	fs.StringVar(&o.memberEnvd, "incus-member-envd", "/usr/local/lib/sandboxd/envd", "--incus-remote: path of the static envd binary on every member")
+	fs.DurationVar(&o.lostAfter, "incus-member-lost-after", 10*time.Second, "--incus-remote: how long a member stays unreachable before its sandboxes are given up (reported killed; deleted when it is back)")
 }
 
 func (o *backendOpts) register(fs *flag.FlagSet) {
@@ -41,6 +64,7 @@ func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.trackWriters, "local-track-writers", false, "--backend local: record which process wrote each file a sandbox changes (the writer of its changes, with fanotify on Linux 5.17+); off by default: a shell loop writing small files runs 1.45-1.56x as long on a 2-core host; one large file, no slower (BENCHMARKS.md)")
 	fs.StringVar(&o.baseRootfs, "base-rootfs", defaultBaseRootfs, "--backend local: root filesystem directory of the template base (Debian with Python, Node and npm, git, curl, sudo …; `make base` or scripts/base-rootfs.sh builds it, once); empty: base is the host view, as the template host")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")
+	o.incusRemote.register(fs)
 	o.incusImages = imageFlag{}
 	fs.Var(o.incusImages, "incus-image", "template NAME=ALIAS for --backend incus: sandboxes of template NAME start from the Incus image ALIAS (or fingerprint); repeatable; base is sandboxd-base unless given")
 }

@@ -414,6 +414,14 @@ func openBackend(ctx context.Context, name, runDir, pauseDir, envdPath, incusSoc
 		if runDir != defaultRunDir {
 			opts.Root = runDir
 		}
+		if bo.incusRemote.url != "" {
+			if opts.Client, opts.Cluster, err = bo.incusRemote.open(); err != nil {
+				return nil, err
+			}
+			if len(bo.egressAllow) > 0 || len(bo.egressDNS) > 0 || bo.egressSubnet != "" {
+				return nil, fmt.Errorf("--egress-*: not with --incus-remote (the members' relays keep the sandboxes' network: their --egress-allow)")
+			}
+		}
 		be, err := incus.New(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("incus backend (run scripts/incus-setup.sh first): %w", err)

@@ -75,6 +75,8 @@ type Server struct {
 const (
 	resultOK              = "ok"
 	resultUnauthenticated = "unauthenticated"
+	// resultProbe: closed before the handshake (a liveness probe).
+	resultProbe = "probe"
 )
 
 // NewServer checks cfg and makes its server.
@@ -310,6 +312,13 @@ func (s *Server) handle(raw net.Conn) {
 	_ = raw.SetDeadline(time.Now().Add(s.requestTimeout))
 	tc := tls.Server(raw, s.tls)
 	if err := tc.HandshakeContext(s.ctx); err != nil {
+		if errors.Is(err, io.EOF) {
+			// Closed before a ClientHello: sandboxd's liveness probe (a
+			// TCP connect, incus/cluster.go), or a port scan.
+			s.dials.WithLabelValues(resultProbe).Inc()
+			s.log.Debug("relay: closed before the handshake", "peer", peer)
+			return
+		}
 		s.dials.WithLabelValues(resultUnauthenticated).Inc()
 		s.log.Warn("relay: refused", "peer", peer, "reason", "handshake: "+err.Error())
 		return
@@ -386,7 +395,13 @@ func (s *Server) refuse(tc *tls.Conn, peer string, target netip.AddrPort, code, 
 	if target.IsValid() {
 		attrs = append(attrs, "target", target.String())
 	}
-	s.log.Warn("relay: refused", attrs...)
+	level := slog.LevelWarn
+	if code == CodeRefused {
+		// Nothing listens there (yet): what sandboxd's wait for a new
+		// sandbox's envd meets until envd is up.
+		level = slog.LevelDebug
+	}
+	s.log.Log(context.Background(), level, "relay: refused", attrs...)
 	raw := tc.NetConn()
 	_ = raw.SetDeadline(time.Now().Add(s.requestTimeout))
 	if _, err := io.WriteString(tc, errLine(code, detail)); err != nil {

@@ -1,0 +1,632 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/egress"
+)
+
+
+// Cluster mode (Options.Cluster): sandboxd drives an Incus cluster from
+// anywhere, over HTTPS, and reaches sandboxes through a relay on each member.
+//
+// The single-host data plane (a host directory with envd's socket, setns
+// for loopback and the veth) needs sandboxd on the Incus host. In a cluster
+// every sandbox instead gets an Incus "routed" NIC: a /32 of the sandbox
+// subnet, which sandboxd allocates cluster-wide and Incus configures on
+// both ends, with the host end named sbx<hash> (internet access) or
+// sbn<hash> (none). envd listens on that address. The subnet is routed
+// nowhere: only the member host reaches its sandboxes, and sandboxd reaches
+// them through the member's relay (incus/relay: mutual TLS, pinned
+// certificates both ways, dials only into the sandbox subnet, then a byte
+// pipe). The relay also installs the member's firewall (runtime/egress):
+// sandboxes reach neither each other nor the member, sbn* ones nothing at
+// all, sbx* ones the internet only.
+//
+// Placement is sandboxd's: of the members that Incus reports online and
+// whose relay answers, the one whose sandboxes' memory limits fill the
+// smallest share of its budget, then the one with fewer sandboxes; a member
+// whose budget the new sandbox would exceed is not eligible. A sandbox that
+// must share a member's storage (a fork, a template built from layers,
+// a volume) goes where that storage is.
+//
+// A member whose relay does not answer (or that Incus reports offline) gets
+// no new sandboxes at once. Once it has been unreachable for LostAfter, its
+// sandboxes are lost: the backend forgets them and tells the control plane
+// (OnLost), which reports them killed. Their instances, when the member
+// comes back, are deleted: a sandbox is never both reported gone and alive.
+// A sandboxd that starts while a member is down treats that member's
+// sandboxes the same way.
+
+// ClusterOptions configure cluster mode. Zero fields take the defaults given.
+type ClusterOptions struct {
+	// Relay dials a member's relay (incus/relay.Dialer). Required.
+	Relay RelayDialer
+	// RelayPort is the relays' port, on the host of each member's API
+	// address. Default 8444.
+	RelayPort int
+	// SandboxSubnet holds every sandbox's address. Default 10.135.0.0/16.
+	SandboxSubnet netip.Prefix
+	// MemberEnvd is envd's path on every member. Default
+	// /usr/local/lib/sandboxd/envd.
+	MemberEnvd string
+	// MemberResolvConf is the resolv.conf the relay writes on every member
+	// for sandboxes with internet access. Default
+	// /var/lib/sandboxd-relay/resolv.conf.
+	MemberResolvConf string
+	// SimpleQuotas says that the members' pools keep btrfs simple quotas
+	// (squota, as scripts/incus-setup.sh and incus-cluster.sh turn on): a
+	// root's size then limits what the sandbox writes. Otherwise the sizes
+	// allow for full quota groups, which also count the blocks a root
+	// shares with its image (the safe side: a sandbox may then write up to
+	// the image's size more than its disk size). sandboxd cannot read the
+	// mode of a pool it is not beside.
+	SimpleQuotas bool
+	// MemoryShare is the share of a member's memory that its sandboxes'
+	// memory limits may add up to. Default 1.
+	MemoryShare float64
+	// ProbeInterval is how often each member's relay is probed. Default
+	// 500 ms; two failed probes in a row make a member unreachable.
+	ProbeInterval time.Duration
+	// LostAfter is how long a member stays unreachable before its sandboxes
+	// are lost. Default 10 s.
+	LostAfter time.Duration
+	// RefreshInterval is how often the member list is read from Incus.
+	// Default 5 s.
+	RefreshInterval time.Duration
+}
+
+// RelayDialer connects to target (a sandbox's address and port) through
+// the relay at relayAddr.
+type RelayDialer interface {
+	Dial(ctx context.Context, relayAddr string, target netip.AddrPort) (net.Conn, error)
+}
+
+// singleMember is the location Incus gives instances on a server that is
+// not clustered.
+const singleMember = "none"
+
+// ErrNoCapacity is a create for which no cluster member has room: every
+// online member's budget is taken, or none is online.
+var ErrNoCapacity = fmt.Errorf("%w: no cluster member has room", runtime.ErrUnavailable)
+
+// clusterMember is sandboxd's view of one member.
+type clusterMember struct {
+	name   string
+	relay  string // host:port of its relay
+	memory uint64 // bytes
+	online bool   // per Incus
+	// failures counts failed probes in a row; reachable means fewer than two.
+	failures int
+	// downSince is when the member stopped being usable (zero: it is).
+	downSince time.Time
+	// lost: its sandboxes were given up; they are deleted when it is back.
+	lost bool
+}
+
+func (m *clusterMember) usable() bool { return m.online && m.failures < 2 }
+
+// cluster is the backend's cluster state; nil on a single host.
+type cluster struct {
+	opts ClusterOptions
+
+	mu      sync.Mutex
+	members map[string]*clusterMember
+	// lost are the instances of lost sandboxes (name → sandbox id), to be
+	// deleted once their member answers again.
+	lost map[string]lostInstance
+	// layers is the member of each layer instance (layerMember).
+	layers map[string]string
+	// single is the server's URL when it is not clustered (then its one
+	// member is singleMember).
+	single string
+
+	onLost []func(id string)
+}
+
+type lostInstance struct{ id, member string }
+
+func newCluster(o ClusterOptions) (*cluster, error) {
+	if o.Relay == nil {
+		return nil, fmt.Errorf("incus cluster: %w: no relay dialer", runtime.ErrInvalidSpec)
+	}
+	if o.RelayPort <= 0 {
+		o.RelayPort = 8444
+	}
+	if !o.SandboxSubnet.IsValid() {
+		o.SandboxSubnet = netip.MustParsePrefix("10.135.0.0/16")
+	}
+	if o.MemberEnvd == "" {
+		o.MemberEnvd = "/usr/local/lib/sandboxd/envd"
+	}
+	if o.MemberResolvConf == "" {
+		o.MemberResolvConf = "/var/lib/sandboxd-relay/resolv.conf"
+	}
+	if o.MemoryShare <= 0 {
+		o.MemoryShare = 1
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = 500 * time.Millisecond
+	}
+	if o.LostAfter <= 0 {
+		o.LostAfter = 10 * time.Second
+	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = 5 * time.Second
+	}
+	return &cluster{opts: o, members: map[string]*clusterMember{}, lost: map[string]lostInstance{}, layers: map[string]string{}}, nil
+}
+
+// OnLost registers fn to be called with the id of every sandbox the backend
+// gives up because its cluster member is gone. Only in cluster mode.
+func (b *Backend) OnLost(fn func(id string)) {
+	if b.cluster == nil {
+		return
+	}
+	b.cluster.mu.Lock()
+	b.cluster.onLost = append(b.cluster.onLost, fn)
+	b.cluster.mu.Unlock()
+}
+
+// refreshMembers reads the member list (and each new member's memory).
+func (b *Backend) refreshMembers(ctx context.Context) error {
+	c := b.cluster
+	var ms []ClusterMember
+	if c.single != "" {
+		// A server that is not clustered: one member, whose instances'
+		// location is "none", and no ?target=.
+		ms = []ClusterMember{{Name: singleMember, URL: c.single, Status: "Online"}}
+	} else {
+		var err error
+		if ms, err = b.c.ClusterMembers(ctx); err != nil {
+			return fmt.Errorf("incus cluster members: %w", err)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range ms {
+		seen[m.Name] = true
+		u, err := url.Parse(m.URL)
+		if err != nil || u.Hostname() == "" {
+			b.log.Warn("incus cluster: member without a usable address", "member", m.Name, "url", m.URL)
+			continue
+		}
+		c.mu.Lock()
+		cm := c.members[m.Name]
+		known := cm != nil && cm.memory > 0
+		c.mu.Unlock()
+		var mem uint64
+		if !known && m.Status == "Online" {
+			if r, err := b.c.Resources(ctx, m.Name); err == nil {
+				mem = r.Memory.Total
+			} else {
+				b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
+			}
+		}
+		c.mu.Lock()
+		if cm == nil {
+			cm = &clusterMember{name: m.Name}
+			c.members[m.Name] = cm
+		}
+		cm.relay = net.JoinHostPort(u.Hostname(), strconv.Itoa(c.opts.RelayPort))
+		if mem > 0 {
+			cm.memory = mem
+		}
+		cm.online = m.Status == "Online"
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	for name := range c.members {
+		if !seen[name] {
+			delete(c.members, name)
+		}
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// probe dials every member's relay once (TCP only: a relay that accepts
+// is up; TLS is checked on real use) and updates what is usable.
+func (b *Backend) probe(ctx context.Context) {
+	c := b.cluster
+	c.mu.Lock()
+	targets := map[string]string{}
+	for name, m := range c.members {
+		targets[name] = m.relay
+	}
+	c.mu.Unlock()
+	timeout := min(c.opts.ProbeInterval*3/4, time.Second)
+	var wg sync.WaitGroup
+	results := make(map[string]bool, len(targets))
+	var rmu sync.Mutex
+	for name, addr := range targets {
+		wg.Go(func() {
+			d := net.Dialer{Timeout: timeout}
+			conn, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				conn.Close()
+			}
+			rmu.Lock()
+			results[name] = err == nil
+			rmu.Unlock()
+		})
+	}
+	wg.Wait()
+	now := time.Now()
+	c.mu.Lock()
+	for name, ok := range results {
+		if m := c.members[name]; m != nil {
+			if ok {
+				m.failures = 0
+			} else {
+				m.failures++
+			}
+		}
+	}
+	c.mu.Unlock()
+	b.settleMembers(ctx, now)
+}
+
+// settleMembers acts on the members' state: a member unusable for
+// LostAfter loses its sandboxes; a lost member that is usable again gets
+// its lost instances deleted.
+func (b *Backend) settleMembers(ctx context.Context, now time.Time) {
+	c := b.cluster
+	var lose, back []string
+	c.mu.Lock()
+	for name, m := range c.members {
+		switch {
+		case m.usable():
+			if !m.downSince.IsZero() {
+				b.log.Info("incus cluster: member usable again", "member", name, "down_for", now.Sub(m.downSince))
+			}
+			m.downSince = time.Time{}
+			if m.lost {
+				m.lost = false
+				back = append(back, name)
+			}
+		case m.downSince.IsZero():
+			m.downSince = now
+			b.log.Warn("incus cluster: member unusable; no new sandboxes there", "member", name,
+				"online", m.online, "failed_probes", m.failures)
+		case !m.lost && now.Sub(m.downSince) >= c.opts.LostAfter:
+			m.lost = true
+			lose = append(lose, name)
+		}
+	}
+	c.mu.Unlock()
+	for _, name := range lose {
+		b.loseMember(name)
+	}
+	for _, name := range back {
+		b.deleteLost(name)
+	}
+}
+
+// loseMember gives up the sandboxes on member name.
+func (b *Backend) loseMember(name string) {
+	c := b.cluster
+	var ids []string
+	b.mu.Lock()
+	for id, s := range b.sbx {
+		if s.member != name || !isReady(s) || !s.created {
+			continue
+		}
+		delete(b.sbx, id)
+		c.mu.Lock()
+		c.lost[s.name] = lostInstance{id: id, member: name}
+		c.mu.Unlock()
+		ids = append(ids, id)
+	}
+	b.mu.Unlock()
+	b.log.Error("incus cluster: member lost; its sandboxes are gone", "member", name, "sandboxes", len(ids))
+	c.mu.Lock()
+	hooks := slices.Clone(c.onLost)
+	c.mu.Unlock()
+	for _, id := range ids {
+		b.log.Warn("sandbox lost with its cluster member", "audit", true, "sandbox_id", id, "member", name)
+		for _, fn := range hooks {
+			fn(id)
+		}
+	}
+}
+
+// deleteLost deletes the instances of the sandboxes lost on member name,
+// which answers again.
+func (b *Backend) deleteLost(name string) {
+	c := b.cluster
+	c.mu.Lock()
+	var todo map[string]string // instance → id
+	for inst, l := range c.lost {
+		if l.member == name {
+			if todo == nil {
+				todo = map[string]string{}
+			}
+			todo[inst] = l.id
+			delete(c.lost, inst)
+		}
+	}
+	c.mu.Unlock()
+	b.mu.Lock()
+	for inst, id := range todo {
+		if b.sbx[id] == nil {
+			b.startDelete(id, inst, "", "")
+		}
+	}
+	b.mu.Unlock()
+	if len(todo) > 0 {
+		b.log.Info("incus cluster: deleting the instances of lost sandboxes", "member", name, "instances", len(todo))
+	}
+}
+
+// isLostInstance reports whether instance in belongs to a lost sandbox or
+// sits on a lost member; such an instance is remembered for deletion and
+// never adopted.
+func (b *Backend) isLostInstance(in *Instance) bool {
+	c := b.cluster
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.lost[in.Name]; ok {
+		return true
+	}
+	if m := c.members[in.Location]; m != nil && m.lost {
+		c.lost[in.Name] = lostInstance{id: in.Config[keyID], member: in.Location}
+		return true
+	}
+	return false
+}
+
+// watchCluster keeps the member list and the probes going until the backend
+// closes.
+func (b *Backend) watchCluster() {
+	c := b.cluster
+	probe := time.NewTicker(c.opts.ProbeInterval)
+	defer probe.Stop()
+	refresh := time.NewTicker(c.opts.RefreshInterval)
+	defer refresh.Stop()
+	for {
+		select {
+		case <-b.closing.Done():
+			return
+		case <-refresh.C:
+			ctx, cancel := context.WithTimeout(b.closing, c.opts.RefreshInterval)
+			if err := b.refreshMembers(ctx); err != nil {
+				b.log.Warn("incus cluster: refresh members", "err", err)
+			}
+			cancel()
+		case <-probe.C:
+			ctx, cancel := context.WithTimeout(b.closing, c.opts.ProbeInterval)
+			b.probe(ctx)
+			cancel()
+		}
+	}
+}
+
+// startCluster reads the members and probes them once, so that a member
+// down at start is known before the first List: its sandboxes are lost
+// (they may have been down for any time; see the type's comment).
+func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
+	if !srv.Environment.ServerClustered {
+		b.cluster.single = b.c.base
+	}
+	if err := b.refreshMembers(ctx); err != nil {
+		return err
+	}
+	b.probe(ctx)
+	b.probe(ctx) // two failures make a member unreachable
+	c := b.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, m := range c.members {
+		if !m.usable() {
+			m.lost = true
+			b.log.Warn("incus cluster: member down at start; its sandboxes are lost", "member", name)
+		}
+	}
+	return nil
+}
+
+// place picks the member for a new sandbox of spec, or checks the member
+// its storage requires (want, non-empty). The caller holds b.mu (the
+// sandboxes' memory is counted from b.sbx, creates in flight included).
+func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
+	c := b.cluster
+	used := map[string]uint64{}
+	count := map[string]int{}
+	for _, s := range b.sbx {
+		used[s.member] += uint64(s.spec.MemoryMB) << 20
+		count[s.member]++
+	}
+	need := uint64(spec.MemoryMB) << 20
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	best, bestShare := "", 0.0
+	for name, m := range c.members {
+		if want != "" && name != want {
+			continue
+		}
+		if !m.usable() || m.lost || m.memory == 0 {
+			continue
+		}
+		budget := float64(m.memory) * c.opts.MemoryShare
+		if float64(used[name]+need) > budget {
+			continue
+		}
+		share := float64(used[name]) / budget
+		if best == "" || share < bestShare || (share == bestShare && (count[name] < count[best] || count[name] == count[best] && name < best)) {
+			best, bestShare = name, share
+		}
+	}
+	if best == "" {
+		if want != "" {
+			return "", fmt.Errorf("%w: member %s, where the sandbox's storage is, is down or full", ErrNoCapacity, want)
+		}
+		return "", ErrNoCapacity
+	}
+	return best, nil
+}
+
+// allocate returns a free address of the sandbox subnet; the caller holds
+// b.mu.
+func (b *Backend) allocateSandboxIP() (netip.Addr, error) {
+	p := b.cluster.opts.SandboxSubnet.Masked()
+	// The first address is the subnet's own; leave it, as a gateway-less
+	// subnet has no use for it either.
+	for a := p.Addr().Next(); p.Contains(a); a = a.Next() {
+		if _, used := b.ips[a]; !used && a.Next().IsValid() && p.Contains(a.Next()) {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w: sandbox subnet %s is full", runtime.ErrUnavailable, p)
+}
+
+// relayOf returns the relay address of member name.
+func (c *cluster) relayOf(name string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.members[name]
+	if m == nil {
+		return "", fmt.Errorf("%w: cluster member %q unknown", runtime.ErrUnavailable, name)
+	}
+	return m.relay, nil
+}
+
+// clusterDevices are the devices of sandbox s in cluster mode: its routed
+// NIC and, with internet access, the member's resolv.conf.
+func (b *Backend) clusterDevices(s *sandbox) map[string]map[string]string {
+	c := b.cluster
+	host := clusterLinkName(s.name, s.spec.AllowInternet)
+	d := map[string]map[string]string{
+		"eth0": {"type": "nic", "nictype": "routed", "name": "eth0", "host_name": host, "ipv4.address": s.ip.String()},
+	}
+	if s.spec.AllowInternet {
+		d["resolv"] = map[string]string{"type": "disk", "source": c.opts.MemberResolvConf, "path": "/etc/resolv.conf", "readonly": "true"}
+	}
+	return d
+}
+
+// errMemberDown is a dial to a sandbox on a member that is not usable.
+var errMemberDown = errors.New("cluster member down")
+
+// dialCluster connects to port on sandbox s through its member's relay.
+func (b *Backend) dialCluster(ctx context.Context, s *sandbox, port int) (net.Conn, error) {
+	c := b.cluster
+	c.mu.Lock()
+	m := c.members[s.member]
+	down := m == nil || !m.usable()
+	addr := ""
+	if m != nil {
+		addr = m.relay
+	}
+	c.mu.Unlock()
+	if down {
+		return nil, fmt.Errorf("sandbox %s on member %s: %w: %w", s.id, s.member, runtime.ErrUnavailable, errMemberDown)
+	}
+	conn, err := c.opts.Relay.Dial(ctx, addr, netip.AddrPortFrom(s.ip, uint16(port)))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s via relay %s: %w: %w", s.id, addr, runtime.ErrUnavailable, err)
+	}
+	return conn, nil
+}
+
+func isReady(s *sandbox) bool {
+	select {
+	case <-s.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// storageMember is the member a new sandbox must be on because its root or
+// a volume is stored there (local pools are per member): a fork's source,
+// the top layer of a template built by sandboxd, a mounted volume. "" when
+// any member will do. Two such places that differ are ErrInvalidSpec.
+func (b *Backend) storageMember(ctx context.Context, spec runtime.Spec, im *rootSource, forkOf string) (string, error) {
+	var want []string
+	if forkOf != "" {
+		b.mu.Lock()
+		if s := b.sbx[forkOf]; s != nil {
+			want = append(want, s.member)
+		}
+		b.mu.Unlock()
+	}
+	if im.layer != "" {
+		loc, err := b.layerMember(ctx, im.layer)
+		if err != nil {
+			return "", err
+		}
+		want = append(want, loc)
+	}
+	for _, m := range spec.Mounts {
+		v, err := b.c.StorageVolume(ctx, b.opts.Pool, b.volumeName(m.Volume))
+		if err != nil {
+			return "", fmt.Errorf("volume %s: %w", m.Volume, err)
+		}
+		want = append(want, v.Location)
+	}
+	want = slices.Compact(slices.Sorted(slices.Values(want)))
+	switch len(want) {
+	case 0:
+		return "", nil
+	case 1:
+		return want[0], nil
+	}
+	return "", fmt.Errorf("%w: its source and volumes are on different cluster members (%v)", runtime.ErrInvalidSpec, want)
+}
+
+// layerMember is the member of layer instance name; layers never move, so
+// the answer is kept.
+func (b *Backend) layerMember(ctx context.Context, name string) (string, error) {
+	c := b.cluster
+	c.mu.Lock()
+	loc, ok := c.layers[name]
+	c.mu.Unlock()
+	if ok {
+		return loc, nil
+	}
+	in, err := b.c.Instance(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("layer %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.layers[name] = in.Location
+	c.mu.Unlock()
+	return in.Location, nil
+}
+
+// clusterLinkName is the host end of sandbox instance name's routed NIC:
+// egress.HostPrefix (sbx) with internet access, egress.NoNetPrefix (sbn)
+// without; the members' firewall matches the prefixes.
+func clusterLinkName(name string, internet bool) string {
+	host, _ := egress.LinkNames(name)
+	if internet {
+		return host
+	}
+	return egress.NoNetPrefix + strings.TrimPrefix(host, egress.HostPrefix)
+}
+
+// lostSandbox reports whether sandbox id was lost with its member.
+func (b *Backend) lostSandbox(id string) bool {
+	c := b.cluster
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.lost[b.instanceName(id)]
+	return ok
+}

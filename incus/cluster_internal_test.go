@@ -1,0 +1,177 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"io"
+	"maps"
+	"net"
+	"net/netip"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// clusterBackend is a Backend in cluster mode with members given as
+// name → GiB of memory, none of them probed; Incus is a fake that knows no
+// instance (so that deletions end at once).
+func clusterBackend(t *testing.T, members map[string]int) *Backend {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"type":"error","error":"Instance not found","error_code":404}`)
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := newCluster(ClusterOptions{Relay: nopRelay{}, LostAfter: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, gib := range members {
+		cl.members[name] = &clusterMember{name: name, relay: name + ":8444", memory: uint64(gib) << 30, online: true}
+	}
+	return &Backend{
+		c: NewClientWith(srv.Client(), srv.URL), log: slog.New(slog.DiscardHandler), cluster: cl,
+		sbx: map[string]*sandbox{}, ips: map[netip.Addr]string{}, deleting: map[string]chan struct{}{},
+	}
+}
+
+// addSandbox puts a created sandbox of memMiB on member into b.
+func addSandbox(b *Backend, id, member string, memMiB int) {
+	ready := make(chan struct{})
+	close(ready)
+	b.sbx[id] = &sandbox{id: id, name: "sbx-" + id, member: member, spec: runtime.Spec{ID: id, MemoryMB: memMiB}, ready: ready, created: true}
+}
+
+func TestPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		members   map[string]int // GiB
+		sandboxes map[string][]int
+		down      []string
+		lost      []string
+		want      string // the member required
+		memMiB    int
+		placed    string
+		err       error
+	}{
+		{name: "least filled share", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m2": {512}}, memMiB: 512, placed: "m2"},
+		{name: "share, not count", members: map[string]int{"m1": 8, "m2": 2}, sandboxes: map[string][]int{"m1": {512, 512}, "m2": {512}}, memMiB: 512, placed: "m1"},
+		{name: "tie: fewer sandboxes", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {0, 0}, "m2": {0}}, memMiB: 512, placed: "m2"},
+		{name: "tie: name", members: map[string]int{"m2": 4, "m1": 4}, memMiB: 512, placed: "m1"},
+		{name: "full member skipped", members: map[string]int{"m1": 1, "m2": 4}, sandboxes: map[string][]int{"m1": {512}, "m2": {512, 512, 1024}}, memMiB: 768, placed: "m2"},
+		{name: "all full", members: map[string]int{"m1": 1}, sandboxes: map[string][]int{"m1": {1024}}, memMiB: 1, err: ErrNoCapacity},
+		{name: "down member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, down: []string{"m1"}, memMiB: 512, placed: "m2"},
+		{name: "lost member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, lost: []string{"m1"}, memMiB: 512, placed: "m2"},
+		{name: "none usable", members: map[string]int{"m1": 4}, down: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
+		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: "m1", memMiB: 512, placed: "m1"},
+		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := clusterBackend(t, tc.members)
+			for m, mems := range tc.sandboxes {
+				for i, mem := range mems {
+					addSandbox(b, m+"-"+string(rune('a'+i)), m, mem)
+				}
+			}
+			for _, m := range tc.down {
+				b.cluster.members[m].failures = 2
+			}
+			for _, m := range tc.lost {
+				b.cluster.members[m].lost = true
+			}
+			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB}, tc.want)
+			if !errors.Is(err, tc.err) || got != tc.placed {
+				t.Fatalf("place = %q, %v; want %q, %v", got, err, tc.placed, tc.err)
+			}
+			if tc.err != nil && !errors.Is(err, runtime.ErrUnavailable) {
+				t.Errorf("%v is not ErrUnavailable", err)
+			}
+		})
+	}
+}
+
+// TestMemberLostAndBack: a member unusable for LostAfter loses its created
+// sandboxes (reported once each, forgotten, Destroy a no-op, its instances
+// never adopted); others stay; back again, their instances are deleted.
+func TestMemberLostAndBack(t *testing.T) {
+	b := clusterBackend(t, map[string]int{"m1": 4, "m2": 4})
+	addSandbox(b, "a", "m1", 512)
+	addSandbox(b, "b", "m1", 512)
+	addSandbox(b, "c", "m2", 512)
+	creating := &sandbox{id: "d", name: "sbx-d", member: "m1", ready: make(chan struct{})}
+	b.sbx["d"] = creating // a create in flight fails on its own
+	var mu sync.Mutex
+	var lost []string
+	b.OnLost(func(id string) { mu.Lock(); lost = append(lost, id); mu.Unlock() })
+
+	t0 := time.Now()
+	b.cluster.members["m1"].failures = 2
+	b.settleMembers(t.Context(), t0)
+	if len(lost) != 0 || b.sbx["a"] == nil {
+		t.Fatalf("lost at once: %v", lost)
+	}
+	if _, err := b.place(runtime.Spec{MemoryMB: 1}, ""); err != nil {
+		t.Fatal(err)
+	}
+	b.settleMembers(t.Context(), t0.Add(999*time.Millisecond))
+	if len(lost) != 0 {
+		t.Fatalf("lost before LostAfter: %v", lost)
+	}
+	b.settleMembers(t.Context(), t0.Add(time.Second))
+	slices.Sort(lost)
+	if !slices.Equal(lost, []string{"a", "b"}) {
+		t.Fatalf("lost = %v; want [a b]", lost)
+	}
+	if b.sbx["a"] != nil || b.sbx["b"] != nil || b.sbx["c"] == nil || b.sbx["d"] == nil {
+		t.Fatalf("sandboxes left: %v", slices.Sorted(maps.Keys(b.sbx)))
+	}
+	b.settleMembers(t.Context(), t0.Add(2*time.Second))
+	if len(lost) != 2 {
+		t.Fatalf("reported twice: %v", lost)
+	}
+	if !b.lostSandbox("a") || b.lostSandbox("c") {
+		t.Fatal("lostSandbox")
+	}
+	if err := b.Destroy(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if b.deleting["a"] != nil {
+		t.Fatal("Destroy of a lost sandbox started a deletion while its member is down")
+	}
+	in := &Instance{Name: "sbx-a", Status: "Running", Location: "m1", Config: map[string]string{keyID: "a"}}
+	if s := b.adopt(in); s != nil {
+		t.Fatal("a lost sandbox's instance was adopted")
+	}
+	other := &Instance{Name: "sbx-e", Status: "Running", Location: "m1", Config: map[string]string{keyID: "e"}}
+	if s := b.adopt(other); s != nil {
+		t.Fatal("an instance on a lost member was adopted")
+	}
+
+	b.cluster.members["m1"].failures = 0
+	b.settleMembers(t.Context(), t0.Add(3*time.Second))
+	if b.lostSandbox("a") || b.lostSandbox("e") {
+		t.Fatal("still lost after the member came back")
+	}
+	b.mu.Lock()
+	n := len(b.deleting)
+	waits := slices.Collect(maps.Values(b.deleting))
+	b.mu.Unlock()
+	if n != 3 {
+		t.Fatalf("%d deletions started; want 3 (a, b, e)", n)
+	}
+	if err := waitClosed(t.Context(), waits); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type nopRelay struct{}
+
+func (nopRelay) Dial(context.Context, string, netip.AddrPort) (net.Conn, error) {
+	return nil, errors.New("no relay in this test")
+}
