@@ -17,7 +17,6 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/egress"
 )
 
-
 // Cluster mode (Options.Cluster): sandboxd drives an Incus cluster from
 // anywhere, over HTTPS, and reaches sandboxes through a relay on each member.
 //
