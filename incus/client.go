@@ -13,7 +13,9 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
@@ -31,6 +33,58 @@ type Client struct {
 	base string // scheme://host, no trailing slash
 	// Project, when set, is sent as ?project= on every call.
 	Project string
+
+	// endpoints are other addresses of the same server (a cluster's
+	// members, SetEndpoints); cur indexes the one in use, base when
+	// there are none.
+	epMu      sync.Mutex
+	endpoints []string
+	cur       int
+}
+
+// SetEndpoints gives the client every address of the server (a cluster's
+// members' https://host:port, which serve the same certificate): when the
+// one in use fails to answer, the next request goes to the next, and a GET
+// is retried there once. Other requests are not retried: a create whose
+// answer was lost may have happened.
+func (c *Client) SetEndpoints(urls []string) {
+	c.epMu.Lock()
+	defer c.epMu.Unlock()
+	cur := c.endpointLocked()
+	c.endpoints = nil
+	for _, u := range urls {
+		if p, err := url.Parse(u); err == nil && p.Scheme == "https" && p.Host != "" {
+			c.endpoints = append(c.endpoints, "https://"+p.Host)
+		}
+	}
+	c.cur = max(0, slices.Index(c.endpoints, cur)) // stay on the one in use
+}
+
+func (c *Client) endpoint() string {
+	c.epMu.Lock()
+	defer c.epMu.Unlock()
+	return c.endpointLocked()
+}
+
+func (c *Client) endpointLocked() string {
+	if len(c.endpoints) == 0 {
+		return c.base
+	}
+	return c.endpoints[c.cur%len(c.endpoints)]
+}
+
+// failed moves off endpoint ep after a transport error, unless another
+// request did already; it reports whether there is another to try.
+func (c *Client) failed(ep string) bool {
+	c.epMu.Lock()
+	defer c.epMu.Unlock()
+	if len(c.endpoints) < 2 {
+		return false
+	}
+	if c.endpointLocked() == ep {
+		c.cur = (c.cur + 1) % len(c.endpoints)
+	}
+	return true
 }
 
 // NewUnixClient returns a client of the daemon listening on socket (empty:
@@ -199,23 +253,30 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 		}
 		query.Set("project", c.Project)
 	}
-	u := c.base + path
-	if len(query) > 0 {
-		u += "?" + query.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
+	var resp *http.Response
+	for attempt := 0; ; attempt++ {
+		ep := c.endpoint()
+		u := ep + path
+		if len(query) > 0 {
+			u += "?" + query.Encode()
+		}
+		req, err := http.NewRequestWithContext(ctx, method, u, rd)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range header {
+			req.Header[k] = v
+		}
+		resp, err = c.hc.Do(req)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("incus: %s %s: %w", method, path, ctx.Err())
 		}
-		return nil, fmt.Errorf("incus: %s %s: %w: %w", method, path, runtime.ErrUnavailable, err)
+		if !c.failed(ep) || method != http.MethodGet || attempt > 0 {
+			return nil, fmt.Errorf("incus: %s %s: %w: %w", method, path, runtime.ErrUnavailable, err)
+		}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

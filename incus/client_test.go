@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -184,5 +185,53 @@ func TestInstanceName(t *testing.T) {
 	}
 	if InstanceName("", "abc") != "sbx-abc" || InstanceName("ns", "abc") == "sbx-abc" {
 		t.Errorf("InstanceName: readable name only without a namespace")
+	}
+}
+
+// TestClientEndpoints: with a cluster's endpoints set, a GET that meets a
+// dead one is retried on the next, which later requests keep using; a
+// POST is not retried.
+func TestClientEndpoints(t *testing.T) {
+	var hits atomic.Int32
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{"type":"sync","status":"Success","status_code":200,"metadata":{"api_version":"1.0"}}`)
+	}))
+	t.Cleanup(live.Close)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	c := NewClientWith(live.Client(), deadURL)
+	if _, err := c.Server(t.Context()); err == nil {
+		t.Fatal("GET to a dead server without other endpoints succeeded")
+	}
+	toHTTPS := func(u string) string { return "https://" + strings.TrimPrefix(u, "http://") }
+	c.SetEndpoints([]string{toHTTPS(deadURL), toHTTPS(live.URL)})
+	// The test servers speak plain HTTP: keep the scheme of base.
+	for i := range c.endpoints {
+		c.endpoints[i] = "http://" + strings.TrimPrefix(c.endpoints[i], "https://")
+	}
+	if _, err := c.Server(t.Context()); err != nil {
+		t.Fatalf("GET with a live second endpoint: %v", err)
+	}
+	if c.endpoint() != live.URL || hits.Load() != 1 {
+		t.Fatalf("endpoint %s, %d hits; want %s, 1", c.endpoint(), hits.Load(), live.URL)
+	}
+	c.SetEndpoints([]string{toHTTPS(live.URL), toHTTPS(deadURL)})
+	for i := range c.endpoints {
+		c.endpoints[i] = "http://" + strings.TrimPrefix(c.endpoints[i], "https://")
+	}
+	if c.endpoint() != live.URL {
+		t.Fatalf("SetEndpoints moved off the endpoint in use: %s", c.endpoint())
+	}
+	c.cur = 1 // the dead one
+	if _, err := c.CreateInstance(t.Context(), InstancesPost{Name: "x"}); err == nil || !errors.Is(err, runtime.ErrUnavailable) {
+		t.Fatalf("POST to a dead endpoint: %v; want ErrUnavailable, not retried", err)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("the POST was retried on the live endpoint")
+	}
+	if c.endpoint() != live.URL {
+		t.Fatalf("after the failed POST the client stays on %s", c.endpoint())
 	}
 }

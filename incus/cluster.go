@@ -192,6 +192,13 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 			return fmt.Errorf("incus cluster members: %w", err)
 		}
 	}
+	if c.single == "" {
+		urls := make([]string, 0, len(ms))
+		for _, m := range ms {
+			urls = append(urls, m.URL)
+		}
+		b.c.SetEndpoints(urls)
+	}
 	seen := map[string]bool{}
 	for _, m := range ms {
 		seen[m.Name] = true

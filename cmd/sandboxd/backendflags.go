@@ -41,6 +41,7 @@ type remoteOpts struct {
 	sandboxSubnet                          string
 	memberEnvd                             string
 	lostAfter                              time.Duration
+	simpleQuotas                           bool
 }
 
 func (o *remoteOpts) register(fs *flag.FlagSet) {
@@ -51,6 +52,7 @@ func (o *remoteOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.relayPort, "incus-relay-port", 8444, "--incus-remote: port of `sandboxd relay` on each member's address")
 	fs.StringVar(&o.sandboxSubnet, "incus-sandbox-subnet", "10.135.0.0/16", "--incus-remote: IPv4 subnet of the sandboxes' routed addresses (the relays' --sandbox-subnet)")
 	fs.StringVar(&o.memberEnvd, "incus-member-envd", "/usr/local/lib/sandboxd/envd", "--incus-remote: path of the static envd binary on every member")
+	fs.BoolVar(&o.simpleQuotas, "incus-simple-quotas", false, "--incus-remote: the members' pools keep btrfs simple quotas (scripts/incus-setup.sh and incus-cluster.sh turn them on), so a root's size limits what the sandbox writes; without it the sizes allow for full quota groups, which count the blocks shared with the image too (sandboxd cannot read the mode of a remote pool)")
 	fs.DurationVar(&o.lostAfter, "incus-member-lost-after", 10*time.Second, "--incus-remote: how long a member stays unreachable before its sandboxes are given up (reported killed; deleted when it is back)")
 }
 

@@ -44,5 +44,6 @@ func (o *remoteOpts) open() (*incus.Client, *incus.ClusterOptions, error) {
 		SandboxSubnet: subnet.Masked(),
 		MemberEnvd:    o.memberEnvd,
 		LostAfter:     o.lostAfter,
+		SimpleQuotas:  o.simpleQuotas,
 	}, nil
 }

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/incus"
+)
+
+// The test cluster of scripts/incus-cluster.sh: three Incus members in
+// system containers of this host's Incus. Its env file names the cluster
+// and sandboxd's certificates; without it the cluster tests skip.
+const clusterEnvFile = "/var/lib/sandboxd-cluster/env"
+
+var clusterScript = filepath.Join("..", "..", "scripts", "incus-cluster.sh")
+
+// loadClusterEnv reads the env file's KEY=VALUE lines.
+func loadClusterEnv(t *testing.T) map[string]string {
+	t.Helper()
+	if e2eSkipReason != "" {
+		t.Skip(e2eSkipReason)
+	}
+	f, err := os.Open(clusterEnvFile)
+	if err != nil {
+		t.Skipf("no test cluster (scripts/incus-cluster.sh up): %v", err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+		if ok && !strings.HasPrefix(k, "#") {
+			env[k] = strings.Trim(v, `"`)
+		}
+	}
+	return env
+}
+
+// clusterCmd runs scripts/incus-cluster.sh with args.
+func clusterCmd(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command("bash", append([]string{clusterScript}, args...)...)
+	cmd.Env = append(os.Environ(), "SANDBOXD_BIN="+e2eBinDir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("incus-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// TestIncusClusterE2E drives the three-member test cluster through
+// `sandboxd serve --backend incus --incus-remote`: spare members and
+// sandboxes spread over the members, commands through the relays, a member
+// killed (its sandboxes answer 502, then are reported gone; creates go on
+// elsewhere at once), the member back (its lost instances deleted), and
+// sandboxd SIGKILLed and restarted (every sandbox on the live members
+// adopted).
+func TestIncusClusterE2E(t *testing.T) {
+	env := loadClusterEnv(t)
+	// This build's envd and relay on every member.
+	clusterCmd(t, "push")
+	cfg, err := incus.LoadRemoteConfig(env["SANDBOXD_INCUS_URL"], env["SANDBOXD_INCUS_CLIENT_CERT"],
+		env["SANDBOXD_INCUS_CLIENT_KEY"], env["SANDBOXD_INCUS_SERVER_CERT"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := incus.NewRemoteClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := t.Context()
+	ms, err := c.ClusterMembers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Status != "Online" {
+			t.Fatalf("cluster member %s is %s before the test", m.Name, m.Status)
+		}
+	}
+	if len(ms) != 3 {
+		t.Fatalf("%d cluster members; want 3", len(ms))
+	}
+	locationOf := func(id string) string {
+		t.Helper()
+		in, err := c.Instance(ctx, incus.InstanceName("", id))
+		if err != nil {
+			t.Fatalf("instance of %s: %v", id, err)
+		}
+		return in.Location
+	}
+
+	e := newE2EEnv(t, "a", "b")
+	e.serveArgs = []string{"--backend", "incus",
+		"--incus-remote", env["SANDBOXD_INCUS_URL"],
+		"--incus-client-cert", env["SANDBOXD_INCUS_CLIENT_CERT"], "--incus-client-key", env["SANDBOXD_INCUS_CLIENT_KEY"],
+		"--incus-server-cert", env["SANDBOXD_INCUS_SERVER_CERT"],
+		"--incus-simple-quotas", "--incus-member-lost-after", "3s",
+		"--spare-min", "base=3",
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if stopped {
+			clusterCmd(t, "start", "2")
+		}
+	})
+	s := e.start()
+	ka, kb := e.keys["a"], e.keys["b"]
+
+	// Spare members: one on each member (placement by memory share).
+	e2eEventually(t, "3 spare members ready", 2*time.Minute, 200*time.Millisecond, func() (bool, string) {
+		n := s.gauge(t, `sandboxd_spare_members{state="ready",template="base"}`)
+		return n >= 3, fmt.Sprint(n)
+	})
+	spares := map[string]int{}
+	ins, err := c.Instances(ctx, "user.sandboxd.id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range ins {
+		spares[in.Location]++
+	}
+	if len(spares) != 3 {
+		t.Errorf("spare members by cluster member: %v; want all three", spares)
+	}
+
+	// Sandboxes of two tenants, on all three members; each runs a command.
+	byMember := map[string][]string{}
+	tokens := map[string]string{}
+	for i := range 6 {
+		key := ka
+		if i%2 == 1 {
+			key = kb
+		}
+		sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{"timeout": 600})
+		tokens[sb.SandboxID] = *sb.EnvdAccessToken
+		loc := locationOf(sb.SandboxID)
+		byMember[loc] = append(byMember[loc], sb.SandboxID)
+		if r := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "echo on-"+loc); r.stdout != "on-"+loc+"\n" {
+			t.Fatalf("command in %s: %q", sb.SandboxID, r.stdout)
+		}
+	}
+	if len(byMember) != 3 {
+		t.Fatalf("sandboxes by member: %v; want all three members used", byMember)
+	}
+	t.Logf("sandboxes by member: %v", byMember)
+	keyOf := func(id string) string {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.created[id]
+	}
+
+	// m2 dies.
+	victims := byMember["m2"]
+	if len(victims) == 0 {
+		t.Fatal("no sandbox on m2")
+	}
+	killed := time.Now()
+	clusterCmd(t, "stop", "2")
+	stopped = true
+	// Creates go on elsewhere.
+	var firstOK time.Duration
+	for time.Since(killed) < time.Minute {
+		r, err := s.tryDo(http.MethodPost, e2eAPIPrefix+"/v2/sandboxes", ka, map[string]any{"templateID": "base", "allow_internet_access": false, "timeout": 600}, nil)
+		if err == nil && r.status == http.StatusCreated {
+			sb := wantSandboxBody(t, "POST /v2/sandboxes", r.body)
+			e.track(sb.SandboxID, ka)
+			if loc := locationOf(sb.SandboxID); loc == "m2" {
+				t.Fatalf("a create after m2 died went to m2")
+			}
+			firstOK = time.Since(killed)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if firstOK == 0 {
+		t.Fatal("no create succeeded within a minute of m2's death")
+	}
+	t.Logf("first create elsewhere %v after m2 was stopped", firstOK)
+	// m2's sandboxes: no command runs, then they are reported gone.
+	for _, id := range victims {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		if _, err := s.run(rctx, id, tokens[id], "true"); err == nil {
+			t.Errorf("a command ran in %s after its member died", id)
+		}
+		cancel()
+	}
+	e2eEventually(t, "m2's sandboxes reported gone", time.Minute, 200*time.Millisecond, func() (bool, string) {
+		for _, id := range victims {
+			if r := s.api(t, http.MethodGet, "/sandboxes/"+id, keyOf(id), nil); r.status != http.StatusNotFound {
+				return false, fmt.Sprintf("%s: %d", id, r.status)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("m2's sandboxes reported gone %v after it was stopped", time.Since(killed))
+	for _, id := range slices.Concat(byMember["m1"], byMember["m3"]) {
+		s.mustRun(t, id, tokens[id], "true")
+	}
+
+	// m2 returns: its lost instances are deleted.
+	clusterCmd(t, "start", "2")
+	stopped = false
+	e2eEventually(t, "m2's lost instances deleted", 2*time.Minute, 500*time.Millisecond, func() (bool, string) {
+		left := incusInstancesOf(t, c, victims)
+		return len(left) == 0, fmt.Sprint(left)
+	})
+
+	// sandboxd killed and restarted: every live sandbox is adopted.
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s = e.start()
+	for _, id := range slices.Concat(byMember["m1"], byMember["m3"]) {
+		if d := s.get(t, keyOf(id), id); d.State != "running" {
+			t.Errorf("%s after the restart: %s", id, d.State)
+		}
+		s.mustRun(t, id, tokens[id], "true")
+	}
+}
