@@ -1038,7 +1038,7 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 // if needed; nil if in is not a live sandbox or is being deleted.
 func (b *Backend) adopt(in *Instance) *sandbox {
 	id := in.Config[keyID]
-	if !b.ours(in) || b.isLostInstance(in) {
+	if b.isLostInstance(in) || !b.ours(in) {
 		return nil
 	}
 	onDisk := in.Status == "Stopped" && in.Config[keyPaused] == pausedDisk
@@ -1134,8 +1134,8 @@ func (b *Backend) List(ctx context.Context) ([]*runtime.Sandbox, error) {
 		default:
 			continue
 		}
-		if !s.created || s.readyAt.After(t0) {
-			continue
+		if !s.created || s.readyAt.After(t0) || !b.memberUsable(s.member) {
+			continue // a member that does not answer lists stubs: see cluster.go
 		}
 		delete(b.sbx, id)
 		b.startDelete(id, s.name, s.dir, "")

@@ -336,7 +336,12 @@ func (c *Client) asyncQuery(ctx context.Context, method, path string, q url.Valu
 	return trimOperation(r.Operation), nil
 }
 
-func trimOperation(op string) string { return strings.TrimPrefix(op, "/1.0/operations/") }
+// trimOperation is the id in an operation's URL: a cluster member that
+// forwards a request answers with "/1.0/operations/<id>?project=default".
+func trimOperation(op string) string {
+	op, _, _ = strings.Cut(op, "?")
+	return strings.TrimPrefix(op, "/1.0/operations/")
+}
 
 // Operation is a background task of the daemon.
 type Operation struct {
@@ -594,7 +599,7 @@ func (c *Client) PatchInstance(ctx context.Context, name string, p InstancePatch
 		return err
 	}
 	if r.Type == "async" && r.Operation != "" {
-		_, err = c.Wait(ctx, strings.TrimPrefix(r.Operation, "/1.0/operations/"))
+		_, err = c.Wait(ctx, trimOperation(r.Operation))
 	}
 	return err
 }

@@ -63,7 +63,7 @@ func (c *Client) UploadImage(ctx context.Context, r io.Reader) (string, error) {
 	if resp.Type != "async" || resp.Operation == "" {
 		return "", newError(http.MethodPost, "/1.0/images", resp.StatusCode, "expected an async answer, got "+resp.Type)
 	}
-	op, err := c.Wait(ctx, strings.TrimPrefix(resp.Operation, "/1.0/operations/"))
+	op, err := c.Wait(ctx, trimOperation(resp.Operation))
 	if err != nil {
 		return "", err
 	}

@@ -235,3 +235,15 @@ func TestClientEndpoints(t *testing.T) {
 		t.Fatalf("after the failed POST the client stays on %s", c.endpoint())
 	}
 }
+
+func TestTrimOperation(t *testing.T) {
+	for in, want := range map[string]string{
+		"/1.0/operations/3b17d780":                 "3b17d780",
+		"/1.0/operations/3b17d780?project=default": "3b17d780", // a forwarding cluster member's
+		"3b17d780": "3b17d780",
+	} {
+		if got := trimOperation(in); got != want {
+			t.Errorf("trimOperation(%q) = %q; want %q", in, got, want)
+		}
+	}
+}

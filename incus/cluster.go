@@ -363,13 +363,23 @@ func (b *Backend) deleteLost(name string) {
 		}
 	}
 	c.mu.Unlock()
-	b.mu.Lock()
 	for inst, id := range todo {
+		if id == "" {
+			// Seen as a stub: its config tells now whose it is.
+			ctx, cancel := context.WithTimeout(b.closing, 30*time.Second)
+			in, err := b.c.Instance(ctx, inst)
+			cancel()
+			if err != nil || !b.ours(in) {
+				continue
+			}
+			id = in.Config[keyID]
+		}
+		b.mu.Lock()
 		if b.sbx[id] == nil {
 			b.startDelete(id, inst, "", "")
 		}
+		b.mu.Unlock()
 	}
-	b.mu.Unlock()
 	if len(todo) > 0 {
 		b.log.Info("incus cluster: deleting the instances of lost sandboxes", "member", name, "instances", len(todo))
 	}
@@ -378,6 +388,11 @@ func (b *Backend) deleteLost(name string) {
 // isLostInstance reports whether instance in belongs to a lost sandbox or
 // sits on a lost member; such an instance is remembered for deletion and
 // never adopted.
+//
+// Incus lists an instance on an offline member as a stub: status Error,
+// no config (so neither id nor namespace). A stub named like a sandbox's
+// instance is remembered too, without its id: whether it is ours is
+// checked once its member answers (deleteLost).
 func (b *Backend) isLostInstance(in *Instance) bool {
 	c := b.cluster
 	if c == nil {
@@ -388,11 +403,16 @@ func (b *Backend) isLostInstance(in *Instance) bool {
 	if _, ok := c.lost[in.Name]; ok {
 		return true
 	}
-	if m := c.members[in.Location]; m != nil && m.lost {
+	if m := c.members[in.Location]; m != nil && m.lost && sandboxInstanceName(in.Name) {
 		c.lost[in.Name] = lostInstance{id: in.Config[keyID], member: in.Location}
 		return true
 	}
 	return false
+}
+
+// sandboxInstanceName reports whether name is one InstanceName makes.
+func sandboxInstanceName(name string) bool {
+	return strings.HasPrefix(name, "sbx-") || strings.HasPrefix(name, "sbh-")
 }
 
 // watchCluster keeps the member list and the probes going until the backend
@@ -635,4 +655,17 @@ func (b *Backend) lostSandbox(id string) bool {
 	defer c.mu.Unlock()
 	_, ok := c.lost[b.instanceName(id)]
 	return ok
+}
+
+// memberUsable reports whether member name takes requests (always true off
+// cluster mode).
+func (b *Backend) memberUsable(name string) bool {
+	c := b.cluster
+	if c == nil {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.members[name]
+	return m != nil && m.usable()
 }

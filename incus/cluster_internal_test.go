@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,8 +23,22 @@ import (
 // name → GiB of memory, none of them probed; Incus is a fake that knows no
 // instance (so that deletions end at once).
 func clusterBackend(t *testing.T, members map[string]int) *Backend {
+	b, _ := clusterBackendAsked(t, members)
+	return b
+}
+
+// clusterBackendAsked is clusterBackend, with the set of instance names
+// Incus was asked about.
+func clusterBackendAsked(t *testing.T, members map[string]int) (*Backend, func() []string) {
 	t.Helper()
+	var mu sync.Mutex
+	asked := map[string]bool{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, ok := strings.CutPrefix(r.URL.Path, "/1.0/instances/"); ok {
+			mu.Lock()
+			asked[name] = true
+			mu.Unlock()
+		}
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{"type":"error","error":"Instance not found","error_code":404}`)
 	}))
@@ -35,9 +50,16 @@ func clusterBackend(t *testing.T, members map[string]int) *Backend {
 	for name, gib := range members {
 		cl.members[name] = &clusterMember{name: name, relay: name + ":8444", memory: uint64(gib) << 30, online: true}
 	}
-	return &Backend{
+	b := &Backend{
 		c: NewClientWith(srv.Client(), srv.URL), log: slog.New(slog.DiscardHandler), cluster: cl,
 		sbx: map[string]*sandbox{}, ips: map[netip.Addr]string{}, deleting: map[string]chan struct{}{},
+	}
+	b.closing, b.close = context.WithCancel(context.Background())
+	t.Cleanup(b.close)
+	return b, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Sorted(maps.Keys(asked))
 	}
 }
 
@@ -100,7 +122,7 @@ func TestPlace(t *testing.T) {
 // sandboxes (reported once each, forgotten, Destroy a no-op, its instances
 // never adopted); others stay; back again, their instances are deleted.
 func TestMemberLostAndBack(t *testing.T) {
-	b := clusterBackend(t, map[string]int{"m1": 4, "m2": 4})
+	b, asked := clusterBackendAsked(t, map[string]int{"m1": 4, "m2": 4})
 	addSandbox(b, "a", "m1", 512)
 	addSandbox(b, "b", "m1", 512)
 	addSandbox(b, "c", "m2", 512)
@@ -152,21 +174,32 @@ func TestMemberLostAndBack(t *testing.T) {
 	if s := b.adopt(other); s != nil {
 		t.Fatal("an instance on a lost member was adopted")
 	}
+	// What Incus lists for an instance on an offline member: no config.
+	stub := &Instance{Name: "sbx-f", Status: "Error", Location: "m1"}
+	if s := b.adopt(stub); s != nil || !b.lostSandbox("f") {
+		t.Fatal("a stub on a lost member was not remembered as lost")
+	}
+	if s := b.adopt(&Instance{Name: "sbl-layer", Status: "Error", Location: "m1"}); s != nil || len(b.cluster.lost) != 4 {
+		t.Fatalf("lost: %v; want a, b, e and the stub sbx-f only", b.cluster.lost)
+	}
 
 	b.cluster.members["m1"].failures = 0
 	b.settleMembers(t.Context(), t0.Add(3*time.Second))
 	if b.lostSandbox("a") || b.lostSandbox("e") {
 		t.Fatal("still lost after the member came back")
 	}
-	b.mu.Lock()
-	n := len(b.deleting)
-	waits := slices.Collect(maps.Values(b.deleting))
-	b.mu.Unlock()
-	if n != 3 {
-		t.Fatalf("%d deletions started; want 3 (a, b, e)", n)
-	}
-	if err := waitClosed(t.Context(), waits); err != nil {
+	if err := b.WaitDeletes(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	// Deleted: a, b and e (each asked about by removeInstance); the stub
+	// f asked about to learn whose it is (404 here: not ours, left).
+	if got, want := asked(), []string{"sbx-a", "sbx-b", "sbx-e", "sbx-f"}; !slices.Equal(got, want) {
+		t.Fatalf("Incus asked about %v; want %v", got, want)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.deleting) != 0 {
+		t.Fatalf("deletions left: %v", b.deleting)
 	}
 }
 

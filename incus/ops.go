@@ -476,7 +476,7 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		if !b.ours(in) || b.isLostInstance(in) {
+		if b.isLostInstance(in) || !b.ours(in) {
 			continue // a lost one is deleted when its member is back
 		}
 		b.mu.Lock()
