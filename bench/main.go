@@ -102,6 +102,7 @@ var scenarios = []scenario{
 	{"fairness", "tenant B's create latency while tenant A floods", fairnessScenario},
 	{"spare", "issue 24 with the default settings: a lone tenant's 100 and 50 concurrent creates, 200 vs a spare pool of 50, create → first command after a burst of 20", spareScenario},
 	{"incus", "incus launch --ephemeral vs sandboxd cold create", incusScenario},
+	{"cluster", "Incus cluster of 3 (scripts/incus-cluster.sh): cold create vs one member, proxy via relay vs host", clusterScenario},
 	{"sdk", "SDK-observed Sandbox.create() -> first commands.run('true') (Python and JS SDKs)", sdkScenario},
 	{"network", "warm claims with a 20-rule egress policy vs none, interleaved", networkScenario},
 	{"template", "template builds (5 steps, cold and cached) and creates of a template with a 2 s start, warm vs base", templateScenario},

@@ -13,6 +13,13 @@
 #   incus     the same with `sandboxd serve --backend incus` (needs Incus as
 #             scripts/incus-setup.sh prepares it); in addition no Incus
 #             instance made during the run may be left afterwards
+#   cluster   the incus mode on the three-member test cluster of
+#             scripts/incus-cluster.sh (`up` first): `sandboxd serve
+#             --backend incus --incus-remote …` with the cluster's env file,
+#             sandboxes spread over the members and reached through their
+#             relays; the network is the members' (no fake internet: the
+#             network suites skip); no instance of the run may be left on
+#             the cluster
 #   domain    the sandboxd mode reached as the SDKs' next major version
 #             reaches E2B: E2B_DOMAIN only (no E2B_API_URL/E2B_SANDBOX_URL),
 #             over TLS, by host routing. sandboxd serves HTTPS on a free
@@ -75,6 +82,13 @@ envd_bin=${COMPAT_ENVD:-$root/bin/envd}
 sandboxd_bin=${COMPAT_SANDBOXD:-$root/bin/sandboxd}
 suites=${COMPAT_SUITES:-js py}
 targets=${COMPAT_TARGET:-debug sandboxd}
+# cluster mode: the test cluster of scripts/incus-cluster.sh, its env file
+# and the host incus CLI's configuration pointing at it.
+cluster_env=/var/lib/sandboxd-cluster/env
+cluster_conf=/var/lib/sandboxd-cluster/incus
+incus_cli() {
+  if [[ ${mode_backend_cli:-} == cluster ]]; then INCUS_CONF=$cluster_conf incus "$@"; else incus "$@"; fi
+}
 log_dir=${COMPAT_LOG_DIR:-$(mktemp -d -t compat-tests.XXXXXX)}
 mkdir -p "$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
@@ -123,10 +137,13 @@ for t in $targets; do
       [[ -x $envd_bin ]] || die "$envd_bin is missing: run 'make build' first"
       [[ -x $sandboxd_bin ]] || die "$sandboxd_bin is missing: run 'make build' first" ;;&
     incus) incus query /1.0 >/dev/null 2>&1 || die "incus mode: Incus does not answer (run scripts/incus-setup.sh)" ;;
+    cluster)
+      [[ -r $cluster_env ]] || die "cluster mode: no $cluster_env (run scripts/incus-cluster.sh up)"
+      INCUS_CONF=$cluster_conf incus query /1.0 >/dev/null 2>&1 || die "cluster mode: the test cluster does not answer (scripts/incus-cluster.sh status)" ;;
     domain)
       ldconfig -p | grep libnss_myhostname >/dev/null || die "domain mode: libnss-myhostname is not installed (scripts/deps.sh installs it)" ;;
     debug|sandboxd) ;;
-    *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd, incus and/or domain)" ;;
+    *) die "COMPAT_TARGET: unknown mode '$t' (want debug, sandboxd, incus, cluster and/or domain)" ;;
   esac
 done
 
@@ -451,10 +468,25 @@ start_fakeinet() {
   inet_env=("COMPAT_INET_ONE=$one" "COMPAT_INET_TWO=$two")
 }
 
-run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), or incus
+run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), incus or cluster
   local mode=$1 data out left before= layers_before= mode_backend=local
-  if [[ $mode == incus ]]; then
+  mode_backend_cli=$mode
+  if [[ $mode == cluster ]]; then
+    # The Incus backend on the three-member test cluster, through its
+    # relays; the network is the members' (their relays' firewall), so no
+    # --egress-* here and no fake internet (the network suites skip).
     mode_backend=incus
+    # shellcheck disable=SC1090 # the cluster's env file
+    source "$cluster_env"
+    sbxd_args=(--backend incus --incus-remote "$SANDBOXD_INCUS_URL" --incus-client-cert "$SANDBOXD_INCUS_CLIENT_CERT"
+      --incus-client-key "$SANDBOXD_INCUS_CLIENT_KEY" --incus-server-cert "$SANDBOXD_INCUS_SERVER_CERT" --incus-simple-quotas)
+    before=$(incus_instances) || { echo "compat-tests: [cluster] cannot list the cluster's instances" >&2; total_fail=$((total_fail + 1)); return; }
+    # Volumes answer 501 on a remote Incus (incus/README.md): their tests skip.
+    export COMPAT_NO_VOLUMES=1
+    layers_before=$(incus_layers)
+  elif [[ $mode == incus ]]; then
+    mode_backend=incus
+    unset COMPAT_NO_VOLUMES
     # --egress-subnet: one outside the Incus backend's default 10.134.0.0/16
     # (whose random /24s the incus package's tests pick), so both can run
     # at once. Outside it, not a /24 of it: the rules of a sandboxd on the
@@ -466,7 +498,7 @@ run_sandboxd() { # run_sandboxd MODE: sandboxd or domain (local backend), or inc
     layers_before=$(incus_layers)
   else
     sbxd_args=()
-    unset COMPAT_NO_JS_KERNEL
+    unset COMPAT_NO_JS_KERNEL COMPAT_NO_VOLUMES
   fi
   # The code-interpreter template's build pip-installs from PyPI and
   # npm-installs Deno from the registry npm is configured with here. Where
@@ -491,13 +523,23 @@ for h in hosts:
 print(",".join(sorted(i + "/32" for i in ips if not ipaddress.ip_address(i).is_global)))
 EOF2
 )
-  if [[ -n $pypi ]]; then
+  if [[ $mode == cluster ]]; then
+    # This build's envd and relay on every member; the relays' firewall
+    # gets the allowance (the members' network is theirs).
+    [[ -n $pypi ]] && echo "compat-tests: [cluster] PyPI or npm's registry resolves to $pypi here: the members' relays get --egress-allow-cidr for the code-interpreter build"
+    if ! out=$(RELAY_EGRESS_ALLOW=$pypi SANDBOXD_BIN=$(dirname "$sandboxd_bin") "$root/scripts/incus-cluster.sh" push 2>&1); then
+      echo "$out" >&2; echo "compat-tests: [cluster] incus-cluster.sh push failed" >&2
+      total_fail=$((total_fail + 1)); return
+    fi
+  elif [[ -n $pypi ]]; then
     echo "compat-tests: PyPI or npm's registry resolves to $pypi here: sandboxd gets --egress-allow-cidr for the code-interpreter build"
     sbxd_args+=("--egress-allow-cidr=$pypi")
     [[ $mode != incus ]] && sbxd_args+=(--egress-subnet "${COMPAT_EGRESS_SUBNET:-10.198.0.0/16}")
   fi
   start_registry || { total_fail=$((total_fail + 1)); return; }
-  start_fakeinet || total_fail=$((total_fail + 1))
+  if [[ $mode != cluster ]]; then
+    start_fakeinet || total_fail=$((total_fail + 1))
+  fi
   data=$(mktemp -d -t compat-sandboxd.XXXXXX); tmp_dirs+=("$data")
   sbxd_run=/run/sandboxd/compat-$mode-$(date +%s)-$$-$RANDOM
   sbxd_port=$(free_port)
@@ -585,7 +627,7 @@ EOF2
   stop "$reg_pid"; reg_pid=
   [[ -n $inet_pid ]] && stop "$inet_pid"
   inet_pid= inet_env=()
-  if [[ $mode == incus ]]; then
+  if [[ $mode == incus || $mode == cluster ]]; then
     # Destroy deletes in the background; sandboxd waits for those deletions
     # at SIGTERM, so every instance made during the run must be gone now.
     local after new
@@ -594,15 +636,15 @@ EOF2
     else
       new=$(comm -13 <(echo "$before") <(echo "$after"))
       if [[ -n $new ]]; then
-        echo "compat-tests: [incus] Incus instances left after sandboxd stopped: $(echo $new)" >&2
+        echo "compat-tests: [$mode] Incus instances left after sandboxd stopped: $(echo $new)" >&2
         total_fail=$((total_fail + $(wc -l <<<"$new")))
-        summary+=("[incus] leaks: $(wc -l <<<"$new") Incus instance(s) left")
+        summary+=("[$mode] leaks: $(wc -l <<<"$new") Incus instance(s) left")
       fi
     fi
     # The run's templates lived in its throw-away data dir; their layer
     # instances would stay on the pool run after run.
     local l
-    for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus delete "$l" >/dev/null 2>&1; done
+    for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus_cli delete "$l" >/dev/null 2>&1; done
   fi
 }
 
@@ -614,7 +656,7 @@ EOF2
 incus_instances() { incus_list 'not i["name"].startswith("sbl-")'; }
 incus_layers() { incus_list 'i["name"].startswith("sbl-") and "user.sandboxd.layer" in i["config"]'; }
 incus_list() {
-  incus query '/1.0/instances?recursion=1' | python3 -c '
+  incus_cli query '/1.0/instances?recursion=1' | python3 -c '
 import json, sys
 print("\n".join(sorted(i["name"] for i in json.load(sys.stdin)
                         if not i["config"].get("user.sandboxd.namespace") and ('"$1"'))))'
@@ -634,6 +676,7 @@ for t in $targets; do
     debug) run_debug ;;
     sandboxd) run_sandboxd sandboxd ;;
     incus) run_sandboxd incus ;;
+    cluster) run_sandboxd cluster ;;
     domain) run_sandboxd domain ;;
   esac
 done

@@ -765,9 +765,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	if err != nil {
 		return nil, wrap("config", err)
 	}
-	if s.member != singleMember {
-		req.Target = s.member
-	}
+	req.Target = targetOf(s.member)
 	if forkSrc != "" {
 		// A copy of the source's root volume (a btrfs snapshot: one
 		// moment's files) under this sandbox's config and devices, which

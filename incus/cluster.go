@@ -64,6 +64,9 @@ type ClusterOptions struct {
 	// for sandboxes with internet access. Default
 	// /var/lib/sandboxd-relay/resolv.conf.
 	MemberResolvConf string
+	// Members, when set, are the only members sandboxes are placed on (a
+	// cluster shared with other workloads; or one member, to compare).
+	Members []string
 	// SimpleQuotas says that the members' pools keep btrfs simple quotas
 	// (squota, as scripts/incus-setup.sh and incus-cluster.sh turn on): a
 	// root's size then limits what the sandbox writes. Otherwise the sizes
@@ -481,7 +484,7 @@ func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
 	defer c.mu.Unlock()
 	best, bestShare := "", 0.0
 	for name, m := range c.members {
-		if want != "" && name != want {
+		if want != "" && name != want || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
 			continue
 		}
 		if !m.usable() || m.lost || m.memory == 0 {
@@ -668,4 +671,12 @@ func (b *Backend) memberUsable(name string) bool {
 	defer c.mu.Unlock()
 	m := c.members[name]
 	return m != nil && m.usable()
+}
+
+// targetOf is the ?target= of an instance on member ("" off a cluster).
+func targetOf(member string) string {
+	if member == singleMember {
+		return ""
+	}
+	return member
 }

@@ -78,6 +78,7 @@ func TestPlace(t *testing.T) {
 		down      []string
 		lost      []string
 		want      string // the member required
+		only      []string
 		memMiB    int
 		placed    string
 		err       error
@@ -92,10 +93,13 @@ func TestPlace(t *testing.T) {
 		{name: "lost member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, lost: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "none usable", members: map[string]int{"m1": 4}, down: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: "m1", memMiB: 512, placed: "m1"},
+		{name: "only the members given", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m3": {512}}, only: []string{"m3"}, memMiB: 512, placed: "m3"},
+		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
 		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := clusterBackend(t, tc.members)
+			b.cluster.opts.Members = tc.only
 			for m, mems := range tc.sandboxes {
 				for i, mem := range mems {
 					addSandbox(b, m+"-"+string(rune('a'+i)), m, mem)

@@ -144,7 +144,9 @@ func (b *Backend) isLayer(in *Instance) bool {
 // to layerName(key). When that name is taken (a concurrent making of the
 // same key), the layer is there and the temporary instance goes. On any
 // failure the temporary instance is deleted.
-func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src InstanceSource) (err error) {
+// target is the cluster member to make it on ("": any; a copy must be on
+// its source's member).
+func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src InstanceSource, target string) (err error) {
 	tmp := layerTempPrefix + b.owner + "-" + strings.ToLower(rand.Text()[:12])
 	cfg := map[string]string{keyLayer: key, keyStack: strings.Join(stack, ","), keyOwner: b.owner}
 	if b.opts.Namespace != "" {
@@ -152,7 +154,7 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 	}
 	devices := map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": b.opts.Pool}}
 	opID, err := b.c.CreateInstance(ctx, InstancesPost{
-		Name: tmp, Type: "container", Source: src, Config: cfg, Devices: devices, Profiles: []string{},
+		Name: tmp, Type: "container", Source: src, Config: cfg, Devices: devices, Profiles: []string{}, Target: target,
 	})
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
@@ -269,7 +271,7 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 		}
 	}()
 	stack := append(slices.Clone(s.stack), key)
-	if err := b.makeLayer(ctx, key, stack, InstanceSource{Type: "copy", Source: s.name + "/" + snap}); err != nil {
+	if err := b.makeLayer(ctx, key, stack, InstanceSource{Type: "copy", Source: s.name + "/" + snap}, targetOf(s.member)); err != nil {
 		return fmt.Errorf("commit sandbox %s: layer %s: %w", id, key, err)
 	}
 	return nil
@@ -312,7 +314,7 @@ func (b *Backend) ImportImage(ctx context.Context, key string, img v1.Image) err
 			b.log.Warn("incus: delete an imported layer's image", "layer", key, "image", fp, "err", err)
 		}
 	}()
-	if err := b.makeLayer(ctx, key, []string{"", key}, InstanceSource{Type: "image", Fingerprint: fp}); err != nil {
+	if err := b.makeLayer(ctx, key, []string{"", key}, InstanceSource{Type: "image", Fingerprint: fp}, ""); err != nil {
 		return fmt.Errorf("import image as layer %s: %w", key, err)
 	}
 	return nil
@@ -563,7 +565,7 @@ func (b *Backend) migrateLayerImages(ctx context.Context) error {
 		if err == nil && !have {
 			t0 := time.Now()
 			stack := strings.Split(im.Properties[propStack], ",")
-			err = b.makeLayer(ctx, key, stack, InstanceSource{Type: "image", Fingerprint: im.Fingerprint})
+			err = b.makeLayer(ctx, key, stack, InstanceSource{Type: "image", Fingerprint: im.Fingerprint}, "")
 			if err == nil {
 				b.log.Info("incus: layer image made a layer instance", "layer", key, "image", im.Fingerprint, "took", time.Since(t0))
 			}

@@ -52,6 +52,11 @@ func (b *Backend) CreateVolume(ctx context.Context, id string, sizeMB int) error
 	if !runtime.ValidID(id) || sizeMB < 8 {
 		return fmt.Errorf("create volume %s: %w: bad id or size %d MiB (at least 8)", id, runtime.ErrInvalidSpec, sizeMB)
 	}
+	if b.cluster != nil {
+		// A volume's files are on one member, and the content API reads
+		// them through the host's filesystem (OpenVolume).
+		return fmt.Errorf("create volume %s: %w: volumes on a remote Incus or a cluster", id, runtime.ErrUnsupported)
+	}
 	// security.shifted: attached through idmapped mounts, never shifted on
 	// disk, so the files keep the ids the sandboxes see (and the content
 	// API reads them as such) whichever container attached them first.

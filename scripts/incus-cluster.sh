@@ -67,6 +67,10 @@
 #   STATE          state directory                   (default /var/lib/sandboxd-cluster)
 #   CACHE          cache directory                   (default /var/cache/sandboxd/cluster)
 #   MEMBER_MEMORY  limits.memory of each member      (default 4GiB)
+#   RELAY_EGRESS_ALLOW  CIDRs (comma-separated) the relays' firewall lets
+#                  sandboxes with internet reach although private or
+#                  special-purpose (their --egress-allow-cidr), e.g. a
+#                  package mirror on such an address; default none
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -497,7 +501,7 @@ StartLimitIntervalSec=0
 
 [Service]
 EnvironmentFile=/etc/sandboxd-relay.env
-ExecStart=$LIB/sandboxd relay --listen \${RELAY_ADDR}:8444 --cert /var/lib/incus/cluster.crt --key /var/lib/incus/cluster.key --client-cert $LIB/client.crt --sandbox-subnet $SANDBOX_SUBNET
+ExecStart=$LIB/sandboxd relay --listen \${RELAY_ADDR}:8444 --cert /var/lib/incus/cluster.crt --key /var/lib/incus/cluster.key --client-cert $LIB/client.crt --sandbox-subnet $SANDBOX_SUBNET${RELAY_EGRESS_ALLOW:+ --egress-allow-cidr=$RELAY_EGRESS_ALLOW}
 Restart=always
 RestartSec=1
 

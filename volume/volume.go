@@ -165,6 +165,8 @@ func backendErr(err error) error {
 		return fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
 	case errors.Is(err, runtime.ErrAlreadyExists):
 		return fmt.Errorf("%w: %w", errdefs.ErrConflict, err)
+	case errors.Is(err, runtime.ErrUnsupported):
+		return errdefs.New(errdefs.ErrNotImplemented, err.Error())
 	}
 	return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 }

@@ -60,3 +60,18 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	})
 	return err
 }
+
+// listFlag collects a repeated flag's values, each of which may also be a
+// comma-separated list (the form SANDBOXD_<FLAG> and a --config file give).
+type listFlag []string
+
+func (f *listFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*f = append(*f, s)
+		}
+	}
+	return nil
+}

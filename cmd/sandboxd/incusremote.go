@@ -45,5 +45,6 @@ func (o *remoteOpts) open() (*incus.Client, *incus.ClusterOptions, error) {
 		MemberEnvd:    o.memberEnvd,
 		LostAfter:     o.lostAfter,
 		SimpleQuotas:  o.simpleQuotas,
+		Members:       o.members,
 	}, nil
 }

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -41,7 +40,7 @@ func relayCmd(args []string) error {
 		resolvConf  = fs.String("resolv-conf", "/var/lib/sandboxd-relay/resolv.conf", "where to write the resolv.conf of sandboxes with internet access, which the backend binds into them")
 		noFirewall  = fs.Bool("no-firewall", false, "leave the member's nftables table and ip_forward alone (another table manages them, or a test); the relay still marks its connections to sandboxes (SO_MARK, which needs CAP_NET_ADMIN)")
 		logLevel    = fs.String("log-level", "info", "debug (a line per pipe), info, warn or error")
-		clientCerts certFilesFlag
+		clientCerts listFlag
 		allow       cidrFlag
 		dns         addrFlag
 	)
@@ -71,7 +70,7 @@ func relayCmd(args []string) error {
 	if len(clientCerts) == 0 {
 		return errors.New("relay: --client-cert: give the certificate of at least one sandboxd")
 	}
-	pins, err := clientCerts.load()
+	pins, err := loadPins(clientCerts)
 	if err != nil {
 		return err
 	}
@@ -134,23 +133,8 @@ func relayCmd(args []string) error {
 	return nil
 }
 
-// certFilesFlag collects repeated --client-cert flags (or comma-separated
-// lists, as SANDBOXD_CLIENT_CERT and a --config file give them).
-type certFilesFlag []string
-
-func (f *certFilesFlag) String() string { return strings.Join(*f, ",") }
-
-func (f *certFilesFlag) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*f = append(*f, s)
-		}
-	}
-	return nil
-}
-
-// load reads the certificates, DER.
-func (f certFilesFlag) load() ([][]byte, error) {
+// loadPins reads the certificate files of --client-cert, DER.
+func loadPins(f listFlag) ([][]byte, error) {
 	var ders [][]byte
 	for _, name := range f {
 		raw, err := os.ReadFile(name)

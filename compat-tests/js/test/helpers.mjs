@@ -23,6 +23,8 @@ export const TARGET = process.env.COMPAT_TARGET || 'debug'
 export const SANDBOXD = TARGET === 'sandboxd'
 /** sandboxd's backend in sandboxd mode (run.sh's incus mode sets `incus`). */
 export const BACKEND = process.env.COMPAT_BACKEND || 'local'
+// run.sh's cluster mode: volumes answer 501 on a remote Incus (incus/README.md).
+export const NO_VOLUMES = process.env.COMPAT_NO_VOLUMES ? 'volumes are not supported on this backend (COMPAT_NO_VOLUMES)' : false
 if (TARGET !== 'debug' && TARGET !== 'sandboxd') throw new Error(`COMPAT_TARGET=${TARGET}: want debug or sandboxd`)
 
 const isLoopback = (u) => {

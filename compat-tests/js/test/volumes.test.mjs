@@ -4,9 +4,9 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b'
-import { newSandbox, SANDBOXD_ONLY } from './helpers.mjs'
+import { newSandbox, NO_VOLUMES, SANDBOXD_ONLY } from './helpers.mjs'
 
-const T = { ...SANDBOXD_ONLY, timeout: 120_000 }
+const T = { ...SANDBOXD_ONLY, timeout: 120_000, ...(NO_VOLUMES && { skip: NO_VOLUMES }) }
 const name = (p) => `${p}-js-${Date.now().toString(36)}-${Math.floor(Math.random() * 1e6)}`
 
 test('volume: create, content API, mounted in two sandboxes, delete', T, async (t) => {

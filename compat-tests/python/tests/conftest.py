@@ -23,6 +23,8 @@ TARGET = os.environ.get("COMPAT_TARGET") or "debug"
 SANDBOXD = TARGET == "sandboxd"
 # sandboxd's backend in sandboxd mode (run.sh's incus mode sets "incus").
 BACKEND = os.environ.get("COMPAT_BACKEND") or "local"
+# run.sh's cluster mode: volumes answer 501 on a remote Incus (incus/README.md).
+NO_VOLUMES = bool(os.environ.get("COMPAT_NO_VOLUMES"))
 if TARGET not in ("debug", "sandboxd"):
     raise RuntimeError(f"COMPAT_TARGET={TARGET}: want debug or sandboxd")
 # run.sh's domain mode: E2B_DOMAIN only, TLS, host routing.

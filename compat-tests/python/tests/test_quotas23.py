@@ -10,7 +10,7 @@ import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import VolumeException
 
-from conftest import SANDBOXD
+from conftest import NO_VOLUMES, SANDBOXD
 
 pytestmark = [
     pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only (COMPAT_TARGET=sandboxd)"),
@@ -28,6 +28,7 @@ RUN = secrets.token_hex(4)
     ],
     ids=["count", "size"],
 )
+@pytest.mark.skipif(NO_VOLUMES, reason="volumes are not supported on this backend (COMPAT_NO_VOLUMES)")
 def test_volume_quota(env: str, want: str):
     api_key = os.environ.get(env)
     if not api_key:

@@ -10,9 +10,12 @@ import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import VolumeException, VolumeNotFoundException, VolumePathNotFoundException
 
-from conftest import SANDBOXD
+from conftest import NO_VOLUMES, SANDBOXD
 
-pytestmark = pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only")
+pytestmark = [
+    pytest.mark.skipif(not SANDBOXD, reason="sandboxd mode only"),
+    pytest.mark.skipif(NO_VOLUMES, reason="volumes are not supported on this backend (COMPAT_NO_VOLUMES)"),
+]
 
 
 def _name(p: str) -> str:
