@@ -5,8 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/incus"
 )
 
 // The cluster scenario (issue 27): sandboxd's Incus backend on the
@@ -112,6 +117,118 @@ func clusterScenario(ctx context.Context, b *Bench) error {
 	}
 	pr.Goal = "≤ +1 ms p50 over the local case"
 	b.add(pr, lo)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return clusterFailover(ctx, b, env, append(append([]string{}, cold...), remote...))
+}
+
+// clusterFailover: a member stopped (`incus-cluster.sh stop N`, its
+// container forced off, as a machine losing power) while a client creates
+// sandboxes every 20 ms; the time from the stop to the first create that
+// succeeds. Two cases: a member that does not lead the cluster's database,
+// and the one that does (Incus' writes wait for a new leader). The member
+// is started again after each round (≈ 15 s).
+func clusterFailover(ctx context.Context, b *Bench, env map[string]string, args []string) error {
+	script := filepath.Join(b.cfg.Root, "scripts", "incus-cluster.sh")
+	h, err := b.startIncusSide(ctx, args...)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	// A sandbox on every member first, so that the stopped one holds some.
+	for range 3 {
+		if _, err := h.create(ctx, false); err != nil {
+			return fmt.Errorf("failover: create: %w", err)
+		}
+	}
+	cluster := func(args ...string) error {
+		out, err := exec.CommandContext(context.WithoutCancel(ctx), "bash", append([]string{script}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("incus-cluster.sh %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	// Which member leads the cluster's database changes as members die and
+	// come back: asked before every round.
+	leader := func() (string, []string, error) {
+		cfg, err := incus.LoadRemoteConfig(env["SANDBOXD_INCUS_URL"], env["SANDBOXD_INCUS_CLIENT_CERT"],
+			env["SANDBOXD_INCUS_CLIENT_KEY"], env["SANDBOXD_INCUS_SERVER_CERT"])
+		if err != nil {
+			return "", nil, err
+		}
+		c, err := incus.NewRemoteClient(cfg)
+		if err != nil {
+			return "", nil, err
+		}
+		defer c.Close()
+		ms, err := c.ClusterMembers(ctx)
+		if err != nil {
+			return "", nil, err
+		}
+		lead, others := "", []string(nil)
+		for _, m := range ms {
+			if slices.Contains(m.Roles, "database-leader") {
+				lead = m.Name
+			} else {
+				others = append(others, m.Name)
+			}
+		}
+		if lead == "" || len(others) == 0 {
+			return "", nil, fmt.Errorf("failover: no database leader among %v", ms)
+		}
+		return lead, others, nil
+	}
+	for _, victim := range []struct {
+		leader      bool
+		label, note string
+	}{
+		{false, "a member killed → first create that succeeds elsewhere", "a member that does not lead the cluster's database, stopped with `incus stop -f`; creates every 20 ms"},
+		{true, "the database leader's member killed → first create that succeeds", "the member leading the cluster's database (m1 at first: also sandboxd's Incus address), stopped with `incus stop -f`; creates every 20 ms"},
+	} {
+		var first []time.Duration
+		errs := 0
+		for range b.iters(1, 50, 2) {
+			lead, others, err := leader()
+			if err != nil {
+				return err
+			}
+			name := others[len(others)-1]
+			if victim.leader {
+				name = lead
+			}
+			n := strings.TrimPrefix(name, "m") // member mN is container sbdc-N
+			b.logf("failover: stopping %s (database leader: %s)", name, lead)
+			if err := cluster("stop", n); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			var took time.Duration
+			for time.Since(t0) < time.Minute {
+				t1 := time.Now()
+				sb, err := h.create(ctx, false)
+				if err == nil {
+					took = time.Since(t0)
+					_ = h.destroy(ctx, sb.ID)
+					break
+				}
+				b.logf("failover %s: create after %v failed in %v: %v", name, time.Since(t0), time.Since(t1), err)
+				time.Sleep(20 * time.Millisecond)
+			}
+			if took == 0 {
+				errs++
+			} else {
+				first = append(first, took)
+			}
+			if err := cluster("start", n); err != nil {
+				return err
+			}
+		}
+		d := durDist("cluster", victim.label, first, errs)
+		d.Goal = "≤ 2 s"
+		d.Note = victim.note
+		b.add(d)
+	}
 	return nil
 }
 

@@ -73,6 +73,16 @@ func (c *Client) endpointLocked() string {
 	return c.endpoints[c.cur%len(c.endpoints)]
 }
 
+// Avoid moves the client off address u (https://host:port) if it is the
+// one in use: the caller knows that server is down (the cluster's probes).
+func (c *Client) Avoid(u string) {
+	p, err := url.Parse(u)
+	if err != nil {
+		return
+	}
+	c.failed("https://" + p.Host)
+}
+
 // failed moves off endpoint ep after a transport error, unless another
 // request did already; it reports whether there is another to try.
 func (c *Client) failed(ep string) bool {
@@ -141,7 +151,12 @@ func NewRemoteClient(cfg RemoteConfig) (*Client, error) {
 		tc.InsecureSkipVerify = true // replaced by the pin below
 		tc.VerifyPeerCertificate = pinned
 	}
-	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
+	// A dial bounded well under the callers' deadlines: a member that
+	// died leaves its address unanswered (no RST), and only a dial error,
+	// not a caller's deadline, moves the client to another member.
+	d := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}
+	tr := &http.Transport{TLSClientConfig: tc, DialContext: d.DialContext, TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
 	return &Client{hc: &http.Client{Transport: tr}, base: "https://" + u.Host}, nil
 }
 

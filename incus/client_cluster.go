@@ -16,6 +16,9 @@ type ClusterMember struct {
 	// Status is Online, Offline, Evacuated or Blocked.
 	Status  string `json:"status"`
 	Message string `json:"message"`
+	// Roles has "database-leader" on the member that leads the cluster's
+	// database.
+	Roles []string `json:"roles"`
 }
 
 // ClusterMembers lists the members of the cluster the client talks to; a

@@ -106,6 +106,7 @@ var ErrNoCapacity = fmt.Errorf("%w: no cluster member has room", runtime.ErrUnav
 // clusterMember is sandboxd's view of one member.
 type clusterMember struct {
 	name   string
+	api    string // its Incus API URL
 	relay  string // host:port of its relay
 	memory uint64 // bytes
 	online bool   // per Incus
@@ -117,7 +118,14 @@ type clusterMember struct {
 	lost bool
 }
 
-func (m *clusterMember) usable() bool { return m.online && m.failures < 2 }
+// reachable: its relay answers (fewer than two failed probes in a row).
+// Only this decides that a member is down and its sandboxes lost: Incus
+// marks every member offline while its database has no leader (the
+// leader sends the heartbeats), so "offline" there can be a living member.
+func (m *clusterMember) reachable() bool { return m.failures < 2 }
+
+// usable: reachable and online in Incus, where creates go first.
+func (m *clusterMember) usable() bool { return m.online && m.reachable() }
 
 // cluster is the backend's cluster state; nil on a single host.
 type cluster struct {
@@ -216,7 +224,7 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		c.mu.Unlock()
 		var mem uint64
 		if !known && m.Status == "Online" {
-			if r, err := b.c.Resources(ctx, m.Name); err == nil {
+			if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
 				mem = r.Memory.Total
 			} else {
 				b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
@@ -227,6 +235,7 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 			cm = &clusterMember{name: m.Name}
 			c.members[m.Name] = cm
 		}
+		cm.api = m.URL
 		cm.relay = net.JoinHostPort(u.Hostname(), strconv.Itoa(c.opts.RelayPort))
 		if mem > 0 {
 			cm.memory = mem
@@ -291,11 +300,11 @@ func (b *Backend) probe(ctx context.Context) {
 // its lost instances deleted.
 func (b *Backend) settleMembers(ctx context.Context, now time.Time) {
 	c := b.cluster
-	var lose, back []string
+	var lose, back, avoid []string
 	c.mu.Lock()
 	for name, m := range c.members {
 		switch {
-		case m.usable():
+		case m.reachable():
 			if !m.downSince.IsZero() {
 				b.log.Info("incus cluster: member usable again", "member", name, "down_for", now.Sub(m.downSince))
 			}
@@ -306,14 +315,18 @@ func (b *Backend) settleMembers(ctx context.Context, now time.Time) {
 			}
 		case m.downSince.IsZero():
 			m.downSince = now
-			b.log.Warn("incus cluster: member unusable; no new sandboxes there", "member", name,
+			b.log.Warn("incus cluster: member unreachable; no new sandboxes there", "member", name,
 				"online", m.online, "failed_probes", m.failures)
+			avoid = append(avoid, m.api) // the client's next request goes elsewhere
 		case !m.lost && now.Sub(m.downSince) >= c.opts.LostAfter:
 			m.lost = true
 			lose = append(lose, name)
 		}
 	}
 	c.mu.Unlock()
+	for _, u := range avoid {
+		b.c.Avoid(u)
+	}
 	for _, name := range lose {
 		b.loseMember(name)
 	}
@@ -419,26 +432,35 @@ func sandboxInstanceName(name string) bool {
 }
 
 // watchCluster keeps the member list and the probes going until the backend
-// closes.
+// closes, each on its own: a member list read while a member dies can
+// block for Incus' heartbeat timeout (≈ 20 s), and the probes must not
+// wait for it.
 func (b *Backend) watchCluster() {
 	c := b.cluster
-	probe := time.NewTicker(c.opts.ProbeInterval)
-	defer probe.Stop()
-	refresh := time.NewTicker(c.opts.RefreshInterval)
-	defer refresh.Stop()
-	for {
-		select {
-		case <-b.closing.Done():
-			return
-		case <-refresh.C:
-			ctx, cancel := context.WithTimeout(b.closing, c.opts.RefreshInterval)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		every(b.closing, c.opts.RefreshInterval, func(ctx context.Context) {
 			if err := b.refreshMembers(ctx); err != nil {
 				b.log.Warn("incus cluster: refresh members", "err", err)
 			}
-			cancel()
-		case <-probe.C:
-			ctx, cancel := context.WithTimeout(b.closing, c.opts.ProbeInterval)
-			b.probe(ctx)
+		})
+	})
+	every(b.closing, c.opts.ProbeInterval, b.probe)
+	wg.Wait()
+}
+
+// every runs fn each interval, with a context bounded by it, until ctx
+// ends.
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fctx, cancel := context.WithTimeout(ctx, interval)
+			fn(fctx)
 			cancel()
 		}
 	}
@@ -460,7 +482,7 @@ func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for name, m := range c.members {
-		if !m.usable() {
+		if !m.reachable() {
 			m.lost = true
 			b.log.Warn("incus cluster: member down at start; its sandboxes are lost", "member", name)
 		}
@@ -482,12 +504,31 @@ func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
 	need := uint64(spec.MemoryMB) << 20
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	best := c.pick(want, used, count, need, (*clusterMember).usable)
+	if best == "" {
+		// None that Incus calls online: while the cluster's database
+		// elects a new leader it calls them all offline. Members whose
+		// relay answers are tried then.
+		best = c.pick(want, used, count, need, (*clusterMember).reachable)
+	}
+	if best == "" {
+		if want != "" {
+			return "", fmt.Errorf("%w: member %s, where the sandbox's storage is, is down or full", ErrNoCapacity, want)
+		}
+		return "", ErrNoCapacity
+	}
+	return best, nil
+}
+
+// pick is place's choice among the members ok accepts; "" if none has
+// room. The caller holds c.mu.
+func (c *cluster) pick(want string, used map[string]uint64, count map[string]int, need uint64, ok func(*clusterMember) bool) string {
 	best, bestShare := "", 0.0
 	for name, m := range c.members {
 		if want != "" && name != want || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
 			continue
 		}
-		if !m.usable() || m.lost || m.memory == 0 {
+		if !ok(m) || m.lost || m.memory == 0 {
 			continue
 		}
 		budget := float64(m.memory) * c.opts.MemoryShare
@@ -499,13 +540,7 @@ func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
 			best, bestShare = name, share
 		}
 	}
-	if best == "" {
-		if want != "" {
-			return "", fmt.Errorf("%w: member %s, where the sandbox's storage is, is down or full", ErrNoCapacity, want)
-		}
-		return "", ErrNoCapacity
-	}
-	return best, nil
+	return best
 }
 
 // allocate returns a free address of the sandbox subnet; the caller holds
@@ -555,7 +590,7 @@ func (b *Backend) dialCluster(ctx context.Context, s *sandbox, port int) (net.Co
 	c := b.cluster
 	c.mu.Lock()
 	m := c.members[s.member]
-	down := m == nil || !m.usable()
+	down := m == nil || !m.reachable()
 	addr := ""
 	if m != nil {
 		addr = m.relay
@@ -617,8 +652,19 @@ func (b *Backend) storageMember(ctx context.Context, spec runtime.Spec, im *root
 	return "", fmt.Errorf("%w: its source and volumes are on different cluster members (%v)", runtime.ErrInvalidSpec, want)
 }
 
-// layerMember is the member of layer instance name; layers never move, so
-// the answer is kept.
+// forgetLayerMember drops what layerMember keeps of layer instance name,
+// which is being made or removed.
+func (b *Backend) forgetLayerMember(name string) {
+	if c := b.cluster; c != nil {
+		c.mu.Lock()
+		delete(c.layers, name)
+		c.mu.Unlock()
+	}
+}
+
+// layerMember is the member of layer instance name; a layer never moves,
+// so the answer is kept until the layer is removed or made again (the
+// same key may then land on another member).
 func (b *Backend) layerMember(ctx context.Context, name string) (string, error) {
 	c := b.cluster
 	c.mu.Lock()

@@ -79,6 +79,7 @@ func TestPlace(t *testing.T) {
 		lost      []string
 		want      string // the member required
 		only      []string
+		offline   []string // as Incus says; their relays answer
 		memMiB    int
 		placed    string
 		err       error
@@ -93,6 +94,8 @@ func TestPlace(t *testing.T) {
 		{name: "lost member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, lost: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "none usable", members: map[string]int{"m1": 4}, down: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: "m1", memMiB: 512, placed: "m1"},
+		{name: "offline in Incus avoided", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, offline: []string{"m1"}, memMiB: 512, placed: "m2"},
+		{name: "all offline in Incus, relays answer", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, offline: []string{"m1", "m2"}, memMiB: 512, placed: "m2"},
 		{name: "only the members given", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m3": {512}}, only: []string{"m3"}, memMiB: 512, placed: "m3"},
 		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
 		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
@@ -110,6 +113,9 @@ func TestPlace(t *testing.T) {
 			}
 			for _, m := range tc.lost {
 				b.cluster.members[m].lost = true
+			}
+			for _, m := range tc.offline {
+				b.cluster.members[m].online = false
 			}
 			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB}, tc.want)
 			if !errors.Is(err, tc.err) || got != tc.placed {
@@ -135,6 +141,16 @@ func TestMemberLostAndBack(t *testing.T) {
 	var mu sync.Mutex
 	var lost []string
 	b.OnLost(func(id string) { mu.Lock(); lost = append(lost, id); mu.Unlock() })
+
+	// Incus calls a member offline (its database lost its leader) while
+	// its relay answers: nothing is lost, however long.
+	b.cluster.members["m2"].online = false
+	b.settleMembers(t.Context(), time.Now())
+	b.settleMembers(t.Context(), time.Now().Add(time.Hour))
+	if b.sbx["c"] == nil || b.cluster.members["m2"].lost {
+		t.Fatal("a member offline in Incus but reachable lost its sandboxes")
+	}
+	b.cluster.members["m2"].online = true
 
 	t0 := time.Now()
 	b.cluster.members["m1"].failures = 2

@@ -188,6 +188,7 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 		return fmt.Errorf("set config: %w", err)
 	}
 	err = b.c.RenameInstance(ctx, tmp, b.layerName(key))
+	b.forgetLayerMember(b.layerName(key))
 	if errors.Is(err, runtime.ErrAlreadyExists) && b.awaitLayer(ctx, key) {
 		dropTemp() // a concurrent making of key won
 		return nil
@@ -379,7 +380,9 @@ func (b *Backend) RemoveLayer(ctx context.Context, key string) error {
 	if err := waitClosed(ctx, waits); err != nil {
 		return fmt.Errorf("remove layer %s: waiting for a destroyed sandbox's deletion: %w", key, err)
 	}
-	if err := b.c.DeleteInstance(ctx, in.Name); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+	err = b.c.DeleteInstance(ctx, in.Name)
+	b.forgetLayerMember(in.Name) // made again, it may be on another member
+	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		return fmt.Errorf("remove layer %s: %w", key, err)
 	}
 	return nil
