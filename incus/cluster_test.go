@@ -2,19 +2,15 @@ package incus_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/testcert"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/netip"
 	"os"
@@ -39,36 +35,6 @@ import (
 // as against a cluster member, minus placement (TestPlace, and the
 // three-member cluster of scripts/incus-cluster.sh: cmd/sandboxd's
 // TestIncusCluster).
-
-// pemPair is a self-signed ECDSA certificate and its key, PEM.
-type pemPair struct{ cert, key []byte }
-
-func newPEMPair(t testing.TB, cn string) pemPair {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pemPair{
-		cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}),
-	}
-}
 
 func incusCLI(t testing.TB, args ...string) string {
 	t.Helper()
@@ -139,14 +105,14 @@ func newRemoteMember(t *testing.T) *remoteMember {
 	}
 	addr := incusHTTPS(t)
 	dir := t.TempDir()
-	client := newPEMPair(t, "sandboxd-test")
+	client := testcert.New(t, "sandboxd-test")
 	certFile := filepath.Join(dir, "client.crt")
-	if err := os.WriteFile(certFile, client.cert, 0o600); err != nil {
+	if err := os.WriteFile(certFile, client.Cert, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	name := "sandboxd-test-" + randHex()
 	incusCLI(t, "config", "trust", "add-certificate", certFile, "--name", name)
-	blk, _ := pem.Decode(client.cert)
+	blk, _ := pem.Decode(client.Cert)
 	sum := sha256.Sum256(blk.Bytes)
 	fp := hex.EncodeToString(sum[:])
 	t.Cleanup(func() {
@@ -158,7 +124,7 @@ func newRemoteMember(t *testing.T) *remoteMember {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kp, err := tls.X509KeyPair(client.cert, client.key)
+	kp, err := tls.X509KeyPair(client.Cert, client.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,8 +154,8 @@ func newRemoteMember(t *testing.T) *remoteMember {
 		t.Fatal(err)
 	}
 
-	relayPair := newPEMPair(t, "relay")
-	rkp, err := tls.X509KeyPair(relayPair.cert, relayPair.key)
+	relayPair := testcert.New(t, "relay")
+	rkp, err := tls.X509KeyPair(relayPair.Cert, relayPair.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +172,7 @@ func newRemoteMember(t *testing.T) *remoteMember {
 	}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	tc, err := relay.ClientTLS(client.cert, client.key, relayPair.cert)
+	tc, err := relay.ClientTLS(client.Cert, client.Key, relayPair.Cert)
 	if err != nil {
 		t.Fatal(err)
 	}
