@@ -30,6 +30,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/netnsrun"
 	"log"
 	"net"
 	"net/http"
@@ -37,12 +38,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/sandboxd/sandboxd/internal/fakeinet"
 )
@@ -258,7 +256,7 @@ func serve(ns string, one, two netip.Addr) ([]func() error, error) {
 		lns []net.Listener
 		pc  net.PacketConn
 	)
-	err = inNS(ns, func() error {
+	err = netnsrun.RunNamed(ns, func() error {
 		for _, a := range []netip.Addr{one, two} {
 			for _, port := range []uint16{80, 443, 53} {
 				if port == 53 && a != one {
@@ -309,29 +307,4 @@ func serve(ns string, one, two netip.Addr) ([]func() error, error) {
 		}
 	}
 	return closers, nil
-}
-
-// inNS runs open (which makes sockets) on a thread inside namespace name;
-// the sockets stay there after the thread switches back.
-func inNS(name string, open func() error) error {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		return err
-	}
-	oerr := open()
-	if err := netns.Set(orig); err != nil {
-		panic(err) // this thread must not run anything else
-	}
-	return oerr
 }

@@ -20,6 +20,17 @@ func Run(pid int, fn func() error) error {
 	if pid <= 0 {
 		return fmt.Errorf("netnsrun: no process %d", pid)
 	}
+	return RunIn(fmt.Sprintf("/proc/%d/ns/net", pid), fn)
+}
+
+// RunNamed is Run in the named network namespace name (`ip netns add`,
+// /run/netns/name): the tests' and fakeinet's namespaces.
+func RunNamed(name string, fn func() error) error {
+	return RunIn("/run/netns/"+name, fn)
+}
+
+// RunIn is Run in the network namespace of file path.
+func RunIn(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -36,7 +47,7 @@ func Run(pid int, fn func() error) error {
 			return
 		}
 		defer unix.Close(self)
-		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			back = true
 			errc <- err

@@ -6,19 +6,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/netnsrun"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
-	goruntime "runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 )
 
 // memberNet is a cluster member in network namespaces of the test's own:
@@ -127,38 +125,12 @@ func ip(t *testing.T, args ...string) {
 	}
 }
 
-// inNetns runs fn on a locked thread in namespace name: the sockets fn
-// opens, the processes it starts and the net sysctls it writes are that
-// namespace's.
-func inNetns(name string, fn func() error) error {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return err
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		panic(err) // this thread must not run anything else
-	}
-	return ferr
-}
-
 // serveHello listens on port of every address of namespace ns and
 // greets each connection with "hello <peer>\n", then echoes lines.
 func serveHello(t *testing.T, ns string, port int) {
 	t.Helper()
 	var ln net.Listener
-	if err := inNetns(ns, func() (err error) {
+	if err := netnsrun.RunNamed(ns, func() (err error) {
 		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
 		return err
 	}); err != nil {
@@ -197,7 +169,7 @@ func dialNS(ns, addr string, mark int) (net.Conn, string, error) {
 		}
 	}
 	var c net.Conn
-	if err := inNetns(ns, func() (err error) { c, err = d.Dial("tcp", addr); return err }); err != nil {
+	if err := netnsrun.RunNamed(ns, func() (err error) { c, err = d.Dial("tcp", addr); return err }); err != nil {
 		return nil, "", err
 	}
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
@@ -231,7 +203,7 @@ func TestMember(t *testing.T) {
 	setup := func() *Egress {
 		t.Helper()
 		var e *Egress
-		if err := inNetns(m.member, func() (err error) {
+		if err := netnsrun.RunNamed(m.member, func() (err error) {
 			e, err = SetupMember(netip.MustParsePrefix("10.135.0.0/16"), []netip.Addr{m.outsideIP})
 			return err
 		}); err != nil {
@@ -348,12 +320,12 @@ func TestMemberUpgrade(t *testing.T) {
 	}
 	policy := fmt.Sprintf("add chain inet %s p_x\nadd element inet %s pol4 { 10.135.7.9 : jump p_x }\n", e.table, e.table)
 	nft := func(script string) error {
-		return inNetns(m.member, func() error { return runNftExec(script) })
+		return netnsrun.RunNamed(m.member, func() error { return runNftExec(script) })
 	}
 	if err := nft(old + policy); err != nil {
 		t.Fatal(err)
 	}
-	if err := inNetns(m.member, func() (err error) { _, err = SetupMember(subnet, nil); return err }); err != nil {
+	if err := netnsrun.RunNamed(m.member, func() (err error) { _, err = SetupMember(subnet, nil); return err }); err != nil {
 		t.Fatalf("SetupMember = %v", err)
 	}
 	out, err := exec.Command("ip", "netns", "exec", m.member, "nft", "list", "table", "inet", e.table).CombinedOutput()
