@@ -74,6 +74,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/incus-image.sh
+. "$here/incus-image.sh"
 # `incus` means the host's Incus here; cx() (below) talks to the cluster.
 unset INCUS_CONF INCUS_REMOTE INCUS_PROJECT
 repo=$(cd "$here/.." && pwd)
@@ -256,18 +258,11 @@ EOF
 
 member_image() {
   [[ -s $MEMBER_TAR && -s $MEMBER_TAR.sha256 ]] || build_member_image
-  local want have
+  local want
   want=$(cat "$MEMBER_TAR.sha256")
-  have=$(incus image info "$MEMBER_ALIAS" 2>/dev/null | awk '/^Fingerprint:/ {print $2}' || true)
-  if [[ $have != "$want" ]]; then
+  if [[ $(image_fingerprint "$MEMBER_ALIAS") != "$want" ]]; then
     step "importing $MEMBER_TAR as $MEMBER_ALIAS"
-    [[ -n $have ]] && incus image alias delete "$MEMBER_ALIAS"
-    if incus image info "$want" >/dev/null 2>&1; then
-      incus image alias create "$MEMBER_ALIAS" "$want"
-    else
-      incus image import "$MEMBER_TAR" --alias "$MEMBER_ALIAS" >/dev/null
-    fi
-    if [[ -n $have ]]; then incus image delete "$have" 2>/dev/null || true; fi
+    point_alias "$MEMBER_TAR" "$want" "$MEMBER_ALIAS"
     step_done
   fi
 }

@@ -45,6 +45,8 @@ export DEBIAN_FRONTEND=noninteractive
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The mirror the host's apt config names (no registry host is written here).
 debian_uri() { "$here/debian-uri.sh"; }
+# shellcheck source=scripts/incus-image.sh
+. "$here/incus-image.sh"
 
 # --- 1+2. packages -----------------------------------------------------------
 BP=/etc/apt/sources.list.d/sandboxd-bookworm-backports.sources
@@ -168,19 +170,10 @@ EOF
   step_done
 fi
 want_fp=$(sha256sum "$tarball" | cut -d' ' -f1)
-have_fp=$(incus image info "$ALIAS" 2>/dev/null | awk '/^Fingerprint:/ {print $2}' || true)
-if [[ $have_fp != "$want_fp" ]]; then
+if [[ $(image_fingerprint "$ALIAS") != "$want_fp" ]]; then
   step "importing $tarball as $ALIAS"
-  [[ -n $have_fp ]] && incus image alias delete "$ALIAS"
-  if incus image info "$want_fp" >/dev/null 2>&1; then
-    incus image alias create "$ALIAS" "$want_fp"
-  else
-    incus image import "$tarball" --alias "$ALIAS"
-  fi
-  # The image it replaces goes (sandboxes cloned from it keep their roots:
-  # a btrfs snapshot does not depend on its source), and so do older
-  # recipes' tarballs.
-  if [[ -n $have_fp ]]; then incus image delete "$have_fp" 2>/dev/null || true; fi
+  point_alias "$tarball" "$want_fp" "$ALIAS"
+  # Older recipes' tarballs go too.
   find "$CACHE" -maxdepth 1 -name 'sandboxd-base-v*.tar' ! -path "$tarball" -delete
   step_done
 fi
