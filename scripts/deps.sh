@@ -66,6 +66,9 @@ if [[ $mode == all ]]; then
   command -v script >/dev/null 2>&1 || need+=(bsdutils)
   # The SDK suites' domain mode resolves *.localhost as a laptop does.
   ldconfig -p 2>/dev/null | grep libnss_myhostname >/dev/null || need+=(libnss-myhostname)
+  # The store's PostgreSQL dialect and two sandboxd sharing one database
+  # (scripts/postgres.sh runs a throwaway server on loopback).
+  [[ -x /usr/lib/postgresql/15/bin/postgres ]] || need+=(postgresql-15)
 fi
 if [[ $mode != build ]]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
