@@ -128,14 +128,17 @@ test-compat-incus: build
 # The Incus backend on a real three-member Incus cluster inside this machine
 # (scripts/incus-cluster.sh: nested Incus in system containers, built on
 # first use, ≈ 2 min, and left up): cmd/sandboxd's TestIncusClusterE2E
-# (placement, a member killed and back, sandboxd restarted), then the SDK
+# (placement, a member killed and back, sandboxd restarted) and
+# TestIncusClusterHA (two sandboxd on one PostgreSQL store, the active one
+# killed; scripts/postgres.sh), then the SDK
 # suites through the members' relays (compat-tests/run.sh, cluster mode).
 # Needs what test-compat-incus needs; without Incus it says so and passes,
 # except in CI.
 test-cluster: build
 	@if incus query /1.0 >/dev/null 2>&1; then \
 		$(STAGE) cluster-up ./scripts/incus-cluster.sh up && \
-		$(STAGE) cluster-e2e $(GO) test -tags seccomp -count=1 -timeout 20m -run 'TestIncusClusterE2E' -v ./cmd/sandboxd && \
+		SANDBOXD_TEST_POSTGRES=$$(./scripts/postgres.sh up) && export SANDBOXD_TEST_POSTGRES && \
+		$(STAGE) cluster-e2e $(GO) test -tags seccomp -count=1 -timeout 20m -run 'TestIncusClusterE2E|TestIncusClusterHA' -v ./cmd/sandboxd && \
 		COMPAT_TARGET=cluster $(STAGE) compat-cluster ./compat-tests/run.sh; \
 	else \
 		echo "!!! test-cluster: Incus does not answer (incus query /1.0): nothing ran on an Incus cluster; run scripts/incus-setup.sh" >&2; \

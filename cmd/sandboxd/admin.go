@@ -14,18 +14,11 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
-	if dataDir == "" {
-		return nil, errors.New("--data-dir is required")
-	}
-	return store.Open(ctx, dataDir)
-}
-
-// adminStore opens the store in dataDir for one admin command, under a
+// adminStore opens the store (openStore) for one admin command, under a
 // 30-second deadline; done closes it.
-func adminStore(dataDir string) (ctx context.Context, st *store.Store, done func(), err error) {
+func adminStore(dataDir, storeURL string) (ctx context.Context, st *store.Store, done func(), err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	st, err = openStore(ctx, dataDir)
+	st, err = openStore(ctx, dataDir, storeURL)
 	if err != nil {
 		cancel()
 		return nil, nil, nil, err
@@ -44,11 +37,12 @@ func keys(args []string) error {
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "./data", "state directory")
+	storeURL := fs.String("store", "", storeUsage)
 	tenantName := fs.String("tenant", "", "tenant name")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	ctx, st, done, err := adminStore(*dataDir)
+	ctx, st, done, err := adminStore(*dataDir, *storeURL)
 	if err != nil {
 		return err
 	}
@@ -117,6 +111,7 @@ func tenants(args []string) error {
 	}
 	fs := flag.NewFlagSet("tenants "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "./data", "state directory")
+	storeURL := fs.String("store", "", storeUsage)
 	var settings settingFlags
 	if args[0] == "set" {
 		settings.register(fs)
@@ -140,7 +135,7 @@ func tenants(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("tenants %s: unexpected %q", args[0], fs.Arg(0))
 	}
-	ctx, st, done, err := adminStore(*dataDir)
+	ctx, st, done, err := adminStore(*dataDir, *storeURL)
 	if err != nil {
 		return err
 	}

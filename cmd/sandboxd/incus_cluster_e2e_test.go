@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/store/pgtest"
 )
 
 // The test cluster of scripts/incus-cluster.sh: three Incus members in
@@ -226,4 +227,47 @@ func TestIncusClusterE2E(t *testing.T) {
 		}
 		s.mustRun(t, id, tokens[id], "true")
 	}
+}
+
+// TestIncusClusterHA runs two sandboxd on one PostgreSQL store in front of
+// the test cluster, each with its own data dir as on two hosts: sandboxes
+// made through the active one on every member answer through the standby
+// once it has taken over from the SIGKILLed active one, which creates on
+// the cluster in turn.
+func TestIncusClusterHA(t *testing.T) {
+	env := loadClusterEnv(t)
+	dsn := pgtest.DSN(t)
+	clusterCmd(t, "push")
+	e := newE2EEnv(t)
+	const ttl = 2 * time.Second
+	e.serveArgs = []string{"--backend", "incus",
+		"--incus-remote", env["SANDBOXD_INCUS_URL"],
+		"--incus-client-cert", env["SANDBOXD_INCUS_CLIENT_CERT"], "--incus-client-key", env["SANDBOXD_INCUS_CLIENT_KEY"],
+		"--incus-server-cert", env["SANDBOXD_INCUS_SERVER_CERT"],
+		"--incus-simple-quotas",
+		"--store", dsn, "--lease-ttl", ttl.String(),
+	}
+	key := e.postgresTenant(t, dsn, "acme")
+	a := e.start()
+	b := e.standby(t, "b", t.TempDir())
+	type kept struct{ id, tok string }
+	var made []kept
+	for range 3 {
+		id, tok := e.createKept(t, key)
+		made = append(made, kept{id, tok})
+		wantCommand(t, a, id, tok)
+	}
+	if err := a.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	took := e.takeOver(t, b, "a killed")
+	t.Logf("takeover on the cluster after SIGKILL of the active sandboxd (lease TTL %v): %v", ttl, took)
+	for _, k := range made {
+		if d := b.get(t, key, k.id); d.State != "running" {
+			t.Errorf("%s after the takeover: %s", k.id, d.State)
+		}
+		wantCommand(t, b, k.id, k.tok)
+	}
+	id, tok := e.createKept(t, key)
+	wantCommand(t, b, id, tok)
 }

@@ -65,7 +65,8 @@ const version = "0.1.0"
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  sandboxd serve [--listen 127.0.0.1:3000] [--data-dir ./data] [--backend local] [--domain D] [--config FILE]
+  sandboxd serve [--listen 127.0.0.1:3000] [--data-dir ./data] [--store postgres://...] [--backend local] [--domain D] [--config FILE]
+  (keys and tenants take --store too: a PostgreSQL store several sandboxd share, one active, see docs/ha.md)
   sandboxd keys create --tenant NAME      print a new API key alone on stdout
   sandboxd keys list [--tenant NAME]
   sandboxd keys revoke ID

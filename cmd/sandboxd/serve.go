@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/certs"
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/leader"
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/sandbox"
@@ -41,7 +42,9 @@ func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var (
 		listen       = fs.String("listen", "127.0.0.1:3000", "address for the API and the data-plane proxy")
-		dataDir      = fs.String("data-dir", "./data", "state directory (SQLite store)")
+		dataDir      = fs.String("data-dir", "./data", "state directory (the SQLite store unless --store names PostgreSQL)")
+		storeURL     = fs.String("store", "", storeUsage)
+		leaseTTL     = fs.Duration("lease-ttl", leader.DefaultTTL, "with a PostgreSQL --store: how long the active sandboxd's lease lasts unrenewed, so how soon a standby takes over from an active one that died")
 		backend      = fs.String("backend", "local", "isolation backend: local or incus")
 		incusSocket  = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
 		domain       = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
@@ -139,6 +142,43 @@ func serve(args []string) error {
 		}
 	}()
 
+	metrics := server.NewMetrics()
+	if certMgr != nil {
+		metrics.Registry().MustRegister(certMgr.Collector())
+	}
+	// The listener opens first: a standby, and a sandboxd still starting,
+	// answer 503 and say why (server.Front), and the address is taken at
+	// once rather than after the lease.
+	front := server.NewFront(metrics)
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // h2c in plaintext
+	protocols.SetHTTP2(true)            // h2 by ALPN with TLS
+	hs := &http.Server{
+		Handler:           front,
+		Protocols:         &protocols,
+		TLSConfig:         tlsConfig,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	// A 400 for a request net/http cannot parse must reach a client still
+	// sending its body (see httpx.LingerListener).
+	ln = httpx.LingerListener(ln)
+	serveErr := make(chan error, 1)
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
+	defer hs.Close() // a return before the graceful shutdown below
+
 	if *envdPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -150,18 +190,24 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *dataDir)
+	st, err := openStore(ctx, *dataDir, *storeURL)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	// With a shared store, only the lease holder acts; the others wait
+	// here, as standbys. The lease is released last (defers run in
+	// reverse), once the sandboxes' manager and the backend have stopped.
+	if isPostgres(*storeURL) {
+		release, err := holdLease(ctx, *storeURL, *leaseTTL, front, metrics, log)
+		if err != nil || release == nil {
+			return err
+		}
+		defer release()
+	}
 
 	if *pauseDir == "" {
 		*pauseDir = filepath.Join(*dataDir, "paused")
-	}
-	metrics := server.NewMetrics()
-	if certMgr != nil {
-		metrics.Registry().MustRegister(certMgr.Collector())
 	}
 	bo.registerer = metrics.Registry()
 	bo.volumeDir = filepath.Join(*dataDir, "volumes")
@@ -225,45 +271,16 @@ func serve(args []string) error {
 	vols := volume.New(st, volStore, settings.Volumes, log.With("component", "volume"))
 	ipLimiter, ipLimit := lim.ipLimiter()
 	var ready atomic.Bool
-	handler := server.New(server.Config{
+	front.Serve(server.New(server.Config{
 		Manager: mgr, Store: st, Templates: be, Builds: builds, Differ: differOf(be), Volumes: vols, Metrics: metrics, Log: log,
 		EnvdVersion: envdapi.Version, Domain: *domain, Ready: ready.Load, JWT: jwtVerifier,
 		Limits: lim.tenantLimiter(settings), IPLimiter: ipLimiter, IPLimit: ipLimit, Pools: poolStats(pools),
 		NativeIdleTTL: lim.nativeIdleTTL, Version: version,
-	})
-
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true) // h2c in plaintext
-	protocols.SetHTTP2(true)            // h2 by ALPN with TLS
-	hs := &http.Server{
-		Handler:           handler,
-		Protocols:         &protocols,
-		TLSConfig:         tlsConfig,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	// A 400 for a request net/http cannot parse must reach a client still
-	// sending its body (see httpx.LingerListener).
-	ln = httpx.LingerListener(ln)
-	serveErr := make(chan error, 1)
-	scheme := "http"
-	if tlsConfig != nil {
-		scheme = "https"
-		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { serveErr <- hs.Serve(ln) }()
-	}
+	}))
 
 	// Reconcile before taking API traffic: sandboxes from an earlier run are
 	// re-adopted, what a crash left half-made is removed.
 	if err := mgr.Reconcile(ctx); err != nil {
-		_ = hs.Close()
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	// Volumes a crash left without a record are removed.
@@ -273,7 +290,6 @@ func serve(args []string) error {
 	// Builds a crash interrupted are failed; ready ones are defined on the
 	// backend again, before any create can name them.
 	if err := builds.Start(ctx); err != nil {
-		_ = hs.Close()
 		return err
 	}
 	// Settings are polled so `sandboxd tenants set` applies without a
