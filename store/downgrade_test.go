@@ -59,7 +59,7 @@ func downgrade(t *testing.T, s *Store, to int) {
 		t.Fatal(err)
 	}
 	known := map[int]bool{}
-	ms, err := migrations()
+	ms, err := migrations(s.dialect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,17 +75,18 @@ func downgrade(t *testing.T, s *Store, to int) {
 			t.Fatalf("no undo for schema version %d: add it to undoMigration", v)
 		}
 		for _, q := range append(undo, `DELETE FROM schema_migrations WHERE version = `+strconv.Itoa(v)) {
-			if _, err := s.w.Exec(q); err != nil {
+			if _, err := s.w.ExecContext(t.Context(), q); err != nil {
 				t.Fatalf("%s: %v", q, err)
 			}
 		}
 	}
 }
 
-// latestSchema is the version every open migrates to.
+// latestSchema is the version every open migrates to (the same in both
+// dialects: TestMigrationsMatch).
 func latestSchema(t *testing.T) int {
 	t.Helper()
-	ms, err := migrations()
+	ms, err := migrations(sqliteDialect)
 	if err != nil {
 		t.Fatal(err)
 	}

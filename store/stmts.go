@@ -20,7 +20,7 @@ var (
 	// last_active_at only moves forwards: a TouchSandbox since the row was
 	// read (it does not bump generation) is kept.
 	updateSandboxSQL = `UPDATE sandboxes SET ` + mutableSet + `, idle_ttl = ?,
-		last_active_at = COALESCE(MAX(last_active_at, ?), last_active_at, ?),
+		last_active_at = ` + laterOf("last_active_at") + `,
 		generation = generation + 1, updated_at = ?
 		WHERE id = ? AND tenant_id = ? AND generation = ?`
 )
