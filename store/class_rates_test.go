@@ -83,27 +83,16 @@ func TestClassRatesInvalid(t *testing.T) {
 // them, and the new classes read as server defaults (nil) until set.
 func TestMigrateClassRates(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
-		s, err := db.open(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn := mustTenant(t, s, "acme")
 		old := func() tenant.Settings {
 			return tenant.Settings{MinWarm: tenant.Of(1), Limits: map[tenant.Class]tenant.Limit{
 				tenant.Create: {Rate: tenant.Of(2.5), Burst: tenant.Of(5)},
 			}}
 		}
-		if _, err := s.SetTenantSettings(t.Context(), tn, old()); err != nil {
-			t.Fatal(err)
-		}
-		downgrade(t, s, 2)
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		s = db.store(t)
-		if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
-			t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
-		}
+		s, tn := migratedFrom(t, db, 2, func(t *testing.T, s *Store, tn tenant.ID) {
+			if _, err := s.SetTenantSettings(t.Context(), tn, old()); err != nil {
+				t.Fatal(err)
+			}
+		})
 		got, err := s.GetTenant(t.Context(), tn)
 		if err != nil || !got.Settings.Equal(old()) {
 			t.Fatalf("migrated tenant = %+v, %v; want %+v", got.Settings, err, old())

@@ -3,6 +3,8 @@ package store
 import (
 	"strconv"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // undoMigration lists, per schema version, the statements that take a
@@ -91,4 +93,34 @@ func latestSchema(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return lastVersion(ms)
+}
+
+// migratedFrom creates tenant acme in a fresh store of db, lets fill add
+// rows, takes the schema back to version to and reopens the store, which
+// migrates it to the latest version again (checked). The reopened store is
+// closed when the test ends.
+func migratedFrom(t *testing.T, db testDB, to int, fill func(t *testing.T, s *Store, tn tenant.ID)) (*Store, tenant.ID) {
+	t.Helper()
+	s, err := db.open(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := mustTenant(t, s, "acme")
+	fill(t, s, tn)
+	downgrade(t, s, to)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = db.store(t)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
+		t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
+	}
+	return s, tn
+}
+
+// insertOld is a fill of migratedFrom: sandbox "old" of tn.
+func insertOld(t *testing.T, s *Store, tn tenant.ID) {
+	if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
+		t.Fatal(err)
+	}
 }

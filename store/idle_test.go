@@ -10,22 +10,7 @@ import (
 // sandbox in it is migrated on open; the old row has no idle TTL.
 func TestMigrateIdleColumns(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
-		s, err := db.open(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn := mustTenant(t, s, "acme")
-		if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
-			t.Fatal(err)
-		}
-		downgrade(t, s, 1)
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		s = db.store(t)
-		if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
-			t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
-		}
+		s, _ := migratedFrom(t, db, 1, insertOld)
 		got, err := s.GetSandboxAny(t.Context(), "old")
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -42,9 +41,6 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	// Readers cannot write by mistake, like SQLite's query_only ones.
 	r := openPG(cfg, "default_transaction_read_only", "on")
-	n := max(4, runtime.GOMAXPROCS(0))
-	r.SetMaxOpenConns(n)
-	r.SetMaxIdleConns(n)
 	// A server restart or failover drops connections; recycling them keeps
 	// a pool from holding only stale ones for long.
 	for _, db := range []*sql.DB{w, r} {
@@ -52,16 +48,7 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 		db.SetConnMaxLifetime(time.Hour)
 	}
 
-	s := &Store{dialect: postgresDialect, w: w, r: r}
-	if err := s.migrate(ctx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", where, err)
-	}
-	if s.stmts, err = prepareStmts(ctx, w, r); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", where, err)
-	}
-	return s, nil
+	return (&Store{dialect: postgresDialect, w: w, r: r}).start(ctx, where)
 }
 
 // openPG opens a pool on cfg with one more run-time parameter, unless the

@@ -128,18 +128,23 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	n := max(4, runtime.GOMAXPROCS(0))
-	r.SetMaxOpenConns(n)
-	r.SetMaxIdleConns(n)
+	return (&Store{path: path, w: w, r: r}).start(ctx, path)
+}
 
-	s := &Store{path: path, w: w, r: r}
-	if err := s.migrate(ctx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+// start sizes the reader pool of s, whose pools are open, brings the schema
+// up to date and prepares the statements; on failure it closes s. where
+// names the database in the error.
+func (s *Store) start(ctx context.Context, where string) (*Store, error) {
+	n := max(4, runtime.GOMAXPROCS(0))
+	s.r.SetMaxOpenConns(n)
+	s.r.SetMaxIdleConns(n)
+	err := s.migrate(ctx)
+	if err == nil {
+		s.stmts, err = prepareStmts(ctx, s.w, s.r)
 	}
-	if s.stmts, err = prepareStmts(ctx, w, r); err != nil {
+	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
 	return s, nil
 }

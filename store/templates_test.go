@@ -9,13 +9,20 @@ import (
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
-func TestTemplates(t *testing.T) {
+// forEachTemplateStore runs fn per dialect on a store with tenants a and b,
+// at a fixed now.
+func forEachTemplateStore(t *testing.T, fn func(t *testing.T, s *Store, now time.Time)) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
 		s := db.store(t)
-		ctx := t.Context()
 		mustTenant(t, s, "a")
 		mustTenant(t, s, "b")
-		now := time.Unix(1700000000, 0).UTC()
+		fn(t, s, time.Unix(1700000000, 0).UTC())
+	})
+}
+
+func TestTemplates(t *testing.T) {
+	forEachTemplateStore(t, func(t *testing.T, s *Store, now time.Time) {
+		ctx := t.Context()
 
 		if _, err := s.RequestBuild(ctx, Template{ID: "t1", Tenant: "a", Name: "app", CPUCount: 2}, "b1", now); err != nil {
 			t.Fatal(err)
@@ -120,12 +127,8 @@ func TestTemplates(t *testing.T) {
 // finished, and only once; the list is the tenant's, newest first, by
 // sandbox when asked.
 func TestSnapshotTemplates(t *testing.T) {
-	forEachDialect(t, func(t *testing.T, db testDB) {
-		s := db.store(t)
+	forEachTemplateStore(t, func(t *testing.T, s *Store, now time.Time) {
 		ctx := t.Context()
-		mustTenant(t, s, "a")
-		mustTenant(t, s, "b")
-		now := time.Unix(1700000000, 0).UTC()
 		steps := []struct {
 			tpl       Template
 			build     string

@@ -10,19 +10,7 @@ import (
 // by updates (they move end_at only); a row from before schema 8 has none.
 func TestSandboxTimeout(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
-		s, err := db.open(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn := mustTenant(t, s, "acme")
-		if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
-			t.Fatal(err)
-		}
-		downgrade(t, s, 7)
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		s = db.store(t)
+		s, tn := migratedFrom(t, db, 7, insertOld)
 		if got, err := s.GetSandboxAny(t.Context(), "old"); err != nil || got.Timeout != 0 {
 			t.Fatalf("migrated row: timeout %v, %v; want 0", got.Timeout, err)
 		}
