@@ -92,3 +92,27 @@ func TestMigrationsMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresTextCollation: every text column of the PostgreSQL schema
+// orders bytewise (COLLATE "C"), as SQLite's do, whatever the database's
+// default collation: listings by id or name and their pages depend on it.
+func TestPostgresTextCollation(t *testing.T) {
+	s := testDB{dialect: postgresDialect, dsn: pgtest.DSN(t)}.store(t)
+	rows, err := s.r.QueryContext(t.Context(), `SELECT table_name, column_name FROM information_schema.columns
+		WHERE table_schema = current_schema() AND data_type = 'text' AND table_name != 'schema_migrations'
+		AND collation_name IS DISTINCT FROM 'C'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var table, col string
+		if err := rows.Scan(&table, &col); err != nil {
+			t.Fatal(err)
+		}
+		t.Errorf("%s.%s: not COLLATE \"C\"", table, col)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,8 +7,9 @@ import (
 	"fmt"
 )
 
-// The store's queries on every request's path, prepared once at Open: SQLite
-// then parses each once per connection instead of at every call. The
+// The store's queries on every request's path, prepared once at Open: the
+// database (SQLite, or PostgreSQL's server) then parses each once per
+// connection instead of at every call. The
 // writer's are prepared before any transaction can hold its one connection
 // (preparing on that pool inside a transaction would wait for it forever).
 var (

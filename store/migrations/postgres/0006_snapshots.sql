@@ -4,4 +4,4 @@
 -- a sandbox's files taken as a layer, not built from steps. snapshot_of is
 -- the sandbox its newest snapshot was taken from; NULL for built templates.
 
-ALTER TABLE templates ADD COLUMN snapshot_of TEXT;
+ALTER TABLE templates ADD COLUMN snapshot_of TEXT COLLATE "C";

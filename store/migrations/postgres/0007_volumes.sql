@@ -10,10 +10,10 @@
 -- total size (MiB), and the size of a new volume (MiB).
 
 CREATE TABLE volumes (
-	id         TEXT    PRIMARY KEY,
-	tenant_id  TEXT    NOT NULL REFERENCES tenants (id),
-	name       TEXT    NOT NULL,
-	token      TEXT    NOT NULL,
+	id         TEXT COLLATE "C" PRIMARY KEY,
+	tenant_id  TEXT COLLATE "C" NOT NULL REFERENCES tenants (id),
+	name       TEXT COLLATE "C" NOT NULL,
+	token      TEXT COLLATE "C" NOT NULL,
 	size_mb    BIGINT  NOT NULL,
 	created_at BIGINT  NOT NULL,
 	UNIQUE (tenant_id, name)
@@ -22,10 +22,10 @@ CREATE TABLE volumes (
 -- The volumes a sandbox mounts, as its create named them (what GET
 -- /sandboxes/{id} reports); they go with the sandbox's row.
 CREATE TABLE sandbox_volumes (
-	sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
-	volume_id  TEXT NOT NULL,
-	name       TEXT NOT NULL,
-	path       TEXT NOT NULL,
+	sandbox_id TEXT COLLATE "C" NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	volume_id  TEXT COLLATE "C" NOT NULL,
+	name       TEXT COLLATE "C" NOT NULL,
+	path       TEXT COLLATE "C" NOT NULL,
 	PRIMARY KEY (sandbox_id, path)
 );
 
