@@ -83,9 +83,11 @@ test-vms-beside-compat: build vm-bin
 	test $$compat -eq 0 && test $$vm -eq 0
 
 # -timeout 30m: cmd/sandboxd's e2e tests take about 10 min on 2 busy cores,
-# go test's default limit per package.
+# go test's default limit per package. The store's tests run on PostgreSQL
+# too: scripts/postgres.sh starts a throwaway server and prints its DSN (a
+# failure to start stops here, rather than the PostgreSQL variants skipping).
 test-go: base
-	$(STAGE) go-test $(GO) test -race -tags seccomp -count=1 -timeout 30m ./...
+	dsn=$$(./scripts/postgres.sh up) && SANDBOXD_TEST_POSTGRES=$$dsn $(STAGE) go-test $(GO) test -race -tags seccomp -count=1 -timeout 30m ./...
 
 # schemathesis over both OpenAPI specs against a real sandboxd: no 5xx but
 # 501, every response as its spec says (scripts/schemathesis.sh).

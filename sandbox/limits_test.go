@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -31,11 +32,7 @@ type testEnv struct {
 func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := storetest.Open(t)
 	for _, name := range []string{"a", "b"} {
 		if _, err := st.EnsureTenant(ctx, name); err != nil {
 			t.Fatal(err)

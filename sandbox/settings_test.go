@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -13,11 +13,7 @@ import (
 // over the server defaults, value by value, as re-read from the store.
 func TestSettingsGet(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := storetest.Open(t)
 	def := Defaults{MinWarm: 1, MaxSandboxes: 10, MaxMemoryMB: 2048,
 		Limits: map[tenant.Class]tenant.Bucket{tenant.Create: {Rate: 5, Burst: 20}}}
 	tests := []struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -60,11 +61,7 @@ func newLimitEnv(t *testing.T) *limitEnv {
 func newLimitEnvWith(t *testing.T, mod func(*sandbox.Config)) *limitEnv {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := storetest.Open(t)
 	e := &limitEnv{st: st, keys: map[string]string{}, clock: &limitClock{t: time.Unix(1_700_000_000, 0)}}
 	for _, name := range []string{"a", "b"} {
 		if _, err := st.EnsureTenant(ctx, name); err != nil {

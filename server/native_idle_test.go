@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox/sandboxtest"
 	"github.com/sandboxd/sandboxd/server/httpx"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -34,11 +35,7 @@ func newFakeEnv(t *testing.T, mod func(*Config)) *fakeEnv {
 func newFakeEnvManager(t *testing.T, mod func(*Config), modMgr func(*sandbox.Config)) *fakeEnv {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := storetest.Open(t)
 	be := sandboxtest.New()
 	t.Cleanup(be.Close)
 	log := slog.New(slog.DiscardHandler)

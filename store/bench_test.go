@@ -10,7 +10,12 @@ import (
 // insert at admission, its update once the sandbox runs, the proxy's read
 // of it, and the update that marks it killed.
 func BenchmarkCreateKillQueries(b *testing.B) {
-	s := openStore(b, "")
+	for _, d := range testDialects {
+		b.Run(d.name, func(b *testing.B) { benchCreateKill(b, d.fresh(b).store(b)) })
+	}
+}
+
+func benchCreateKill(b *testing.B, s *Store) {
 	ctx := b.Context()
 	tn := mustTenant(b, s, "acme")
 	key, _, err := s.CreateKey(ctx, tn)

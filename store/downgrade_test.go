@@ -3,6 +3,8 @@ package store
 import (
 	"strconv"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/tenant"
 )
 
 // undoMigration lists, per schema version, the statements that take a
@@ -59,7 +61,7 @@ func downgrade(t *testing.T, s *Store, to int) {
 		t.Fatal(err)
 	}
 	known := map[int]bool{}
-	ms, err := migrations()
+	ms, err := migrations(s.dialect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,19 +77,50 @@ func downgrade(t *testing.T, s *Store, to int) {
 			t.Fatalf("no undo for schema version %d: add it to undoMigration", v)
 		}
 		for _, q := range append(undo, `DELETE FROM schema_migrations WHERE version = `+strconv.Itoa(v)) {
-			if _, err := s.w.Exec(q); err != nil {
+			if _, err := s.w.ExecContext(t.Context(), q); err != nil {
 				t.Fatalf("%s: %v", q, err)
 			}
 		}
 	}
 }
 
-// latestSchema is the version every open migrates to.
+// latestSchema is the version every open migrates to (the same in both
+// dialects: TestMigrationsMatch).
 func latestSchema(t *testing.T) int {
 	t.Helper()
-	ms, err := migrations()
+	ms, err := migrations(sqliteDialect)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return lastVersion(ms)
+}
+
+// migratedFrom creates tenant acme in a fresh store of db, lets fill add
+// rows, takes the schema back to version to and reopens the store, which
+// migrates it to the latest version again (checked). The reopened store is
+// closed when the test ends.
+func migratedFrom(t *testing.T, db testDB, to int, fill func(t *testing.T, s *Store, tn tenant.ID)) (*Store, tenant.ID) {
+	t.Helper()
+	s, err := db.open(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := mustTenant(t, s, "acme")
+	fill(t, s, tn)
+	downgrade(t, s, to)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = db.store(t)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != latestSchema(t) {
+		t.Fatalf("SchemaVersion() = %d, %v; want %d", v, err, latestSchema(t))
+	}
+	return s, tn
+}
+
+// insertOld is a fill of migratedFrom: sandbox "old" of tn.
+func insertOld(t *testing.T, s *Store, tn tenant.ID) {
+	if err := s.InsertSandbox(t.Context(), newSandbox("old", tn, 0)); err != nil {
+		t.Fatal(err)
+	}
 }

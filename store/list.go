@@ -46,7 +46,7 @@ type ListFilter struct {
 // in a fresh listing, but none is returned twice. A token from another order
 // or a malformed one is ErrInvalid.
 func (s *Store) ListSandboxes(ctx context.Context, f ListFilter) ([]Sandbox, string, error) {
-	q, args, limit, order, err := f.query()
+	q, args, limit, order, err := f.query(s.dialect)
 	if err != nil {
 		return nil, "", fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -64,7 +64,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f ListFilter) ([]Sandbox, str
 
 // query builds the statement for f; it selects one row more than the page
 // size, to tell whether a next page exists.
-func (f ListFilter) query() (q string, args []any, limit int, order Order, err error) {
+func (f ListFilter) query(d dialect) (q string, args []any, limit int, order Order, err error) {
 	if f.Tenant == "" {
 		return "", nil, 0, "", fmt.Errorf("%w: no tenant", ErrInvalid)
 	}
@@ -113,11 +113,8 @@ func (f ListFilter) query() (q string, args []any, limit int, order Order, err e
 		b.WriteString(` AND (template = ? OR alias = ?)`)
 		args = append(args, f.Template, f.Template)
 	}
-	// json_each yields a row per key of the metadata object; its key column
-	// is the plain key, so any key works without JSON path quoting.
 	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
-		b.WriteString(` AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m
-			WHERE m.key = ? AND m.type = 'text' AND m.value = ?)`)
+		b.WriteString(` AND ` + d.metadataMatch())
 		args = append(args, k, f.Metadata[k])
 	}
 

@@ -13,9 +13,11 @@ import (
 )
 
 // migrationFS holds the schema migrations, NNNN_name.sql, applied in order of
-// NNNN. A migration, once released, is never edited: changes go in a new file.
+// NNNN: SQLite's in migrations, PostgreSQL's in migrations/postgres, each
+// version in both. A migration, once released, is never edited: changes go
+// in a new file (a new pair).
 //
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/postgres/*.sql
 var migrationFS embed.FS
 
 type migration struct {
@@ -24,11 +26,12 @@ type migration struct {
 	sql     string
 }
 
-// migrations returns the embedded migrations sorted by version. Versions
-// increase but may leave gaps: branches developed side by side reserve
-// their numbers, and migrate applies a gap's migration when it arrives.
-func migrations() ([]migration, error) {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+// migrations returns dialect d's embedded migrations sorted by version.
+// Versions increase but may leave gaps: branches developed side by side
+// reserve their numbers, and migrate applies a gap's migration when it
+// arrives.
+func migrations(d dialect) ([]migration, error) {
+	names, err := fs.Glob(migrationFS, d.migrationDir()+"/*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -57,16 +60,12 @@ func migrations() ([]migration, error) {
 // database at once apply each migration exactly once. A database migrated by
 // a newer sandboxd is refused rather than misread.
 func (s *Store) migrate(ctx context.Context) error {
-	ms, err := migrations()
+	ms, err := migrations(s.dialect)
 	if err != nil {
 		return err
 	}
 	return s.write(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-			version    INTEGER PRIMARY KEY,
-			name       TEXT    NOT NULL,
-			applied_at INTEGER NOT NULL
-		) STRICT`); err != nil {
+		if _, err := tx.ExecContext(ctx, s.dialect.schemaMigrationsDDL()); err != nil {
 			return fmt.Errorf("create schema_migrations: %w", err)
 		}
 		applied, err := appliedVersions(ctx, tx)

@@ -356,8 +356,7 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 	if !validTime(at) {
 		return fmt.Errorf("touch sandbox %s: %w: time out of range", id, ErrInvalid)
 	}
-	err := s.writeOne(ctx, `UPDATE sandboxes
-		SET last_active_at = COALESCE(MAX(last_active_at, ?), ?)
+	err := s.writeOne(ctx, `UPDATE sandboxes SET last_active_at = `+laterOf("last_active_at")+`
 		WHERE id = ? AND state != ?`, unixNano(at), unixNano(at), id, StateKilled)
 	if err != nil {
 		return fmt.Errorf("touch sandbox %s: %w", id, err)
@@ -407,8 +406,11 @@ func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]Sandbox, erro
 // before now, for the sweeper. It acts on each by (ID, Generation) and must
 // re-check idleness: TouchSandbox does not bump the generation.
 func (s *Store) ListIdle(ctx context.Context, now time.Time) ([]Sandbox, error) {
+	// last + ttl <= now, written so that a huge TTL cannot overflow:
+	// PostgreSQL's BIGINT arithmetic fails where SQLite's turns REAL. The
+	// division truncates, which for whole seconds means the same.
 	return s.list(ctx, "idle", `state = ? AND idle_ttl > 0
-		AND COALESCE(last_active_at, started_at) + idle_ttl * 1000000000 <= ?
+		AND idle_ttl <= (? - COALESCE(last_active_at, started_at)) / 1000000000
 		ORDER BY id`, StateRunning, unixNano(now))
 }
 

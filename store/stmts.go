@@ -7,8 +7,9 @@ import (
 	"fmt"
 )
 
-// The store's queries on every request's path, prepared once at Open: SQLite
-// then parses each once per connection instead of at every call. The
+// The store's queries on every request's path, prepared once at Open: the
+// database (SQLite, or PostgreSQL's server) then parses each once per
+// connection instead of at every call. The
 // writer's are prepared before any transaction can hold its one connection
 // (preparing on that pool inside a transaction would wait for it forever).
 var (
@@ -20,7 +21,7 @@ var (
 	// last_active_at only moves forwards: a TouchSandbox since the row was
 	// read (it does not bump generation) is kept.
 	updateSandboxSQL = `UPDATE sandboxes SET ` + mutableSet + `, idle_ttl = ?,
-		last_active_at = COALESCE(MAX(last_active_at, ?), last_active_at, ?),
+		last_active_at = ` + laterOf("last_active_at") + `,
 		generation = generation + 1, updated_at = ?
 		WHERE id = ? AND tenant_id = ? AND generation = ?`
 )

@@ -1,15 +1,30 @@
 // Package store is sandboxd's durable state: tenants and their settings,
-// hashed API keys, and one row per sandbox with its lifecycle. It lives in
-// <data-dir>/sandboxd.db, an embedded SQLite database (modernc.org/sqlite, no
-// cgo), and is the input of boot reconcile: after a crash, every live sandbox
-// is still listed here.
+// hashed API keys, templates, volumes, and one row per sandbox with its
+// lifecycle. It is the input of boot reconcile: after a crash, every live
+// sandbox is still listed here.
 //
-// Several processes may open the same file at once (a running server and a
-// CLI command such as "sandboxd keys create"). The database runs in WAL mode,
-// so readers never block the writer; each Store sends all its writes through a
-// single connection, and every write transaction starts with BEGIN IMMEDIATE,
-// so a writer that has to wait for another process waits in SQLite's busy
-// handler (up to busyTimeout) instead of failing with "database is locked".
+// It speaks two SQL dialects, with the same methods, errors and semantics:
+//
+//   - SQLite (Open), the default: <data-dir>/sandboxd.db, embedded
+//     (modernc.org/sqlite, no cgo), nothing to run beside sandboxd. For a
+//     single host.
+//   - PostgreSQL (OpenPostgres): for several sandboxd, on different hosts,
+//     sharing one state (see the HA docs). Driven by pgx through
+//     database/sql.
+//
+// Several processes may open the same database at once (a running server
+// and a CLI command such as "sandboxd keys create", or several servers).
+// Writers are serialised across all of them, so a write transaction's reads
+// and writes are atomic together: with SQLite the file runs in WAL mode
+// (readers never block the writer), each Store sends all its writes through
+// a single connection, and every write transaction starts with BEGIN
+// IMMEDIATE, so a writer that has to wait for another process waits in
+// SQLite's busy handler (up to busyTimeout) instead of failing with
+// "database is locked". With PostgreSQL every write transaction first takes
+// one advisory lock (writeLockKey), and readers use a pool of their own.
+//
+// Queries are written once with ? placeholders; dialect.go holds what
+// differs.
 //
 // Errors that callers branch on wrap ErrNotFound, ErrConflict or ErrInvalid;
 // test them with errors.Is.
@@ -24,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"time"
 
 	"modernc.org/sqlite"
@@ -57,12 +73,14 @@ var (
 
 // Store is an open sandboxd database. It is safe for concurrent use.
 type Store struct {
-	path string
+	dialect dialect
+	path    string // the SQLite file; "" with PostgreSQL
 	// w holds exactly one connection: all writes of this process queue on
-	// it, and its transactions begin IMMEDIATE (take the write lock up front).
+	// it, and its transactions take the write lock up front (BEGIN
+	// IMMEDIATE, or the advisory lock).
 	w *sql.DB
-	// r holds read-only connections; under WAL they read concurrently with
-	// the writer and with each other.
+	// r holds read-only connections; they read concurrently with the writer
+	// and with each other.
 	r *sql.DB
 	// stmts are the request path's queries, prepared (stmts.go).
 	stmts *stmts
@@ -110,18 +128,23 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	n := max(4, runtime.GOMAXPROCS(0))
-	r.SetMaxOpenConns(n)
-	r.SetMaxIdleConns(n)
+	return (&Store{path: path, w: w, r: r}).start(ctx, path)
+}
 
-	s := &Store{path: path, w: w, r: r}
-	if err := s.migrate(ctx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+// start sizes the reader pool of s, whose pools are open, brings the schema
+// up to date and prepares the statements; on failure it closes s. where
+// names the database in the error.
+func (s *Store) start(ctx context.Context, where string) (*Store, error) {
+	n := max(4, runtime.GOMAXPROCS(0))
+	s.r.SetMaxOpenConns(n)
+	s.r.SetMaxIdleConns(n)
+	err := s.migrate(ctx)
+	if err == nil {
+		s.stmts, err = prepareStmts(ctx, s.w, s.r)
 	}
-	if s.stmts, err = prepareStmts(ctx, w, r); err != nil {
+	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
 	return s, nil
 }
@@ -170,7 +193,7 @@ func openDB(path string, readOnly bool) (*sql.DB, error) {
 	return sql.OpenDB(c), nil
 }
 
-// Path returns the database file's absolute path.
+// Path returns the database file's absolute path; "" for PostgreSQL.
 func (s *Store) Path() string { return s.path }
 
 // Close closes the database. Operations in flight fail or finish first.
@@ -181,13 +204,20 @@ func (s *Store) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
-// write runs fn in a write transaction (BEGIN IMMEDIATE on the single writer
-// connection) and commits it if fn returns nil. fn must not call other Store
-// methods that write: the writer connection is taken.
+// write runs fn in a write transaction (BEGIN IMMEDIATE, or the advisory
+// lock, on the single writer connection) and commits it if fn returns nil. fn
+// must not call other Store methods that write: the writer connection is
+// taken.
 func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
+	}
+	if s.dialect == postgresDialect {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+strconv.FormatInt(writeLockKey, 10)+`)`); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("take the write lock: %w", err)
+		}
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback() // the error from fn is the one to report
@@ -208,12 +238,13 @@ func sqliteCode(err error) int {
 // isUniqueViolation reports whether err is a PRIMARY KEY or UNIQUE violation.
 func isUniqueViolation(err error) bool {
 	c := sqliteCode(err)
-	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE ||
+		pgCode(err) == pgUniqueViolation
 }
 
 // isForeignKeyViolation reports whether err is a FOREIGN KEY violation.
 func isForeignKeyViolation(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY || pgCode(err) == pgForeignKeyViolation
 }
 
 // Times are stored as Unix nanoseconds and read back in UTC.

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/storetest"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -123,11 +124,7 @@ func (f *fakeVolumes) has(id string) bool {
 
 func newService(t *testing.T, budget tenant.VolumeBudget) (*Service, *fakeVolumes, *store.Store) {
 	t.Helper()
-	st, err := store.Open(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := storetest.Open(t)
 	for _, name := range []string{"a", "b"} {
 		if _, err := st.EnsureTenant(t.Context(), name); err != nil {
 			t.Fatal(err)
