@@ -10,10 +10,10 @@ import (
 	"github.com/sandboxd/sandboxd/store/pgtest"
 )
 
-// open opens a lease named name on d with a short TTL, closed at cleanup.
-func open(t *testing.T, d, name, holder string, ttl time.Duration) *Lease {
+// open opens holder's lease on d, closed at cleanup.
+func open(t *testing.T, d, holder string, ttl time.Duration) *Lease {
 	t.Helper()
-	l, err := Open(t.Context(), d, Options{Name: name, Holder: holder, TTL: ttl})
+	l, err := Open(t.Context(), d, Options{Holder: holder, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,16 +21,20 @@ func open(t *testing.T, d, name, holder string, ttl time.Duration) *Lease {
 	return l
 }
 
-func TestOneHolderAtATime(t *testing.T) {
+// holding returns a, holding the lease of a fresh database, and b, not.
+func holding(t *testing.T, ttl time.Duration) (a, b *Lease) {
+	t.Helper()
 	d := pgtest.DSN(t)
-	name := "sandboxd"
-	a := open(t, d, name, "a", time.Second)
-	b := open(t, d, name, "b", time.Second)
-	ctx := t.Context()
-
-	if ok, _, err := a.TryAcquire(ctx); !ok || err != nil {
+	a, b = open(t, d, "a", ttl), open(t, d, "b", ttl)
+	if ok, _, err := a.TryAcquire(t.Context()); !ok || err != nil {
 		t.Fatalf("a acquires a free lease: ok=%v err=%v", ok, err)
 	}
+	return a, b
+}
+
+func TestOneHolderAtATime(t *testing.T) {
+	a, b := holding(t, time.Second)
+	ctx := t.Context()
 	ok, other, err := b.TryAcquire(ctx)
 	if ok || err != nil || other != "a" {
 		t.Fatalf("b while a holds: ok=%v other=%q err=%v, want false, a, nil", ok, other, err)
@@ -58,15 +62,9 @@ func TestOneHolderAtATime(t *testing.T) {
 // A holder that stops renewing (a crash) loses the lease after the TTL,
 // and not before; its late renewal then fails.
 func TestTakeoverAfterTTL(t *testing.T) {
-	d := pgtest.DSN(t)
-	name := "sandboxd"
 	ttl := 800 * time.Millisecond
-	a := open(t, d, name, "a", ttl)
-	b := open(t, d, name, "b", ttl)
+	a, b := holding(t, ttl)
 	ctx := t.Context()
-	if ok, _, err := a.TryAcquire(ctx); !ok || err != nil {
-		t.Fatalf("a: ok=%v err=%v", ok, err)
-	}
 	acquired := time.Now()
 	if err := b.Acquire(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -82,14 +80,8 @@ func TestTakeoverAfterTTL(t *testing.T) {
 // While Hold runs, the lease is kept past many TTLs; cancelling Hold
 // returns nil.
 func TestHoldRenews(t *testing.T) {
-	d := pgtest.DSN(t)
-	name := "sandboxd"
 	ttl := 400 * time.Millisecond
-	a := open(t, d, name, "a", ttl)
-	b := open(t, d, name, "b", ttl)
-	if ok, _, err := a.TryAcquire(t.Context()); !ok || err != nil {
-		t.Fatalf("a: ok=%v err=%v", ok, err)
-	}
+	a, b := holding(t, ttl)
 	ctx, cancel := context.WithCancel(t.Context())
 	held := make(chan error, 1)
 	go func() { held <- a.Hold(ctx) }()
@@ -109,11 +101,10 @@ func TestHoldRenews(t *testing.T) {
 // it has stopped by the time a standby takes over.
 func TestHoldGivesUpWhenCutOff(t *testing.T) {
 	d := pgtest.DSN(t)
-	name := "sandboxd"
 	ttl := time.Second
 	p := tcpcut.New(t, tcpcut.Target(t, d))
-	a := open(t, p.URL(t, d), name, "a", ttl)
-	b := open(t, d, name, "b", ttl)
+	a := open(t, p.URL(t, d), "a", ttl)
+	b := open(t, d, "b", ttl)
 	if ok, _, err := a.TryAcquire(t.Context()); !ok || err != nil {
 		t.Fatalf("a: ok=%v err=%v", ok, err)
 	}

@@ -47,6 +47,32 @@ func loadClusterEnv(t *testing.T) map[string]string {
 	return env
 }
 
+// clusterClient is an Incus client of the test cluster, as sandboxd's.
+func clusterClient(t *testing.T, env map[string]string) *incus.Client {
+	t.Helper()
+	cfg, err := incus.LoadRemoteConfig(env["SANDBOXD_INCUS_URL"], env["SANDBOXD_INCUS_CLIENT_CERT"],
+		env["SANDBOXD_INCUS_CLIENT_KEY"], env["SANDBOXD_INCUS_SERVER_CERT"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := incus.NewRemoteClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// clusterLocation returns the member sandbox id's instance is on.
+func clusterLocation(t *testing.T, c *incus.Client, id string) string {
+	t.Helper()
+	in, err := c.Instance(t.Context(), incus.InstanceName("", id))
+	if err != nil {
+		t.Fatalf("instance of %s: %v", id, err)
+	}
+	return in.Location
+}
+
 // clusterCmd runs scripts/incus-cluster.sh with args.
 func clusterCmd(t *testing.T, args ...string) {
 	t.Helper()
@@ -68,16 +94,7 @@ func TestIncusClusterE2E(t *testing.T) {
 	env := loadClusterEnv(t)
 	// This build's envd and relay on every member.
 	clusterCmd(t, "push")
-	cfg, err := incus.LoadRemoteConfig(env["SANDBOXD_INCUS_URL"], env["SANDBOXD_INCUS_CLIENT_CERT"],
-		env["SANDBOXD_INCUS_CLIENT_KEY"], env["SANDBOXD_INCUS_SERVER_CERT"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := incus.NewRemoteClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := clusterClient(t, env)
 	ctx := t.Context()
 	ms, err := c.ClusterMembers(ctx)
 	if err != nil {
@@ -91,14 +108,7 @@ func TestIncusClusterE2E(t *testing.T) {
 	if len(ms) != 3 {
 		t.Fatalf("%d cluster members; want 3", len(ms))
 	}
-	locationOf := func(id string) string {
-		t.Helper()
-		in, err := c.Instance(ctx, incus.InstanceName("", id))
-		if err != nil {
-			t.Fatalf("instance of %s: %v", id, err)
-		}
-		return in.Location
-	}
+	locationOf := func(id string) string { return clusterLocation(t, c, id) }
 
 	e := newE2EEnv(t, "a", "b")
 	e.serveArgs = []string{"--backend", "incus",
@@ -250,12 +260,18 @@ func TestIncusClusterHA(t *testing.T) {
 	key := e.postgresTenant(t, dsn, "acme")
 	a := e.start()
 	b := e.standby(t, "b", t.TempDir())
+	c := clusterClient(t, env)
 	type kept struct{ id, tok string }
 	var made []kept
+	members := map[string]bool{}
 	for range 3 {
 		id, tok := e.createKept(t, key)
 		made = append(made, kept{id, tok})
 		wantCommand(t, a, id, tok)
+		members[clusterLocation(t, c, id)] = true
+	}
+	if len(members) < 2 {
+		t.Fatalf("the sandboxes are all on %v; want them spread", members)
 	}
 	if err := a.stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

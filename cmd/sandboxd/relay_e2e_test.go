@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
-	"github.com/sandboxd/sandboxd/internal/testcert"
 	"io"
 	"net"
 	"net/netip"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/incus/relay"
+	"github.com/sandboxd/sandboxd/internal/testcert"
 )
 
 // TestRelayE2E: `sandboxd relay`, the real binary on a random loopback
