@@ -650,10 +650,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 			return nil, fmt.Errorf("create sandbox %s: fork of %s: %w", spec.ID, forkOf, err)
 		}
 	}
-	// The member a fork, a layered template or a volume must be on.
-	var onMember string
+	// The members a fork, a layered template or a volume may be on.
+	var onMembers []string
 	if b.cluster != nil {
-		if onMember, err = b.storageMember(ctx, spec, im, forkOf); err != nil {
+		if onMembers, err = b.storageMembers(ctx, spec, im, forkOf); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 		}
 	} else if spec.AllowInternet {
@@ -696,7 +696,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 		}
 		gone := b.deleting[spec.ID]
 		if gone == nil {
-			if err := b.claimAddress(s, onMember); err != nil {
+			if err := b.claimAddress(s, onMembers); err != nil {
 				b.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 			}
@@ -766,6 +766,13 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 		return nil, wrap("config", err)
 	}
 	req.Target = targetOf(s.member)
+	if b.cluster != nil && im.layer != "" {
+		// On a member other than the layer's, the clone is of the
+		// layer's replica there (placement chose among the holders).
+		if r := b.cluster.replicaOn(im.layer, s.member); r != "" {
+			req.Source = InstanceSource{Type: "copy", Source: r, InstanceOnly: true}
+		}
+	}
 	if forkSrc != "" {
 		// A copy of the source's root volume (a btrfs snapshot: one
 		// moment's files) under this sandbox's config and devices, which
@@ -821,14 +828,14 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 
 // claimAddress reserves what sandbox s needs before its instance is made:
 // the egress address of a sandbox with internet access or, in cluster
-// mode, a member (onMember when set) and the routed address every sandbox
-// has there. The caller holds b.mu.
-func (b *Backend) claimAddress(s *sandbox, onMember string) error {
+// mode, a member (one of onMembers when set) and the routed address every
+// sandbox has there. The caller holds b.mu.
+func (b *Backend) claimAddress(s *sandbox, onMembers []string) error {
 	var ip netip.Addr
 	var err error
 	switch {
 	case b.cluster != nil:
-		if s.member, err = b.place(s.spec, onMember); err != nil {
+		if s.member, err = b.place(s.spec, onMembers); err != nil {
 			return err
 		}
 		ip, err = b.allocateSandboxIP()

@@ -480,13 +480,16 @@ type InstanceSource struct {
 
 // InstancesPost creates an instance.
 type InstancesPost struct {
-	Name      string                       `json:"name"`
-	Type      string                       `json:"type"` // "container"
-	Ephemeral bool                         `json:"ephemeral"`
-	Start     bool                         `json:"start"`
-	Source    InstanceSource               `json:"source"`
-	Config    map[string]string            `json:"config,omitempty"`
-	Devices   map[string]map[string]string `json:"devices,omitempty"`
+	Name string `json:"name"`
+	Type string `json:"type"` // "container"
+	// Architecture is required of a copy from another cluster member
+	// (incusd makes it a migration); "" otherwise.
+	Architecture string                       `json:"architecture,omitempty"`
+	Ephemeral    bool                         `json:"ephemeral"`
+	Start        bool                         `json:"start"`
+	Source       InstanceSource               `json:"source"`
+	Config       map[string]string            `json:"config,omitempty"`
+	Devices      map[string]map[string]string `json:"devices,omitempty"`
 	// Profiles nil means the "default" profile; an empty non-nil slice
 	// means none.
 	Profiles []string `json:"profiles"`
@@ -502,6 +505,7 @@ type Instance struct {
 	Status          string                       `json:"status"` // Running, Frozen, Stopped, …
 	StatusCode      int                          `json:"status_code"`
 	Type            string                       `json:"type"`
+	Architecture    string                       `json:"architecture"`
 	Ephemeral       bool                         `json:"ephemeral"`
 	Config          map[string]string            `json:"config"`
 	Devices         map[string]map[string]string `json:"devices"`

@@ -112,6 +112,10 @@ type clusterMember struct {
 	online bool   // per Incus
 	// failures counts failed probes in a row; reachable means fewer than two.
 	failures int
+	// down is closed when the member becomes unreachable, which ends the
+	// dials to it in flight (dialCluster); a new one is made when it
+	// answers again. nil: closed, or not made yet.
+	down chan struct{}
 	// downSince is when the member stopped being usable (zero: it is).
 	downSince time.Time
 	// lost: its sandboxes were given up; they are deleted when it is back.
@@ -123,6 +127,22 @@ type clusterMember struct {
 // marks every member offline while its database has no leader (the
 // leader sends the heartbeats), so "offline" there can be a living member.
 func (m *clusterMember) reachable() bool { return m.failures < 2 }
+
+// probed counts a probe's result; the caller holds the cluster's lock.
+func (m *clusterMember) probed(ok bool) {
+	if ok {
+		m.failures = 0
+		if m.down == nil {
+			m.down = make(chan struct{})
+		}
+		return
+	}
+	m.failures++
+	if !m.reachable() && m.down != nil {
+		close(m.down)
+		m.down = nil
+	}
+}
 
 // usable: reachable and online in Incus, where creates go first.
 func (m *clusterMember) usable() bool { return m.online && m.reachable() }
@@ -138,6 +158,9 @@ type cluster struct {
 	lost map[string]lostInstance
 	// layers is the member of each layer instance (layerMember).
 	layers map[string]string
+	// replicas are the layers' replicas (replicas.go): layer instance →
+	// member → replica instance.
+	replicas map[string]map[string]string
 	// single is the server's URL when it is not clustered (then its one
 	// member is singleMember).
 	single string
@@ -175,7 +198,8 @@ func newCluster(o ClusterOptions) (*cluster, error) {
 	if o.RefreshInterval <= 0 {
 		o.RefreshInterval = 5 * time.Second
 	}
-	return &cluster{opts: o, members: map[string]*clusterMember{}, lost: map[string]lostInstance{}, layers: map[string]string{}}, nil
+	return &cluster{opts: o, members: map[string]*clusterMember{}, lost: map[string]lostInstance{}, layers: map[string]string{},
+		replicas: map[string]map[string]string{}}, nil
 }
 
 // OnLost registers fn to be called with the id of every sandbox the backend
@@ -232,7 +256,7 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		}
 		c.mu.Lock()
 		if cm == nil {
-			cm = &clusterMember{name: m.Name}
+			cm = &clusterMember{name: m.Name, down: make(chan struct{})}
 			c.members[m.Name] = cm
 		}
 		cm.api = m.URL
@@ -284,11 +308,7 @@ func (b *Backend) probe(ctx context.Context) {
 	c.mu.Lock()
 	for name, ok := range results {
 		if m := c.members[name]; m != nil {
-			if ok {
-				m.failures = 0
-			} else {
-				m.failures++
-			}
+			m.probed(ok)
 		}
 	}
 	c.mu.Unlock()
@@ -431,10 +451,10 @@ func sandboxInstanceName(name string) bool {
 	return strings.HasPrefix(name, "sbx-") || strings.HasPrefix(name, "sbh-")
 }
 
-// watchCluster keeps the member list and the probes going until the backend
-// closes, each on its own: a member list read while a member dies can
-// block for Incus' heartbeat timeout (≈ 20 s), and the probes must not
-// wait for it.
+// watchCluster keeps the member list, the probes and the layers' replicas
+// going until the backend closes, each on its own: a member list read
+// while a member dies can block for Incus' heartbeat timeout (≈ 20 s), and
+// the probes must not wait for it, nor for a replica's copy.
 func (b *Backend) watchCluster() {
 	c := b.cluster
 	var wg sync.WaitGroup
@@ -445,6 +465,7 @@ func (b *Backend) watchCluster() {
 			}
 		})
 	})
+	wg.Go(b.replicateLoop)
 	every(b.closing, c.opts.ProbeInterval, b.probe)
 	wg.Wait()
 }
@@ -478,6 +499,9 @@ func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
 	}
 	b.probe(ctx)
 	b.probe(ctx) // two failures make a member unreachable
+	if _, err := b.learnReplicas(ctx); err != nil {
+		b.log.Warn("incus cluster: layer replicas", "err", err)
+	}
 	c := b.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -490,10 +514,11 @@ func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
 	return nil
 }
 
-// place picks the member for a new sandbox of spec, or checks the member
-// its storage requires (want, non-empty). The caller holds b.mu (the
-// sandboxes' memory is counted from b.sbx, creates in flight included).
-func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
+// place picks the member for a new sandbox of spec, among the members that
+// hold its storage when want names them (non-empty). The caller holds b.mu
+// (the sandboxes' memory is counted from b.sbx, creates in flight
+// included).
+func (b *Backend) place(spec runtime.Spec, want []string) (string, error) {
 	c := b.cluster
 	used := map[string]uint64{}
 	count := map[string]int{}
@@ -512,8 +537,8 @@ func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
 		best = c.pick(want, used, count, need, (*clusterMember).reachable)
 	}
 	if best == "" {
-		if want != "" {
-			return "", fmt.Errorf("%w: member %s, where the sandbox's storage is, is down or full", ErrNoCapacity, want)
+		if len(want) > 0 {
+			return "", fmt.Errorf("%w: the members that hold the sandbox's storage (%s) are down or full", ErrNoCapacity, strings.Join(want, ", "))
 		}
 		return "", ErrNoCapacity
 	}
@@ -522,10 +547,10 @@ func (b *Backend) place(spec runtime.Spec, want string) (string, error) {
 
 // pick is place's choice among the members ok accepts; "" if none has
 // room. The caller holds c.mu.
-func (c *cluster) pick(want string, used map[string]uint64, count map[string]int, need uint64, ok func(*clusterMember) bool) string {
+func (c *cluster) pick(want []string, used map[string]uint64, count map[string]int, need uint64, ok func(*clusterMember) bool) string {
 	best, bestShare := "", 0.0
 	for name, m := range c.members {
-		if want != "" && name != want || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
+		if len(want) > 0 && !slices.Contains(want, name) || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
 			continue
 		}
 		if !ok(m) || m.lost || m.memory == 0 {
@@ -592,14 +617,32 @@ func (b *Backend) dialCluster(ctx context.Context, s *sandbox, port int) (net.Co
 	m := c.members[s.member]
 	down := m == nil || !m.reachable()
 	addr := ""
+	var downCh chan struct{}
 	if m != nil {
-		addr = m.relay
+		addr, downCh = m.relay, m.down
 	}
 	c.mu.Unlock()
 	if down {
 		return nil, fmt.Errorf("sandbox %s on member %s: %w: %w", s.id, s.member, runtime.ErrUnavailable, errMemberDown)
 	}
-	conn, err := c.opts.Relay.Dial(ctx, addr, netip.AddrPortFrom(s.ip, uint16(port)))
+	// A dial to a member that dies meanwhile ends when the probes find it
+	// down (≈ 1 s), not at the dial's timeout: a claim of a spare there
+	// moves on to one elsewhere that much sooner.
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if downCh != nil {
+		go func() {
+			select {
+			case <-downCh:
+				cancel(errMemberDown)
+			case <-dctx.Done():
+			}
+		}()
+	}
+	conn, err := c.opts.Relay.Dial(dctx, addr, netip.AddrPortFrom(s.ip, uint16(port)))
+	if cause := context.Cause(dctx); err != nil && errors.Is(cause, errMemberDown) {
+		err = cause
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s via relay %s: %w: %w", s.id, addr, runtime.ErrUnavailable, err)
 	}
@@ -615,41 +658,46 @@ func isReady(s *sandbox) bool {
 	}
 }
 
-// storageMember is the member a new sandbox must be on because its root or
-// a volume is stored there (local pools are per member): a fork's source,
-// the top layer of a template built by sandboxd, a mounted volume. "" when
-// any member will do. Two such places that differ are ErrInvalidSpec.
-func (b *Backend) storageMember(ctx context.Context, spec runtime.Spec, im *rootSource, forkOf string) (string, error) {
-	var want []string
+// storageMembers are the members a new sandbox may be on because its root
+// or a volume is stored there (local pools are per member): a fork's
+// source's, a mounted volume's, and those that hold the top layer of a
+// template built by sandboxd or a replica of it (replicas.go). nil when
+// any member will do. Places that have no member in common are
+// ErrInvalidSpec.
+func (b *Backend) storageMembers(ctx context.Context, spec runtime.Spec, im *rootSource, forkOf string) ([]string, error) {
+	var sets [][]string
 	if forkOf != "" {
 		b.mu.Lock()
 		if s := b.sbx[forkOf]; s != nil {
-			want = append(want, s.member)
+			sets = append(sets, []string{s.member})
 		}
 		b.mu.Unlock()
 	}
 	if im.layer != "" {
 		loc, err := b.layerMember(ctx, im.layer)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		want = append(want, loc)
+		sets = append(sets, append([]string{loc}, b.cluster.replicaMembers(im.layer)...))
 	}
 	for _, m := range spec.Mounts {
 		v, err := b.c.StorageVolume(ctx, b.opts.Pool, b.volumeName(m.Volume))
 		if err != nil {
-			return "", fmt.Errorf("volume %s: %w", m.Volume, err)
+			return nil, fmt.Errorf("volume %s: %w", m.Volume, err)
 		}
-		want = append(want, v.Location)
+		sets = append(sets, []string{v.Location})
 	}
-	want = slices.Compact(slices.Sorted(slices.Values(want)))
-	switch len(want) {
-	case 0:
-		return "", nil
-	case 1:
-		return want[0], nil
+	if len(sets) == 0 {
+		return nil, nil
 	}
-	return "", fmt.Errorf("%w: its source and volumes are on different cluster members (%v)", runtime.ErrInvalidSpec, want)
+	common := slices.Sorted(slices.Values(sets[0]))
+	for _, set := range sets[1:] {
+		common = slices.DeleteFunc(common, func(m string) bool { return !slices.Contains(set, m) })
+	}
+	if len(common) == 0 {
+		return nil, fmt.Errorf("%w: its source and volumes are on different cluster members (%v)", runtime.ErrInvalidSpec, sets)
+	}
+	return common, nil
 }
 
 // forgetLayerMember drops what layerMember keeps of layer instance name,
@@ -708,6 +756,29 @@ func (b *Backend) lostSandbox(id string) bool {
 
 // memberUsable reports whether member name takes requests (always true off
 // cluster mode).
+// Reachable reports whether sandbox id can be reached now: false while
+// the member it is on is down by the probes (its dials fail at once). Off
+// a cluster, and for an id it does not hold, true: the caller finds out
+// the usual way. The pools skip members it says false of, so a claim is
+// served elsewhere without waiting for Incus, whose writes may be stuck
+// for half a minute while its database elects a new leader.
+func (b *Backend) Reachable(id string) bool {
+	c := b.cluster
+	if c == nil {
+		return true
+	}
+	b.mu.Lock()
+	s := b.sbx[id]
+	b.mu.Unlock()
+	if s == nil {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.members[s.member]
+	return m != nil && m.reachable()
+}
+
 func (b *Backend) memberUsable(name string) bool {
 	c := b.cluster
 	if c == nil {

@@ -77,7 +77,7 @@ func TestPlace(t *testing.T) {
 		sandboxes map[string][]int
 		down      []string
 		lost      []string
-		want      string // the member required
+		want      []string // the members that hold the storage
 		only      []string
 		offline   []string // as Incus says; their relays answer
 		memMiB    int
@@ -93,12 +93,14 @@ func TestPlace(t *testing.T) {
 		{name: "down member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, down: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "lost member skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, lost: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "none usable", members: map[string]int{"m1": 4}, down: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
-		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: "m1", memMiB: 512, placed: "m1"},
+		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: []string{"m1"}, memMiB: 512, placed: "m1"},
 		{name: "offline in Incus avoided", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, offline: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "all offline in Incus, relays answer", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, offline: []string{"m1", "m2"}, memMiB: 512, placed: "m2"},
 		{name: "only the members given", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m3": {512}}, only: []string{"m3"}, memMiB: 512, placed: "m3"},
-		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
-		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: "m1", memMiB: 512, err: ErrNoCapacity},
+		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
+		{name: "replica holders: the emptier", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m3"},
+		{name: "replica holders: one down", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}}, down: []string{"m3"}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m1"},
+		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := clusterBackend(t, tc.members)
@@ -151,6 +153,9 @@ func TestMemberLostAndBack(t *testing.T) {
 		t.Fatal("a member offline in Incus but reachable lost its sandboxes")
 	}
 	b.cluster.members["m2"].online = true
+	if !b.Reachable("c") {
+		t.Fatal("a sandbox on a member offline in Incus but reachable is reported unreachable")
+	}
 
 	t0 := time.Now()
 	b.cluster.members["m1"].failures = 2
@@ -158,7 +163,11 @@ func TestMemberLostAndBack(t *testing.T) {
 	if len(lost) != 0 || b.sbx["a"] == nil {
 		t.Fatalf("lost at once: %v", lost)
 	}
-	if _, err := b.place(runtime.Spec{MemoryMB: 1}, ""); err != nil {
+	// Down by the probes: the pools skip its members from now.
+	if b.Reachable("a") || !b.Reachable("c") || !b.Reachable("unknown") {
+		t.Fatalf("Reachable: a %v c %v unknown %v, want false true true", b.Reachable("a"), b.Reachable("c"), b.Reachable("unknown"))
+	}
+	if _, err := b.place(runtime.Spec{MemoryMB: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.settleMembers(t.Context(), t0.Add(999*time.Millisecond))

@@ -138,30 +138,45 @@ func (b *Backend) isLayer(in *Instance) bool {
 }
 
 // makeLayer makes layer key, holding stack, from src (a snapshot to copy or
-// an image): a stopped instance under a temporary name, its config and
-// devices replaced by the layer's own (a copy inherits the source's,
-// including a sandbox's env and token), its size measured, then renamed
-// to layerName(key). When that name is taken (a concurrent making of the
-// same key), the layer is there and the temporary instance goes. On any
-// failure the temporary instance is deleted.
-// target is the cluster member to make it on ("": any; a copy must be on
-// its source's member).
-func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src InstanceSource, target string) (err error) {
-	tmp := layerTempPrefix + b.owner + "-" + strings.ToLower(rand.Text()[:12])
+// an image), a stopped instance named layerName(key) (makeStopped), its
+// size measured unless quotas are simple. When that name is taken (a
+// concurrent making of the same key), the layer is there. target is the
+// cluster member to make it on ("": any; a copy must be on its source's
+// member).
+func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src InstanceSource, target string) error {
 	cfg := map[string]string{keyLayer: key, keyStack: strings.Join(stack, ","), keyOwner: b.owner}
+	err := b.makeStopped(ctx, src, "", target, cfg, b.layerName(key), !b.quota.simple, "sandboxd layer "+key,
+		func() bool { return b.awaitLayer(ctx, key) })
+	b.forgetLayerMember(b.layerName(key))
+	return err
+}
+
+// makeStopped makes stopped instance final on member target ("": any)
+// from src, with config cfg (plus the namespace, and what Incus keeps in
+// volatile.* and image.*: a copy's other config, a sandbox's env and
+// token, goes) and the pool's root device, of architecture arch when
+// set (a copy from another member needs it): first under a temporary name
+// (layerTempPrefix, with the owner's mark, which Reconcile deletes when a
+// dead process left it), renamed to final once complete, so an instance
+// by its final name is always whole. measure records the root's size
+// (keyLayerSize). When final is taken (a concurrent making of the same),
+// taken says whether that one will do; then the temporary instance goes.
+// On any failure it goes too.
+func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, target string, cfg map[string]string, final string, measure bool, description string, taken func() bool) (err error) {
+	tmp := layerTempPrefix + b.owner + "-" + strings.ToLower(rand.Text()[:12])
 	if b.opts.Namespace != "" {
 		cfg[keyNamespace] = b.opts.Namespace
 	}
 	devices := map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": b.opts.Pool}}
 	opID, err := b.c.CreateInstance(ctx, InstancesPost{
-		Name: tmp, Type: "container", Source: src, Config: cfg, Devices: devices, Profiles: []string{}, Target: target,
+		Name: tmp, Type: "container", Architecture: arch, Source: src, Config: cfg, Devices: devices, Profiles: []string{}, Target: target,
 	})
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	dropTemp := func() {
 		if derr := b.c.DeleteInstance(context.WithoutCancel(ctx), tmp); derr != nil && !errors.Is(derr, runtime.ErrNotFound) {
-			b.log.Warn("incus: delete a layer instance left half made", "layer", key, "instance", tmp, "err", derr)
+			b.log.Warn("incus: delete an instance left half made", "instance", tmp, "for", final, "err", derr)
 		}
 	}
 	defer func() {
@@ -176,7 +191,7 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 	if err != nil {
 		return err
 	}
-	if !b.quota.simple { // simple quotas charge a clone only what it writes
+	if measure {
 		cfg[keyLayerSize] = strconv.FormatInt(b.layerSize(tmp), 10)
 	}
 	for k, v := range in.Config {
@@ -184,13 +199,12 @@ func (b *Backend) makeLayer(ctx context.Context, key string, stack []string, src
 			cfg[k] = v
 		}
 	}
-	if err := b.c.PutInstance(ctx, tmp, InstancePut{Config: cfg, Devices: devices, Profiles: []string{}, Description: "sandboxd layer " + key}); err != nil {
+	if err := b.c.PutInstance(ctx, tmp, InstancePut{Config: cfg, Devices: devices, Profiles: []string{}, Description: description}); err != nil {
 		return fmt.Errorf("set config: %w", err)
 	}
-	err = b.c.RenameInstance(ctx, tmp, b.layerName(key))
-	b.forgetLayerMember(b.layerName(key))
-	if errors.Is(err, runtime.ErrAlreadyExists) && b.awaitLayer(ctx, key) {
-		dropTemp() // a concurrent making of key won
+	err = b.c.RenameInstance(ctx, tmp, final)
+	if errors.Is(err, runtime.ErrAlreadyExists) && taken() {
+		dropTemp()
 		return nil
 	}
 	if err != nil {
@@ -379,6 +393,9 @@ func (b *Backend) RemoveLayer(ctx context.Context, key string) error {
 	b.mu.Unlock()
 	if err := waitClosed(ctx, waits); err != nil {
 		return fmt.Errorf("remove layer %s: waiting for a destroyed sandbox's deletion: %w", key, err)
+	}
+	if err := b.removeReplicas(ctx, in.Name); err != nil {
+		return fmt.Errorf("remove layer %s: %w", key, err)
 	}
 	err = b.c.DeleteInstance(ctx, in.Name)
 	b.forgetLayerMember(in.Name) // made again, it may be on another member

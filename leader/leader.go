@@ -38,7 +38,7 @@ const DefaultTTL = 5 * time.Second
 
 // leaseKey serialises the creation of the lease table between processes
 // starting at once (CREATE TABLE IF NOT EXISTS alone races on the catalog).
-const leaseKey = 0x73616e64626f7864 // "sandboxd"
+const leaseKey = 0x7362786c65617365 // "sbxlease": not the store's write lock
 
 // Options configure a Lease.
 type Options struct {

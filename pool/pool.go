@@ -114,6 +114,13 @@ func (admitAll) Seeds() []Key                                     { return nil }
 func (admitAll) MinWarm(Key) int                                  { return 0 }
 func (admitAll) AdmitMember(context.Context, Key, int, int) error { return nil }
 
+// reachabilityReporter is what a backend whose sandboxes can be cut off
+// from sandboxd while they live (the Incus backend on a cluster) tells of
+// one: false while it cannot be reached. Called with the pools' lock held.
+type reachabilityReporter interface {
+	Reachable(id string) bool
+}
+
 // Config configures Pools.
 type Config struct {
 	Backend runtime.Backend
@@ -197,6 +204,11 @@ type Count struct {
 type Pools struct {
 	cfg Config
 	log *slog.Logger
+	// reachable reports whether a member's sandbox can be reached now:
+	// the backend's word where it has one (a cluster member whose relay
+	// stopped answering), else always. Claims skip the others, so that
+	// they are served at once by members elsewhere.
+	reachable func(id string) bool
 
 	kick chan struct{}
 	wg   sync.WaitGroup // member creates and destroys in flight
@@ -270,11 +282,15 @@ func New(cfg Config) *Pools {
 	if cfg.MemberMB == nil {
 		cfg.MemberMB = func(k Key) int { return k.MemoryMB }
 	}
+	reachable := func(string) bool { return true }
+	if r, ok := cfg.Backend.(reachabilityReporter); ok {
+		reachable = r.Reachable
+	}
 	if cfg.Admission == nil {
 		cfg.Admission = admitAll{}
 	}
 	return &Pools{
-		cfg: cfg, log: cfg.Log,
+		cfg: cfg, log: cfg.Log, reachable: reachable,
 		kick:    make(chan struct{}, 1),
 		readyCh: make(chan struct{}),
 		pools:   map[Key]*pool{},
@@ -318,13 +334,13 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 		sp = p.claimed(sk, now)
 	}
 	c := p.count(key)
-	if m := pl.take(); m != nil {
+	if m := pl.take(p.reachable); m != nil {
 		c.Hits++
 		return m, true
 	}
 	if sp != nil {
 		sc := p.count(sp.key)
-		if m := sp.take(); m != nil {
+		if m := sp.take(p.reachable); m != nil {
 			c.Spare++
 			sc.Hits++
 			return m, true
@@ -369,14 +385,21 @@ func (p *Pools) spareOf(key Key) (Key, bool) {
 }
 
 // take removes and returns the oldest ready member, or nil.
-func (pl *pool) take() *Member {
-	if pl == nil || len(pl.ready) == 0 {
+// take takes the oldest ready member that reachable accepts. The others
+// stay: a member cut off for a moment is claimable again when it answers,
+// and one that is gone for good fails its recheck.
+func (pl *pool) take(reachable func(id string) bool) *Member {
+	if pl == nil {
 		return nil
 	}
-	m := pl.ready[0]
-	pl.ready[0] = nil
-	pl.ready = pl.ready[1:]
-	return m
+	for i, m := range pl.ready {
+		if !reachable(m.ID) {
+			continue
+		}
+		pl.ready = slices.Delete(pl.ready, i, i+1)
+		return m
+	}
+	return nil
 }
 
 // Ready returns a channel that is closed the next time any member becomes
@@ -398,10 +421,10 @@ func (p *Pools) Take(key Key) (*Member, bool) {
 	if p.closed {
 		return nil, false
 	}
-	m := p.pools[key].take()
+	m := p.pools[key].take(p.reachable)
 	if m == nil {
 		if sk, ok := p.spareOf(key); ok {
-			if m = p.pools[sk].take(); m != nil {
+			if m = p.pools[sk].take(p.reachable); m != nil {
 				p.count(sk).Waited++
 			}
 		}

@@ -36,7 +36,11 @@ func start(t *testing.T, cfg Config, minWarm int) *env {
 	e.be.CreateDelay = 100 * time.Millisecond
 	e.minWarm.Store(int64(minWarm))
 	var n atomic.Int64
-	cfg.Backend = e.be
+	if c, ok := cfg.Backend.(*cutOff); ok {
+		c.Backend = e.be
+	} else {
+		cfg.Backend = e.be
+	}
 	if cfg.Health == nil {
 		cfg.Health = func(context.Context, string) error { return nil }
 	}
@@ -107,6 +111,44 @@ func (e *env) stat(k Key) Stat {
 		}
 	}
 	return Stat{Key: k}
+}
+
+// cutOff is the fake backend with a say on which sandboxes can be reached,
+// as the Incus backend has on a cluster.
+type cutOff struct {
+	*sandboxtest.Backend
+	down sync.Map // id → struct{}
+}
+
+func (c *cutOff) Reachable(id string) bool {
+	_, down := c.down.Load(id)
+	return !down
+}
+
+// Claims skip members the backend cannot reach, and take them again once
+// it can.
+func TestClaimSkipsUnreachable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		be := &cutOff{}
+		e := start(t, Config{Backend: be, Parallel: 1}, 3)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 3 {
+			t.Fatalf("after fill: %+v, want 3 ready", s)
+		}
+		be.down.Store("m1", struct{}{})
+		be.down.Store("m2", struct{}{})
+		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m3" {
+			t.Fatalf("claim with m1 and m2 cut off: %+v %v, want m3", m, ok)
+		}
+		if m, ok := e.p.Claim(keyA); ok {
+			t.Fatalf("claim with only cut-off members ready: got %s, want a miss", m.ID)
+		}
+		be.down.Delete("m1")
+		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m1" {
+			t.Fatalf("claim once m1 answers again: %+v %v, want m1", m, ok)
+		}
+	})
 }
 
 func TestFillsToMinWarmAndRefillsOnClaim(t *testing.T) {

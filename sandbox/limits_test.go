@@ -385,6 +385,47 @@ func (b *flakyBackend) destroyed(id string) int {
 	return b.destroys[id]
 }
 
+// A claimed member whose envd is gone is followed by another claim, which
+// a second warm member serves: a cluster member that died takes its
+// spares with it, and the members elsewhere answer at once.
+func TestClaimFailedInitClaimsAnother(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var fb *flakyBackend
+		e := newTestEnv(t, func(c *Config) {
+			fb = &flakyBackend{Backend: c.Backend.(*sandboxtest.Backend), destroys: map[string]int{}}
+			c.Backend = fb
+		})
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(2) })
+		p := e.startPools(t)
+		waitFor(t, "two members", func() bool { return ready(p, "a") == 2 })
+		ids := e.be.IDs()
+		// The first member claimed is the one whose envd is gone.
+		var failed string
+		fb.mu.Lock()
+		fb.dial = func(_ context.Context, id string) error {
+			if failed == "" && slices.Contains(ids, id) {
+				failed = id
+			}
+			if id == failed {
+				return runtime.ErrPaused
+			}
+			return nil
+		}
+		fb.mu.Unlock()
+		sb, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, Secure: true})
+		synctest.Wait() // the failed member's destroy runs in the background
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := e.served.Load("base"); v != "pool" {
+			t.Fatalf("served_from = %v, want pool (the other member)", v)
+		}
+		if !slices.Contains(ids, sb.ID) || sb.ID == failed || fb.destroyed(failed) != 1 {
+			t.Fatalf("sandbox %s (members %v, %s failed and destroyed %d times)", sb.ID, ids, failed, fb.destroyed(failed))
+		}
+	})
+}
+
 // A claimed member whose envd is gone (its /init fails) is destroyed, once,
 // and the create goes on cold, under an id and token of its own: the
 // caller gets a sandbox, not an error. The quota (one sandbox) proves the
@@ -452,6 +493,7 @@ func TestClaimFailedInitFallsBackCold(t *testing.T) {
 				tc.kill(e, fb, member, cancel)
 
 				sb, err := e.m.Create(ctx, CreateRequest{AllowInternet: true, Secure: true, EnvVars: map[string]string{"FOO": "bar"}})
+				synctest.Wait() // the failed member's destroy runs in the background
 				if gotErr := err != nil; gotErr != tc.wantErr {
 					t.Fatalf("create: %+v, %v; want an error: %v", sb, err, tc.wantErr)
 				}

@@ -212,6 +212,9 @@ type Manager struct {
 	wake   chan struct{} // a sweep is due before the next tick (cap 1)
 
 	hookMu    sync.Mutex
+	// bg runs what a request hands off (the destroy of a claimed member
+	// that failed); Close waits for it.
+	bg sync.WaitGroup
 	stopHooks []func(id string)
 
 	live sync.Map // sandbox id -> *liveInfo: tenant and idle TTL of live sandboxes, activity
@@ -607,37 +610,41 @@ type createExtra struct {
 // it the backend's create, never a warm member's claim.
 //
 // A claimed member whose envd does not take its /init (it died while
-// warm: killed, out of memory) is the pool's failure, not the caller's:
-// the member is destroyed and the create goes on once more as a cold one,
-// as if the claim had missed. A cold create's failure is the caller's
-// error, and so is any failure once the caller's ctx is done.
+// warm: killed, out of memory, or its cluster member died) is the pool's
+// failure, not the caller's: the member is destroyed, and the create goes
+// on with another claim (which skips members the backend cannot reach
+// now), then, if that one fails too, as a cold one, as if the claims had
+// missed. A cold create's failure is the caller's error, and so is any
+// failure once the caller's ctx is done.
 func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, start time.Time, extra createExtra) (err error) {
 	ctx, span := tracer.Start(ctx, "sandbox.create", trace.WithAttributes(
 		attribute.String("sandbox.id", sb.ID), attribute.String("tenant", string(sb.Tenant)), attribute.String("sandbox.template", sb.Template)))
 	defer func() { telemetry.End(span, err) }()
 	cold := extra.forkOf != "" || len(extra.mounts) > 0
-	bad, err := m.createOnce(ctx, span, sb, key, start, extra, cold)
-	if bad == nil || ctx.Err() != nil {
-		return err
+	for _, then := range []string{"claiming another", "creating cold instead"} {
+		bad, err := m.createOnce(ctx, span, sb, key, start, extra, cold)
+		if bad == nil || ctx.Err() != nil {
+			return err
+		}
+		// Its ticket is released and the member being destroyed: the
+		// retry holds nothing of the attempt but the row to be, which
+		// gets an id (and token) of its own, as newRow mints them; the
+		// member's are gone with it.
+		servedFrom := "pool"
+		if bad.Key.IsSpare() {
+			servedFrom = "spare"
+		}
+		m.log.WarnContext(ctx, "claimed member's envd failed its /init: destroyed, "+then,
+			"sandbox_id", bad.ID, "tenant", string(sb.Tenant), "template", sb.Template, "served_from", servedFrom, "err", err)
+		if m.cfg.OnClaimFallback != nil {
+			m.cfg.OnClaimFallback(sb.Template, servedFrom)
+		}
+		sb.ID = newID()
+		if sb.Secure {
+			sb.EnvdAccessToken = newToken()
+		}
+		span.SetAttributes(attribute.String("sandbox.id", sb.ID), attribute.String("sandbox.claim_failed", bad.ID))
 	}
-	// Its ticket is released and the member destroyed: the retry holds
-	// nothing of the first attempt but the row to be, which gets an id
-	// (and token) of its own, as newRow mints them; the member's are gone
-	// with it.
-	servedFrom := "pool"
-	if bad.Key.IsSpare() {
-		servedFrom = "spare"
-	}
-	m.log.WarnContext(ctx, "claimed member's envd failed its /init: destroyed, creating cold instead",
-		"sandbox_id", bad.ID, "tenant", string(sb.Tenant), "template", sb.Template, "served_from", servedFrom, "err", err)
-	if m.cfg.OnClaimFallback != nil {
-		m.cfg.OnClaimFallback(sb.Template, servedFrom)
-	}
-	sb.ID = newID()
-	if sb.Secure {
-		sb.EnvdAccessToken = newToken()
-	}
-	span.SetAttributes(attribute.String("sandbox.id", sb.ID), attribute.String("sandbox.claim_failed", bad.ID))
 	_, err = m.createOnce(ctx, span, sb, key, start, extra, true)
 	return err
 }
@@ -664,16 +671,20 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 	m.logs.open(sb.ID)
 	r.Add(func() { m.logs.drop(sb.ID) })
 	cleanupCtx := context.WithoutCancel(ctx)
+	id := sb.ID // create's retry gives sb another while a member's destroy runs
 	destroy := func() {
-		if derr := m.backend.Destroy(cleanupCtx, sb.ID); derr != nil {
-			m.log.Error("revert create: destroy", "sandbox_id", sb.ID, "served_from", tk.ServedFrom(), "err", derr)
+		if derr := m.backend.Destroy(cleanupCtx, id); derr != nil {
+			m.log.Error("revert create: destroy", "sandbox_id", id, "served_from", tk.ServedFrom(), "err", derr)
 		}
 	}
 
 	tAdmitted := m.now()
 	initialized := false
 	if tk.Member() != nil {
-		r.Add(destroy)
+		// In the background: a member that failed is often one whose
+		// cluster member died, and its deletion may wait for as long as
+		// Incus elects a new leader, which the retry need not.
+		r.Add(func() { m.bg.Go(destroy) })
 	} else {
 		spec := runtime.Spec{
 			ID: sb.ID, Template: sb.Template,
@@ -1258,7 +1269,10 @@ func backendErr(err error) error {
 	case errors.Is(err, runtime.ErrPaused):
 		kind = errdefs.ErrConflict
 	case errors.Is(err, runtime.ErrUnsupported):
-		kind = errdefs.ErrNotImplemented
+		// What the backend cannot do is the caller's to know, in its
+		// words: "per-sandbox network rules on an Incus cluster", not a
+		// bare "Not Implemented".
+		return errdefs.New(errdefs.ErrNotImplemented, err.Error())
 	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrNotFound):
 		return err
 	}

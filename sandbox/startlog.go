@@ -83,7 +83,10 @@ func (f *followers) close() {
 
 // Close stops the Manager's background work on sandboxes (the start
 // command followers) and waits for it. Sandboxes run on.
-func (m *Manager) Close() { m.follow.close() }
+func (m *Manager) Close() {
+	m.follow.close()
+	m.bg.Wait() // the destroys of failed claims
+}
 
 // startLines turns a start command's output into log entries of sandbox
 // id: a line each, stdout at info and stderr at error.

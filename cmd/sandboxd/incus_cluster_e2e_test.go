@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/incus"
+	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store/pgtest"
 )
 
@@ -45,6 +47,16 @@ func loadClusterEnv(t *testing.T) map[string]string {
 		}
 	}
 	return env
+}
+
+// clusterServeArgs are the flags of a sandboxd serving the test cluster.
+func clusterServeArgs(env map[string]string) []string {
+	return []string{"--backend", "incus",
+		"--incus-remote", env["SANDBOXD_INCUS_URL"],
+		"--incus-client-cert", env["SANDBOXD_INCUS_CLIENT_CERT"], "--incus-client-key", env["SANDBOXD_INCUS_CLIENT_KEY"],
+		"--incus-server-cert", env["SANDBOXD_INCUS_SERVER_CERT"],
+		"--incus-simple-quotas",
+	}
 }
 
 // clusterClient is an Incus client of the test cluster, as sandboxd's.
@@ -111,13 +123,7 @@ func TestIncusClusterE2E(t *testing.T) {
 	locationOf := func(id string) string { return clusterLocation(t, c, id) }
 
 	e := newE2EEnv(t, "a", "b")
-	e.serveArgs = []string{"--backend", "incus",
-		"--incus-remote", env["SANDBOXD_INCUS_URL"],
-		"--incus-client-cert", env["SANDBOXD_INCUS_CLIENT_CERT"], "--incus-client-key", env["SANDBOXD_INCUS_CLIENT_KEY"],
-		"--incus-server-cert", env["SANDBOXD_INCUS_SERVER_CERT"],
-		"--incus-simple-quotas", "--incus-member-lost-after", "3s",
-		"--spare-min", "base=3",
-	}
+	e.serveArgs = append(clusterServeArgs(env), "--incus-member-lost-after", "3s", "--spare-min", "base=3")
 	stopped := false
 	t.Cleanup(func() {
 		if stopped {
@@ -250,13 +256,7 @@ func TestIncusClusterHA(t *testing.T) {
 	clusterCmd(t, "push")
 	e := newE2EEnv(t)
 	const ttl = 2 * time.Second
-	e.serveArgs = []string{"--backend", "incus",
-		"--incus-remote", env["SANDBOXD_INCUS_URL"],
-		"--incus-client-cert", env["SANDBOXD_INCUS_CLIENT_CERT"], "--incus-client-key", env["SANDBOXD_INCUS_CLIENT_KEY"],
-		"--incus-server-cert", env["SANDBOXD_INCUS_SERVER_CERT"],
-		"--incus-simple-quotas",
-		"--store", dsn, "--lease-ttl", ttl.String(),
-	}
+	e.serveArgs = append(clusterServeArgs(env), "--store", dsn, "--lease-ttl", ttl.String())
 	key := e.postgresTenant(t, dsn, "acme")
 	a := e.start()
 	b := e.standby(t, "b", t.TempDir())
@@ -286,4 +286,85 @@ func TestIncusClusterHA(t *testing.T) {
 	}
 	id, tok := e.createKept(t, key)
 	wantCommand(t, b, id, tok)
+}
+
+// TestIncusClusterTemplates: a template built through sandboxd on the
+// cluster is built once, on one member, and its layer copied to the
+// others (incus/replicas.go): its sandboxes then spread over all three
+// members, each with the build's files. Deleting the template removes the
+// copies with the layer.
+func TestIncusClusterTemplates(t *testing.T) {
+	env := loadClusterEnv(t)
+	clusterCmd(t, "push")
+	c := clusterClient(t, env)
+	ctx := t.Context()
+	replicasOf := func(layer string) map[string]string { // member → replica
+		t.Helper()
+		ins, err := c.Instances(ctx, "user.sandboxd.replica-of")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, in := range ins {
+			if in.Config["user.sandboxd.replica-of"] == layer && strings.HasPrefix(in.Name, "sbr-") { // not a copy under way
+				out[in.Location] = in.Name
+			}
+		}
+		return out
+	}
+	e := newE2EEnv(t, "a")
+	e.serveArgs = clusterServeArgs(env)
+	s := e.start()
+	ka := e.keys["a"]
+
+	b := requestBuild(t, s, ka, "replicated", nil)
+	t0 := time.Now()
+	st := startBuild(t, s, ka, b, map[string]any{
+		"fromImage": "e2bdev/base",
+		"steps":     []map[string]any{{"type": "RUN", "args": []string{"echo built once > /home/user/r.txt"}}},
+	})
+	if st.Status != "ready" {
+		t.Fatalf("build: %s %+v %q", st.Status, st.Reason, st.Logs)
+	}
+	t.Logf("build on the cluster: %v", time.Since(t0).Round(time.Millisecond))
+	// The template's layer, from what a sandbox of it was cloned from.
+	sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "replicated", "secure": true})
+	in, err := c.Instance(ctx, incus.InstanceName("", sb.SandboxID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := in.Config["user.sandboxd.source"]
+	wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, ka, nil), http.StatusNoContent)
+	li, err := c.Instance(ctx, layer)
+	if err != nil {
+		t.Fatalf("layer %q of the template: %v", layer, err)
+	}
+	e2eEventually(t, "the layer copied to the two other members", 5*time.Minute, time.Second, func() (bool, string) {
+		on := replicasOf(layer)
+		return len(on) == 2 && on[li.Location] == "", fmt.Sprint(on)
+	})
+	t.Logf("layer %s on %s, replicas %v, %v after the build", layer, li.Location, replicasOf(layer), time.Since(t0).Round(time.Millisecond))
+
+	members := map[string]bool{}
+	var ids []string
+	for range 3 {
+		sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "replicated", "secure": true})
+		ids = append(ids, sb.SandboxID)
+		members[clusterLocation(t, c, sb.SandboxID)] = true
+		if out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "cat /home/user/r.txt"); out.stdout != "built once\n" {
+			t.Fatalf("sandbox %s of the built template: %q", sb.SandboxID, out.stdout)
+		}
+	}
+	if len(members) != 3 {
+		t.Fatalf("sandboxes of the built template on %v; want all three members", members)
+	}
+	for _, id := range ids {
+		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, ka, nil), http.StatusNoContent)
+	}
+	wantStatus(t, "delete template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil), http.StatusNoContent)
+	e2eEventually(t, "the layer and its replicas removed", 2*time.Minute, time.Second, func() (bool, string) {
+		_, err := c.Instance(ctx, layer)
+		left := replicasOf(layer)
+		return errors.Is(err, sbxruntime.ErrNotFound) && len(left) == 0, fmt.Sprint(err, left)
+	})
 }
