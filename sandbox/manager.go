@@ -211,10 +211,11 @@ type Manager struct {
 	sweeps atomic.Int64
 	wake   chan struct{} // a sweep is due before the next tick (cap 1)
 
-	hookMu    sync.Mutex
 	// bg runs what a request hands off (the destroy of a claimed member
 	// that failed); Close waits for it.
 	bg sync.WaitGroup
+
+	hookMu    sync.Mutex
 	stopHooks []func(id string)
 
 	live sync.Map // sandbox id -> *liveInfo: tenant and idle TTL of live sandboxes, activity
