@@ -132,7 +132,8 @@ test-compat-incus: build
 # first use, ≈ 2 min, and left up): cmd/sandboxd's TestIncusClusterE2E
 # (placement, a member killed and back, sandboxd restarted) and
 # TestIncusClusterHA (two sandboxd on one PostgreSQL store, the active one
-# killed; scripts/postgres.sh), then the SDK
+# killed; scripts/postgres.sh) and TestIncusClusterTemplates (a built
+# template copied to every member), then the SDK
 # suites through the members' relays (compat-tests/run.sh, cluster mode).
 # Needs what test-compat-incus needs; without Incus it says so and passes,
 # except in CI.
@@ -140,7 +141,7 @@ test-cluster: build
 	@if incus query /1.0 >/dev/null 2>&1; then \
 		$(STAGE) cluster-up ./scripts/incus-cluster.sh up && \
 		SANDBOXD_TEST_POSTGRES=$$(./scripts/postgres.sh up) && export SANDBOXD_TEST_POSTGRES && \
-		$(STAGE) cluster-e2e $(GO) test -tags seccomp -count=1 -timeout 20m -run 'TestIncusClusterE2E|TestIncusClusterHA' -v ./cmd/sandboxd && \
+		$(STAGE) cluster-e2e $(GO) test -tags seccomp -count=1 -timeout 20m -run 'TestIncusClusterE2E|TestIncusClusterHA|TestIncusClusterTemplates' -v ./cmd/sandboxd && \
 		COMPAT_TARGET=cluster $(STAGE) compat-cluster ./compat-tests/run.sh; \
 	else \
 		echo "!!! test-cluster: Incus does not answer (incus query /1.0): nothing ran on an Incus cluster; run scripts/incus-setup.sh" >&2; \
