@@ -636,8 +636,8 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 	}
 	// The /init body is for this start only (it holds the access token):
 	// the sandbox's kept spec goes without it.
-	init, forkOf := spec.EnvdInit, spec.ForkOf
-	spec.EnvdInit, spec.ForkOf = nil, ""
+	init, forkOf, spread := spec.EnvdInit, spec.ForkOf, spec.SpreadFrom
+	spec.EnvdInit, spec.ForkOf, spec.SpreadFrom = nil, "", nil
 	// Resolved now: a template defined again later does not change
 	// this sandbox.
 	im, stack, err := b.templateSource(ctx, spec.Template)
@@ -696,7 +696,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 		}
 		gone := b.deleting[spec.ID]
 		if gone == nil {
-			if err := b.claimAddress(s, onMembers); err != nil {
+			if err := b.claimAddress(s, onMembers, spread); err != nil {
 				b.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 			}
@@ -828,14 +828,15 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 
 // claimAddress reserves what sandbox s needs before its instance is made:
 // the egress address of a sandbox with internet access or, in cluster
-// mode, a member (one of onMembers when set) and the routed address every
-// sandbox has there. The caller holds b.mu.
-func (b *Backend) claimAddress(s *sandbox, onMembers []string) error {
+// mode, a member (one of onMembers when set, away from the sandboxes
+// spread names) and the routed address every sandbox has there. The
+// caller holds b.mu.
+func (b *Backend) claimAddress(s *sandbox, onMembers, spread []string) error {
 	var ip netip.Addr
 	var err error
 	switch {
 	case b.cluster != nil:
-		if s.member, err = b.place(s.spec, onMembers); err != nil {
+		if s.member, err = b.place(s.spec, onMembers, spread); err != nil {
 			return err
 		}
 		ip, err = b.allocateSandboxIP()

@@ -515,26 +515,31 @@ func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
 }
 
 // place picks the member for a new sandbox of spec, among the members that
-// hold its storage when want names them (non-empty). The caller holds b.mu
-// (the sandboxes' memory is counted from b.sbx, creates in flight
-// included).
-func (b *Backend) place(spec runtime.Spec, want []string) (string, error) {
+// hold its storage when want names them (non-empty), first those with the
+// fewest of the sandboxes spread names (a pool's other members). The
+// caller holds b.mu (the sandboxes' memory is counted from b.sbx, creates
+// in flight included).
+func (b *Backend) place(spec runtime.Spec, want, spread []string) (string, error) {
 	c := b.cluster
-	used := map[string]uint64{}
-	count := map[string]int{}
+	l := load{used: map[string]uint64{}, count: map[string]int{}, siblings: map[string]int{}}
 	for _, s := range b.sbx {
-		used[s.member] += uint64(s.spec.MemoryMB) << 20
-		count[s.member]++
+		l.used[s.member] += uint64(s.spec.MemoryMB) << 20
+		l.count[s.member]++
+	}
+	for _, id := range spread {
+		if s := b.sbx[id]; s != nil {
+			l.siblings[s.member]++
+		}
 	}
 	need := uint64(spec.MemoryMB) << 20
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	best := c.pick(want, used, count, need, (*clusterMember).usable)
+	best := c.pick(want, l, need, (*clusterMember).usable)
 	if best == "" {
 		// None that Incus calls online: while the cluster's database
 		// elects a new leader it calls them all offline. Members whose
 		// relay answers are tried then.
-		best = c.pick(want, used, count, need, (*clusterMember).reachable)
+		best = c.pick(want, l, need, (*clusterMember).reachable)
 	}
 	if best == "" {
 		if len(want) > 0 {
@@ -545,9 +550,18 @@ func (b *Backend) place(spec runtime.Spec, want []string) (string, error) {
 	return best, nil
 }
 
+// load is what place weighs per member: the memory limits and the number
+// of its sandboxes, and how many of the new one's siblings it has.
+type load struct {
+	used     map[string]uint64
+	count    map[string]int
+	siblings map[string]int
+}
+
 // pick is place's choice among the members ok accepts; "" if none has
 // room. The caller holds c.mu.
-func (c *cluster) pick(want []string, used map[string]uint64, count map[string]int, need uint64, ok func(*clusterMember) bool) string {
+func (c *cluster) pick(want []string, l load, need uint64, ok func(*clusterMember) bool) string {
+	used, count := l.used, l.count
 	best, bestShare := "", 0.0
 	for name, m := range c.members {
 		if len(want) > 0 && !slices.Contains(want, name) || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
@@ -561,7 +575,9 @@ func (c *cluster) pick(want []string, used map[string]uint64, count map[string]i
 			continue
 		}
 		share := float64(used[name]) / budget
-		if best == "" || share < bestShare || (share == bestShare && (count[name] < count[best] || count[name] == count[best] && name < best)) {
+		sib, bestSib := l.siblings[name], l.siblings[best]
+		if best == "" || sib < bestSib || sib == bestSib && (share < bestShare ||
+			share == bestShare && (count[name] < count[best] || count[name] == count[best] && name < best)) {
 			best, bestShare = name, share
 		}
 	}

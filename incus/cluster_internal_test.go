@@ -3,6 +3,7 @@ package incus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -77,7 +78,8 @@ func TestPlace(t *testing.T) {
 		sandboxes map[string][]int
 		down      []string
 		lost      []string
-		want      []string // the members that hold the storage
+		want      []string       // the members that hold the storage
+		siblings  map[string]int // the new sandbox's pool siblings per member
 		only      []string
 		offline   []string // as Incus says; their relays answer
 		memMiB    int
@@ -100,6 +102,8 @@ func TestPlace(t *testing.T) {
 		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 		{name: "replica holders: the emptier", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m3"},
 		{name: "replica holders: one down", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}}, down: []string{"m3"}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m1"},
+		{name: "pool siblings: the member with fewest, though fuller", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m2": {512}}, siblings: map[string]int{"m2": 1, "m3": 1}, memMiB: 512, placed: "m1"},
+		{name: "pool siblings even: by share", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, siblings: map[string]int{"m1": 1, "m2": 1, "m3": 1}, memMiB: 512, placed: "m2"},
 		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,7 +123,15 @@ func TestPlace(t *testing.T) {
 			for _, m := range tc.offline {
 				b.cluster.members[m].online = false
 			}
-			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB}, tc.want)
+			var spread []string
+			for m, n := range tc.siblings {
+				for i := range n {
+					id := fmt.Sprintf("sib-%s-%d", m, i)
+					addSandbox(b, id, m, 0)
+					spread = append(spread, id)
+				}
+			}
+			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB}, tc.want, spread)
 			if !errors.Is(err, tc.err) || got != tc.placed {
 				t.Fatalf("place = %q, %v; want %q, %v", got, err, tc.placed, tc.err)
 			}
@@ -167,7 +179,7 @@ func TestMemberLostAndBack(t *testing.T) {
 	if b.Reachable("a") || !b.Reachable("c") || !b.Reachable("unknown") {
 		t.Fatalf("Reachable: a %v c %v unknown %v, want false true true", b.Reachable("a"), b.Reachable("c"), b.Reachable("unknown"))
 	}
-	if _, err := b.place(runtime.Spec{MemoryMB: 1}, nil); err != nil {
+	if _, err := b.place(runtime.Spec{MemoryMB: 1}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.settleMembers(t.Context(), t0.Add(999*time.Millisecond))

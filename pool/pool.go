@@ -240,6 +240,9 @@ type pool struct {
 	checking int
 	target   int
 	seed     bool
+	// creating are the ids of the members being created, for the next
+	// create's spread hint.
+	creating map[string]bool
 
 	rate      float64   // claims per second, as of rateAt
 	rateAt    time.Time //
@@ -679,10 +682,29 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	k := pl.key
 	m := &Member{ID: p.cfg.NewID(), AccessToken: p.cfg.NewToken(), Key: k}
 	start := time.Now()
+	// The pool's other members, ready or being made: a backend with
+	// several hosts puts this one on the host with the fewest of them,
+	// so that a host's death leaves members elsewhere.
+	p.mu.Lock()
+	siblings := make([]string, 0, len(pl.ready)+len(pl.creating))
+	for _, r := range pl.ready {
+		siblings = append(siblings, r.ID)
+	}
+	for id := range pl.creating {
+		siblings = append(siblings, id)
+	}
+	if pl.creating == nil {
+		pl.creating = map[string]bool{}
+	}
+	pl.creating[m.ID] = true
+	p.mu.Unlock()
 	_, err := p.cfg.Backend.Create(ctx, runtime.Spec{
 		ID: m.ID, Template: k.Template, CPUCount: k.CPUCount, MemoryMB: k.MemoryMB, DiskSizeMB: k.DiskMB,
-		AccessToken: m.AccessToken, AllowInternet: k.AllowInternet,
+		AccessToken: m.AccessToken, AllowInternet: k.AllowInternet, SpreadFrom: siblings,
 	})
+	p.mu.Lock()
+	delete(pl.creating, m.ID)
+	p.mu.Unlock()
 	if err == nil {
 		if err = p.cfg.Health(ctx, m.ID); err != nil {
 			err = errors.Join(errors.New("envd health"), err)

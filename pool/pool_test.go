@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,6 +112,25 @@ func (e *env) stat(k Key) Stat {
 		}
 	}
 	return Stat{Key: k}
+}
+
+// Each member is created with its pool's other members, ready or being
+// made, as the hint to place it away from them.
+func TestCreateSpreadsFromSiblings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := start(t, Config{Parallel: 1}, 3)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if s := e.stat(keyA); s.Ready != 3 {
+			t.Fatalf("after fill: %+v, want 3 ready", s)
+		}
+		// One at a time: each names those made before it.
+		for id, want := range map[string][]string{"m1": nil, "m2": {"m1"}, "m3": {"m1", "m2"}} {
+			if got := slices.Sorted(slices.Values(e.be.Get(id).Spec.SpreadFrom)); !slices.Equal(got, want) {
+				t.Errorf("member %s spread from %v; want %v", id, got, want)
+			}
+		}
+	})
 }
 
 // cutOff is the fake backend with a say on which sandboxes can be reached,

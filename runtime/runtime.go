@@ -210,6 +210,11 @@ type Spec struct {
 	// sandbox. They are part of the sandbox: a resume or a re-adopt mounts
 	// them again.
 	Mounts []Mount `json:",omitempty"`
+	// SpreadFrom names sandboxes this one is to be placed away from, where
+	// the backend has hosts to choose from (the Incus backend on a
+	// cluster): the other members of its warm or spare pool. For this
+	// create only.
+	SpreadFrom []string `json:"-"`
 }
 
 // Mount is a volume mounted into a sandbox at Path.
