@@ -516,15 +516,19 @@ func (b *Backend) startCluster(ctx context.Context, srv *Server) error {
 
 // place picks the member for a new sandbox of spec, among the members that
 // hold its storage when want names them (non-empty), first those with the
-// fewest of the sandboxes spread names (a pool's other members). The
-// caller holds b.mu (the sandboxes' memory is counted from b.sbx, creates
-// in flight included).
+// fewest of its siblings: the sandboxes spread names (a pool's other
+// members) and those of its group (its tenant's). The caller holds b.mu
+// (the sandboxes' memory is counted from b.sbx, creates in flight
+// included).
 func (b *Backend) place(spec runtime.Spec, want, spread []string) (string, error) {
 	c := b.cluster
 	l := load{used: map[string]uint64{}, count: map[string]int{}, siblings: map[string]int{}}
 	for _, s := range b.sbx {
 		l.used[s.member] += uint64(s.spec.MemoryMB) << 20
 		l.count[s.member]++
+		if spec.Group != "" && s.spec.Group == spec.Group {
+			l.siblings[s.member]++
+		}
 	}
 	for _, id := range spread {
 		if s := b.sbx[id]; s != nil {

@@ -80,6 +80,7 @@ func TestPlace(t *testing.T) {
 		lost      []string
 		want      []string       // the members that hold the storage
 		siblings  map[string]int // the new sandbox's pool siblings per member
+		group     map[string]int // sandboxes of its tenant per member
 		only      []string
 		offline   []string // as Incus says; their relays answer
 		memMiB    int
@@ -104,6 +105,7 @@ func TestPlace(t *testing.T) {
 		{name: "replica holders: one down", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}}, down: []string{"m3"}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m1"},
 		{name: "pool siblings: the member with fewest, though fuller", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m2": {512}}, siblings: map[string]int{"m2": 1, "m3": 1}, memMiB: 512, placed: "m1"},
 		{name: "pool siblings even: by share", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, siblings: map[string]int{"m1": 1, "m2": 1, "m3": 1}, memMiB: 512, placed: "m2"},
+		{name: "a tenant's sandboxes spread, though fuller", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512, 512}}, group: map[string]int{"m2": 2}, memMiB: 512, placed: "m1"},
 		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,7 +133,14 @@ func TestPlace(t *testing.T) {
 					spread = append(spread, id)
 				}
 			}
-			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB}, tc.want, spread)
+			for m, n := range tc.group {
+				for i := range n {
+					id := fmt.Sprintf("ten-%s-%d", m, i)
+					addSandbox(b, id, m, 0)
+					b.sbx[id].spec.Group = "acme"
+				}
+			}
+			got, err := b.place(runtime.Spec{MemoryMB: tc.memMiB, Group: "acme"}, tc.want, spread)
 			if !errors.Is(err, tc.err) || got != tc.placed {
 				t.Fatalf("place = %q, %v; want %q, %v", got, err, tc.placed, tc.err)
 			}

@@ -210,6 +210,9 @@ type Spec struct {
 	// sandbox. They are part of the sandbox: a resume or a re-adopt mounts
 	// them again.
 	Mounts []Mount `json:",omitempty"`
+	// Group is the sandbox's tenant: a backend with hosts to choose from
+	// spreads a group's sandboxes over them. Kept with the sandbox.
+	Group string `json:",omitempty"`
 	// SpreadFrom names sandboxes this one is to be placed away from, where
 	// the backend has hosts to choose from (the Incus backend on a
 	// cluster): the other members of its warm or spare pool. For this

@@ -688,7 +688,7 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 		r.Add(func() { m.bg.Go(destroy) })
 	} else {
 		spec := runtime.Spec{
-			ID: sb.ID, Template: sb.Template,
+			ID: sb.ID, Template: sb.Template, Group: string(sb.Tenant),
 			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
 			ForkOf: extra.forkOf, Mounts: extra.mounts,
