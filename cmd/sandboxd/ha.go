@@ -63,7 +63,7 @@ func holdLease(ctx context.Context, storeURL string, ttl time.Duration, front *s
 	if err != nil {
 		return nil, err
 	}
-	var held prometheus.Gauge = prometheus.NewGauge(prometheus.GaugeOpts{
+	held := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sandboxd_lease_held",
 		Help: "1 while this sandboxd holds the store's lease (it is the active one), 0 while it is a standby.",
 	})
