@@ -439,6 +439,9 @@ func TestClaimFailedInitFallsBackCold(t *testing.T) {
 		kill          func(e *testEnv, fb *flakyBackend, member string, cancel context.CancelFunc)
 		wantErr       bool
 		wantFallbacks int
+		// fallbacksUpTo, when set, allows up to that many: a refill
+		// ready in time is claimed, and fails, before the cold create.
+		fallbacksUpTo int
 	}{
 		{
 			name: "member's envd gone",
@@ -452,7 +455,7 @@ func TestClaimFailedInitFallsBackCold(t *testing.T) {
 			kill: func(e *testEnv, _ *flakyBackend, _ string, _ context.CancelFunc) {
 				e.be.FailInit.Store(true) // the member's /init, and the cold create's probe
 			},
-			wantErr: true, wantFallbacks: 1,
+			wantErr: true, wantFallbacks: 1, fallbacksUpTo: 2,
 		},
 		{
 			name: "caller went away",
@@ -497,8 +500,8 @@ func TestClaimFailedInitFallsBackCold(t *testing.T) {
 				if gotErr := err != nil; gotErr != tc.wantErr {
 					t.Fatalf("create: %+v, %v; want an error: %v", sb, err, tc.wantErr)
 				}
-				if got := fallbacks.Load(); got != int64(tc.wantFallbacks) {
-					t.Errorf("fallbacks counted = %d, want %d", got, tc.wantFallbacks)
+				if got := fallbacks.Load(); got != int64(tc.wantFallbacks) && (got < int64(tc.wantFallbacks) || got > int64(tc.fallbacksUpTo)) {
+					t.Errorf("fallbacks counted = %d, want %d (or up to %d)", got, tc.wantFallbacks, tc.fallbacksUpTo)
 				}
 				if got := fb.destroyed(member); got != 1 || e.be.Get(member) != nil {
 					t.Errorf("member %s destroyed %d times (still there: %v), want once", member, got, e.be.Get(member) != nil)
