@@ -75,6 +75,13 @@ type ClusterOptions struct {
 	// the image's size more than its disk size). sandboxd cannot read the
 	// mode of a pool it is not beside.
 	SimpleQuotas bool
+	// Replicas copies the top layer of every template sandboxd built to
+	// every member (replicas.go), so that its sandboxes spread. Off by
+	// default: each copy is a whole root on each member's pool, and a pool
+	// that fills up takes its incusd down (seen on the test bed, where the
+	// SDK suites build the code interpreter's template among others).
+	// Replicas that exist are used either way.
+	Replicas bool
 	// MemoryShare is the share of a member's memory that its sandboxes'
 	// memory limits may add up to. Default 1.
 	MemoryShare float64
@@ -465,7 +472,9 @@ func (b *Backend) watchCluster() {
 			}
 		})
 	})
-	wg.Go(b.replicateLoop)
+	if c.opts.Replicas {
+		wg.Go(b.replicateLoop)
+	}
 	every(b.closing, c.opts.ProbeInterval, b.probe)
 	wg.Wait()
 }

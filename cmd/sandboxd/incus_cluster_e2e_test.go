@@ -313,7 +313,7 @@ func TestIncusClusterTemplates(t *testing.T) {
 		return out
 	}
 	e := newE2EEnv(t, "a")
-	e.serveArgs = clusterServeArgs(env)
+	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates")
 	s := e.start()
 	ka := e.keys["a"]
 

@@ -45,6 +45,7 @@ func (o *remoteOpts) open() (*incus.Client, *incus.ClusterOptions, error) {
 		MemberEnvd:    o.memberEnvd,
 		LostAfter:     o.lostAfter,
 		SimpleQuotas:  o.simpleQuotas,
+		Replicas:      o.replicas,
 		Members:       o.members,
 	}, nil
 }
