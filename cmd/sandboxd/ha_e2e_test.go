@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -108,7 +109,9 @@ func (e *e2eEnv) setCurrent(s *e2eServer) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.srv = s
-	e.servers = append(e.servers, s)
+	if !slices.Contains(e.servers, s) {
+		e.servers = append(e.servers, s)
+	}
 }
 
 // postgresTenant makes tenant name with an API key in the PostgreSQL store
@@ -134,6 +137,10 @@ func (e *e2eEnv) standby(t *testing.T, name, dataDir string) *e2eServer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its log is checked for races and shown on failure with the others'.
+	e.mu.Lock()
+	e.servers = append(e.servers, s)
+	e.mu.Unlock()
 	t.Cleanup(func() {
 		if e.current() != s {
 			_ = s.stop(syscall.SIGKILL)
