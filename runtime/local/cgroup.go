@@ -1,6 +1,8 @@
 package local
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 )
 
@@ -275,4 +278,45 @@ func reconfigureCgroup2(mountpoint string, flags []string) error {
 		return fmt.Errorf("%s: reconfigure: %w", mountpoint, err)
 	}
 	return nil
+}
+
+// freezeWaits are the pauses between tries of a cgroup v1 freeze.
+var freezeWaits = []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+
+// freeze freezes a running sandbox's processes (ctr.Pause). cgroup v1's
+// freezer stays in FREEZING while a task sleeps uninterruptibly, as in disk
+// I/O on a loaded host: libcontainer tries for some hundred milliseconds,
+// thaws and gives up with "unable to freeze" (a template build's commit
+// failed so in CI while VMs filled the disk queue). Tried again a moment
+// later it succeeds, so on v1 a failure is tried again, spaced out by
+// freezeWaits, while ctx lasts and the container still runs. v2's freezer
+// waits for the freeze by itself (up to 10 s) and is not retried.
+func freeze(ctx context.Context, ctr *libcontainer.Container) error {
+	if cgroups.IsCgroup2UnifiedMode() {
+		return ctr.Pause()
+	}
+	return retryFreeze(ctx, ctr.Pause, func() bool {
+		st, err := ctr.Status()
+		return err == nil && st == libcontainer.Running
+	}, freezeWaits)
+}
+
+// retryFreeze calls pause until it succeeds, stillRunning says there is
+// nothing to freeze, waits run out or ctx ends; it returns the last error.
+func retryFreeze(ctx context.Context, pause func() error, stillRunning func() bool, waits []time.Duration) error {
+	err := pause()
+	for _, w := range waits {
+		if err == nil || errors.Is(err, libcontainer.ErrNotRunning) || !stillRunning() {
+			return err
+		}
+		t := time.NewTimer(w)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, context.Cause(ctx))
+		case <-t.C:
+		}
+		err = pause()
+	}
+	return err
 }

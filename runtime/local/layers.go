@@ -142,7 +142,7 @@ func (b *Backend) withFrozenUpper(ctx context.Context, id string, fn func(s *san
 		case err != nil:
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		case st == libcontainer.Running:
-			if err := ctr.Pause(); err != nil {
+			if err := freeze(ctx, ctr); err != nil {
 				return fmt.Errorf("sandbox %s: freeze: %w", id, err)
 			}
 			thaw = ctr.Resume

@@ -139,7 +139,7 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 		}
 		return nil
 	}
-	if err := ctr.Pause(); err != nil {
+	if err := freeze(ctx, ctr); err != nil {
 		if st, _ := ctr.Status(); st == libcontainer.Paused {
 			s.frozen = true
 			b.disarmWriters(s, true)
