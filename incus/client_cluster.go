@@ -44,12 +44,37 @@ type Resources struct {
 // Resources returns the hardware of cluster member target (empty: the
 // server answering).
 func (c *Client) Resources(ctx context.Context, target string) (*Resources, error) {
+	var r Resources
+	if err := c.getOn(ctx, "/1.0/resources", target, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// getOn reads path of cluster member target (empty: the server
+// answering) into out.
+func (c *Client) getOn(ctx context.Context, path, target string, out any) error {
 	var q url.Values
 	if target != "" {
 		q = url.Values{"target": {target}}
 	}
-	var r Resources
-	if err := c.query(ctx, http.MethodGet, "/1.0/resources", q, nil, &r); err != nil {
+	return c.query(ctx, http.MethodGet, path, q, nil, out)
+}
+
+// PoolResources is the part of GET /1.0/storage-pools/<pool>/resources
+// the backend reads: the space of the pool's source on one member.
+type PoolResources struct {
+	Space struct {
+		Used  uint64 `json:"used"`
+		Total uint64 `json:"total"`
+	} `json:"space"`
+}
+
+// StoragePoolResources returns the space of pool on cluster member target
+// (empty: the server answering).
+func (c *Client) StoragePoolResources(ctx context.Context, pool, target string) (*PoolResources, error) {
+	var r PoolResources
+	if err := c.getOn(ctx, "/1.0/storage-pools/"+url.PathEscape(pool)+"/resources", target, &r); err != nil {
 		return nil, err
 	}
 	return &r, nil

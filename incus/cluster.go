@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -76,12 +77,18 @@ type ClusterOptions struct {
 	// mode of a pool it is not beside.
 	SimpleQuotas bool
 	// Replicas copies the top layer of every template sandboxd built to
-	// every member (replicas.go), so that its sandboxes spread. Off by
-	// default: each copy is a whole root on each member's pool, and a pool
-	// that fills up takes its incusd down (seen on the test bed, where the
-	// SDK suites build the code interpreter's template among others).
-	// Replicas that exist are used either way.
+	// every member (replicas.go), so that its sandboxes spread. Each copy
+	// is a whole root on a member's pool, made only where it leaves the
+	// pool's reserve free. Replicas that exist are used either way.
 	Replicas bool
+	// PoolReserve is the share of each member's storage pool kept free: no
+	// sandbox is placed on a member whose pool has less free space, no
+	// replica is made that would leave less, and a member short of it
+	// gives up its replicas. At least 1 GiB is kept (a quarter of a pool
+	// under 4 GiB). A pool that fills up takes its incusd down when it
+	// shares incusd's disk ("database or disk is full": two members of
+	// the test bed so, and with them the cluster's quorum). Default 0.1.
+	PoolReserve float64
 	// MemoryShare is the share of a member's memory that its sandboxes'
 	// memory limits may add up to. Default 1.
 	MemoryShare float64
@@ -127,6 +134,10 @@ type clusterMember struct {
 	downSince time.Time
 	// lost: its sandboxes were given up; they are deleted when it is back.
 	lost bool
+	// poolFree and poolTotal are the space of its storage pool, as read
+	// at the last refresh (less the replicas made since); 0 total:
+	// unknown, not guarded.
+	poolFree, poolTotal uint64
 }
 
 // reachable: its relay answers (fewer than two failed probes in a row).
@@ -154,6 +165,26 @@ func (m *clusterMember) probed(ok bool) {
 // usable: reachable and online in Incus, where creates go first.
 func (m *clusterMember) usable() bool { return m.online && m.reachable() }
 
+// poolReserve is how much of m's pool to keep free (PoolReserve); 0 when
+// its size is unknown.
+func (c *cluster) poolReserve(m *clusterMember) uint64 {
+	if m.poolTotal == 0 {
+		return 0
+	}
+	return max(uint64(float64(m.poolTotal)*c.opts.PoolReserve), min(1<<30, m.poolTotal/4))
+}
+
+// poolLow: m's pool has less free space than its reserve.
+func (c *cluster) poolLow(m *clusterMember) bool {
+	return m.poolTotal > 0 && m.poolFree < c.poolReserve(m)
+}
+
+// poolRoom: m's pool is known to keep its reserve free after size bytes
+// more.
+func (c *cluster) poolRoom(m *clusterMember, size uint64) bool {
+	return m.poolTotal > 0 && m.poolFree >= size+c.poolReserve(m)
+}
+
 // cluster is the backend's cluster state; nil on a single host.
 type cluster struct {
 	opts ClusterOptions
@@ -168,6 +199,11 @@ type cluster struct {
 	// replicas are the layers' replicas (replicas.go): layer instance →
 	// member → replica instance.
 	replicas map[string]map[string]string
+	// layerSizes are the sizes of the layers replicated (keyLayerSize),
+	// noRoom the layer and member pairs logged as lacking room for a
+	// replica.
+	layerSizes map[string]uint64
+	noRoom     map[[2]string]bool
 	// single is the server's URL when it is not clustered (then its one
 	// member is singleMember).
 	single string
@@ -196,6 +232,9 @@ func newCluster(o ClusterOptions) (*cluster, error) {
 	if o.MemoryShare <= 0 {
 		o.MemoryShare = 1
 	}
+	if o.PoolReserve <= 0 {
+		o.PoolReserve = 0.1
+	}
 	if o.ProbeInterval <= 0 {
 		o.ProbeInterval = 500 * time.Millisecond
 	}
@@ -206,7 +245,7 @@ func newCluster(o ClusterOptions) (*cluster, error) {
 		o.RefreshInterval = 5 * time.Second
 	}
 	return &cluster{opts: o, members: map[string]*clusterMember{}, lost: map[string]lostInstance{}, layers: map[string]string{},
-		replicas: map[string]map[string]string{}}, nil
+		replicas: map[string]map[string]string{}, layerSizes: map[string]uint64{}, noRoom: map[[2]string]bool{}}, nil
 }
 
 // OnLost registers fn to be called with the id of every sandbox the backend
@@ -254,11 +293,18 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		known := cm != nil && cm.memory > 0
 		c.mu.Unlock()
 		var mem uint64
-		if !known && m.Status == "Online" {
-			if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
-				mem = r.Memory.Total
-			} else {
-				b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
+		var pool *PoolResources
+		if m.Status == "Online" {
+			if !known {
+				if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
+					mem = r.Memory.Total
+				} else {
+					b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
+				}
+			}
+			var err error
+			if pool, err = b.c.StoragePoolResources(ctx, b.opts.Pool, targetOf(m.Name)); err != nil {
+				b.log.Warn("incus cluster: member's storage pool", "member", m.Name, "pool", b.opts.Pool, "err", err)
 			}
 		}
 		c.mu.Lock()
@@ -270,6 +316,18 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		cm.relay = net.JoinHostPort(u.Hostname(), strconv.Itoa(c.opts.RelayPort))
 		if mem > 0 {
 			cm.memory = mem
+		}
+		if pool != nil && pool.Space.Total > 0 {
+			wasLow := c.poolLow(cm)
+			cm.poolTotal, cm.poolFree = pool.Space.Total, pool.Space.Total-min(pool.Space.Used, pool.Space.Total)
+			if low := c.poolLow(cm); low != wasLow {
+				level := slog.LevelInfo
+				if low {
+					level = slog.LevelWarn // no creates there, and its replicas go
+				}
+				b.log.Log(ctx, level, "incus cluster: member's storage pool", "member", m.Name, "short_of_space", low,
+					"free_bytes", cm.poolFree, "total_bytes", cm.poolTotal, "reserve_bytes", c.poolReserve(cm))
+			}
 		}
 		cm.online = m.Status == "Online"
 		c.mu.Unlock()
@@ -580,7 +638,7 @@ func (c *cluster) pick(want []string, l load, need uint64, ok func(*clusterMembe
 		if len(want) > 0 && !slices.Contains(want, name) || len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
 			continue
 		}
-		if !ok(m) || m.lost || m.memory == 0 {
+		if !ok(m) || m.lost || m.memory == 0 || c.poolLow(m) {
 			continue
 		}
 		budget := float64(m.memory) * c.opts.MemoryShare

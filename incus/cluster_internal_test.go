@@ -82,7 +82,8 @@ func TestPlace(t *testing.T) {
 		siblings  map[string]int // the new sandbox's pool siblings per member
 		group     map[string]int // sandboxes of its tenant per member
 		only      []string
-		offline   []string // as Incus says; their relays answer
+		offline   []string       // as Incus says; their relays answer
+		poolFree  map[string]int // GiB free of a 100 GiB pool (reserve: 10)
 		memMiB    int
 		placed    string
 		err       error
@@ -107,6 +108,11 @@ func TestPlace(t *testing.T) {
 		{name: "pool siblings even: by share", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, siblings: map[string]int{"m1": 1, "m2": 1, "m3": 1}, memMiB: 512, placed: "m2"},
 		{name: "a tenant's sandboxes spread, though fuller", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512, 512}}, group: map[string]int{"m2": 2}, memMiB: 512, placed: "m1"},
 		{name: "storage member down", members: map[string]int{"m1": 4, "m2": 4}, down: []string{"m1"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
+		{name: "pool short of its reserve skipped", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, poolFree: map[string]int{"m1": 9, "m2": 50}, memMiB: 512, placed: "m2"},
+		{name: "pool at its reserve used", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, poolFree: map[string]int{"m1": 10, "m2": 50}, memMiB: 512, placed: "m1"},
+		{name: "pool space unknown: not guarded", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, poolFree: map[string]int{"m2": 50}, memMiB: 512, placed: "m1"},
+		{name: "storage member's pool short", members: map[string]int{"m1": 4, "m2": 4}, want: []string{"m1"}, poolFree: map[string]int{"m1": 1, "m2": 50}, memMiB: 512, err: ErrNoCapacity},
+		{name: "every pool short", members: map[string]int{"m1": 4, "m2": 4}, poolFree: map[string]int{"m1": 1, "m2": 0}, memMiB: 512, err: ErrNoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := clusterBackend(t, tc.members)
@@ -124,6 +130,9 @@ func TestPlace(t *testing.T) {
 			}
 			for _, m := range tc.offline {
 				b.cluster.members[m].online = false
+			}
+			for m, gib := range tc.poolFree {
+				b.cluster.members[m].poolTotal, b.cluster.members[m].poolFree = 100<<30, uint64(gib)<<30
 			}
 			var spread []string
 			for m, n := range tc.siblings {

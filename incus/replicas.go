@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,16 @@ import (
 // RemoveLayer deletes a layer's replicas with it; a pass deletes replicas
 // whose layer is gone (a crash between the two) and half-made copies of a
 // dead process.
+//
+// Space: a replica is made only on a member whose pool keeps its reserve
+// (ClusterOptions.PoolReserve) free after the copy, by the layer's size
+// (keyLayerSize) and the pool's free space read at the last member
+// refresh. A member whose pool falls short of the reserve (its sandboxes
+// wrote) gives up its replicas, largest first, one a pass: they are the
+// only space sandboxd can free there, and its creates go to the members
+// that hold the layer meanwhile. A replica given up this way is made again
+// only once the pool has room for it above the reserve, so the two do not
+// alternate.
 
 // keyReplicaOf on a replica is the name of the layer instance it copies.
 const keyReplicaOf = "user.sandboxd.replica-of"
@@ -153,20 +164,54 @@ func (b *Backend) replicateMissing(ctx context.Context, found map[string]map[str
 			c.mu.Unlock()
 		}
 	}
+	if member, name := b.replicaToGiveUp(found); name != "" {
+		errs = append(errs, b.deleteReplica(ctx, name, "its member's pool is short of its reserve"))
+		c.mu.Lock()
+		for _, on := range c.replicas {
+			if on[member] == name {
+				delete(on, member)
+			}
+		}
+		c.mu.Unlock()
+	}
 	for _, layer := range wanted {
 		home, err := b.layerMember(ctx, layer)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for _, member := range b.replicaTargets(layer, home) {
+		in, err := b.c.Instance(ctx, layer)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replica of %s: %w", layer, err))
+			continue
+		}
+		size, _ := strconv.ParseUint(in.Config[keyLayerSize], 10, 64)
+		for _, member := range b.replicaTargets(layer, home, size) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			errs = append(errs, b.makeReplica(ctx, layer, member))
+			errs = append(errs, b.makeReplica(ctx, in, member, size))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// replicaToGiveUp picks the largest replica (of those found) on a member
+// whose pool is short of its reserve; "" if there is none.
+func (b *Backend) replicaToGiveUp(found map[string]map[string]string) (member, name string) {
+	c := b.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var best uint64
+	for layer, on := range found {
+		size := c.layerSizes[layer]
+		for m, n := range on {
+			if cm := c.members[m]; cm != nil && c.poolLow(cm) && (name == "" || size > best || size == best && n < name) {
+				member, name, best = m, n, size
+			}
+		}
+	}
+	return member, name
 }
 
 // definedLayers are the top layers of the templates defined now.
@@ -184,34 +229,48 @@ func (b *Backend) definedLayers() []string {
 }
 
 // replicaTargets are the usable members, other than home and those given
-// by --incus-member when set, that hold no replica of layer.
-func (b *Backend) replicaTargets(layer, home string) []string {
+// by --incus-member when set, that hold no replica of layer and whose
+// pool has room for one of size bytes above its reserve. A member left
+// out for room is logged once, until it has room.
+func (b *Backend) replicaTargets(layer, home string, size uint64) []string {
 	c := b.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.layerSizes[layer] = size
 	var out []string
 	for name, m := range c.members {
 		if name == home || !m.usable() || m.lost || c.replicas[layer][name] != "" ||
 			len(c.opts.Members) > 0 && !slices.Contains(c.opts.Members, name) {
 			continue
 		}
+		key := [2]string{layer, name}
+		if !c.poolRoom(m, size) {
+			if !c.noRoom[key] {
+				c.noRoom[key] = true
+				msg := "incus cluster: no room for a layer replica"
+				if m.poolTotal == 0 {
+					msg = "incus cluster: no layer replica on a member whose pool's space is unknown"
+				}
+				b.log.Warn(msg, "layer", layer, "member", name,
+					"size_bytes", size, "free_bytes", m.poolFree, "reserve_bytes", c.poolReserve(m))
+			}
+			continue
+		}
+		delete(c.noRoom, key)
 		out = append(out, name)
 	}
 	slices.Sort(out)
 	return out
 }
 
-// makeReplica copies layer to member (makeStopped: under a temporary name,
-// then renamed) and records it.
-func (b *Backend) makeReplica(ctx context.Context, layer, member string) error {
-	in, err := b.c.Instance(ctx, layer)
-	if err != nil {
-		return fmt.Errorf("replica of %s: %w", layer, err)
-	}
+// makeReplica copies layer instance in (of size bytes) to member
+// (makeStopped: under a temporary name, then renamed) and records it.
+func (b *Backend) makeReplica(ctx context.Context, in *Instance, member string, size uint64) error {
+	layer := in.Name
 	name := replicaName(layer, member)
 	cfg := map[string]string{keyReplicaOf: layer, keyStack: in.Config[keyStack], keyLayerSize: in.Config[keyLayerSize], keyOwner: b.owner}
 	t0 := time.Now()
-	err = b.makeStopped(ctx, InstanceSource{Type: "copy", Source: layer, InstanceOnly: true}, in.Architecture, targetOf(member), cfg, name, false,
+	err := b.makeStopped(ctx, InstanceSource{Type: "copy", Source: layer, InstanceOnly: true}, in.Architecture, targetOf(member), cfg, name, false,
 		"sandboxd replica of layer "+layer, func() bool { return true })
 	if err != nil {
 		return fmt.Errorf("replica of %s on %s: %w", layer, member, err)
@@ -222,6 +281,10 @@ func (b *Backend) makeReplica(ctx context.Context, layer, member string) error {
 		c.replicas[layer] = map[string]string{}
 	}
 	c.replicas[layer][member] = name
+	if m := c.members[member]; m != nil {
+		// Until the next refresh reads the pool again.
+		m.poolFree -= min(size, m.poolFree)
+	}
 	c.mu.Unlock()
 	b.log.Info("incus cluster: layer replicated", "layer", layer, "member", member, "instance", name, "took_ms", time.Since(t0).Milliseconds())
 	return nil

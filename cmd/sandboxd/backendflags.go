@@ -43,6 +43,7 @@ type remoteOpts struct {
 	lostAfter                              time.Duration
 	simpleQuotas                           bool
 	replicas                               bool
+	poolReserve                            float64
 	members                                listFlag
 }
 
@@ -54,7 +55,8 @@ func (o *remoteOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.relayPort, "incus-relay-port", 8444, "--incus-remote: port of `sandboxd relay` on each member's address")
 	fs.StringVar(&o.sandboxSubnet, "incus-sandbox-subnet", "10.135.0.0/16", "--incus-remote: IPv4 subnet of the sandboxes' routed addresses (the relays' --sandbox-subnet)")
 	fs.StringVar(&o.memberEnvd, "incus-member-envd", "/usr/local/lib/sandboxd/envd", "--incus-remote: path of the static envd binary on every member")
-	fs.BoolVar(&o.replicas, "incus-replicate-templates", false, "--incus-remote on a cluster: copy the top layer of every template sandboxd builds to every member, so that its sandboxes spread over the members (each copy is a whole root on each member's pool: size the pools for it); without it they all go to the member the template was built on")
+	fs.BoolVar(&o.replicas, "incus-replicate-templates", true, "--incus-remote on a cluster: copy the top layer of every template sandboxd builds to every member whose pool keeps --incus-pool-reserve free after the copy, so that its sandboxes spread over the members (a copy is a whole root on a member's pool); false: they all go to the member the template was built on")
+	fs.Float64Var(&o.poolReserve, "incus-pool-reserve", 0.1, "--incus-remote: share of each member's storage pool kept free (at least 1 GiB, a quarter of a pool under 4 GiB): no sandbox is placed on a member with less free, no template replica made that would leave less, and a member short of it gives up its replicas")
 	fs.BoolVar(&o.simpleQuotas, "incus-simple-quotas", false, "--incus-remote: the members' pools keep btrfs simple quotas (scripts/incus-setup.sh and incus-cluster.sh turn them on), so a root's size limits what the sandbox writes; without it the sizes allow for full quota groups, which count the blocks shared with the image too (sandboxd cannot read the mode of a remote pool)")
 	fs.Var(&o.members, "incus-member", "--incus-remote: a cluster member sandboxes may be placed on; repeatable, or comma-separated (default: every member)")
 	fs.DurationVar(&o.lostAfter, "incus-member-lost-after", 10*time.Second, "--incus-remote: how long a member stays unreachable before its sandboxes are given up (reported killed; deleted when it is back)")

@@ -313,7 +313,7 @@ func TestIncusClusterTemplates(t *testing.T) {
 		return out
 	}
 	e := newE2EEnv(t, "a")
-	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates")
+	e.serveArgs = clusterServeArgs(env) // replicas are on by default
 	s := e.start()
 	ka := e.keys["a"]
 
@@ -360,6 +360,33 @@ func TestIncusClusterTemplates(t *testing.T) {
 	}
 	for _, id := range ids {
 		wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+id, ka, nil), http.StatusNoContent)
+	}
+
+	// Pools short of their reserve (sandboxd restarted with a reserve
+	// above the members' free share; their pools share one disk here):
+	// the replicas are given up, one a pass, and no sandbox is placed.
+	pool, err := c.StoragePoolResources(ctx, "sandboxd", li.Location)
+	if err != nil || pool.Space.Total == 0 {
+		t.Fatalf("pool space on %s: %+v, %v", li.Location, pool, err)
+	}
+	free := float64(pool.Space.Total-pool.Space.Used) / float64(pool.Space.Total)
+	if free > 0.9 {
+		t.Skipf("the pools are %.0f%% free: a reserve above that leaves nothing to test", free*100)
+	}
+	if err := s.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	reserve := fmt.Sprintf("%.4f", free+0.05)
+	e.serveArgs = append(clusterServeArgs(env), "--incus-pool-reserve", reserve)
+	s = e.start()
+	e2eEventually(t, "the replicas given up with a reserve of "+reserve, 2*time.Minute, time.Second, func() (bool, string) {
+		on := replicasOf(layer)
+		return len(on) == 0, fmt.Sprint(on)
+	})
+	resp := s.api(t, http.MethodPost, "/sandboxes", ka, map[string]any{"templateID": "replicated", "secure": true})
+	wantStatus(t, "create with every pool short of its reserve", resp, http.StatusServiceUnavailable)
+	if _, err := c.Instance(ctx, layer); err != nil {
+		t.Fatalf("the layer itself after its replicas were given up: %v", err)
 	}
 	wantStatus(t, "delete template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil), http.StatusNoContent)
 	e2eEventually(t, "the layer and its replicas removed", 2*time.Minute, time.Second, func() (bool, string) {

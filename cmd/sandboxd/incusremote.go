@@ -16,6 +16,9 @@ func (o *remoteOpts) open() (*incus.Client, *incus.ClusterOptions, error) {
 	if o.clientCert == "" || o.clientKey == "" || o.serverCert == "" {
 		return nil, nil, fmt.Errorf("--incus-remote needs --incus-client-cert, --incus-client-key and --incus-server-cert")
 	}
+	if !(o.poolReserve > 0 && o.poolReserve < 1) {
+		return nil, nil, fmt.Errorf("--incus-pool-reserve %v: want a share between 0 and 1 (0.1: a tenth of each member's pool)", o.poolReserve)
+	}
 	rc, err := incus.LoadRemoteConfig(o.url, o.clientCert, o.clientKey, o.serverCert)
 	if err != nil {
 		return nil, nil, err
@@ -46,6 +49,7 @@ func (o *remoteOpts) open() (*incus.Client, *incus.ClusterOptions, error) {
 		LostAfter:     o.lostAfter,
 		SimpleQuotas:  o.simpleQuotas,
 		Replicas:      o.replicas,
+		PoolReserve:   o.poolReserve,
 		Members:       o.members,
 	}, nil
 }

@@ -1,0 +1,66 @@
+package incus
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestPoolReserve(t *testing.T) {
+	c, err := newCluster(ClusterOptions{Relay: nopRelay{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		total, want uint64
+	}{
+		{0, 0},                     // unknown
+		{100 * gib, 10 * gib},      // the share
+		{20 * gib, 2 * gib},        // the share
+		{4 * gib, 1 * gib},         // the floor
+		{2 * gib, gib / 2},         // a small pool: a quarter
+		{1000 * gib, 100 * gib},    // the share
+		{8 * gib, 1 * gib},         // the floor over the share
+		{12 * gib, 12 * gib / 10},  // the share over the floor
+		{3 * gib / 2, 3 * gib / 8}, // a quarter
+	} {
+		if got := c.poolReserve(&clusterMember{poolTotal: tc.total}); got != tc.want {
+			t.Errorf("poolReserve(total %d) = %d, want %d", tc.total, got, tc.want)
+		}
+	}
+}
+
+// TestReplicaRoom: replicas go only where the pool keeps its reserve free
+// after the copy, and a member short of its reserve gives up its largest.
+func TestReplicaRoom(t *testing.T) {
+	const gib = 1 << 30
+	b := clusterBackend(t, map[string]int{"home": 4, "roomy": 4, "tight": 4, "unknown": 4, "full": 4, "has": 4})
+	pools := map[string]uint64{"home": 50, "roomy": 50, "tight": 12, "full": 3, "has": 50} // GiB free of 100
+	for name, free := range pools {
+		b.cluster.members[name].poolTotal, b.cluster.members[name].poolFree = 100*gib, free*gib
+	}
+	b.cluster.replicas["L"] = map[string]string{"has": "sbr-has"}
+	got := b.replicaTargets("L", "home", 3*gib)
+	if want := []string{"roomy"}; !slices.Equal(got, want) {
+		t.Errorf("replicaTargets(3 GiB) = %v, want %v (tight: 12-3 < 10 reserve; unknown pool; full; has one; home)", got, want)
+	}
+	if got := b.replicaTargets("L", "home", 2*gib); !slices.Equal(got, []string{"roomy", "tight"}) {
+		t.Errorf("replicaTargets(2 GiB) = %v, want [roomy tight]", got)
+	}
+
+	// Nobody short: nothing given up.
+	found := map[string]map[string]string{
+		"L": {"has": "sbr-L-has", "full": "sbr-L-full"},
+		"M": {"full": "sbr-M-full", "roomy": "sbr-M-roomy"},
+		"N": {"full": "sbr-N-full"},
+	}
+	b.cluster.layerSizes = map[string]uint64{"L": 2 * gib, "M": 5 * gib, "N": 1 * gib}
+	b.cluster.members["full"].poolFree = 20 * gib
+	if m, name := b.replicaToGiveUp(found); name != "" {
+		t.Errorf("replicaToGiveUp with room everywhere = %s on %s, want none", name, m)
+	}
+	b.cluster.members["full"].poolFree = 3 * gib
+	if m, name := b.replicaToGiveUp(found); m != "full" || name != "sbr-M-full" {
+		t.Errorf("replicaToGiveUp = %s on %s, want the largest on the short member: sbr-M-full on full", name, m)
+	}
+}
