@@ -642,7 +642,8 @@ EOF2
       fi
     fi
     # The run's templates lived in its throw-away data dir; their layer
-    # instances would stay on the pool run after run.
+    # instances (and, on a cluster, the layers' replicas on the other
+    # members) would stay on the pools run after run.
     local l
     for l in $(comm -13 <(echo "$layers_before") <(incus_layers)); do incus_cli delete "$l" >/dev/null 2>&1; done
   fi
@@ -652,9 +653,10 @@ EOF2
 # namespace could have made (tests of the incus package use namespaces),
 # but for finished template layers, sorted, one a line.
 # incus_layers: the finished template layers (stopped sbl-* instances with
-# user.sandboxd.layer) such a sandboxd has now.
-incus_instances() { incus_list 'not i["name"].startswith("sbl-")'; }
-incus_layers() { incus_list 'i["name"].startswith("sbl-") and "user.sandboxd.layer" in i["config"]'; }
+# user.sandboxd.layer) such a sandboxd has now, and their replicas on a
+# cluster's other members (sbr-* with user.sandboxd.replica-of).
+incus_instances() { incus_list 'not i["name"].startswith(("sbl-", "sbr-"))'; }
+incus_layers() { incus_list '(i["name"].startswith("sbl-") and "user.sandboxd.layer" in i["config"]) or (i["name"].startswith("sbr-") and "user.sandboxd.replica-of" in i["config"])'; }
 incus_list() {
   incus_cli query '/1.0/instances?recursion=1' | python3 -c '
 import json, sys

@@ -79,7 +79,10 @@ type ClusterOptions struct {
 	// Replicas copies the top layer of every template sandboxd built to
 	// every member (replicas.go), so that its sandboxes spread. Each copy
 	// is a whole root on a member's pool, made only where it leaves the
-	// pool's reserve free. Replicas that exist are used either way.
+	// pool's reserve free. Off by default: on the test bed a copy takes
+	// 30-100 s and slows incusd's other work meanwhile, and a sandboxd
+	// stopped during one left instances behind (see replicas.go). Replicas
+	// that exist are used either way.
 	Replicas bool
 	// PoolReserve is the share of each member's storage pool kept free: no
 	// sandbox is placed on a member whose pool has less free space, no
@@ -199,8 +202,8 @@ type cluster struct {
 	// replicas are the layers' replicas (replicas.go): layer instance →
 	// member → replica instance.
 	replicas map[string]map[string]string
-	// layerSizes are the sizes of the layers replicated (keyLayerSize),
-	// noRoom the layer and member pairs logged as lacking room for a
+	// layerSizes are what the layers' replicas were measured to take
+	// (replicaSize), noRoom the layer and member pairs logged as lacking room for a
 	// replica.
 	layerSizes map[string]uint64
 	noRoom     map[[2]string]bool

@@ -185,7 +185,7 @@ func (b *Backend) replicateMissing(ctx context.Context, found map[string]map[str
 			errs = append(errs, fmt.Errorf("replica of %s: %w", layer, err))
 			continue
 		}
-		size, _ := strconv.ParseUint(in.Config[keyLayerSize], 10, 64)
+		size := b.replicaSize(layer, in)
 		for _, member := range b.replicaTargets(layer, home, size) {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -194,6 +194,47 @@ func (b *Backend) replicateMissing(ctx context.Context, found map[string]map[str
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// replicaSizeGuess is what a layer's replica is taken to cost before any
+// is measured: a code interpreter's root is ≈ 1.4 GiB, a small template's
+// a few hundred MiB.
+const replicaSizeGuess = 1 << 30
+
+// replicaSize is what a replica of layer instance in costs its member's
+// pool: the most of its recorded size (keyLayerSize, measured where
+// sandboxd is beside the pool), what a replica of it was measured to take
+// (Incus' disk usage of the copy, a whole root: the layer's own usage
+// counts only what it added to the layer below), or, with neither, the
+// largest replica measured of any layer, at least replicaSizeGuess.
+func (b *Backend) replicaSize(layer string, in *Instance) uint64 {
+	size, _ := strconv.ParseUint(in.Config[keyLayerSize], 10, 64)
+	c := b.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, ok := c.layerSizes[layer]; ok {
+		return max(size, m)
+	}
+	guess := uint64(replicaSizeGuess)
+	for _, m := range c.layerSizes {
+		guess = max(guess, m)
+	}
+	return max(size, guess)
+}
+
+// measureReplica records what replica name of layer takes on its pool.
+func (b *Backend) measureReplica(ctx context.Context, layer, name string) {
+	st, err := b.c.InstanceState(ctx, name)
+	if err != nil {
+		b.log.Warn("incus cluster: a replica's size", "instance", name, "err", err)
+		return
+	}
+	if u := st.Disk["root"].Usage; u > 0 {
+		c := b.cluster
+		c.mu.Lock()
+		c.layerSizes[layer] = max(c.layerSizes[layer], uint64(u))
+		c.mu.Unlock()
+	}
 }
 
 // replicaToGiveUp picks the largest replica (of those found) on a member
@@ -236,7 +277,6 @@ func (b *Backend) replicaTargets(layer, home string, size uint64) []string {
 	c := b.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.layerSizes[layer] = size
 	var out []string
 	for name, m := range c.members {
 		if name == home || !m.usable() || m.lost || c.replicas[layer][name] != "" ||
@@ -286,6 +326,7 @@ func (b *Backend) makeReplica(ctx context.Context, in *Instance, member string, 
 		m.poolFree -= min(size, m.poolFree)
 	}
 	c.mu.Unlock()
+	b.measureReplica(ctx, layer, name)
 	b.log.Info("incus cluster: layer replicated", "layer", layer, "member", member, "instance", name, "took_ms", time.Since(t0).Milliseconds())
 	return nil
 }

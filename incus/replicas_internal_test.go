@@ -64,3 +64,28 @@ func TestReplicaRoom(t *testing.T) {
 		t.Errorf("replicaToGiveUp = %s on %s, want the largest on the short member: sbr-M-full on full", name, m)
 	}
 }
+
+func TestReplicaSize(t *testing.T) {
+	const gib = 1 << 30
+	b := clusterBackend(t, map[string]int{"m1": 4})
+	in := func(recorded string) *Instance {
+		return &Instance{Config: map[string]string{keyLayerSize: recorded}}
+	}
+	if got := b.replicaSize("L", in("")); got != replicaSizeGuess {
+		t.Errorf("nothing known: %d, want the guess %d", got, replicaSizeGuess)
+	}
+	if got := b.replicaSize("L", in("3221225472")); got != 3*gib {
+		t.Errorf("recorded 3 GiB: %d", got)
+	}
+	b.cluster.layerSizes["M"] = 2 * gib
+	if got := b.replicaSize("L", in("")); got != 2*gib {
+		t.Errorf("another layer's replica took 2 GiB: %d, want that as the guess", got)
+	}
+	b.cluster.layerSizes["L"] = gib / 2
+	if got := b.replicaSize("L", in("")); got != gib/2 {
+		t.Errorf("its own replica took 512 MiB: %d", got)
+	}
+	if got := b.replicaSize("L", in("1073741824")); got != gib {
+		t.Errorf("recorded 1 GiB, measured 512 MiB: %d, want the larger", got)
+	}
+}

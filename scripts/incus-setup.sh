@@ -20,13 +20,15 @@
 #
 # Environment:
 #   INCUS_POOL   storage pool name          (default sandboxd)
-#   INCUS_POOL_SIZE                         (default 15GiB: a sparse loop file; every template layer is a whole root on it)
+#   INCUS_POOL_SIZE                         (default 30GiB: a sparse loop file; every template layer is a whole root on it,
+#                                            and the test cluster's members, their templates and the replicas of those
+#                                            share it; an existing pool smaller than this is grown)
 #   INCUS_IMAGE  alias of the test image    (default sandboxd-base)
 #   CACHE        cache directory            (default /var/cache/sandboxd/incus)
 set -euo pipefail
 
 POOL=${INCUS_POOL:-sandboxd}
-POOL_SIZE=${INCUS_POOL_SIZE:-15GiB}
+POOL_SIZE=${INCUS_POOL_SIZE:-30GiB}
 ALIAS=${INCUS_IMAGE:-sandboxd-base}
 CACHE=${CACHE:-/var/cache/sandboxd/incus}
 SOCK=/var/lib/incus/unix.socket
@@ -113,6 +115,15 @@ if ! incus storage show "$POOL" >/dev/null 2>&1; then
   step "creating btrfs pool $POOL ($POOL_SIZE loop file)"
   incus storage create "$POOL" btrfs size="$POOL_SIZE"
   step_done
+elif [[ $(incus storage get "$POOL" source 2>/dev/null) == *.img ]]; then
+  # A loop pool made with a smaller default: grown (never shrunk).
+  have=$(incus query "/1.0/storage-pools/$POOL/resources" | python3 -c 'import json,sys; print(json.load(sys.stdin)["space"]["total"])')
+  want=$(numfmt --from=iec-i "${POOL_SIZE%B}")
+  if (( have < want * 95 / 100 )); then
+    step "growing pool $POOL to $POOL_SIZE"
+    incus storage set "$POOL" size="$POOL_SIZE"
+    step_done
+  fi
 fi
 
 # Simple quotas (squota, Linux 6.7+): an extent counts against the subvolume

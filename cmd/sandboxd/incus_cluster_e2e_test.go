@@ -313,7 +313,7 @@ func TestIncusClusterTemplates(t *testing.T) {
 		return out
 	}
 	e := newE2EEnv(t, "a")
-	e.serveArgs = clusterServeArgs(env) // replicas are on by default
+	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates")
 	s := e.start()
 	ka := e.keys["a"]
 
@@ -377,7 +377,7 @@ func TestIncusClusterTemplates(t *testing.T) {
 		t.Fatal(err)
 	}
 	reserve := fmt.Sprintf("%.4f", free+0.05)
-	e.serveArgs = append(clusterServeArgs(env), "--incus-pool-reserve", reserve)
+	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates", "--incus-pool-reserve", reserve)
 	s = e.start()
 	e2eEventually(t, "the replicas given up with a reserve of "+reserve, 2*time.Minute, time.Second, func() (bool, string) {
 		on := replicasOf(layer)
