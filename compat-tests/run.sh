@@ -169,9 +169,9 @@ reg_pid=     # the test image's registries (start_registry)
 reg_env=()
 inet_pid=    # the fake internet (start_fakeinet)
 inet_env=()
-stop() { # stop PID: SIGTERM, then SIGKILL after 10 s
+stop() { # stop PID [SECONDS]: SIGTERM, then SIGKILL after SECONDS (10)
   if kill "$1" 2>/dev/null; then
-    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 $((${2:-10} * 10))); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$1" 2>/dev/null
   fi
   wait "$1" 2>/dev/null
@@ -611,7 +611,12 @@ EOF2
       summary+=("[$mode] leaks: $n sandbox(es) still listed after the suites")
     fi
   fi
-  stop "$sbxd_pid"   # SIGTERM (SIGKILL only after 10 s)
+  # SIGTERM, SIGKILL only after 10 s; on Incus 40: sandboxd waits up to 30 s
+  # there for its background deletions (the drained pools' members: 25 of
+  # them on the test cluster took longer than 10 s).
+  local grace=10
+  [[ $mode == incus || $mode == cluster ]] && grace=40
+  stop "$sbxd_pid" "$grace"
   sbxd_pid=
   left=$(ls -A "$sbxd_run/sandboxes" 2>/dev/null)
   if [[ -n $left ]]; then
