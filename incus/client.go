@@ -647,6 +647,12 @@ func (c *Client) RenameInstance(ctx context.Context, name, to string) error {
 }
 
 // DeleteInstance deletes a stopped instance and waits for it.
+// CancelOperation asks Incus to cancel operation id; one that cannot be
+// cancelled (not may_cancel) answers an error.
+func (c *Client) CancelOperation(ctx context.Context, id string) error {
+	return c.query(ctx, http.MethodDelete, "/1.0/operations/"+url.PathEscape(id), nil, nil, nil)
+}
+
 func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 	_, err := c.run(ctx, http.MethodDelete, "/1.0/instances/"+url.PathEscape(name), nil)
 	return err

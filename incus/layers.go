@@ -175,7 +175,11 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		return fmt.Errorf("create: %w", err)
 	}
 	dropTemp := func() {
-		if derr := b.c.DeleteInstance(context.WithoutCancel(ctx), tmp); derr != nil && !errors.Is(derr, runtime.ErrNotFound) {
+		// Bounded: at a stop, Close waits for this. What is left goes
+		// at the next start (another owner's half-made instance).
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonWait)
+		defer cancel()
+		if derr := b.c.DeleteInstance(dctx, tmp); derr != nil && !errors.Is(derr, runtime.ErrNotFound) {
 			b.log.Warn("incus: delete an instance left half made", "instance", tmp, "for", final, "err", derr)
 		}
 	}
@@ -185,6 +189,9 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		}
 	}()
 	if _, err := b.c.Wait(ctx, opID); err != nil {
+		if ctx.Err() != nil {
+			b.abandonOperation(opID, "make "+final)
+		}
 		return fmt.Errorf("create: %w", err)
 	}
 	in, err := b.c.Instance(ctx, tmp)
@@ -211,6 +218,24 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		return fmt.Errorf("name: %w", err)
 	}
 	return nil
+}
+
+// abandonWait bounds each step of giving up an operation at a stop: a
+// stopping sandboxd waits for it (Close), and a service manager's stop
+// timeout does not.
+const abandonWait = 5 * time.Second
+
+// abandonOperation cancels operation id, whose waiter gave up (the
+// backend is closing: a replica's copy takes a minute), and waits a
+// little for it to end, so that what it made can be deleted.
+func (b *Backend) abandonOperation(id, what string) {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonWait)
+	defer cancel()
+	if err := b.c.CancelOperation(ctx, id); err != nil {
+		b.log.Warn("incus: cancel an operation given up", "operation", id, "for", what, "err", err)
+		return
+	}
+	_, _ = b.c.Wait(ctx, id)
 }
 
 // layerRenameWait bounds awaitLayer: a concurrent rename takes Incus
