@@ -37,9 +37,9 @@ import (
 // dead process.
 //
 // Space: a replica is made only on a member whose pool keeps its reserve
-// (ClusterOptions.PoolReserve) free after the copy, by the layer's size
-// (keyLayerSize) and the pool's free space read at the last member
-// refresh. A member whose pool falls short of the reserve (its sandboxes
+// (ClusterOptions.PoolReserve) free after the copy, by what a replica of
+// the layer takes (replicaSize) and the pool's free space read at the
+// last member refresh. A member whose pool falls short of the reserve (its sandboxes
 // wrote) gives up its replicas, largest first, one a pass: they are the
 // only space sandboxd can free there, and its creates go to the members
 // that hold the layer meanwhile. A replica given up this way is made again
