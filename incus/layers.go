@@ -175,9 +175,14 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		return fmt.Errorf("create: %w", err)
 	}
 	dropTemp := func() {
-		// Bounded: at a stop, Close waits for this. What is left goes
-		// at the next start (another owner's half-made instance).
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonWait)
+		// Bounded, tightly when given up (at a stop Close waits for
+		// this). What is left goes at the next start (another owner's
+		// half-made instance).
+		wait := time.Minute
+		if ctx.Err() != nil {
+			wait = abandonWait
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
 		defer cancel()
 		if derr := b.c.DeleteInstance(dctx, tmp); derr != nil && !errors.Is(derr, runtime.ErrNotFound) {
 			b.log.Warn("incus: delete an instance left half made", "instance", tmp, "for", final, "err", derr)
