@@ -82,8 +82,9 @@ test-vms-beside-compat: build vm-bin
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
-# -timeout 30m: cmd/sandboxd's e2e tests take about 10 min on 2 busy cores,
-# go test's default limit per package. The store's tests run on PostgreSQL
+# -timeout 30m: cmd/sandboxd's e2e tests took 16 min one at a time on 2 busy
+# cores (now side by side, ≈ 7 min), over go test's default limit per
+# package. The store's tests run on PostgreSQL
 # too: scripts/postgres.sh starts a throwaway server and prints its DSN (a
 # failure to start stops here, rather than the PostgreSQL variants skipping).
 test-go: base

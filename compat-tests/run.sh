@@ -613,9 +613,12 @@ EOF2
   fi
   # SIGTERM, SIGKILL only after 10 s; on Incus 40: sandboxd waits up to 30 s
   # there for its background deletions (the drained pools' members: 25 of
-  # them on the test cluster took longer than 10 s).
+  # them on the test cluster took longer than 10 s); on the cluster 150: a
+  # template replica's copy in flight cannot be cancelled, and sandboxd
+  # waits up to 2 min for it to delete its half-made instance.
   local grace=10
-  [[ $mode == incus || $mode == cluster ]] && grace=40
+  [[ $mode == incus ]] && grace=40
+  [[ $mode == cluster ]] && grace=150
   stop "$sbxd_pid" "$grace"
   sbxd_pid=
   left=$(ls -A "$sbxd_run/sandboxes" 2>/dev/null)

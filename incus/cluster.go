@@ -79,10 +79,9 @@ type ClusterOptions struct {
 	// Replicas copies the top layer of every template sandboxd built to
 	// every member (replicas.go), so that its sandboxes spread. Each copy
 	// is a whole root on a member's pool, made only where it leaves the
-	// pool's reserve free. Off by default: on the test bed a copy takes
-	// 30-100 s and slows incusd's other work meanwhile, and a sandboxd
-	// stopped during one left instances behind (see replicas.go). Replicas
-	// that exist are used either way.
+	// pool's reserve free. On the test bed a copy takes 30-100 s, one at
+	// a time; a backend closed during one cancels it (replicas.go).
+	// Replicas that exist are used either way.
 	Replicas bool
 	// PoolReserve is the share of each member's storage pool kept free: no
 	// sandbox is placed on a member whose pool has less free space, no

@@ -230,17 +230,32 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 // timeout does not.
 const abandonWait = 5 * time.Second
 
+// uncancellableWait bounds the wait, at a stop, for an operation Incus
+// refuses to cancel: a copy between cluster members (a migration: "This
+// operation can't be cancelled"), 30-100 s for a template's root on the
+// test cluster, whose half-made instance cannot be deleted until it ends
+// ("Instance is busy running a create operation"). Waiting lets the stop
+// delete it rather than leave it to the next start; the systemd unit's
+// TimeoutStopSec allows for it.
+const uncancellableWait = 2 * time.Minute
+
 // abandonOperation cancels operation id, whose waiter gave up (the
 // backend is closing: a replica's copy takes a minute), and waits a
 // little for it to end, so that what it made can be deleted.
 func (b *Backend) abandonOperation(id, what string) {
 	ctx, cancel := context.WithTimeout(context.Background(), abandonWait)
 	defer cancel()
+	wait := abandonWait
 	if err := b.c.CancelOperation(ctx, id); err != nil {
-		b.log.Warn("incus: cancel an operation given up", "operation", id, "for", what, "err", err)
-		return
+		b.log.Info("incus: an operation given up cannot be cancelled; waiting for its end", "operation", id, "for", what,
+			"up_to", uncancellableWait.String(), "err", err)
+		wait = uncancellableWait
 	}
-	_, _ = b.c.Wait(ctx, id)
+	wctx, wcancel := context.WithTimeout(context.Background(), wait)
+	defer wcancel()
+	if _, err := b.c.Wait(wctx, id); wctx.Err() != nil {
+		b.log.Warn("incus: an operation given up did not end in time", "operation", id, "for", what, "waited", wait.String(), "err", err)
+	}
 }
 
 // layerRenameWait bounds awaitLayer: a concurrent rename takes Incus

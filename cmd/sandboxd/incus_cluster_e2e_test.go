@@ -122,7 +122,7 @@ func TestIncusClusterE2E(t *testing.T) {
 	}
 	locationOf := func(id string) string { return clusterLocation(t, c, id) }
 
-	e := newE2EEnv(t, "a", "b")
+	e := newSerialE2EEnv(t, "a", "b")
 	e.serveArgs = append(clusterServeArgs(env), "--incus-member-lost-after", "3s", "--spare-min", "base=3")
 	stopped := false
 	t.Cleanup(func() {
@@ -254,7 +254,7 @@ func TestIncusClusterHA(t *testing.T) {
 	env := loadClusterEnv(t)
 	dsn := pgtest.DSN(t)
 	clusterCmd(t, "push")
-	e := newE2EEnv(t)
+	e := newSerialE2EEnv(t)
 	const ttl = 2 * time.Second
 	e.serveArgs = append(clusterServeArgs(env), "--store", dsn, "--lease-ttl", ttl.String())
 	key := e.postgresTenant(t, dsn, "acme")
@@ -312,8 +312,8 @@ func TestIncusClusterTemplates(t *testing.T) {
 		}
 		return out
 	}
-	e := newE2EEnv(t, "a")
-	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates")
+	e := newSerialE2EEnv(t, "a")
+	e.serveArgs = clusterServeArgs(env) // replicas are the default
 	s := e.start()
 	ka := e.keys["a"]
 
@@ -377,7 +377,7 @@ func TestIncusClusterTemplates(t *testing.T) {
 		t.Fatal(err)
 	}
 	reserve := fmt.Sprintf("%.4f", free+0.05)
-	e.serveArgs = append(clusterServeArgs(env), "--incus-replicate-templates", "--incus-pool-reserve", reserve)
+	e.serveArgs = append(clusterServeArgs(env), "--incus-pool-reserve", reserve)
 	s = e.start()
 	e2eEventually(t, "the replicas given up with a reserve of "+reserve, 2*time.Minute, time.Second, func() (bool, string) {
 		on := replicasOf(layer)

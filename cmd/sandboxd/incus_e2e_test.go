@@ -75,7 +75,7 @@ func newIncusE2EEnv(t *testing.T, tenants ...string) (*e2eEnv, *incus.Client) {
 				return len(left) == 0, fmt.Sprint(left)
 			})
 	})
-	e = newE2EEnv(t, tenants...)
+	e = newSerialE2EEnv(t, tenants...)
 	var b [1]byte
 	for b[0] == 0 {
 		_, _ = rand.Read(b[:])

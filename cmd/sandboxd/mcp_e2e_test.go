@@ -19,7 +19,6 @@ import (
 // create`, and `sandboxd mcp` serves them over stdio.
 func TestMCPE2E(t *testing.T) {
 	e := newE2EEnv(t, "alice")
-	e.serveArgs = append(e.serveArgs, "--egress-subnet=10.173.0.0/16")
 	s := e.start()
 	out, _ := e.sandboxdCLI(t, "token", "create", "--data-dir", e.dataDir, "--tenant", "alice")
 	jwt := strings.TrimSpace(out)

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -552,16 +553,12 @@ func TestTemplateFlagImageEnvE2E(t *testing.T) {
 // steps, in its start command (a server the ready command waits for with
 // ss, as the SDKs' waitForPort does) and in its sandboxes.
 func TestTemplateFromDebianImageE2E(t *testing.T) {
-	img, err := testimage.Debian(testimage.DebianCache)
-	if errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
+	if _, err := testimage.Debian(testimage.DebianCache); errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
 		t.Skip(err) // CI runs incus-setup.sh first, which builds it
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := testRegistry(t, "", "")
-	ref := pushImage(t, reg, "test/debian:bookworm", "", "", img)
 	e := newE2EEnv(t, "a")
+	reg := debianRegistry(t)
+	ref := reg + "/" + "sandboxd-test/debian:bookworm"
 	e.serveArgs = append(e.serveArgs, "--plain-http-registries="+reg)
 	s := e.start()
 	ka := e.keys["a"]
@@ -594,4 +591,47 @@ func TestTemplateFromDebianImageE2E(t *testing.T) {
 	if out.stdout != want {
 		t.Errorf("sandbox of the Debian template: %q, want %q", out.stdout, want)
 	}
+}
+
+// debianRegistry starts compat-tests/registry with the Debian test image
+// (--debian) and returns its address. A process of its own, built without
+// -race: in the -race test binary, making and pushing the image's 0.8 GiB
+// took two of the package's eight minutes.
+func debianRegistry(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "registry")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/compat-tests/registry").CombinedOutput(); err != nil {
+		t.Fatalf("build compat-tests/registry: %v\n%s", err, out)
+	}
+	logPath := filepath.Join(dir, "registry.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "--open", "127.0.0.1:0", "--private", "", "--debian")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	var addr string
+	e2eEventually(t, "compat-tests/registry --debian is ready", 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
+		b, _ := os.ReadFile(logPath)
+		select {
+		case <-exited:
+			t.Fatalf("compat-tests/registry exited:\n%s", b)
+		default:
+		}
+		for line := range strings.Lines(string(b)) {
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "registry "); ok {
+				addr = a
+			}
+		}
+		return addr != "" && strings.Contains(string(b), "\nready\n"), string(b)
+	})
+	return addr
 }

@@ -15,17 +15,23 @@ package main
 //	                   reports on stderr fails the test that ran it
 //	SANDBOXD_E2E_EGRESS_SUBNET
 //	                   the --egress-subnet of every sandboxd a test starts
-//	                   without one of its own (default the backend's,
-//	                   10.133.0.0/16): runs at once on one host each take
-//	                   their own
+//	                   without one of its own, and the tests run one at a
+//	                   time; unset, each installation gets a /20 of
+//	                   10.96.0.0/12 of its own and the local backend's tests
+//	                   run side by side (go test -parallel)
 //	SANDBOXD_E2E_KNOWN_BUGS
 //	                   "1": also run the tests that known bugs of sandboxd
 //	                   fail (they skip otherwise, naming the bug)
 //
 // Each test gets its own data dir, run dir (/run/sandboxd/e2e-<random>, and
-// so its own cgroup parent) and sandboxd, and its cleanup kills every
-// sandbox, checks that none left anything on the host (state dir, mount,
-// cgroup) and removes the run dir and its cgroup parent.
+// so its own cgroup parent), egress subnet (and so its own nftables table)
+// and sandboxd, and its cleanup kills every sandbox, checks that none left
+// anything on the host (state dir, mount, cgroup) and removes the run dir,
+// its cgroup parent and its subnet's table. Nothing is shared, so the tests
+// on the local backend run side by side: they spend most of their time
+// waiting on sandboxes, and one at a time they took 16 of CI's minutes. The
+// tests on Incus stay serial (newSerialE2EEnv): a sandboxd on Incus adopts
+// every instance of no namespace at start-up.
 
 import (
 	"bufio"
@@ -40,6 +46,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +65,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/runtime/egress"
 )
 
 // e2eAPIPrefix is where sandboxd mounts E2B's REST API (server.E2BPrefix,
@@ -194,7 +202,29 @@ type e2eEnv struct {
 // the API, stops sandboxd with SIGTERM and then checks that nothing of any
 // sandbox is left on the host: no state directory in the run dir, no mount
 // under it, no cgroup.
+//
+// A top-level test that makes one runs beside the other such tests, unless
+// SANDBOXD_E2E_EGRESS_SUBNET puts every sandboxd on one subnet.
 func newE2EEnv(t *testing.T, tenants ...string) *e2eEnv {
+	t.Helper()
+	if e2eSkipReason != "" {
+		t.Skip(e2eSkipReason)
+	}
+	if !strings.Contains(t.Name(), "/") && os.Getenv("SANDBOXD_E2E_EGRESS_SUBNET") == "" {
+		if _, twice := e2eParallel.LoadOrStore(t, true); !twice { // a test with two installations
+			t.Parallel()
+		}
+	}
+	return newSerialE2EEnv(t, tenants...)
+}
+
+// e2eParallel holds the tests newE2EEnv let run beside the others.
+var e2eParallel sync.Map // *testing.T -> true
+
+// newSerialE2EEnv is newE2EEnv for a test that must run alone: one that
+// shares something host-wide with other tests' sandboxd, the host's Incus
+// or the test cluster.
+func newSerialE2EEnv(t *testing.T, tenants ...string) *e2eEnv {
 	t.Helper()
 	if e2eSkipReason != "" {
 		t.Skip(e2eSkipReason)
@@ -210,6 +240,13 @@ func newE2EEnv(t *testing.T, tenants ...string) *e2eEnv {
 		keys:    map[string]string{},
 		created: map[string]string{},
 	}
+	// Registered first, so run last: the table outlives the sandboxd that
+	// made it (sandboxd leaves its rules for sandboxes that outlive it).
+	t.Cleanup(func() {
+		if subnet, ok := e2eSubnets.LoadAndDelete(e.runDir); ok {
+			_ = egress.DeleteTable(subnet.(netip.Prefix))
+		}
+	})
 	t.Cleanup(e.cleanup)
 	for _, name := range tenants {
 		e.keys[name] = e.createKey(name)
@@ -586,9 +623,11 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 	}
 	defer logf.Close() // the child has its own copy
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if subnet := os.Getenv("SANDBOXD_E2E_EGRESS_SUBNET"); subnet != "" &&
-		!slices.ContainsFunc(extraArgs, func(a string) bool { return strings.HasPrefix(a, "--egress-subnet") }) {
-		extraArgs = append(extraArgs, "--egress-subnet="+subnet)
+	// A cluster's sandboxes are on the members' relays' subnet, not ours.
+	if !slices.ContainsFunc(extraArgs, func(a string) bool {
+		return strings.HasPrefix(a, "--egress-subnet") || strings.HasPrefix(a, "--incus-remote")
+	}) {
+		extraArgs = append(extraArgs, "--egress-subnet="+e2eSubnet(runDir))
 	}
 	// No spare floor unless the test asks for one: a test that counts what
 	// is on the host must not race the spare pool's first fill.
@@ -633,6 +672,31 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		close(s.done)
 	}()
 	return s, nil
+}
+
+// e2eSubnets holds the egress subnet of each run dir that e2eSubnet gave
+// one: every sandboxd of an installation (a restart, an HA pair) shares it,
+// and no other installation of this process gets it while it lives.
+var (
+	e2eSubnets    sync.Map // run dir -> netip.Prefix
+	e2eSubnetNext atomic.Uint32
+)
+
+// e2eSubnet is the --egress-subnet of a sandboxd on runDir that was given
+// none: SANDBOXD_E2E_EGRESS_SUBNET, or the next /20 of 10.96.0.0/12 (256 of
+// them, far more than the tests that run at once; no other test or script
+// of the repository uses the block).
+func e2eSubnet(runDir string) string {
+	if subnet := os.Getenv("SANDBOXD_E2E_EGRESS_SUBNET"); subnet != "" {
+		return subnet
+	}
+	if subnet, ok := e2eSubnets.Load(runDir); ok {
+		return subnet.(netip.Prefix).String()
+	}
+	n := e2eSubnetNext.Add(1) - 1
+	fresh := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(96 + n/16%16), byte(n % 16 * 16), 0}), 20)
+	subnet, _ := e2eSubnets.LoadOrStore(runDir, fresh)
+	return subnet.(netip.Prefix).String()
 }
 
 // e2eFreePort asks the kernel for a free loopback port.
