@@ -532,9 +532,7 @@ func (b *Backend) watchCluster() {
 			}
 		})
 	})
-	if c.opts.Replicas {
-		wg.Go(b.replicateLoop)
-	}
+	wg.Go(b.replicateLoop) // without Replicas too: it keeps the existing ones in bounds
 	every(b.closing, c.opts.ProbeInterval, b.probe)
 	wg.Wait()
 }

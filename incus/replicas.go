@@ -143,8 +143,11 @@ func (b *Backend) learnReplicas(ctx context.Context) (map[string]map[string]stri
 	return found, errors.Join(errs...)
 }
 
-// replicateMissing deletes the replicas of layers that are gone and makes
-// the missing replicas of the defined templates' layers, one at a time.
+// replicateMissing deletes the replicas of layers that are gone, gives
+// one up on a member short of its pool's reserve, and (with Replicas)
+// makes the missing replicas of the defined templates' layers, one at a
+// time. Without Replicas, the replicas a sandboxd made before are still
+// used, so they are still kept in bounds.
 func (b *Backend) replicateMissing(ctx context.Context, found map[string]map[string]string) error {
 	c := b.cluster
 	var errs []error
@@ -173,6 +176,9 @@ func (b *Backend) replicateMissing(ctx context.Context, found map[string]map[str
 			}
 		}
 		c.mu.Unlock()
+	}
+	if !c.opts.Replicas {
+		return errors.Join(errs...)
 	}
 	for _, layer := range wanted {
 		home, err := b.layerMember(ctx, layer)

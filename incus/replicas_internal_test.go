@@ -1,7 +1,13 @@
 package incus
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -87,5 +93,53 @@ func TestReplicaSize(t *testing.T) {
 	}
 	if got := b.replicaSize("L", in("1073741824")); got != gib {
 		t.Errorf("recorded 1 GiB, measured 512 MiB: %d, want the larger", got)
+	}
+}
+
+// TestReplicateMissingOff: without Replicas a pass makes no copy, but
+// still gives up a replica on a member short of its pool's reserve (the
+// replicas an earlier sandboxd made are used, so kept in bounds).
+func TestReplicateMissingOff(t *testing.T) {
+	const gib = 1 << 30
+	for _, replicas := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replicas=%v", replicas), func(t *testing.T) {
+			var mu sync.Mutex
+			var calls []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				calls = append(calls, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				switch {
+				case r.Method == http.MethodGet && r.URL.Path == "/1.0/instances/sbl-L":
+					_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{"name":"sbl-L","location":"home","architecture":"x86_64","config":{}}}`)
+				case r.Method == http.MethodDelete && r.URL.Path == "/1.0/instances/sbr-L-full":
+					_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{}}`)
+				default: // a copy: refused, so that the pass ends
+					w.WriteHeader(http.StatusInternalServerError)
+					_, _ = io.WriteString(w, `{"type":"error","error":"unexpected","error_code":500}`)
+				}
+			}))
+			t.Cleanup(srv.Close)
+			b := clusterBackend(t, map[string]int{"home": 4, "roomy": 4, "full": 4})
+			b.c = NewClientWith(srv.Client(), srv.URL)
+			b.cluster.opts.Replicas = replicas
+			for name, free := range map[string]uint64{"home": 50, "roomy": 50, "full": 3} {
+				b.cluster.members[name].poolTotal, b.cluster.members[name].poolFree = 100*gib, free*gib
+			}
+			b.cluster.layers["sbl-L"] = "home"
+			b.defined = map[string]*definedTemplate{"t": {source: &rootSource{layer: "sbl-L"}}}
+			found := map[string]map[string]string{"sbl-L": {"full": "sbr-L-full"}}
+			b.cluster.replicas = found
+			_ = b.replicateMissing(context.Background(), found)
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Contains(calls, "DELETE /1.0/instances/sbr-L-full") {
+				t.Errorf("the replica on the short member was not given up: %v", calls)
+			}
+			if copied := slices.Contains(calls, "POST /1.0/instances"); copied != replicas {
+				t.Errorf("a copy was asked for: %v, want %v (%v)", copied, replicas, calls)
+			}
+		})
 	}
 }
