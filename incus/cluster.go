@@ -80,7 +80,8 @@ type ClusterOptions struct {
 	// every member (replicas.go), so that its sandboxes spread. Each copy
 	// is a whole root on a member's pool, made only where it leaves the
 	// pool's reserve free. On the test bed a copy takes 30-100 s, one at
-	// a time; a backend closed during one cancels it (replicas.go).
+	// a time; a backend closed during one cancels it or, where Incus
+	// cannot, waits for its end (abandonOperation).
 	// Replicas that exist are used either way.
 	Replicas bool
 	// PoolReserve is the share of each member's storage pool kept free: no

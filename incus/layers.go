@@ -240,8 +240,9 @@ const abandonWait = 5 * time.Second
 const uncancellableWait = 2 * time.Minute
 
 // abandonOperation cancels operation id, whose waiter gave up (the
-// backend is closing: a replica's copy takes a minute), and waits a
-// little for it to end, so that what it made can be deleted.
+// backend is closing: a replica's copy takes a minute), and waits for it
+// to end (abandonWait; uncancellableWait where Incus refuses to cancel
+// it), so that what it made can be deleted.
 func (b *Backend) abandonOperation(id, what string) {
 	ctx, cancel := context.WithTimeout(context.Background(), abandonWait)
 	defer cancel()

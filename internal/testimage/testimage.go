@@ -109,14 +109,12 @@ func Registry(user, pass string) http.Handler {
 // git, sudo …), an Incus unified tarball: metadata.yaml and rootfs/.
 const DebianCache = "/var/cache/sandboxd/incus"
 
-// Debian returns the newest of DebianCache's images as a one-layer OCI
-// image: a rootfs made from Debian packages, for the toolchain checks of
-// template builds. It fails with fs.ErrNotExist when incus-setup.sh has
-// not built one.
-func Debian(dir string) (v1.Image, error) {
+// DebianTarball is the file Debian makes its image of: the newest
+// sandboxd-base tarball in dir (fs.ErrNotExist when there is none).
+func DebianTarball(dir string) (string, error) {
 	matches, err := filepath.Glob(filepath.Join(dir, "sandboxd-base-v*.tar"))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	// sandboxd-base-v<N>.tar, or since v5 sandboxd-base-v<N>-<the base
 	// root filesystem's directory>.tar: the highest N, the newest file of
@@ -138,7 +136,19 @@ func Debian(dir string) (v1.Image, error) {
 		}
 	}
 	if newest == "" {
-		return nil, fmt.Errorf("no Debian test image in %s (run scripts/incus-setup.sh): %w", dir, fs.ErrNotExist)
+		return "", fmt.Errorf("no Debian test image in %s (run scripts/incus-setup.sh): %w", dir, fs.ErrNotExist)
+	}
+	return newest, nil
+}
+
+// Debian returns the newest of DebianCache's images as a one-layer OCI
+// image: a rootfs made from Debian packages, for the toolchain checks of
+// template builds. It fails with fs.ErrNotExist when incus-setup.sh has
+// not built one.
+func Debian(dir string) (v1.Image, error) {
+	newest, err := DebianTarball(dir)
+	if err != nil {
+		return nil, err
 	}
 	// The layer is the rootfs/ subtree, renamed to the root. Stored, not
 	// compressed: its 0.8 GiB go through gzip once for the digest and
