@@ -701,6 +701,7 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	_, err := p.cfg.Backend.Create(ctx, runtime.Spec{
 		ID: m.ID, Template: k.Template, CPUCount: k.CPUCount, MemoryMB: k.MemoryMB, DiskSizeMB: k.DiskMB,
 		AccessToken: m.AccessToken, AllowInternet: k.AllowInternet, SpreadFrom: siblings,
+		Background: true, // no caller waits for a refill: one who waits for a cold create goes first
 	})
 	p.mu.Lock()
 	delete(pl.creating, m.ID)

@@ -218,6 +218,13 @@ type Spec struct {
 	// cluster): the other members of its warm or spare pool. For this
 	// create only.
 	SpreadFrom []string `json:"-"`
+	// Background: no caller waits for this create alone. It refills a
+	// pool, or it is one of a flood of its tenant's creates (more of them
+	// in flight or queued). A backend may start it with the least share
+	// of the CPU and give the sandbox its own share once envd answers, so
+	// that a create someone waits for gets the CPU first while both run;
+	// alone it runs as fast as any. For this create only.
+	Background bool `json:"-"`
 }
 
 // Mount is a volume mounted into a sandbox at Path.

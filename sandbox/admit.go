@@ -163,6 +163,12 @@ func (tk *Ticket) ServedFrom() string {
 	return "cold"
 }
 
+// Background says the cold create is one of a flood of its tenant's:
+// when its slot was granted, the tenant held another or had more creates
+// waiting (runtime.Spec.Background). A lone create, and one that claims,
+// is not.
+func (tk *Ticket) Background() bool { return tk.slot != nil && tk.slot.background }
+
 // ReleaseSlot gives the cold-create slot back: it bounds the backend's
 // work, not the rest of the create. Safe to call more than once.
 func (tk *Ticket) ReleaseSlot() {

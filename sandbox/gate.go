@@ -36,6 +36,10 @@ type coldGate struct {
 type gateWaiter struct {
 	t       tenant.ID
 	granted chan struct{} // closed when the waiter holds a slot
+	// background: at its grant, its tenant held another slot or had
+	// waiters behind it, so it is one of a flood (runtime.Spec.Background).
+	// Set before granted is closed.
+	background bool
 }
 
 // defaultShareWindow: a tenant that asked for a slot this recently keeps
@@ -144,6 +148,7 @@ func (g *coldGate) leave(w *gateWaiter) {
 }
 
 func (g *coldGate) grantLocked(w *gateWaiter) {
+	w.background = g.held[w.t] > 0 || len(g.queues[w.t]) > 0
 	g.free--
 	g.held[w.t]++
 	g.seq++

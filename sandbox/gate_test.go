@@ -156,6 +156,31 @@ func TestColdGate(t *testing.T) {
 			}
 			g.leave(b1)
 		}},
+		{"a flood's creates are background, a lone one is not", 3, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
+			// a's first create is alone; its second runs beside the
+			// first; the one after waits with another behind it.
+			a1, a2, a3, a4 := g.enter("a"), g.enter("a"), g.enter("a"), g.enter("a")
+			if a1.background || !a2.background || !a3.background {
+				t.Fatalf("background %v %v %v, want false true true", a1.background, a2.background, a3.background)
+			}
+			// b's create, one at a time, is never background, also when
+			// it gets a slot freed by a's flood.
+			b1 := g.enter("b")
+			g.leave(a1)
+			if !granted(b1) || b1.background {
+				t.Fatalf("b granted %v, background %v; want a foreground slot", granted(b1), b1.background)
+			}
+			g.leave(b1)
+			g.leave(a2)
+			if !granted(a4) || !a4.background {
+				t.Fatal("a's waiter granted beside a's other create is not background")
+			}
+			g.leave(a3)
+			g.leave(a4)
+			if a5 := g.enter("a"); !granted(a5) || a5.background {
+				t.Fatal("a's create after its flood ended, alone now, is background")
+			}
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := newColdGate(c.slots, c.queue)

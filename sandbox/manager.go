@@ -29,7 +29,9 @@
 // fewest (the one served longest ago among equals), so a tenant flooding
 // creates never takes every slot from another: the other's create finds
 // one free (or waits for one create), and shares the CPUs with a bounded
-// number of the flood's. Only what exceeds the host's capacity is refused:
+// number of the flood's, which start in the background (Ticket.Background,
+// runtime.Spec.Background): the flood's creates after its first, and pool
+// refills, take the CPU a lone create leaves. Only what exceeds the host's capacity is refused:
 // the waiters are bounded (ColdQueue), each tenant to its share, and a
 // create beyond gets 429 with Retry-After. A waiting create counts against its
 // tenant's quota although it has no row yet, holds no lock, and gives up
@@ -691,7 +693,7 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 			ID: sb.ID, Template: sb.Template, Group: string(sb.Tenant),
 			CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 			Env: sb.EnvVars, AccessToken: sb.EnvdAccessToken, AllowInternet: sb.AllowInternetAccess,
-			ForkOf: extra.forkOf, Mounts: extra.mounts,
+			ForkOf: extra.forkOf, Mounts: extra.mounts, Background: tk.Background(),
 		}
 		if spec.EnvdInit, err = m.envdInitBody(sb); err != nil {
 			return nil, fmt.Errorf("create sandbox: %w", err)

@@ -71,6 +71,25 @@ func removeCgroup(path string) error {
 	return nil
 }
 
+// setCPUShares sets the share of the CPU of the cgroup at path against its
+// siblings: cpu.shares on cgroup v1, on v2 the cpu.weight libcontainer
+// derives from shares (so it matches what a start with those shares wrote).
+func setCPUShares(path string, shares uint64) error {
+	m, err := cgroupManager(path)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	if cgroups.IsCgroup2UnifiedMode() {
+		err = cgroups.WriteFile(m.Path(""), "cpu.weight", strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(shares), 10))
+	} else {
+		err = cgroups.WriteFile(m.Path("cpu"), "cpu.shares", strconv.FormatUint(shares, 10))
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup %s: cpu share: %w", path, err)
+	}
+	return nil
+}
+
 // Delegation limits: how many cgroups a sandbox may create below its own,
 // and how deep. envd needs one for itself and one per running command (a
 // sandbox's pids.max bounds those anyway); nested containers inside need a

@@ -363,6 +363,13 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}
+	if spec.Background {
+		// Up: from here it is a sandbox like any, with its full share.
+		if err := setCPUShares(b.cgroupPath(spec.ID), cpuShares(spec.CPUCount)); err != nil {
+			return err
+		}
+		s.meta.Spec.Background = false
+	}
 	if s.ctr == nil {
 		s.loadContainer(filepath.Join(dir, "ctr"))
 	}

@@ -1,6 +1,12 @@
 package local
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/opencontainers/cgroups"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
 
 // HostInterface is the name of sandbox id's host veth end, for tests.
 func HostInterface(id string) string {
@@ -71,4 +77,22 @@ func SetMaxWriterPaths(t interface{ Cleanup(func()) }, n int) {
 	old := maxWriterPaths
 	maxWriterPaths = n
 	t.Cleanup(func() { maxWriterPaths = old })
+}
+
+// CPUShare is what sandbox id's cgroup holds as its share of the CPU:
+// cpu.shares on cgroup v1, cpu.weight on v2, for tests.
+func (b *Backend) CPUShare(id string) (string, error) {
+	m, err := cgroupManager(b.cgroupPath(id))
+	if err != nil {
+		return "", err
+	}
+	if cgroups.IsCgroup2UnifiedMode() {
+		return cgroups.ReadFile(m.Path(""), "cpu.weight")
+	}
+	return cgroups.ReadFile(m.Path("cpu"), "cpu.shares")
+}
+
+// OCICPUShares is the CPU shares a sandbox of spec starts with, for tests.
+func OCICPUShares(spec runtime.Spec) uint64 {
+	return *ociSpec(specInput{spec: spec, tpl: &template{}}).Linux.Resources.CPU.Shares
 }

@@ -1965,3 +1965,35 @@ func TestForkBomb(t *testing.T) {
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
 	runtimetest.ForkBomb(t, b, id, cgroups.IsCgroup2UnifiedMode())
 }
+
+// A background create (runtime.Spec.Background) starts with the least
+// share of the CPU and, once up, holds the same share as any sandbox of
+// its size, so that its start yields to creates someone waits for and the
+// sandbox does not.
+func TestBackgroundCreate(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	spec := runtimetest.Finish(runtime.Spec{})
+	bg := spec
+	bg.Background = true
+	if fg, low := local.OCICPUShares(spec), local.OCICPUShares(bg); low != 2 || fg <= low {
+		t.Fatalf("shares at the start: %d background, %d otherwise; want 2 and more", low, fg)
+	}
+	share := map[bool]string{}
+	for _, background := range []bool{false, true} {
+		s := spec
+		s.ID, s.Background = runtimetest.NewID(), background
+		if _, err := b.Create(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), s.ID) })
+		v, err := b.CPUShare(s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		share[background] = v
+	}
+	if share[true] != share[false] {
+		t.Errorf("CPU share once up: %q after a background create, %q after another", share[true], share[false])
+	}
+}

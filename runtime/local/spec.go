@@ -59,6 +59,15 @@ type specInput struct {
 	volumes []specs.Mount
 }
 
+// cpuShares is a running sandbox's share of the CPU against the others:
+// one CPU's worth (1024, the kernel's default) per CPU it may use.
+func cpuShares(cpus int) uint64 { return uint64(1024 * cpus) }
+
+// backgroundCPUShares is the least share the kernel takes (cpu.weight 1 on
+// cgroup v2): a background create's start (runtime.Spec.Background) runs
+// on the CPU time the creates someone waits for leave.
+const backgroundCPUShares = 2
+
 // ociSpec describes a sandbox as an OCI runtime spec, which specconv turns
 // into libcontainer's config the way runc does, with runc's defaults for
 // devices.
@@ -73,7 +82,10 @@ func ociSpec(in specInput) *specs.Spec {
 	mem := int64(s.MemoryMB+s.DiskSizeMB) << 20
 	cpuPeriod := uint64(100000)
 	cpuQuota := int64(s.CPUCount) * int64(cpuPeriod)
-	cpuShares := uint64(1024 * s.CPUCount)
+	cpuShares := cpuShares(s.CPUCount)
+	if s.Background {
+		cpuShares = backgroundCPUShares // until envd answers (start)
+	}
 	memory := &specs.LinuxMemory{Limit: &mem}
 	if in.swap {
 		memory.Swap = &mem // memory+swap = memory: no swap
