@@ -31,9 +31,9 @@
 // one free (or waits for one create), and shares the CPUs with a bounded
 // number of the flood's, which start in the background (Ticket.Background,
 // runtime.Spec.Background): the flood's creates after its first, and pool
-// refills, take the CPU a lone create leaves. Only what exceeds the host's capacity is refused:
-// the waiters are bounded (ColdQueue), each tenant to its share, and a
-// create beyond gets 429 with Retry-After. A waiting create counts against its
+// refills, take the CPU a lone create leaves. Only what exceeds the host's
+// capacity is refused: the waiters are bounded (ColdQueue), each tenant to
+// its share, and a create beyond gets 429 with Retry-After. A waiting create counts against its
 // tenant's quota although it has no row yet, holds no lock, and gives up
 // when its request ends. Its audit line says how long it waited
 // (waited_ms) and where it was served from (served_from: pool or cold).
