@@ -71,21 +71,19 @@ func removeCgroup(path string) error {
 	return nil
 }
 
-// setCPUShares sets the share of the CPU of the cgroup at path against its
-// siblings: cpu.shares on cgroup v1, on v2 the cpu.weight libcontainer
-// derives from shares (so it matches what a start with those shares wrote).
-func setCPUShares(path string, shares uint64) error {
-	m, err := cgroupManager(path)
-	if err != nil {
-		return fmt.Errorf("cgroup %s: %w", path, err)
-	}
+// setCPUShares sets the share of the CPU of cgroup dir (its directory in
+// the cpu controller's hierarchy) against its siblings: cpu.shares on
+// cgroup v1, on v2 the cpu.weight libcontainer derives from shares (so it
+// matches what a start with those shares wrote).
+func setCPUShares(dir string, shares uint64) error {
+	var err error
 	if cgroups.IsCgroup2UnifiedMode() {
-		err = cgroups.WriteFile(m.Path(""), "cpu.weight", strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(shares), 10))
+		err = cgroups.WriteFile(dir, "cpu.weight", strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(shares), 10))
 	} else {
-		err = cgroups.WriteFile(m.Path("cpu"), "cpu.shares", strconv.FormatUint(shares, 10))
+		err = cgroups.WriteFile(dir, "cpu.shares", strconv.FormatUint(shares, 10))
 	}
 	if err != nil {
-		return fmt.Errorf("cgroup %s: cpu share: %w", path, err)
+		return fmt.Errorf("cgroup %s: cpu share: %w", dir, err)
 	}
 	return nil
 }

@@ -365,7 +365,11 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	}
 	if spec.Background {
 		// Up: from here it is a sandbox like any, with its full share.
-		if err := setCPUShares(b.cgroupPath(spec.ID), cpuShares(spec.CPUCount)); err != nil {
+		parent, err := b.cpuParent()
+		if err != nil {
+			return err
+		}
+		if err := setCPUShares(filepath.Join(parent, spec.ID), cpuShares(spec.CPUCount)); err != nil {
 			return err
 		}
 		s.meta.Spec.Background = false

@@ -227,6 +227,10 @@ type Backend struct {
 	// the writer is (see delegates).
 	nsDelegate bool
 
+	// cpuParent is CgroupParent's directory in the hierarchy of the cpu
+	// controller, found once: a manager's paths cost ≈ 0.3 ms to compute.
+	cpuParent func() (string, error)
+
 	viewMu sync.Mutex
 	views  map[string]bool // idmapped views of outside templates mounted
 
@@ -392,6 +396,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 
 	b := &Backend{
+		cpuParent: sync.OnceValues(func() (string, error) {
+			m, err := cgroupManager(opts.CgroupParent)
+			if err != nil {
+				return "", fmt.Errorf("cgroup %s: %w", opts.CgroupParent, err)
+			}
+			return m.Path("cpu"), nil // on cgroup v2 the one directory
+		}),
 		opts:       opts,
 		log:        opts.Log,
 		seccomp:    seccompEnabled,
