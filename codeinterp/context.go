@@ -363,7 +363,8 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 // The kernel handles requests in order and its answer travels a round
 // trip behind, so the output it had under way is through by then. The
 // request is not an execution: a kernel that tags its console output with
-// the last execution's request still tags this execution's.
+// the last execution's request still tags this execution's, and output
+// tagged with the kernel_info_request itself is this execution's too.
 func (c *execContext) settle(ctx context.Context, ch <-chan message, e *execution, emit func(Line) error) {
 	_, fence, done, err := c.conn.send("kernel_info_request", struct{}{})
 	if err != nil {
@@ -383,6 +384,11 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 			pass(m)
 		case m := <-fence:
 			switch {
+			case m.Channel == "iopub" && m.Header.MsgType == "stream":
+				// Deno publishes console output it flushes while handling
+				// the request under that request's header; a
+				// kernel_info_request has no output of its own.
+				pass(m)
 			case m.Channel == "iopub" && m.Header.MsgType == "status":
 				var st statusContent
 				_ = json.Unmarshal(m.Content, &st)

@@ -22,11 +22,14 @@ import (
 // the kernel publishes on iopub is lost until lostIopub requests have gone
 // by, and with noIdle the idle status of every execution is lost. With
 // afterIdle, an execution's result and output come after its idle status,
-// as Deno's sometimes do.
+// as Deno's sometimes do; with streamOnNext, its console output is published
+// while the kernel handles the next request, tagged with that one.
 type lateKernel struct {
-	lostIopub int
-	noIdle    bool
-	afterIdle bool
+	lostIopub    int
+	noIdle       bool
+	afterIdle    bool
+	streamOnNext bool
+	pending      bool // an execution's output waits for the next request
 
 	mu       sync.Mutex
 	requests []string
@@ -100,6 +103,13 @@ func (k *lateKernel) serve(t *testing.T) string {
 			}
 			if iopub {
 				reply("iopub", "status", `{"execution_state":"busy"}`)
+			}
+			k.mu.Lock()
+			pending := k.pending
+			k.pending = k.streamOnNext && req.Header.MsgType == "execute_request"
+			k.mu.Unlock()
+			if iopub && pending {
+				reply("iopub", "stream", `{"name":"stderr","text":"on next\n"}`)
 			}
 			switch req.Header.MsgType {
 			case "kernel_info_request":
@@ -227,5 +237,26 @@ func TestExecuteOutputAfterIdle(t *testing.T) {
 	defer k.mu.Unlock()
 	if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,kernel_info_request" {
 		t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, a kernel_info_request", k.requests)
+	}
+}
+
+// Console output of a Deno execution that the kernel publishes while it
+// handles the kernel_info_request sent after the execution (tagged with
+// that request) still reaches the execution: a kernel_info_request has no
+// output of its own.
+func TestExecuteOutputTaggedWithNext(t *testing.T) {
+	k := &lateKernel{streamOnNext: true}
+	c := lateContext(t, k)
+	c.Language = "javascript"
+	var got []string
+	err := c.Execute(context.Background(), "1+1", map[string]string{}, nil, func(l Line) error {
+		got = append(got, fmt.Sprintf("%v:%v", l["type"], l["text"]))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "result:False,stderr:on next\n"; strings.Join(got, ",") != want {
+		t.Errorf("lines %q, want %q", strings.Join(got, ","), want)
 	}
 }
