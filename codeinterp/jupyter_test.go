@@ -215,48 +215,40 @@ func TestExecuteWithoutIdleEnds(t *testing.T) {
 	}
 }
 
-// A Deno execution's output that comes after its idle status still
-// reaches the execution: it waits for the answer to a kernel_info_request
-// it sends after the idle.
-func TestExecuteOutputAfterIdle(t *testing.T) {
-	k := &lateKernel{afterIdle: true}
-	c := lateContext(t, k)
-	c.Language = "javascript"
-	var got []string
-	err := c.Execute(context.Background(), "1+1", map[string]string{}, nil, func(l Line) error {
-		got = append(got, fmt.Sprintf("%v:%v%v", l["type"], l["text"], l["execution_count"]))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "stdout:late\n<nil>,result:2<nil>"; strings.Join(got, ",") != want {
-		t.Errorf("lines %q, want %q", strings.Join(got, ","), want)
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,kernel_info_request" {
-		t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, a kernel_info_request", k.requests)
-	}
-}
-
-// Console output of a Deno execution that the kernel publishes while it
-// handles the kernel_info_request sent after the execution (tagged with
-// that request) still reaches the execution: a kernel_info_request has no
-// output of its own.
-func TestExecuteOutputTaggedWithNext(t *testing.T) {
-	k := &lateKernel{streamOnNext: true}
-	c := lateContext(t, k)
-	c.Language = "javascript"
-	var got []string
-	err := c.Execute(context.Background(), "1+1", map[string]string{}, nil, func(l Line) error {
-		got = append(got, fmt.Sprintf("%v:%v", l["type"], l["text"]))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "result:False,stderr:on next\n"; strings.Join(got, ",") != want {
-		t.Errorf("lines %q, want %q", strings.Join(got, ","), want)
+// A Deno execution's late output still reaches the execution, which waits
+// for the answer to a kernel_info_request it sends after the idle: output
+// that comes after its idle status, and console output the kernel
+// publishes while it handles that request, tagged with it (a
+// kernel_info_request has no output of its own).
+func TestExecuteLateOutput(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		kernel *lateKernel
+		want   string
+	}{
+		{"after the idle status", &lateKernel{afterIdle: true}, "stdout:late\n<nil>,result:2<nil>"},
+		{"tagged with the next request", &lateKernel{streamOnNext: true}, "result:False<nil>,stderr:on next\n<nil>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := lateContext(t, tc.kernel)
+			c.Language = "javascript"
+			var got []string
+			err := c.Execute(context.Background(), "1+1", map[string]string{}, nil, func(l Line) error {
+				got = append(got, fmt.Sprintf("%v:%v%v", l["type"], l["text"], l["execution_count"]))
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Errorf("lines %q, want %q", strings.Join(got, ","), tc.want)
+			}
+			k := tc.kernel
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,kernel_info_request" {
+				t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, a kernel_info_request", k.requests)
+			}
+		})
 	}
 }
