@@ -108,7 +108,7 @@ func (d *dialCounter) Dial(ctx context.Context, id string, port int) (net.Conn, 
 // keep-alive connections to envd rather than each dialing its own.
 func TestNativeExecReusesConnections(t *testing.T) {
 	dc := &dialCounter{}
-	e := newNativeEnvWith(t, true, func(be runtime.Backend) runtime.Backend { dc.Backend = be; return dc })
+	e := newNativeEnvWith(t, true, func(be runtime.Backend) runtime.Backend { dc.Backend = be; return dc }, nil)
 	tok := e.full()
 	sb := e.create(tok, nil)
 	run := func() {

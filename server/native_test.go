@@ -60,12 +60,13 @@ type nativeEnv struct {
 
 func newNativeEnv(t testing.TB, real bool) *nativeEnv {
 	t.Helper()
-	return newNativeEnvWith(t, real, nil)
+	return newNativeEnvWith(t, real, nil, nil)
 }
 
 // newNativeEnvWith is newNativeEnv with the real backend wrapped by wrap
-// (nil: as is), to observe what the server asks of it.
-func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtime.Backend) *nativeEnv {
+// (nil: as is), to observe what the server asks of it, and the server's
+// Config changed by conf (nil: none).
+func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtime.Backend, conf func(*Config)) *nativeEnv {
 	t.Helper()
 	if real && nativeSkipReal != "" {
 		t.Skip(nativeSkipReal)
@@ -85,8 +86,12 @@ func newNativeEnvWith(t testing.TB, real bool, wrap func(runtime.Backend) runtim
 		}
 	}
 	mgr := sandbox.New(cfg)
-	h := New(Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
-		JWT: jwtauth.NewVerifier(testSecret, nil)})
+	scfg := Config{Manager: mgr, Store: st, Log: log, EnvdVersion: "0.6.13",
+		JWT: jwtauth.NewVerifier(testSecret, nil)}
+	if conf != nil {
+		conf(&scfg)
+	}
+	h := New(scfg)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return &nativeEnv{t: t, srv: srv, st: st, mgr: mgr, keys: keys, client: &http.Client{}}

@@ -15,39 +15,13 @@ import (
 // process, so the process blocks on its full pipe with bounded buffering on
 // the way, and once the client reads again every byte arrives.
 func TestNativeExecWebsocketBackpressure(t *testing.T) {
-	e := newNativeEnv(t, true)
-	tok := e.full()
-	sb := e.create(tok, nil)
-	c, _, err := e.dialWS(sb.Id, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const total = 96 << 20
-	argv := []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}
-	c.start(nativews.Frame{Argv: argv})
+	// The write wait is far beyond what finding the stall can take on a
+	// loaded machine: this test is about a client that comes back.
+	c, written := startFlood(t, 10*time.Minute)
 
-	// How much head has written so far, from inside the sandbox; -1 once it
-	// is gone.
-	script := `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "` +
-		strings.Join(argv, " ") + ` " ] && sed -n 's/^wchar: //p' $p/io; done; true`
-	written := func() int {
-		res := e.exec(sb.Id, tok, map[string]any{"cmd": script})
-		out := strings.TrimSpace(res.Stdout)
-		if res.ExitCode != 0 {
-			t.Fatalf("reading progress: %+v", res)
-		}
-		if out == "" {
-			return -1
-		}
-		n, err := strconv.Atoi(out)
-		if err != nil {
-			t.Fatalf("progress %q: %v", out, err)
-		}
-		return n
-	}
 	// Wait until the stalled process stops making progress.
 	last := -2
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		w := written()
 		if w < 0 {
@@ -63,8 +37,8 @@ func TestNativeExecWebsocketBackpressure(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// envd buffers up to 32 MiB for the reader; the rest is the transports.
-	if last >= total*3/4 {
-		t.Fatalf("process wrote %d of %d bytes while its client read nothing", last, total)
+	if last >= floodBytes*3/4 {
+		t.Fatalf("process wrote %d of %d bytes while its client read nothing", last, floodBytes)
 	}
 	t.Logf("stalled after %d bytes", last)
 
@@ -79,12 +53,90 @@ func TestNativeExecWebsocketBackpressure(t *testing.T) {
 			got += len(f.Data)
 			continue
 		case "exit":
-			if exitCode(f) != 0 || got != total {
-				t.Fatalf("exit %+v after %d bytes; want exit 0 after %d", f, got, total)
+			if exitCode(f) != 0 || got != floodBytes {
+				t.Fatalf("exit %+v after %d bytes; want exit 0 after %d", f, got, floodBytes)
 			}
 		default:
 			t.Fatalf("frame %+v after %d bytes; want stdout until exit", f, got)
 		}
 		break
+	}
+}
+
+// A client that takes no output for the write wait is gone: the session
+// ends, the websocket closes, and the process is killed rather than left
+// blocked on a pipe nobody drains.
+func TestNativeExecWebsocketStuckClient(t *testing.T) {
+	c, written := startFlood(t, time.Second)
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for written() >= 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the process still runs 2 minutes after its client stopped reading; want it killed after the write wait")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// What the client had buffered is still readable; then the websocket
+	// ends without an exit frame.
+	got := 0
+	for {
+		_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		var f nativews.Frame
+		if err := c.conn.ReadJSON(&f); err != nil {
+			t.Logf("websocket ended after %d bytes: %v", got, err)
+			break
+		}
+		if f.Type != "stdout" {
+			t.Fatalf("frame %+v after %d bytes; want stdout until the websocket ends", f, got)
+		}
+		got += len(f.Data)
+	}
+	if got >= floodBytes {
+		t.Fatalf("client got all %d bytes; want the session ended before", got)
+	}
+}
+
+// floodBytes is what startFlood's process writes: far more than the
+// transports and envd buffer between it and a client that reads nothing.
+const floodBytes = 96 << 20
+
+// startFlood starts a process writing floodBytes over exec/ws on a server
+// whose websocket writes wait writeWait, and returns the client (which has
+// read nothing but the started frame) and a probe of the process's progress.
+func startFlood(t *testing.T, writeWait time.Duration) (*wsClient, func() int) {
+	e := newNativeEnvWith(t, true, nil, func(c *Config) { c.NativeWSWriteWait = writeWait })
+	tok := e.full()
+	sb := e.create(tok, nil)
+	c, _, err := e.dialWS(sb.Id, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"head", "-c", strconv.Itoa(floodBytes), "/dev/zero"}
+	c.start(nativews.Frame{Argv: argv})
+	return c, e.progress(sb.Id, tok, argv)
+}
+
+// progress returns a probe of how much the process running argv in sandbox
+// id has written so far, read from inside the sandbox; the probe returns -1
+// once the process is gone.
+func (e *nativeEnv) progress(id, tok string, argv []string) func() int {
+	t := e.t
+	script := `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "` +
+		strings.Join(argv, " ") + ` " ] && sed -n 's/^wchar: //p' $p/io; done; true`
+	return func() int {
+		t.Helper()
+		res := e.exec(id, tok, map[string]any{"cmd": script})
+		out := strings.TrimSpace(res.Stdout)
+		if res.ExitCode != 0 {
+			t.Fatalf("reading progress: %+v", res)
+		}
+		if out == "" {
+			return -1
+		}
+		n, err := strconv.Atoi(out)
+		if err != nil {
+			t.Fatalf("progress %q: %v", out, err)
+		}
+		return n
 	}
 }

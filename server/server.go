@@ -69,6 +69,9 @@ type Config struct {
 	// NativeIdleTTL is the idle TTL of native creates that name none
 	// (sandboxd serve --native-idle-ttl); 0: none. E2B creates never have one.
 	NativeIdleTTL time.Duration
+	// NativeWSWriteWait is how long exec/ws waits for a client that takes
+	// no output before it ends the session; 0: 30 s.
+	NativeWSWriteWait time.Duration
 	// Version is sandboxd's, as the MCP server reports it.
 	Version string
 }
@@ -138,7 +141,7 @@ func New(cfg Config) http.Handler {
 		root.Method(http.MethodPut, prefix+"/templates/{templateID}/files/{hash}/upload", upload)
 	}
 	ws := workspace.New(workspace.Config{Manager: cfg.Manager, Differ: cfg.Differ, Templates: cfg.Builds, Log: log})
-	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL})
+	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL, WSWriteWait: cfg.NativeWSWriteWait})
 	root.Mount(NativePrefix, newNative(cfg, lm, nat)) // E2BPrefix, longer, still routes to e2b
 	root.Handle(MCPPath, newMCP(cfg, lm, nat, ws))
 	root.Mount(E2BPrefix, e2bRouter)

@@ -37,6 +37,8 @@ type API struct {
 	log *slog.Logger
 	// idleTTL is the idle TTL of a create that names none; 0: none.
 	idleTTL time.Duration
+	// wsWriteWait is how long a websocket write may wait on its client.
+	wsWriteWait time.Duration
 	// up carries every call to every sandbox's envd, so that calls reuse
 	// connections (each a stream over the backend's private channel)
 	// instead of dialing afresh; client sends through it.
@@ -54,13 +56,20 @@ type Config struct {
 	Log       *slog.Logger
 	// IdleTTL is the idle TTL of creates that name none; 0: none.
 	IdleTTL time.Duration
+	// WSWriteWait is how long exec/ws waits for a client that takes no
+	// output before it ends the session (and kills the process unless it
+	// is detached); 0: 30 s.
+	WSWriteWait time.Duration
 }
 
 // New returns the native API on cfg.Manager. Routes lists its endpoints;
 // the caller routes them, authenticates (WithScopes) and answers its own
 // errors with WriteError.
 func New(cfg Config) *API {
-	a := &API{mgr: cfg.Manager, ws: cfg.Workspace, log: cfg.Log, idleTTL: cfg.IdleTTL}
+	a := &API{mgr: cfg.Manager, ws: cfg.Workspace, log: cfg.Log, idleTTL: cfg.IdleTTL, wsWriteWait: cfg.WSWriteWait}
+	if a.wsWriteWait <= 0 {
+		a.wsWriteWait = wsWriteWait
+	}
 	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
 	a.client = &http.Client{Transport: a.up.Transport()}
 	// A connection pooled across a pause would hang; see proxy.Upstream.

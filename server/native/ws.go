@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -54,12 +55,15 @@ var wsUpgrader = websocket.Upgrader{
 type wsConn struct {
 	*websocket.Conn
 	mu sync.Mutex
+	// writeWait bounds each write: a client that takes no output for
+	// that long is gone as far as the session is concerned.
+	writeWait time.Duration
 }
 
 func (c *wsConn) send(f nativews.Frame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_ = c.SetWriteDeadline(time.Now().Add(wsWriteWait))
+	_ = c.SetWriteDeadline(time.Now().Add(c.writeWait))
 	return c.WriteJSON(f)
 }
 
@@ -94,7 +98,7 @@ func (a *API) ExecWebsocket(w http.ResponseWriter, r *http.Request, id string) {
 	if err != nil {
 		return // the upgrader answered the client
 	}
-	conn := &wsConn{Conn: raw}
+	conn := &wsConn{Conn: raw, writeWait: a.wsWriteWait}
 	defer conn.Close()
 	conn.SetReadLimit(wsMaxFrame)
 	if err := a.wsSession(r.Context(), conn, id); err != nil {
@@ -165,10 +169,17 @@ func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	}()
 	go func() {
 		defer wg.Done()
-		wsPing(session, conn, endSession)
+		if err := wsPing(session, conn); err != nil {
+			a.logLostClient(id, pid, "ping", err)
+			endSession()
+		}
 	}()
 
-	end := wsForward(stream, conn, endSession)
+	end, err := wsForward(stream, conn)
+	if err != nil {
+		a.logLostClient(id, pid, "output", err)
+		endSession()
+	}
 	// envd enforces the timeout too, and its answer can come before our
 	// own deadline fires (as in exec).
 	timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded) ||
@@ -179,6 +190,20 @@ func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	endSession()
 	wg.Wait()
 	return nil
+}
+
+// logLostClient records why a session lost its client in a write: a
+// client that took nothing for the write wait is an operator's concern
+// (a stuck or too slow consumer), one that went away is routine.
+func (a *API) logLostClient(id string, pid uint32, what string, err error) {
+	// The websocket library hides the deadline error behind a net.Error
+	// of its own that keeps only Timeout.
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		a.log.Warn("exec ws: client took no "+what+" within the write wait; session ends",
+			"sandbox_id", id, "pid", pid, "write_wait", a.wsWriteWait.String())
+		return
+	}
+	a.log.Info("exec ws: client gone during "+what+"; session ends", "sandbox_id", id, "pid", pid, "err", err)
 }
 
 // readStart reads and checks the session's first frame.
@@ -202,35 +227,34 @@ func readStart(conn *wsConn) (nativews.Frame, *process.ProcessConfig, error) {
 	return start, pc, nil
 }
 
-// wsPing keeps proxies from closing an idle websocket; it returns with the
-// session, or ends it when a ping fails.
-func wsPing(session context.Context, conn *wsConn, endSession func()) {
+// wsPing keeps proxies from closing an idle websocket; it returns nil with
+// the session, or the error of a failed ping.
+func wsPing(session context.Context, conn *wsConn) error {
 	t := time.NewTicker(wsPingPeriod)
 	defer t.Stop()
 	for {
 		select {
 		case <-session.Done():
-			return
+			return nil
 		case <-t.C:
 			conn.mu.Lock()
-			err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait))
+			err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(conn.writeWait))
 			conn.mu.Unlock()
 			if err != nil {
-				endSession()
-				return
+				return err
 			}
 		}
 	}
 }
 
 // wsForward sends the process's output to the client until its exit event
-// (which it returns), the stream's end (nil), or a failed send (nil, and the
-// session ended).
-func wsForward(stream *connect.ServerStreamForClient[process.StartResponse], conn *wsConn, endSession func()) *process.ProcessEvent_EndEvent {
+// (which it returns), the stream's end (nil, nil), or a failed send (its
+// error).
+func wsForward(stream *connect.ServerStreamForClient[process.StartResponse], conn *wsConn) (*process.ProcessEvent_EndEvent, error) {
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if end := ev.GetEnd(); end != nil {
-			return end
+			return end, nil
 		}
 		d := ev.GetData()
 		var f nativews.Frame
@@ -247,11 +271,10 @@ func wsForward(stream *connect.ServerStreamForClient[process.StartResponse], con
 			continue
 		}
 		if err := conn.send(f); err != nil {
-			endSession()
-			return nil
+			return nil, err
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // wsOutcome is how a session's process stream ended.
