@@ -26,17 +26,31 @@ func cgroupManager(path string) (cgroups.Manager, error) {
 	return manager.New(&cgroups.Cgroup{Path: path, Resources: &cgroups.Resources{}})
 }
 
-// killCgroup SIGKILLs every process in the cgroup at path, thawing it first
-// (a frozen task takes no signal), and waits briefly for them to go. It is
-// for cleanup after a crash, when init may be gone but not its children
-// (they die with init's pid namespace; this is belt and braces).
+// sandboxCgroup is one sandbox's cgroup, with its per-controller paths
+// computed once: building a manager costs ≈ 0.3 ms of CPU, and a destroy
+// both kills and removes.
+type sandboxCgroup struct {
+	path string
+	m    cgroups.Manager
+	err  error // of computing the paths
+}
+
+func openCgroup(path string) sandboxCgroup {
+	m, err := cgroupManager(path)
+	return sandboxCgroup{path: path, m: m, err: err}
+}
+
+// kill SIGKILLs every process in the cgroup, thawing it first (a frozen
+// task takes no signal), and waits briefly for them to go. It is for
+// cleanup after a crash, when init may be gone but not its children (they
+// die with init's pid namespace; this is belt and braces).
 //
 // On cgroup v2 the sandbox may have made child cgroups of its own
 // (delegation): cgroup.kill signals the whole subtree at once, frozen
 // children included, and GetAllPids walks every child for what is left.
-func killCgroup(path string) {
-	m, err := cgroupManager(path)
-	if err != nil || !m.Exists() {
+func (c sandboxCgroup) kill() {
+	m := c.m
+	if c.err != nil || !m.Exists() {
 		return
 	}
 	if cgroups.IsCgroup2UnifiedMode() {
@@ -55,18 +69,16 @@ func killCgroup(path string) {
 	}
 }
 
-// removeCgroup removes the cgroup at path from every hierarchy, with the
-// child cgroups a sandbox made in its delegated subtree, bottom-up (the
-// manager's Destroy is cgroups.RemovePath, which recurses;
-// TestCgroupDelegation checks it). Their processes must be gone
-// (killCgroup). A missing cgroup is no error.
-func removeCgroup(path string) error {
-	m, err := cgroupManager(path)
-	if err != nil {
-		return fmt.Errorf("cgroup %s: %w", path, err)
+// remove removes the cgroup from every hierarchy, with the child cgroups a
+// sandbox made in its delegated subtree, bottom-up (the manager's Destroy
+// is cgroups.RemovePath, which recurses; TestCgroupDelegation checks it).
+// Their processes must be gone (kill). A missing cgroup is no error.
+func (c sandboxCgroup) remove() error {
+	if c.err != nil {
+		return fmt.Errorf("cgroup %s: %w", c.path, c.err)
 	}
-	if err := m.Destroy(); err != nil {
-		return fmt.Errorf("remove cgroup %s: %w", path, err)
+	if err := c.m.Destroy(); err != nil {
+		return fmt.Errorf("remove cgroup %s: %w", c.path, err)
 	}
 	return nil
 }

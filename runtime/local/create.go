@@ -420,7 +420,7 @@ func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc
 		// caller's cleanup removes the state and the cgroups by path.
 		cg := b.cgroupPath(s.id)
 		r.Add(func() {
-			killCgroup(cg)
+			openCgroup(cg).kill()
 			<-exited
 		})
 		return pid, exited, nil

@@ -975,7 +975,7 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		if known[id] || !runtime.ValidID(id) {
 			continue
 		}
-		if err := removeCgroup(b.cgroupPath(id)); err != nil {
+		if err := openCgroup(b.cgroupPath(id)).remove(); err != nil {
 			errs = append(errs, err)
 		}
 	}

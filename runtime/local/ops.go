@@ -166,13 +166,13 @@ func (s *sandbox) waitExit() error {
 // cgroups. Mounts go before cgroups so that the tmpfs's pages are freed
 // while they are still charged to the sandbox.
 func (b *Backend) cleanup(id, dir string) error {
-	cg := b.cgroupPath(id)
-	killCgroup(cg)
+	cg := openCgroup(b.cgroupPath(id))
+	cg.kill()
 	var errs []error
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
-	if err := removeCgroup(cg); err != nil {
+	if err := cg.remove(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -377,8 +377,8 @@ func (b *Backend) restart(ctx context.Context, s *sandbox) error {
 // libcontainer state, veth and cgroup. It is idempotent, and also finishes a
 // pause or undoes a resume that a crash interrupted.
 func (b *Backend) releaseStopped(s *sandbox) error {
-	cg := b.cgroupPath(s.id)
-	killCgroup(cg)
+	cg := openCgroup(b.cgroupPath(s.id))
+	cg.kill()
 	deleteLinks(s.id)
 	var errs []error
 	for _, d := range []string{s.rootfsDir(), s.diskDir()} {
@@ -398,7 +398,7 @@ func (b *Backend) releaseStopped(s *sandbox) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := removeCgroup(cg); err != nil {
+	if err := cg.remove(); err != nil {
 		errs = append(errs, err)
 	}
 	// A load under way (a resume whose start succeeded, then failed) ends
