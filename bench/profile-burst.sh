@@ -8,6 +8,10 @@
 # linux-perf); whatever else runs on the box shows up in its own rows.
 #
 #   ./bench/profile-burst.sh [N]    # default 100
+#
+# With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
+# and lists the functions of that process kind with the most CPU per
+# create, each counting what it calls (frame pointers: Go's, the kernel's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-100}
@@ -19,7 +23,7 @@ if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
 fi
 go build -o bin/bench ./bench
 freq=1999
-perf record -q -a -F "$freq" -o "$out/perf.data" -- \
+perf record -q -a -F "$freq" ${PROFILE_COMM:+-g} -o "$out/perf.data" -- \
   ./bin/bench -scenario burst -burst "$n" -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
 perf script -i "$out/perf.data" -F comm 2>/dev/null |
   awk -v n="$n" -v f="$freq" '
@@ -34,3 +38,14 @@ perf script -i "$out/perf.data" -F comm 2>/dev/null |
       for (k in cnt) if (cnt[k]*1000/f/n >= 0.05) printf "| %s | %.2f | %.0f%% |\n", (k=="swapper" ? "idle (swapper)" : k), cnt[k]*1000/f/n, 100*cnt[k]/tot | "sort -t\"|\" -k3 -rn"
     }'
 echo "($n creates and destroys; perf at $freq Hz on all CPUs; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
+if [[ -n ${PROFILE_COMM:-} ]]; then
+  echo
+  echo "$PROFILE_COMM: functions by CPU per create, callees included (top 40)"
+  perf script -i "$out/perf.data" --comm "$PROFILE_COMM" -F comm,ip,sym 2>/dev/null |
+    awk -v n="$n" -v f="$freq" '
+      function flush() { for (s in seen) cnt[s]++; delete seen }
+      /^[^ \t]/ { flush(); next }      # a sample: its stack follows
+      NF >= 2 { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
+      END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
+    sort -rn | head -40
+fi

@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+
+	"connectrpc.com/connect"
 )
 
 // A Connect server stream (Content-Type application/connect+json or +proto)
@@ -19,6 +22,14 @@ import (
 // formed instead, with the end-of-stream error E2B's own proxy sends
 // (unavailable, "...ended before the stream completed"): both SDKs then
 // probe the sandbox and report it gone, over HTTP/1.1 and HTTP/2 alike.
+//
+// envd can also see the cut first and end the stream itself with canceled
+// (its request's context ends when its side of the connection does), and
+// that answer can still get through: seen once on an Incus cluster, where
+// a member's relay sits between. The SDKs read canceled as the caller's
+// own doing and raise a timeout without asking about the sandbox; so
+// while the caller has not cancelled, the guard ends such a stream as a
+// cut one too.
 const (
 	envelopeHeader = 5
 	flagEndStream  = 0x02
@@ -35,7 +46,7 @@ func isConnectStream(h http.Header) bool {
 func (p *Proxy) guardConnectStream(resp *http.Response) error {
 	if resp.StatusCode == http.StatusOK && isConnectStream(resp.Header) {
 		t, _ := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
-		resp.Body = &streamGuard{body: resp.Body, sandboxID: t.id}
+		resp.Body = &streamGuard{body: resp.Body, sandboxID: t.id, caller: resp.Request.Context()}
 	}
 	return nil
 }
@@ -46,11 +57,12 @@ func (p *Proxy) guardConnectStream(resp *http.Response) error {
 type streamGuard struct {
 	body      io.ReadCloser
 	sandboxID string
-	in        []byte // read, not yet a whole envelope
-	out       []byte // whole envelopes (or the closing error), not yet returned
-	ended     bool   // the upstream's end-of-stream envelope went out
-	passThru  bool   // a message over maxGuarded: no more guarding
-	done      bool   // nothing more after out
+	caller    context.Context // the client's request; nil: never cancelled
+	in        []byte          // read, not yet a whole envelope
+	out       []byte          // whole envelopes (or the closing error), not yet returned
+	ended     bool            // the upstream's end-of-stream envelope went out
+	passThru  bool            // a message over maxGuarded: no more guarding
+	done      bool            // nothing more after out
 	scratch   [32 << 10]byte
 }
 
@@ -94,12 +106,31 @@ func (g *streamGuard) cut() {
 		if len(g.in) < envelopeHeader+size {
 			return
 		}
+		env := g.in[:envelopeHeader+size]
 		if g.in[0]&flagEndStream != 0 {
 			g.ended = true
+			if g.cutByUpstream(env[envelopeHeader:]) {
+				env = g.endWithError()
+			}
 		}
-		g.out = append(g.out, g.in[:envelopeHeader+size]...)
+		g.out = append(g.out, env...)
 		g.in = g.in[envelopeHeader+size:]
 	}
+}
+
+// cutByUpstream reports whether end, an end-of-stream message, is envd's
+// canceled while the caller has not cancelled: the connection was cut on
+// the sandbox's side. (The end-of-stream message is JSON in both codecs.)
+func (g *streamGuard) cutByUpstream(end []byte) bool {
+	if g.caller != nil && g.caller.Err() != nil {
+		return false
+	}
+	var m struct {
+		Error *struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(end, &m) == nil && m.Error != nil && m.Error.Code == connect.CodeCanceled.String()
 }
 
 // endWithError is the end-of-stream envelope of a stream cut short.

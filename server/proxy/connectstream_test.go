@@ -51,26 +51,35 @@ func TestStreamGuard(t *testing.T) {
 	end := envelope(flagEndStream, `{}`)
 	cutErr := (&streamGuard{sandboxID: "sbx"}).endWithError()
 	broken := errors.New("connection reset")
+	canceled := envelope(flagEndStream, `{"error":{"code":"canceled","message":"context canceled"}}`)
+	notFound := envelope(flagEndStream, `{"error":{"code":"not_found","message":"process 7"}}`)
+	gone, leave := context.WithCancel(context.Background())
+	leave()
 	for _, tc := range []struct {
 		name   string
 		chunks [][]byte
 		err    error
 		want   []byte
+		caller context.Context // nil: live
 	}{
-		{"whole stream", [][]byte{msg1, msg2, end}, io.EOF, cat(msg1, msg2, end)},
-		{"split anywhere", [][]byte{msg1[:3], msg1[3:], msg2[:6], append(msg2[6:], end...)}, io.EOF, cat(msg1, msg2, end)},
-		{"EOF at a boundary, no end", [][]byte{msg1}, io.EOF, cat(msg1, cutErr)},
-		{"EOF in a header", [][]byte{msg1, msg2[:2]}, io.EOF, cat(msg1, cutErr)},
-		{"reset in a message", [][]byte{msg1, msg2[:8]}, broken, cat(msg1, cutErr)},
-		{"reset after the end", [][]byte{msg1, end}, broken, cat(msg1, end)},
-		{"nothing at all", nil, broken, cutErr},
+		{"whole stream", [][]byte{msg1, msg2, end}, io.EOF, cat(msg1, msg2, end), nil},
+		{"split anywhere", [][]byte{msg1[:3], msg1[3:], msg2[:6], append(msg2[6:], end...)}, io.EOF, cat(msg1, msg2, end), nil},
+		{"EOF at a boundary, no end", [][]byte{msg1}, io.EOF, cat(msg1, cutErr), nil},
+		{"EOF in a header", [][]byte{msg1, msg2[:2]}, io.EOF, cat(msg1, cutErr), nil},
+		{"reset in a message", [][]byte{msg1, msg2[:8]}, broken, cat(msg1, cutErr), nil},
+		{"reset after the end", [][]byte{msg1, end}, broken, cat(msg1, end), nil},
+		{"nothing at all", nil, broken, cutErr, nil},
+		{"envd's canceled, the caller still there", [][]byte{msg1, canceled}, io.EOF, cat(msg1, cutErr), nil},
+		{"envd's canceled, split", [][]byte{msg1, canceled[:7], canceled[7:]}, io.EOF, cat(msg1, cutErr), nil},
+		{"envd's canceled after the caller left", [][]byte{msg1, canceled}, io.EOF, cat(msg1, canceled), gone},
+		{"envd's other errors pass", [][]byte{msg1, notFound}, io.EOF, cat(msg1, notFound), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			chunks := make([][]byte, len(tc.chunks))
 			for i, c := range tc.chunks {
 				chunks[i] = bytes.Clone(c)
 			}
-			g := &streamGuard{body: &chunkReader{chunks: chunks, err: tc.err}, sandboxID: "sbx"}
+			g := &streamGuard{body: &chunkReader{chunks: chunks, err: tc.err}, sandboxID: "sbx", caller: tc.caller}
 			got, err := io.ReadAll(g)
 			if err != nil || !bytes.Equal(got, tc.want) {
 				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
