@@ -11,7 +11,9 @@
 #
 # With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
 # and lists the functions of that process kind with the most CPU per
-# create, each counting what it calls (frame pointers: Go's, the kernel's).
+# create, each counting what it calls. The kernel's frames always come out;
+# in a system-wide record perf often stops at the Go side of a syscall, so
+# for Go frames profile the process itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-100}
