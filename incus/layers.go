@@ -415,6 +415,7 @@ func (b *Backend) RemoveLayer(ctx context.Context, key string) error {
 		return fmt.Errorf("remove layer %s: %w", key, err)
 	}
 	var waits []chan struct{}
+	var unknown []*Instance // listed users neither in memory nor being deleted
 	b.mu.Lock()
 	for _, s := range b.sbx {
 		if s.source == in.Name {
@@ -426,17 +427,34 @@ func (b *Backend) RemoveLayer(ctx context.Context, key string) error {
 		if sb.Config[keySource] != in.Name || !b.ours(sb) {
 			continue
 		}
-		id := sb.Config[keyID]
-		if ch := b.deleting[id]; ch != nil {
+		if ch := b.deleting[sb.Config[keyID]]; ch != nil {
 			waits = append(waits, ch)
 			continue
 		}
-		b.mu.Unlock()
-		// Not in memory and not being deleted: a live sandbox not
-		// adopted yet (the next List adopts it).
-		return fmt.Errorf("remove layer %s: %w: sandbox %s", key, runtime.ErrInUse, id)
+		unknown = append(unknown, sb)
 	}
 	b.mu.Unlock()
+	for _, sb := range unknown {
+		// The listing came before the lock: a destroyed sandbox's
+		// deletion may have finished in between. One that is still
+		// there and not being deleted is a live sandbox not adopted yet
+		// (the next List adopts it).
+		id := sb.Config[keyID]
+		_, err := b.c.Instance(ctx, sb.Name)
+		if errors.Is(err, runtime.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("remove layer %s: %w", key, err)
+		}
+		b.mu.Lock()
+		ch := b.deleting[id]
+		b.mu.Unlock()
+		if ch == nil {
+			return fmt.Errorf("remove layer %s: %w: sandbox %s", key, runtime.ErrInUse, id)
+		}
+		waits = append(waits, ch)
+	}
 	if err := waitClosed(ctx, waits); err != nil {
 		return fmt.Errorf("remove layer %s: waiting for a destroyed sandbox's deletion: %w", key, err)
 	}

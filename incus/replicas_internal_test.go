@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 )
 
@@ -103,13 +101,7 @@ func TestReplicateMissingOff(t *testing.T) {
 	const gib = 1 << 30
 	for _, replicas := range []bool{false, true} {
 		t.Run(fmt.Sprintf("replicas=%v", replicas), func(t *testing.T) {
-			var mu sync.Mutex
-			var calls []string
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				mu.Lock()
-				calls = append(calls, r.Method+" "+r.URL.Path)
-				mu.Unlock()
-				w.Header().Set("Content-Type", "application/json")
+			f, client := newRecordingIncus(t, func(w http.ResponseWriter, r *http.Request) {
 				switch {
 				case r.Method == http.MethodGet && r.URL.Path == "/1.0/instances/sbl-L":
 					_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{"name":"sbl-L","location":"home","architecture":"x86_64","config":{}}}`)
@@ -119,10 +111,9 @@ func TestReplicateMissingOff(t *testing.T) {
 					w.WriteHeader(http.StatusInternalServerError)
 					_, _ = io.WriteString(w, `{"type":"error","error":"unexpected","error_code":500}`)
 				}
-			}))
-			t.Cleanup(srv.Close)
+			})
 			b := clusterBackend(t, map[string]int{"home": 4, "roomy": 4, "full": 4})
-			b.c = NewClientWith(srv.Client(), srv.URL)
+			b.c = client
 			b.cluster.opts.Replicas = replicas
 			for name, free := range map[string]uint64{"home": 50, "roomy": 50, "full": 3} {
 				b.cluster.members[name].poolTotal, b.cluster.members[name].poolFree = 100*gib, free*gib
@@ -132,12 +123,10 @@ func TestReplicateMissingOff(t *testing.T) {
 			found := map[string]map[string]string{"sbl-L": {"full": "sbr-L-full"}}
 			b.cluster.replicas = found
 			_ = b.replicateMissing(context.Background(), found)
-			mu.Lock()
-			defer mu.Unlock()
-			if !slices.Contains(calls, "DELETE /1.0/instances/sbr-L-full") {
+			if gaveUp, calls := f.called("DELETE /1.0/instances/sbr-L-full"); !gaveUp {
 				t.Errorf("the replica on the short member was not given up: %v", calls)
 			}
-			if copied := slices.Contains(calls, "POST /1.0/instances"); copied != replicas {
+			if copied, calls := f.called("POST /1.0/instances"); copied != replicas {
 				t.Errorf("a copy was asked for: %v, want %v (%v)", copied, replicas, calls)
 			}
 		})
