@@ -104,6 +104,7 @@ const floodBytes = 96 << 20
 // whose websocket writes wait writeWait, and returns the client (which has
 // read nothing but the started frame) and a probe of the process's progress.
 func startFlood(t *testing.T, writeWait time.Duration) (*wsClient, func() int) {
+	t.Helper()
 	e := newNativeEnvWith(t, true, nil, func(c *Config) { c.NativeWSWriteWait = writeWait })
 	tok := e.full()
 	sb := e.create(tok, nil)
