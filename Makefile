@@ -8,11 +8,11 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build base deps envd code-interpreter sandboxd sandboxd-init vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build base deps envd code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
-build: envd code-interpreter sandboxd sandboxd-init
+build: envd code-interpreter sandboxd sandboxd-init sandboxd-spawn
 
 # The Debian packages the cgo builds need (gcc, libc6-dev, libseccomp-dev,
 # pkg-config) and the local backend runs (nftables, iproute2): installed
@@ -42,6 +42,12 @@ sandboxd: deps
 # dynamic (BENCHMARKS.md).
 sandboxd-init: deps
 	CGO_ENABLED=1 $(GO) build -tags seccomp,netgo,osusergo -trimpath -ldflags '-linkmode external -extldflags "-static"' -o $(BIN)/sandboxd-init ./cmd/sandboxd-init
+
+# The local backend's start of a sandbox (runtime/local/spawn): a small C
+# program, static so that its exec at every create loads no library. The
+# flags are runtimetest.BuildSpawn's, which the tests build it with.
+sandboxd-spawn: deps
+	$(CC) -O2 -Wall -Werror -static -o $(BIN)/sandboxd-spawn cmd/sandboxd-spawn/spawn.c
 
 generate:
 	./scripts/generate.sh
@@ -157,8 +163,8 @@ test-cluster: build
 # package in the guest).
 #
 # vm-bin: the guests' test binary (runtime/local without -race), built once
-# for both layouts, beside the envd and sandboxd-init they run.
-vm-bin: envd sandboxd-init
+# for both layouts, beside the envd, sandboxd-init and sandboxd-spawn they run.
+vm-bin: envd sandboxd-init sandboxd-spawn
 	CGO_ENABLED=1 $(GO) test -c -tags seccomp -o $(BIN)/local.test ./runtime/local/
 	CGO_ENABLED=0 $(GO) test -c -o $(BIN)/envd-cgroup.test ./envd/internal/cgroup/
 

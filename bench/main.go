@@ -489,13 +489,14 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		return "", nil, err
 	}
 	info := map[string]string{}
-	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "runc", "fakeinet", "code-interpreter"} {
+	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "sandboxd-spawn", "runc", "fakeinet", "code-interpreter"} {
 		src := filepath.Join(from, name)
 		raw, err := os.ReadFile(src)
-		if (name == "runc" || name == "sandboxd-init" || name == "fakeinet" || name == "code-interpreter") && errors.Is(err, fs.ErrNotExist) {
+		if name != "sandboxd" && name != "envd" && errors.Is(err, fs.ErrNotExist) {
 			// Optional: the libcontainer floor says it is missing; sandboxd
-			// starts sandboxes itself (and logs so); without the
-			// code-interpreter server its template is not built.
+			// starts sandboxes through libcontainer, or itself (and logs
+			// so); without the code-interpreter server its template is not
+			// built. A build of before sandboxd-spawn is measured so.
 			continue
 		}
 		if err != nil {

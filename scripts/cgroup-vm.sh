@@ -47,7 +47,8 @@
 #   SANDBOXD_VM_RUN      -test.run pattern (default: SANDBOXD_VM_TESTS's)
 #   SANDBOXD_VM_SKIP     -test.skip pattern (default: SANDBOXD_VM_TESTS's;
 #                        set it empty to skip nothing)
-#   SANDBOXD_VM_BIN      a directory with local.test, envd-cgroup.test, envd and sandboxd-init
+#   SANDBOXD_VM_BIN      a directory with local.test, envd-cgroup.test, envd, sandboxd-init
+#                        and sandboxd-spawn
 #                        built already (`build DIR`, or make vm-bin: bin/),
 #                        so that both layouts share one build; default: build
 #                        them for this run
@@ -74,13 +75,14 @@ layout=${1:-}
 say() { echo "cgroup-vm${layout:+ $layout}: $*" >&2; }
 
 # build DIR: the test binary of runtime/local (without -race: the guest
-# emulates its CPU), envd and sandboxd-init as the guest runs them.
+# emulates its CPU), envd, sandboxd-init and sandboxd-spawn as the guest runs them.
 build() {
   mkdir -p "$1"
   (cd "$repo" &&
     CGO_ENABLED=1 go test -c -tags seccomp -o "$1/local.test" ./runtime/local/ &&
     CGO_ENABLED=0 go test -c -o "$1/envd-cgroup.test" ./envd/internal/cgroup/ &&
     CGO_ENABLED=1 go build -tags seccomp -trimpath -o "$1/sandboxd-init" ./cmd/sandboxd-init &&
+    cc -O2 -Wall -Werror -static -o "$1/sandboxd-spawn" cmd/sandboxd-spawn/spawn.c &&
     CGO_ENABLED=0 go build -trimpath -o "$1/envd" ./cmd/envd)
 }
 
@@ -207,12 +209,12 @@ trap 'rm -rf "$work"' EXIT
 # root: built here, or copied from SANDBOXD_VM_BIN (the guest has fresh
 # tmpfs on /tmp, /run and /var/tmp, and a copy cannot change under it).
 if [[ -n ${SANDBOXD_VM_BIN:-} ]]; then
-  for f in local.test envd-cgroup.test envd sandboxd-init; do
+  for f in local.test envd-cgroup.test envd sandboxd-init sandboxd-spawn; do
     [[ -x $SANDBOXD_VM_BIN/$f ]] || { say "$SANDBOXD_VM_BIN/$f is missing (make vm-bin)"; exit 1; }
     cp "$SANDBOXD_VM_BIN/$f" "$work/$f"
   done
 else
-  say "building the runtime/local test binary, envd and sandboxd-init"
+  say "building the runtime/local test binary, envd, sandboxd-init and sandboxd-spawn"
   build "$work"
 fi
 
@@ -352,7 +354,7 @@ $bb cp "$WORK/envd" /run/sandboxd-vm/envd
 cgrc=$?
 # SANDBOXD_TEST_SLOW: the bounds that catch hangs (runtimetest.Within)
 # stretched for an emulated CPU shared with the host's other stages.
-SANDBOXD_TEST_SLOW=4 SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init "$WORK/local.test" "$@" 2>&1
+SANDBOXD_TEST_SLOW=4 SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init SANDBOXD_SPAWN=$WORK/sandboxd-spawn "$WORK/local.test" "$@" 2>&1
 rc=$?
 [ $rc -eq 0 ] && rc=$cgrc
 echo "SANDBOXD-VM-RESULT $rc"

@@ -28,6 +28,7 @@ type backendOpts struct {
 	favorDynMods bool
 	trackWriters bool
 	initPath     string
+	spawnPath    string
 	baseRootfs   string
 	registerer   prometheus.Registerer // the server's, for the egress name filter's metrics
 	incusRemote  remoteOpts
@@ -67,6 +68,7 @@ func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.Var(&o.egressAllow, "egress-allow-cidr", "IPv4 CIDR that sandboxes with internet access may reach although it is private or special-purpose (RFC 1918, CGNAT 100.64.0.0/10, link-local, ...: denied by default, see runtime/egress); repeatable, or comma-separated. The rules are the host's: give every sandboxd on a host the same list")
 	fs.Var(&o.egressDNS, "egress-dns", "IPv4 address of a resolver for sandboxes with internet access (their resolv.conf, reachable on port 53 whatever its range, and the upstream of the DNS filter of domain rules); repeatable, or comma-separated (default: the host's resolv.conf, but loopback ones; 8.8.8.8 and 1.1.1.1 if none is left)")
 	fs.Var(&o.userNS, "local-userns", "--backend local: user namespaces for sandboxes (root inside is uid 1000000000 on the host): auto (default: where the host can, probed at start; a --template directory that cannot be idmapped runs without), on (required: start fails without them; a bare --local-userns means on) or off. Give the mode with =, e.g. --local-userns=off")
+	fs.StringVar(&o.spawnPath, "local-spawn", "", "--backend local: host path of sandboxd-spawn, the small C program that starts a sandbox in place of libcontainer's start chain, with about half the CPU of a create (default: sandboxd-spawn beside this binary; none: libcontainer starts every sandbox, through --local-init)")
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
 	fs.BoolVar(&o.trackWriters, "local-track-writers", false, "--backend local: record which process wrote each file a sandbox changes (the writer of its changes, with fanotify on Linux 5.17+); off by default: a shell loop writing small files runs 1.45-1.56x as long on a 2-core host; one large file, no slower (BENCHMARKS.md)")
@@ -195,16 +197,25 @@ func (f *userNSFlag) IsBoolFlag() bool { return true }
 
 // localInit resolves --local-init: a path as given, "none" for none, and by
 // default sandboxd-init beside exe when it is there.
-func (o *backendOpts) localInit(exe string) string {
-	switch o.initPath {
+func (o *backendOpts) localInit(exe string) string { return besideOr(o.initPath, exe, "sandboxd-init") }
+
+// localSpawn resolves --local-spawn as localInit does --local-init.
+func (o *backendOpts) localSpawn(exe string) string {
+	return besideOr(o.spawnPath, exe, "sandboxd-spawn")
+}
+
+// besideOr resolves a helper binary's flag: a path as given, "none" for
+// none, and by default the binary name beside exe when it is there.
+func besideOr(flag, exe, name string) string {
+	switch flag {
 	case "none":
 		return ""
 	case "":
-		p := filepath.Join(filepath.Dir(exe), "sandboxd-init")
+		p := filepath.Join(filepath.Dir(exe), name)
 		if _, err := os.Stat(p); err != nil {
 			return ""
 		}
 		return p
 	}
-	return o.initPath
+	return flag
 }

@@ -66,6 +66,7 @@ import (
 	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
 	"github.com/sandboxd/sandboxd/runtime/egress"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 )
 
 // e2eAPIPrefix is where sandboxd mounts E2B's REST API (server.E2BPrefix,
@@ -124,8 +125,8 @@ func runE2ETests(m *testing.M) int {
 }
 
 // buildE2EBinaries builds what `make build` builds: a static envd and
-// code-interpreter, and sandboxd and sandboxd-init with cgo and the seccomp
-// profile.
+// code-interpreter, sandboxd and sandboxd-init with cgo and the seccomp
+// profile, and sandboxd-spawn.
 func buildE2EBinaries(dir string) error {
 	sandboxdArgs := []string{"build", "-tags", "seccomp", "-trimpath"}
 	if os.Getenv("SANDBOXD_E2E_RACE") == "1" {
@@ -147,7 +148,7 @@ func buildE2EBinaries(dir string) error {
 			return fmt.Errorf("go %s: %v\n%s", strings.Join(b.args, " "), err, out)
 		}
 	}
-	return nil
+	return runtimetest.BuildSpawn(filepath.Join(dir, "sandboxd-spawn"))
 }
 
 func e2eExists(p string) bool {

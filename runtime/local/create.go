@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
+	"github.com/sandboxd/sandboxd/runtime/local/spawn"
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
 )
 
@@ -390,15 +392,27 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 // run creates and starts sandbox s's container from cfg, with envd (proc)
 // as its init writing to logPath. It returns init's pid and a channel
 // closed when init exits, and registers on r the undos that kill init and
-// destroy the container. With Options.InitPath the helper sandboxd-init
-// does the libcontainer calls (package starter), so that the init
-// libcontainer re-executes is that small binary; s.ctr is then nil, for
-// start to load once envd answers (loadContainer). Without it this process
-// does them, re-executes itself, and sets s.ctr.
+// destroy the container. With Options.SpawnPath sandboxd-spawn starts it
+// (spawnNative), unless it cannot do what cfg asks. Otherwise, with
+// Options.InitPath the helper sandboxd-init does the libcontainer calls
+// (package starter), so that the init libcontainer re-executes is that
+// small binary. s.ctr is then nil, for start to load once envd answers
+// (loadContainer). Without either this process does libcontainer's calls,
+// re-executes itself, and sets s.ctr.
 func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc *specs.Process, logPath string, r *revert.Reverter) (int, <-chan struct{}, error) {
 	spec := starter.Spec{
 		Root: filepath.Join(s.dir, "ctr"), ID: s.id, Config: cfg,
 		Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd, Log: logPath,
+	}
+	if b.opts.SpawnPath != "" {
+		pid, exited, err := b.spawnNative(ctx, s, cfg, proc, logPath, r)
+		if !errors.Is(err, spawn.ErrUnsupported) {
+			return pid, exited, err
+		}
+		// Not a config the local backend makes today: say so once.
+		level := slog.LevelDebug
+		b.fallbackOnce.Do(func() { level = slog.LevelWarn })
+		b.log.Log(ctx, level, "local backend: sandboxd-spawn does not start this sandbox; libcontainer does", "sandbox", s.id, "err", err)
 	}
 	var (
 		ctr    *libcontainer.Container

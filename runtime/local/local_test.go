@@ -35,8 +35,9 @@ import (
 
 // envdBin is the envd binary the tests' sandboxes run: $SANDBOXD_ENVD, or
 // one built for this test run; initBin likewise sandboxd-init
-// ($SANDBOXD_INIT), which the tests' backends start their sandboxes with.
-var envdBin, initBin string
+// ($SANDBOXD_INIT) and spawnBin sandboxd-spawn ($SANDBOXD_SPAWN), which the
+// tests' backends start their sandboxes with.
+var envdBin, initBin, spawnBin string
 
 // skipReason is set when the host cannot run the tests.
 var skipReason string
@@ -68,6 +69,13 @@ func run(m *testing.M) int {
 		}
 		defer cleanupInit()
 		initBin = bin
+		bin, cleanupSpawn, err := runtimetest.SpawnBinary("runtime-local-spawn-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer cleanupSpawn()
+		spawnBin = bin
 	}
 	return m.Run()
 }
@@ -133,6 +141,7 @@ func (e testEnv) options(t testing.TB) local.Options {
 		Root:         e.root,
 		EnvdPath:     envdBin,
 		InitPath:     initBin,
+		SpawnPath:    spawnBin,
 		CgroupParent: e.cgroupParent,
 		EgressSubnet: e.egress,
 		Log:          slog.New(slog.NewTextHandler(testWriter{t}, nil)),
@@ -1648,13 +1657,13 @@ func TestFavorDynMods(t *testing.T) {
 	}
 }
 
-// TestStartInProcess: without InitPath, this process makes libcontainer's
-// calls and is re-executed as the sandbox's init (the tests' backends use
-// sandboxd-init otherwise).
+// TestStartInProcess: without InitPath (and SpawnPath), this process makes
+// libcontainer's calls and is re-executed as the sandbox's init (the tests'
+// backends use sandboxd-spawn and sandboxd-init otherwise).
 func TestStartInProcess(t *testing.T) {
 	env := newEnv(t)
 	opts := env.options(t)
-	opts.InitPath = ""
+	opts.InitPath, opts.SpawnPath = "", ""
 	b, err := local.New(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -1676,7 +1685,12 @@ func TestStartInProcess(t *testing.T) {
 // and the next create starts a new helper.
 func TestStarterDies(t *testing.T) {
 	env := newEnv(t)
-	b := env.open(t)
+	opts := env.options(t)
+	opts.SpawnPath = "" // libcontainer, through sandboxd-init, starts them all
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = b.Close() })
 	pid := b.StarterPid()
 	if pid == 0 {
@@ -1714,7 +1728,7 @@ func TestStarterDies(t *testing.T) {
 func TestStarterUnavailable(t *testing.T) {
 	env := newEnv(t)
 	opts := env.options(t)
-	opts.InitPath = "/bin/false"
+	opts.InitPath, opts.SpawnPath = "/bin/false", ""
 	b, err := local.New(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -1775,70 +1789,78 @@ func TestContainerLoadFails(t *testing.T) {
 
 // TestInitFailsLeavesNothing: a template the init cannot set up (a file
 // where envd's mount point needs a directory) fails the create inside
-// libcontainer's start, after the init was cloned. The helper keeps no
-// descriptor of the failed container (libcontainer's exec fifo was one),
+// sandboxd-spawn's or libcontainer's start, after the init was cloned. The
+// helper keeps no descriptor of the failed container (libcontainer's exec
+// fifo was one),
 // nothing stays mounted, a later create from a good template works, and
 // Close leaves the run dir unmounted.
 func TestInitFailsLeavesNothing(t *testing.T) {
-	env := newEnv(t)
-	tpl := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(tpl, filepath.Dir(filepath.Dir(local.EnvdPath))), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tpl, filepath.Dir(local.EnvdPath)), []byte("not a directory"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opts := env.options(t)
-	opts.Templates = map[string]string{"broken": tpl}
-	b, err := local.New(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = b.Close()
-		}
-	})
-	for range 3 {
-		id := runtimetest.NewID()
-		if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: "broken"})); err == nil {
-			_ = b.Destroy(context.Background(), id)
-			t.Fatal("Create from a template without room for envd succeeded")
-		}
-		if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
-			t.Fatalf("failed create left mounts %v", ms)
-		}
-	}
-	if pid := b.StarterPid(); pid != 0 {
-		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, fd := range fds {
-			if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); strings.HasPrefix(target, env.root) {
-				t.Errorf("sandboxd-init keeps fd %s open on %s", fd.Name(), target)
+	for _, starter := range []string{"sandboxd-spawn", "libcontainer"} {
+		t.Run(starter, func(t *testing.T) {
+			env := newEnv(t)
+			tpl := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(tpl, "etc"), 0o755); err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	id := mustCreate(t, b, runtime.Spec{})
-	if err := b.Destroy(t.Context(), id); err != nil {
-		t.Fatal(err)
-	}
-	closed = true
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mounts(t) {
-		if strings.HasPrefix(m.point, env.root) {
-			t.Errorf("mount left under %s after Close: %s", env.root, m.line)
-		}
+			if err := os.WriteFile(filepath.Join(tpl, "etc", "passwd"), []byte("root:x:0:0:root:/:/none\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(tpl, filepath.Dir(filepath.Dir(local.EnvdPath))), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(tpl, filepath.Dir(local.EnvdPath)), []byte("not a directory"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			opts := env.options(t)
+			if starter == "libcontainer" {
+				opts.SpawnPath = ""
+			}
+			opts.Templates = map[string]string{"broken": tpl}
+			b, err := local.New(t.Context(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closed := false
+			t.Cleanup(func() {
+				if !closed {
+					_ = b.Close()
+				}
+			})
+			for range 3 {
+				id := runtimetest.NewID()
+				if _, err := b.Create(t.Context(), runtimetest.Finish(runtime.Spec{ID: id, Template: "broken"})); err == nil {
+					_ = b.Destroy(context.Background(), id)
+					t.Fatal("Create from a template without room for envd succeeded")
+				}
+				if ms := mountsUnder(t, filepath.Join(env.root, "sandboxes")); len(ms) > 0 {
+					t.Fatalf("failed create left mounts %v", ms)
+				}
+			}
+			if pid := b.StarterPid(); pid != 0 {
+				fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fd := range fds {
+					if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); strings.HasPrefix(target, env.root) {
+						t.Errorf("sandboxd-init keeps fd %s open on %s", fd.Name(), target)
+					}
+				}
+			}
+			id := mustCreate(t, b, runtime.Spec{})
+			if err := b.Destroy(t.Context(), id); err != nil {
+				t.Fatal(err)
+			}
+			closed = true
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range mounts(t) {
+				if strings.HasPrefix(m.point, env.root) {
+					t.Errorf("mount left under %s after Close: %s", env.root, m.line)
+				}
+			}
+		})
 	}
 }
 

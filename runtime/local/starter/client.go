@@ -99,7 +99,7 @@ func (c *Client) Start(ctx context.Context, s Spec) (pid int, exited <-chan stru
 	if r.err != nil {
 		return 0, nil, r.err
 	}
-	return r.pid, watchExit(r.pidfd), nil
+	return r.pid, WatchExit(r.pidfd), nil
 }
 
 // Spawn starts the helper now, unless one runs already, so that the first
@@ -239,9 +239,10 @@ func pidfdFrom(oob []byte) (*os.File, error) {
 	return f, nil
 }
 
-// watchExit returns a channel closed when the process of pidfd exits. The
+// WatchExit returns a channel closed when the process of pidfd exits, and
+// closes pidfd then (it reaps nothing). The
 // pidfd is nonblocking, so Go's poller waits for it (no thread per sandbox).
-func watchExit(pidfd *os.File) <-chan struct{} {
+func WatchExit(pidfd *os.File) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)

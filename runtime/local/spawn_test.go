@@ -1,0 +1,87 @@
+package local_test
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/local"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+)
+
+// sandboxProbe prints what a sandbox's processes can see of how it was set
+// up: credentials, capabilities, seccomp and signal state (its own and its
+// init's), mounts and their options, /dev, limits, namespaces and id maps,
+// and the masked and read-only paths.
+const sandboxProbe = `id; umask; pwd; env | grep -v '^E2B_SANDBOX_ID=' | sort
+grep -E '^(Sig|Cap|NoNewPrivs|Seccomp)' /proc/self/status
+grep -E '^(Sig|Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups)' /proc/1/status
+cut -d' ' -f4- /proc/self/mountinfo
+ls -la /dev /dev/pts /dev/shm /dev/mqueue | cut -c1-11,15-34,47-
+cat /proc/self/limits /proc/self/uid_map /proc/self/gid_map /proc/1/oom_score_adj
+ls /proc/self/ns; ls -l /proc/1/fd | tail -n +2 | cut -c1-10,47-
+for f in /proc/kcore /proc/keys /proc/timer_list /proc/acpi /sys/firmware /proc/sys/kernel/hostname; do stat -c '%n %F %s %a' $f 2>&1; done
+touch /proc/sys/kernel/hostname 2>&1; hostname | wc -c; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags`
+
+// probeNoise are the parts of sandboxProbe's output that differ between
+// any two sandboxes: ids, the tests' random directories, boot id files,
+// mount and device numbers, pipe and socket inodes.
+var probeNoise = regexp.MustCompile(`rt-[0-9a-f]{12}|/run/sandboxd-test/[0-9a-f]{8}|boot_id-[0-9]+|^\d+:\d+ |\[\d+\]`)
+
+// TestSpawnMatchesLibcontainer: a sandbox sandboxd-spawn starts looks, from
+// inside, as one libcontainer starts: the same probe prints the same lines
+// (mountinfo's order aside: sandboxd-spawn makes its bind mounts' copies
+// first), in both user namespace modes.
+func TestSpawnMatchesLibcontainer(t *testing.T) {
+	if spawnBin == "" {
+		t.Skip("SANDBOXD_SPAWN=none")
+	}
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) {
+			skipModeWithoutUserNS(t, m)
+			probe := map[string][]string{}
+			for _, starter := range []string{"sandboxd-spawn", "libcontainer"} {
+				env := newEnv(t)
+				opts := env.modeOptions(t, m)
+				if starter == "libcontainer" {
+					opts.SpawnPath = ""
+				}
+				b, err := local.New(t.Context(), opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				id := mustCreate(t, b, runtime.Spec{})
+				res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", sandboxProbe)
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("%s: probe: %+v %v", starter, res, err)
+				}
+				var lines []string
+				for l := range strings.Lines(res.Stdout) {
+					lines = append(lines, probeNoise.ReplaceAllString(strings.TrimSpace(l), "N"))
+				}
+				slices.Sort(lines)
+				probe[starter] = lines
+				if err := b.Destroy(t.Context(), id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a, b := probe["sandboxd-spawn"], probe["libcontainer"]
+			if len(a) < 100 {
+				t.Fatalf("the probe printed %d lines: %q", len(a), a)
+			}
+			for _, l := range a {
+				if !slices.Contains(b, l) {
+					t.Errorf("only with sandboxd-spawn: %s", l)
+				}
+			}
+			for _, l := range b {
+				if !slices.Contains(a, l) {
+					t.Errorf("only with libcontainer:   %s", l)
+				}
+			}
+		})
+	}
+}
