@@ -215,7 +215,13 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
-	defer os.RemoveAll(binDir)
+	if os.Getenv("BENCH_KEEP_BINS") == "" {
+		defer os.RemoveAll(binDir)
+	} else {
+		// For a profiler that resolves symbols after the bench exits
+		// (bench/profile-burst.sh removes the directory then).
+		fmt.Fprintf(os.Stderr, "bench: binaries kept in %s\n", binDir)
+	}
 	rep.Machine.Binaries = bins
 	b.cfg.BinDir = binDir
 

@@ -2,12 +2,16 @@
 # Where the CPU of a cold create goes: runs the burst scenario (N concurrent
 # cold creates through the E2B API, then their destroys) under a system-wide
 # `perf record` and prints the CPU time per create of each process kind:
-# sandboxd itself, libcontainer's init re-exec (runc:[2:INIT]), its nsexec
-# stages, envd, the kernel's workers, and idle. docs/benchmarks-history.md, "Where the
+# sandboxd itself, sandboxd-spawn (or, without it, libcontainer's init
+# re-exec runc:[2:INIT] and its nsexec stages), envd, the kernel's workers,
+# and idle. docs/benchmarks-history.md, "Where the
 # CPU of a cold create goes", was made with it. Needs root and perf (Debian:
 # linux-perf); whatever else runs on the box shows up in its own rows.
 #
 #   ./bench/profile-burst.sh [N]    # default 100
+#
+# PROFILE_BIN=DIR profiles the binaries in DIR (the bench's -bin) instead of
+# bin/: a directory without sandboxd-spawn measures libcontainer's start.
 #
 # With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
 # and lists the functions of that process kind with the most CPU per
@@ -19,14 +23,17 @@ cd "$(dirname "$0")/.."
 n=${1:-100}
 command -v perf >/dev/null || { echo "profile-burst: needs perf (apt-get install linux-perf)" >&2; exit 1; }
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap 'kept=$(sed -n "s/^bench: binaries kept in //p" "$out/bench.err" 2>/dev/null); [[ -n $kept ]] && rm -rf "$kept"; rm -rf "$out"' EXIT
 if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
 fi
 go build -o bin/bench ./bench
 freq=1999
+# The bench runs copies of the binaries; with PROFILE_COMM they are kept
+# until perf has read their symbols (Go's frames).
+export BENCH_KEEP_BINS=${PROFILE_COMM:+1}
 perf record -q -a -F "$freq" ${PROFILE_COMM:+-g} -o "$out/perf.data" -- \
-  ./bin/bench -scenario burst -burst "$n" -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
+  ./bin/bench -scenario burst -burst "$n" ${PROFILE_BIN:+-bin "$PROFILE_BIN"} -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
 perf script -i "$out/perf.data" -F comm 2>/dev/null |
   awk -v n="$n" -v f="$freq" '
     { c=$0; sub(/^ +/, "", c); sub(/ +$/, "", c)
@@ -42,12 +49,12 @@ perf script -i "$out/perf.data" -F comm 2>/dev/null |
 echo "($n creates and destroys; perf at $freq Hz on all CPUs; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
 if [[ -n ${PROFILE_COMM:-} ]]; then
   echo
-  echo "$PROFILE_COMM: functions by CPU per create, callees included (top 40)"
+  echo "$PROFILE_COMM: functions by CPU per create, callees included (top ${PROFILE_TOP:-40})"
   perf script -i "$out/perf.data" --comm "$PROFILE_COMM" -F comm,ip,sym 2>/dev/null |
     awk -v n="$n" -v f="$freq" '
       function flush() { for (s in seen) cnt[s]++; delete seen }
       /^[^ \t]/ { flush(); next }      # a sample: its stack follows
       NF >= 2 { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
       END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
-    sort -rn | head -40
+    sort -rn | head -${PROFILE_TOP:-40}
 fi

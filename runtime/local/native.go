@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -35,7 +34,7 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 			return 0, nil, err
 		}
 	}
-	m, err := manager.New(cfg.Cgroups)
+	m, err := cgroupManagerFor(cfg.Cgroups)
 	if err != nil {
 		return 0, nil, fmt.Errorf("cgroup: %w", err)
 	}
