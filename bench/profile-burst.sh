@@ -13,6 +13,11 @@
 # PROFILE_BIN=DIR profiles the binaries in DIR (the bench's -bin) instead of
 # bin/: a directory without sandboxd-spawn measures libcontainer's start.
 #
+# perf counts from the first create to 2.5 s after the last destroy (the
+# bench turns it on and off through perf's control fifos): sandboxd's
+# start-up and shutdown are not a create's. PROFILE_WHOLE=1 counts the
+# whole run, as figures before 2026-12-04 12:00Z did.
+#
 # With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
 # and lists the functions of that process kind with the most CPU per
 # create, each counting what it calls. The kernel's frames always come out;
@@ -32,7 +37,16 @@ freq=1999
 # The bench runs copies of the binaries; with PROFILE_COMM they are kept
 # until perf has read their symbols (Go's frames).
 export BENCH_KEEP_BINS=${PROFILE_COMM:+1}
-perf record -q -a -F "$freq" ${PROFILE_COMM:+-g} -o "$out/perf.data" -- \
+window=()
+if [[ ${PROFILE_WHOLE:-} != 1 ]]; then
+  mkfifo "$out/ctl" "$out/ack"
+  # perf opens the ack fifo to write before it starts the bench, which
+  # would block it until a reader comes: this shell holds one open.
+  exec 9<>"$out/ack"
+  window=(-D -1 --control "fifo:$out/ctl,$out/ack")
+  export BENCH_PERF_CTL="$out/ctl,$out/ack"
+fi
+perf record -q -a -F "$freq" ${PROFILE_COMM:+-g} "${window[@]}" -o "$out/perf.data" -- \
   ./bin/bench -scenario burst -burst "$n" ${PROFILE_BIN:+-bin "$PROFILE_BIN"} -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
 perf script -i "$out/perf.data" -F comm 2>/dev/null |
   awk -v n="$n" -v f="$freq" '
@@ -46,7 +60,7 @@ perf script -i "$out/perf.data" -F comm 2>/dev/null |
       printf "| process | CPU per create (ms) | share |\n|---|--:|--:|\n"
       for (k in cnt) if (cnt[k]*1000/f/n >= 0.05) printf "| %s | %.2f | %.0f%% |\n", (k=="swapper" ? "idle (swapper)" : k), cnt[k]*1000/f/n, 100*cnt[k]/tot | "sort -t\"|\" -k3 -rn"
     }'
-echo "($n creates and destroys; perf at $freq Hz on all CPUs; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "($n creates and destroys; perf at $freq Hz on all CPUs, $([[ ${PROFILE_WHOLE:-} == 1 ]] && echo "the whole run" || echo "from the first create to 2.5 s after the last destroy"); $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
 if [[ -n ${PROFILE_COMM:-} ]]; then
   echo
   echo "$PROFILE_COMM: functions by CPU per create, callees included (top ${PROFILE_TOP:-40})"

@@ -377,7 +377,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		s.meta.Spec.Background = false
 	}
 	if s.ctr == nil {
-		s.loadContainer(filepath.Join(dir, "ctr"))
+		s.loadLater(filepath.Join(dir, "ctr"))
 	}
 	// From envd's answer on: what envd does to start (before it answers)
 	// is nobody's work.
@@ -396,8 +396,8 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 // (spawnNative), unless it cannot do what cfg asks. Otherwise, with
 // Options.InitPath the helper sandboxd-init does the libcontainer calls
 // (package starter), so that the init libcontainer re-executes is that
-// small binary. s.ctr is then nil, for start to load once envd answers
-// (loadContainer). Without either this process does libcontainer's calls,
+// small binary. s.ctr is then nil, for a call that needs it to load
+// (loadLater). Without either this process does libcontainer's calls,
 // re-executes itself, and sets s.ctr.
 func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc *specs.Process, logPath string, r *revert.Reverter) (int, <-chan struct{}, error) {
 	spec := starter.Spec{
@@ -498,24 +498,13 @@ func libcontainerConfig(id string, oci *specs.Spec, userNS bool) (*configs.Confi
 	return cfg, nil
 }
 
-// loadContainer loads libcontainer's handle of s's container, which
-// sandboxd-init started, from the state it wrote under root, in the
-// background: s.ctr and s.ctrErr are set when s.ctrLoad is closed (see
-// sandbox.container). Reading and decoding that state takes 0.4-0.6 ms of
-// CPU, which in a create's critical path slowed envd's own start on two
-// cores; the handle is for later calls (pause, stats, destroy), which wait
-// for it. A failed load leaves the sandbox without a handle: its destroy
-// still kills and removes it by cgroup and by path.
-func (s *sandbox) loadContainer(root string) {
-	done := make(chan struct{})
-	s.ctrLoad, s.ctrErr = done, nil
-	go func() {
-		defer close(done)
-		ctr, err := libcontainer.Load(root, s.id)
-		if err != nil {
-			s.ctrErr = fmt.Errorf("load container: %w", err)
-			return
-		}
-		s.ctr = ctr
-	}()
+// loadLater leaves libcontainer's handle of s's container, which
+// sandboxd-spawn or sandboxd-init started, to be loaded from the state under
+// root when a call needs it (container: pause, stats, layers). Reading and
+// decoding that state takes 0.4-0.6 ms of CPU, which most sandboxes never
+// need: a destroy of a sandbox started here kills it by its cgroup. A
+// failed load leaves the sandbox without a handle: its destroy still kills
+// and removes it by cgroup and by path.
+func (s *sandbox) loadLater(root string) {
+	s.ctr, s.ctrRoot, s.ctrErr = nil, root, nil
 }

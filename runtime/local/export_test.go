@@ -51,18 +51,15 @@ func (b *Backend) StarterPid() int {
 	return b.starter.Pid()
 }
 
-// FailContainerLoad makes sandbox id's libcontainer handle a failed
-// background load (see loadContainer), for tests.
+// FailContainerLoad makes sandbox id's libcontainer handle a failed load
+// (see loadLater), for tests.
 func (b *Backend) FailContainerLoad(id string) {
 	b.mu.Lock()
 	s := b.sbx[id]
 	b.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, _ = s.container() // the real load, if one runs, ends first
-	done := make(chan struct{})
-	close(done)
-	s.ctr, s.ctrLoad, s.ctrErr = nil, done, errors.New("load container: test")
+	s.ctr, s.ctrRoot, s.ctrErr = nil, "", errors.New("load container: test")
 }
 
 // EnvdPath is where sandboxes see envd.

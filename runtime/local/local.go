@@ -302,10 +302,10 @@ type sandbox struct {
 	mu   sync.Mutex
 	meta meta
 	// ctr is libcontainer's handle of the container, nil while paused to
-	// disk; after a start through sandboxd-init it is loaded in the
-	// background (loadContainer). Read it through container().
+	// disk; after a start through sandboxd-spawn or sandboxd-init it is
+	// loaded on first use (loadLater). Read it through container().
 	ctr     *libcontainer.Container
-	ctrLoad chan struct{}   // closed when a background load of ctr ended; nil: none
+	ctrRoot string          // libcontainer's state directory while ctr is still to load; "" once loaded, or with none
 	ctrErr  error           // that load's error
 	frozen  bool            // paused in memory
 	exited  <-chan struct{} // closed when init exits; nil for adopted sandboxes
@@ -845,12 +845,16 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 	return s, nil
 }
 
-// container returns s's libcontainer handle, once a background load of it
-// (loadContainer) has ended: nil, and no error, while s is paused to disk.
-// The caller holds s.mu.
+// container returns s's libcontainer handle, loading it first if its start
+// left it to load (loadLater): nil, and no error, while s is paused to
+// disk. The caller holds s.mu.
 func (s *sandbox) container() (*libcontainer.Container, error) {
-	if s.ctrLoad != nil {
-		<-s.ctrLoad
+	if root := s.ctrRoot; root != "" {
+		s.ctrRoot = ""
+		s.ctr, s.ctrErr = libcontainer.Load(root, s.id)
+		if s.ctrErr != nil {
+			s.ctr, s.ctrErr = nil, fmt.Errorf("load container: %w", s.ctrErr)
+		}
 	}
 	return s.ctr, s.ctrErr
 }

@@ -69,18 +69,28 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	b.disarmWriters(s, false)
-	// SIGKILL to init kills the whole pid namespace; libcontainer thaws a
-	// paused sandbox first so that the kill is delivered.
-	switch ctr, err := s.container(); {
-	case err != nil:
-		// No handle: cleanup kills what is in the cgroups.
-		b.log.Warn("destroy: kill", "sandbox", id, "err", err)
-	case ctr != nil: // nil: paused to disk, nothing runs
-		if err := ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-			b.log.Warn("destroy: kill", "sandbox", id, "err", err)
-		}
+	// SIGKILL to init kills the whole pid namespace. A sandbox this
+	// process started (exited is set while it runs or is paused in
+	// memory) is killed by its cgroup, which thaws a paused one first:
+	// libcontainer's handle, whose load costs more than the rest of the
+	// kill, is not needed. An adopted one goes through libcontainer.
+	if s.exited != nil {
+		openCgroup(b.cgroupPath(id)).kill()
 		if err := s.waitExit(); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
+	} else {
+		switch ctr, err := s.container(); {
+		case err != nil:
+			// No handle: cleanup kills what is in the cgroups.
+			b.log.Warn("destroy: kill", "sandbox", id, "err", err)
+		case ctr != nil: // nil: paused to disk, nothing runs
+			if err := ctr.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+				b.log.Warn("destroy: kill", "sandbox", id, "err", err)
+			}
+			if err := s.waitExit(); err != nil {
+				return fmt.Errorf("destroy sandbox %s: %w", id, err)
+			}
 		}
 	}
 	if err := errors.Join(b.cleanup(id, dir), b.removeSaved(id)); err != nil {

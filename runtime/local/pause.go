@@ -354,7 +354,7 @@ func (b *Backend) restart(ctx context.Context, s *sandbox) error {
 	if ctr, _ := s.container(); ctr != nil {
 		_ = ctr.Destroy()
 	}
-	s.ctr, s.ctrLoad, s.ctrErr = nil, nil, nil
+	s.ctr, s.ctrRoot, s.ctrErr = nil, "", nil
 	deleteLinks(s.id)
 	tpl := b.templateOf(s)
 	var ip netip.Addr
@@ -401,10 +401,7 @@ func (b *Backend) releaseStopped(s *sandbox) error {
 	if err := cg.remove(); err != nil {
 		errs = append(errs, err)
 	}
-	// A load under way (a resume whose start succeeded, then failed) ends
-	// first: it would set the handle of a container that is gone.
-	_, _ = s.container()
-	s.ctr, s.ctrLoad, s.ctrErr = nil, nil, nil
+	s.ctr, s.ctrRoot, s.ctrErr = nil, "", nil
 	return errors.Join(errs...)
 }
 
