@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -79,6 +80,7 @@ static struct {
 	unsigned long long nsflags; // namespaces cloned (never CLONE_NEWCGROUP)
 	int cgroupns;               // unshare a cgroup namespace once in the cgroup
 	int loopback;               // bring lo up in the new network namespace
+	int nice;                   // the init's nice value
 	const char *uidmap, *gidmap;
 	const char *cgroups[16];
 	int ncgroups;
@@ -187,6 +189,16 @@ static void parse(char *buf, size_t len)
 			rq.cgroupns = 1;
 		} else if (!strcmp(kw, "loopback")) {
 			rq.loopback = 1;
+		} else if (!strcmp(kw, "nice")) {
+			TAKE(1);
+			char *e;
+			errno = 0;
+			long v = strtol(tok[0], &e, 10);
+			if (errno || *e || !*tok[0] || v < -20 || v > 19) {
+				errno = 0;
+				fail("request: bad nice value %.20s", tok[0]);
+			}
+			rq.nice = (int)v;
 		} else if (!strcmp(kw, "uidmap")) {
 			TAKE(1);
 			rq.uidmap = tok[0];
@@ -687,6 +699,11 @@ int main(void)
 	unsigned long long ns = rq.nsflags;
 	if (ns & CLONE_NEWUSER)
 		ns &= CLONE_NEWUSER | CLONE_NEWPID; // the rest once mapped (init)
+	// sandboxd runs a background create's work at a low priority, this
+	// process included: the init gets sandboxd's own nice value back (the
+	// sandbox's cgroup weighs its start against the others).
+	if (setpriority(PRIO_PROCESS, 0, rq.nice) < 0)
+		fail("setpriority %d", rq.nice);
 	struct clone_args args = {.flags = CLONE_PARENT | ns};
 	pid_t pid = syscall(SYS_clone3, &args, sizeof args);
 	if (pid < 0)

@@ -72,6 +72,10 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if !tpl.defined {
 		s.meta.Template = tpl.lower()
 	}
+	if spec.Background && b.opts.SpawnPath != "" {
+		s.restorePriority = lowerThreadPriority()
+		defer s.restorePriority()
+	}
 	s.layers = b.layerKeys(tpl.lowers)
 	if spec.AllowInternet {
 		if err := b.egress.setup(); err != nil {
@@ -408,6 +412,11 @@ func (b *Backend) run(ctx context.Context, s *sandbox, cfg *configs.Config, proc
 		pid, exited, err := b.spawnNative(ctx, s, cfg, proc, logPath, r)
 		if !errors.Is(err, spawn.ErrUnsupported) {
 			return pid, exited, err
+		}
+		// libcontainer's processes would inherit a background create's
+		// nice value, which only sandboxd-spawn gives back.
+		if s.restorePriority != nil {
+			s.restorePriority()
 		}
 		// Not a config the local backend makes today: say so once.
 		level := slog.LevelDebug

@@ -91,7 +91,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -105,6 +104,8 @@ import (
 
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
@@ -248,6 +249,9 @@ type Backend struct {
 	// the writer is (see delegates).
 	nsDelegate bool
 
+	// nice is this process's nice value at New, its sandboxes' too: a
+	// background create's thread runs at another (lowerThreadPriority).
+	nice int
 	// cpuParent is CgroupParent's directory in the hierarchy of the cpu
 	// controller, found once: a manager's paths cost ≈ 0.3 ms to compute.
 	cpuParent func() (string, error)
@@ -318,6 +322,9 @@ type sandbox struct {
 	layers []string
 	// initPid is envd's pid (ours) while it runs.
 	initPid int
+	// restorePriority gives the thread of a background Create its nice
+	// value back (lowerThreadPriority); nil for other creates.
+	restorePriority func()
 	// writers is its record of writers (Options.TrackWriters), from its
 	// start (or adoption) to its destroy; nil when not tracked.
 	writers *writerRecord
@@ -437,6 +444,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		templates:  map[string]*template{},
 		views:      map[string]bool{},
 		layerTemps: map[string]bool{},
+	}
+	if p, err := unix.Getpriority(unix.PRIO_PROCESS, 0); err == nil {
+		b.nice = 20 - p // getpriority(2) answers 20 - nice
 	}
 	if opts.InitPath != "" {
 		b.starter = starter.New(opts.InitPath)

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -2096,5 +2097,40 @@ func TestBackgroundCreate(t *testing.T) {
 	}
 	if share[true] != share[false] {
 		t.Errorf("CPU share once up: %q after a background create, %q after another", share[true], share[false])
+	}
+}
+
+// TestBackgroundCreatePriority: a background create (a flood's, a refill)
+// does its work here at a low priority, but the sandbox runs at this
+// process's nice value, whichever starts it, and the caller's thread gets
+// its own back.
+func TestBackgroundCreatePriority(t *testing.T) {
+	starters := []string{"libcontainer"}
+	if spawnBin != "" {
+		starters = append(starters, "sandboxd-spawn")
+	}
+	for _, starter := range starters {
+		t.Run(starter, func(t *testing.T) {
+			env := newEnv(t)
+			b := openWithStarter(t, env.options(t), starter)
+			goruntime.LockOSThread() // Create runs on this thread
+			defer goruntime.UnlockOSThread()
+			p0, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := mustCreate(t, b, runtime.Spec{Background: true})
+			if p, _ := unix.Getpriority(unix.PRIO_PROCESS, 0); p != p0 {
+				t.Errorf("the caller's thread: nice %d after a background create; was %d", 20-p, 20-p0)
+			}
+			res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", `awk '{print $19}' /proc/1/stat /proc/self/stat`)
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("exec: %+v %v", res, err)
+			}
+			want := fmt.Sprintf("%d\n%d\n", 20-p0, 20-p0)
+			if res.Stdout != want {
+				t.Errorf("nice of envd and of a command = %q; want %q (this process's)", res.Stdout, want)
+			}
+		})
 	}
 }

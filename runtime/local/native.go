@@ -41,7 +41,7 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 	paths := m.GetPaths()
 	dirs := slices.Sorted(maps.Values(paths))
 	dirs = slices.Compact(dirs)
-	req, err := spawn.Encode(cfg, spawn.Process{Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd}, dirs, bpf)
+	req, err := spawn.Encode(cfg, spawn.Process{Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd, Nice: b.nice}, dirs, bpf)
 	if err != nil {
 		return 0, nil, err
 	}

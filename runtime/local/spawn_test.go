@@ -44,15 +44,7 @@ func TestSpawnMatchesLibcontainer(t *testing.T) {
 			probe := map[string][]string{}
 			for _, starter := range []string{"sandboxd-spawn", "libcontainer"} {
 				env := newEnv(t)
-				opts := env.modeOptions(t, m)
-				if starter == "libcontainer" {
-					opts.SpawnPath = ""
-				}
-				b, err := local.New(t.Context(), opts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = b.Close() })
+				b := openWithStarter(t, env.modeOptions(t, m), starter)
 				id := mustCreate(t, b, runtime.Spec{})
 				res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", sandboxProbe)
 				if err != nil || res.ExitCode != 0 {
@@ -84,4 +76,19 @@ func TestSpawnMatchesLibcontainer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openWithStarter opens a backend with opts whose sandboxes starter starts:
+// "sandboxd-spawn" (as opts say) or "libcontainer".
+func openWithStarter(t *testing.T, opts local.Options, starter string) *local.Backend {
+	t.Helper()
+	if starter == "libcontainer" {
+		opts.SpawnPath = ""
+	}
+	b, err := local.New(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
 }

@@ -44,6 +44,9 @@ var ErrUnsupported = errors.New("not supported by sandboxd-spawn")
 type Process struct {
 	Args, Env []string
 	Cwd       string
+	// Nice is the init's nice value, given back by the spawner before
+	// its clone: the spawner itself may run at a background create's.
+	Nice int
 }
 
 // Encode builds sandboxd-spawn's request for the container cfg describes,
@@ -150,6 +153,10 @@ func Encode(cfg *configs.Config, proc Process, cgroupDirs []string, bpf []byte) 
 		return nil, err
 	}
 	e.add("caps", strconv.FormatUint(caps, 10))
+	if proc.Nice < -20 || proc.Nice > 19 {
+		return nil, fmt.Errorf("spawn: nice value %d", proc.Nice)
+	}
+	e.add("nice", strconv.Itoa(proc.Nice))
 	if proc.Cwd != "" {
 		e.add("cwd", proc.Cwd)
 	}

@@ -66,7 +66,7 @@ func TestEncode(t *testing.T) {
 		"device /dev/null c 1 3 438 0 0", "symlink pts/ptmx /dev/ptmx", "symlink /proc/self/fd /dev/fd",
 		"mask /proc/kcore", "readonly /proc/sys",
 		"caps " + itoa(1<<unix.CAP_CHOWN|1<<unix.CAP_KILL|1<<unix.CAP_SETUID),
-		"cwd /", "arg /opt/envd arg --init", "env A=1",
+		"nice 0 cwd /", "arg /opt/envd arg --init", "env A=1",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("request lacks %q:\n%q", want, got)
@@ -75,6 +75,25 @@ func TestEncode(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestEncodeNice: the init's nice value goes in the request, within the
+// kernel's range.
+func TestEncodeNice(t *testing.T) {
+	for _, tc := range []struct {
+		nice int
+		ok   bool
+	}{{-20, true}, {0, true}, {5, true}, {19, true}, {20, false}, {-21, false}} {
+		req, err := Encode(config(), Process{Args: []string{"/opt/envd"}, Nice: tc.nice}, nil, nil)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("nice %d: %v", tc.nice, err)
+		case tc.ok && !strings.Contains(strings.Join(tokens(req), " "), "nice "+itoa(tc.nice)+" "):
+			t.Errorf("nice %d: request %q", tc.nice, req)
+		case !tc.ok && err == nil:
+			t.Errorf("nice %d: encoded; want an error", tc.nice)
+		}
+	}
+}
 
 // TestEncodeRefuses: whatever the spawner would not do as libcontainer
 // does is refused with ErrUnsupported, so that libcontainer starts it.
