@@ -74,11 +74,14 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// memory) is killed by its cgroup, which thaws a paused one first:
 	// libcontainer's handle, whose load costs more than the rest of the
 	// kill, is not needed. An adopted one goes through libcontainer.
+	release := func() error { return b.cleanup(id, dir) }
 	if s.exited != nil {
-		openCgroup(b.cgroupPath(id)).kill()
+		cg := openCgroup(b.cgroupPath(id))
+		cg.kill()
 		if err := s.waitExit(); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
+		release = func() error { return removeKilled(cg, dir) } // nothing left to kill
 	} else {
 		switch ctr, err := s.container(); {
 		case err != nil:
@@ -93,7 +96,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			}
 		}
 	}
-	if err := errors.Join(b.cleanup(id, dir), b.removeSaved(id)); err != nil {
+	if err := errors.Join(release(), b.removeSaved(id)); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	s.gone = true
@@ -178,6 +181,11 @@ func (s *sandbox) waitExit() error {
 func (b *Backend) cleanup(id, dir string) error {
 	cg := openCgroup(b.cgroupPath(id))
 	cg.kill()
+	return removeKilled(cg, dir)
+}
+
+// removeKilled is cleanup once the processes of cgroup cg are gone.
+func removeKilled(cg sandboxCgroup, dir string) error {
 	var errs []error
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
