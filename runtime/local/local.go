@@ -105,7 +105,6 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local/starter"
@@ -445,8 +444,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		views:      map[string]bool{},
 		layerTemps: map[string]bool{},
 	}
-	if p, err := unix.Getpriority(unix.PRIO_PROCESS, 0); err == nil {
-		b.nice = 20 - p // getpriority(2) answers 20 - nice
+	if n, err := threadNice(); err == nil {
+		b.nice = n
 	}
 	if opts.InitPath != "" {
 		b.starter = starter.New(opts.InitPath)

@@ -27,15 +27,21 @@ const backgroundNice = 19
 // ends with it, so that no other goroutine runs on it niced.
 func lowerThreadPriority() (restore func()) {
 	goruntime.LockOSThread()
-	// getpriority(2) answers 20 - nice; who 0 is the calling thread.
-	old, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	old, err := threadNice()
 	if err != nil || unix.Setpriority(unix.PRIO_PROCESS, 0, backgroundNice) != nil {
 		goruntime.UnlockOSThread()
 		return func() {}
 	}
 	return sync.OnceFunc(func() {
-		if unix.Setpriority(unix.PRIO_PROCESS, 0, 20-old) == nil {
+		if unix.Setpriority(unix.PRIO_PROCESS, 0, old) == nil {
 			goruntime.UnlockOSThread()
 		}
 	})
+}
+
+// threadNice is the calling thread's nice value (who 0 of PRIO_PROCESS is
+// the thread on Linux; getpriority(2) answers 20 - nice).
+func threadNice() (int, error) {
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	return 20 - p, err
 }

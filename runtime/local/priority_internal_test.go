@@ -3,8 +3,6 @@ package local
 import (
 	goruntime "runtime"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestLowerThreadPriority: the calling thread runs at backgroundNice until
@@ -14,11 +12,11 @@ func TestLowerThreadPriority(t *testing.T) {
 	goruntime.LockOSThread() // read the thread the helper changes
 	defer goruntime.UnlockOSThread()
 	nice := func() int {
-		p, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+		n, err := threadNice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return 20 - p
+		return n
 	}
 	before := nice()
 	restore := lowerThreadPriority()
@@ -29,8 +27,8 @@ func TestLowerThreadPriority(t *testing.T) {
 	go func() {
 		goruntime.LockOSThread() // a thread of its own: not the lowered one
 		defer goruntime.UnlockOSThread()
-		p, _ := unix.Getpriority(unix.PRIO_PROCESS, 0)
-		other <- 20 - p
+		n, _ := threadNice()
+		other <- n
 	}()
 	if got := <-other; got != before {
 		t.Errorf("another thread's nice = %d; want %d", got, before)
