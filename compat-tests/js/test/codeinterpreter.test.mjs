@@ -4,7 +4,7 @@
 // contexts, charts, DataFrames, env vars, timeouts, languages (Python, Bash,
 // JavaScript and TypeScript).
 import assert from 'node:assert/strict'
-import { after, before, describe, test } from 'node:test'
+import { after, before, describe, test as nodeTest } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
 import { NotFoundError, SandboxError, TimeoutError, InvalidArgumentError } from 'e2b'
 import { API_URL, SANDBOXD } from './helpers.mjs'
@@ -55,6 +55,20 @@ const JS = process.env.COMPAT_NO_JS_KERNEL === '1'
 
 describe('code interpreter', { skip }, () => {
   let sbx
+  // A failed test prints the server's and Jupyter's logs, which die with
+  // the sandbox: a rare lost result (a JS env var read as nothing) was
+  // undiagnosable without them.
+  const test = (name, opts, fn) => nodeTest(name, opts, async (t) => {
+    try {
+      return await fn(t)
+    } catch (err) {
+      for (const path of ['/tmp/code-interpreter.log', '/tmp/jupyter.log']) {
+        const text = await sbx?.files.read(path, { user: 'root' }).catch((e) => `(unreadable: ${e.message})`)
+        console.error(`--- ${path} of ${sbx?.sandboxId}, last 200 lines, after "${name}" failed:\n${String(text).split('\n').slice(-200).join('\n')}`)
+      }
+      throw err
+    }
+  })
   before(async () => {
     await templateReady()
     sbx = await Sandbox.create({ timeoutMs: 600_000, envs: { SBX_LEVEL: 'sandbox' } })
