@@ -18,6 +18,10 @@
 //               arguments per record (see parse below); read to its end
 //   fd 4        the answer: "pid N\n" once the init exists, then nothing
 //               more when it has executed envd, or "error: <text>\n"
+//   fd 5        with the request's "mntns 5": a mount namespace to clone the
+//               init's from (runtime/local's spawn namespace, which lacks
+//               the other sandboxes' mounts); the root is then handed to the
+//               init as a detached copy
 // Exit status 0 when envd was executed, 1 otherwise. On an error after the
 // clone the init exits at once, and the caller still reaps it.
 //
@@ -81,6 +85,8 @@ static struct {
 	int cgroupns;               // unshare a cgroup namespace once in the cgroup
 	int loopback;               // bring lo up in the new network namespace
 	int nice;                   // the init's nice value
+	int mntns;                  // fd of the mount namespace to clone from; -1: this one's
+	int roottree;               // the root, a detached copy for the init (with mntns)
 	const char *uidmap, *gidmap;
 	const char *cgroups[16];
 	int ncgroups;
@@ -199,6 +205,14 @@ static void parse(char *buf, size_t len)
 				fail("request: bad nice value %.20s", tok[0]);
 			}
 			rq.nice = (int)v;
+		} else if (!strcmp(kw, "mntns")) {
+			TAKE(1);
+			// sandboxd passes it as fd 5, after the request and the answer.
+			if (strcmp(tok[0], "5")) {
+				errno = 0;
+				fail("request: mount namespace fd %.20s", tok[0]);
+			}
+			rq.mntns = 5;
 		} else if (!strcmp(kw, "uidmap")) {
 			TAKE(1);
 			rq.uidmap = tok[0];
@@ -631,7 +645,13 @@ static void __attribute__((noreturn)) init(int sync, int errfd)
 
 	if (mount(NULL, "/", NULL, rq.propagation, NULL) < 0)
 		fail("root propagation");
-	if (mount(rq.rootfs, rq.rootfs, NULL, MS_BIND | MS_REC, NULL) < 0)
+	if (rq.roottree >= 0) {
+		// The root's mounts are not in the namespace this one copies
+		// (sandboxd's spawn namespace): the spawner opened them.
+		if (syscall(SYS_move_mount, rq.roottree, "", AT_FDCWD, rq.rootfs, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			fail("attach rootfs %s", rq.rootfs);
+		close(rq.roottree);
+	} else if (mount(rq.rootfs, rq.rootfs, NULL, MS_BIND | MS_REC, NULL) < 0)
 		fail("bind rootfs");
 	int rootfd = open(rq.rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
@@ -680,7 +700,10 @@ int main(void)
 		}
 	size_t len;
 	char *buf = readall(3, &len);
+	rq.mntns = rq.roottree = -1;
 	parse(buf, len);
+	if (rq.mntns >= 0 && fcntl(rq.mntns, F_SETFD, FD_CLOEXEC) < 0)
+		fail("mount namespace fd");
 
 	for (int i = 0; i < rq.nmounts; i++)
 		if (rq.mounts[i].flags & MS_BIND)
@@ -689,6 +712,18 @@ int main(void)
 		struct dev *d = &rq.devs[i];
 		d->bind = (struct mnt){d->path, d->path, "bind", "", MS_BIND};
 		open_source(&d->bind);
+	}
+
+	if (rq.mntns >= 0) {
+		// The root as a detached copy (with what is mounted below it),
+		// opened here where it is mounted; then into the namespace the
+		// init's is copied from, which lacks every sandbox's mounts.
+		rq.roottree = syscall(SYS_open_tree, AT_FDCWD, rq.rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+		if (rq.roottree < 0)
+			fail("open rootfs %s", rq.rootfs);
+		if (setns(rq.mntns, CLONE_NEWNS) < 0)
+			fail("enter the spawn mount namespace");
+		close(rq.mntns);
 	}
 
 	int syncp[2], errp[2];

@@ -2,8 +2,12 @@ package local
 
 import (
 	"errors"
+	"os"
+	goruntime "runtime"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/runtime"
 )
@@ -92,4 +96,42 @@ func (b *Backend) CPUShare(id string) (string, error) {
 // OCICPUShares is the CPU shares a sandbox of spec starts with, for tests.
 func OCICPUShares(spec runtime.Spec) uint64 {
 	return *ociSpec(specInput{spec: spec, tpl: &template{}}).Linux.Resources.CPU.Shares
+}
+
+// SpawnMountPoints lists the mount points of the mount namespace
+// sandboxd-spawn clones sandboxes from (newSpawnMountNS), read from a
+// thread that enters it and then ends.
+func (b *Backend) SpawnMountPoints() ([]string, error) {
+	if b.spawnNS == nil {
+		return nil, errors.New("no spawn mount namespace")
+	}
+	type result struct {
+		mps []string
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread ends in the namespace
+		var r result
+		defer func() { ch <- r }()
+		if r.err = unix.Unshare(unix.CLONE_FS); r.err != nil {
+			return
+		}
+		if r.err = unix.Setns(int(b.spawnNS.Fd()), unix.CLONE_NEWNS); r.err != nil {
+			return
+		}
+		f, err := os.Open("/proc/thread-self/mountinfo")
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer f.Close()
+		ms, err := mountinfo.GetMountsFromReader(f, nil)
+		for _, m := range ms {
+			r.mps = append(r.mps, m.Mountpoint)
+		}
+		r.err = err
+	}()
+	r := <-ch
+	return r.mps, r.err
 }

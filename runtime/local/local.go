@@ -234,6 +234,9 @@ type Backend struct {
 	bpfOnce sync.Once
 	bpf     []byte
 	bpfErr  error
+	// spawnNS is the mount namespace sandboxd-spawn clones sandboxes from
+	// (newSpawnMountNS); nil: sandboxd's own.
+	spawnNS *os.File
 	// fallbackOnce: the first create sandboxd-spawn leaves to libcontainer
 	// is logged as a warning, the others at debug.
 	fallbackOnce sync.Once
@@ -545,6 +548,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		_ = unmountEnvdCopy(b.envdCopyDir())
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if opts.SpawnPath != "" {
+		b.spawnNS, err = b.newSpawnMountNS()
+		if err != nil {
+			b.log.Warn("local backend: sandboxd-spawn clones sandboxes from sandboxd's mount namespace, whose copy grows with every sandbox", "err", err)
+		}
+	}
 	// The egress rules go in now, not at the first create that allows
 	// internet access (the SDKs' default), which waited 10-12 ms for nft:
 	// most of a create, and the worst of any short run. Without nft this
@@ -655,6 +664,9 @@ func (b *Backend) Close() error {
 	}
 	_ = b.egress.Close() // the name filter; the rules stay with the sandboxes
 	b.releaseViews()
+	if b.spawnNS != nil {
+		_ = b.spawnNS.Close() // before the state tmpfs, which it holds a copy of
+	}
 	if err := unmountStateFS(b.sandboxesDir()); err != nil {
 		b.log.Warn("local backend: close", "err", err)
 	}

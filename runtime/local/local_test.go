@@ -874,6 +874,16 @@ func BenchmarkCreateDestroyCPU(b *testing.B) {
 	if err := be.Destroy(ctx, warm); err != nil {
 		b.Fatal(err)
 	}
+	// SANDBOXD_BENCH_IDLE=K: K idle sandboxes stay up beside the loop, as
+	// on a host that holds many (what a create costs may grow with them).
+	idle, _ := strconv.Atoi(os.Getenv("SANDBOXD_BENCH_IDLE"))
+	for range idle {
+		id := runtimetest.NewID()
+		if _, err := be.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id, AllowInternet: true})); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = be.Destroy(context.Background(), id) })
+	}
 	cpu := func() (self, children time.Duration) {
 		var s, c unix.Rusage
 		_ = unix.Getrusage(unix.RUSAGE_SELF, &s)

@@ -57,7 +57,7 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 	if err != nil {
 		return 0, nil, fmt.Errorf("log: %w", err)
 	}
-	pid, err := spawn.Start(ctx, b.opts.SpawnPath, req, logf)
+	pid, err := spawn.Start(ctx, b.opts.SpawnPath, req, logf, b.spawnNS)
 	logf.Close()
 	if err != nil {
 		return 0, nil, fmt.Errorf("start: %w", err)

@@ -1,6 +1,7 @@
 package local_test
 
 import (
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
+	"golang.org/x/sys/unix"
 )
 
 // sandboxProbe prints what a sandbox's processes can see of how it was set
@@ -73,6 +75,62 @@ func TestSpawnMatchesLibcontainer(t *testing.T) {
 				if !slices.Contains(a, l) {
 					t.Errorf("only with libcontainer:   %s", l)
 				}
+			}
+		})
+	}
+}
+
+// TestSpawnMountNamespace: sandboxd-spawn clones each sandbox's mount
+// namespace from one that holds none of the sandboxes' mounts, so that what
+// a create copies does not grow with the sandboxes beside it, and none of
+// the host's mounts but the root, /proc, /sys, the cgroup hierarchies and
+// those on the way to the sandboxes' directory, so that it keeps alive no
+// mount the host takes away later (a tmpfs here, or a sandbox's when it is
+// destroyed).
+func TestSpawnMountNamespace(t *testing.T) {
+	if spawnBin == "" {
+		t.Skip("SANDBOXD_SPAWN=none")
+	}
+	hostMount := t.TempDir()
+	if err := unix.Mount("tmpfs", hostMount, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(hostMount, unix.MNT_DETACH) })
+	for _, m := range userNSModes {
+		t.Run("userns="+m.String(), func(t *testing.T) {
+			skipModeWithoutUserNS(t, m)
+			env := newEnv(t)
+			// A sandbox whose mounts exist when the namespace is made: an
+			// earlier process's, which this one adopts.
+			ids := []string{mustCreate(t, env.openMode(t, m), runtime.Spec{})}
+			b := env.openMode(t, m)
+			// Each sandbox starts from the namespace: its root was handed
+			// over, as none of the others' is there.
+			for range 2 {
+				ids = append(ids, mustCreate(t, b, runtime.Spec{}))
+			}
+			for _, id := range ids {
+				if res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", "test -x /bin/sh && grep -c ' / / ' /proc/self/mountinfo"); err != nil || res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "1" {
+					t.Fatalf("sandbox %s: its root: %+v %v", id, res, err)
+				}
+			}
+			sandboxes, err := filepath.EvalSymlinks(filepath.Join(env.root, "sandboxes"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mps, err := b.SpawnMountPoints()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mp := range mps {
+				onTheWay := mp == "/" || mp == sandboxes || strings.HasPrefix(sandboxes, mp+"/")
+				system := mp == "/proc" || mp == "/sys" || mp == "/sys/fs/cgroup" || filepath.Dir(mp) == "/sys/fs/cgroup"
+				if !onTheWay && !system {
+					t.Errorf("the spawn namespace holds %s", mp)
+				}
+			}
+			if !slices.Contains(mps, "/proc") {
+				t.Errorf("the spawn namespace has no /proc: %q", mps)
 			}
 		})
 	}

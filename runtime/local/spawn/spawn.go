@@ -287,11 +287,18 @@ func (e *encoder) add(tokens ...string) {
 }
 
 // Start runs the sandboxd-spawn binary at path with request req; the init
-// writes to out (its stdout and stderr). It returns the init's pid once the
-// init has executed its command: the init is this process's child, for the
-// caller to reap. On error no process is left: an init that failed is
-// reaped here.
-func Start(ctx context.Context, path string, req []byte, out *os.File) (int, error) {
+// writes to out (its stdout and stderr). With mntns (an nsfs file of a mount
+// namespace; nil for none) the spawner clones the init's mount namespace
+// from that one instead of its own, handing it the root as a detached copy.
+// It returns the init's pid once the init has executed its command: the
+// init is this process's child, for the caller to reap. On error no process
+// is left: an init that failed is reaped here.
+func Start(ctx context.Context, path string, req []byte, out, mntns *os.File) (int, error) {
+	extra := []*os.File{nil, nil} // the request (3) and the answer (4)
+	if mntns != nil {
+		req = append(slices.Clip(req), "mntns\x005\x00"...)
+		extra = append(extra, mntns)
+	}
 	reqFile, err := memfile(req)
 	if err != nil {
 		return 0, fmt.Errorf("spawn: request: %w", err)
@@ -305,7 +312,8 @@ func Start(ctx context.Context, path string, req []byte, out *os.File) (int, err
 	cmd := exec.Command(path)
 	cmd.Env = []string{} // the init gets the request's, and the spawner needs none
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{reqFile, aw}
+	extra[0], extra[1] = reqFile, aw
+	cmd.ExtraFiles = extra
 	err = cmd.Start()
 	aw.Close()
 	if err != nil {

@@ -178,17 +178,19 @@ func TestStartFails(t *testing.T) {
 	t.Cleanup(func() { log.Close() })
 	nsFlags := itoa(unix.CLONE_NEWNS | unix.CLONE_NEWPID)
 	for name, c := range map[string]struct {
-		req  []string
-		want string
+		req   []string
+		want  string
+		mntns bool // Start gets this process's mount namespace
 	}{
-		"unknown keyword": {[]string{"frobnicate", "1"}, "unknown keyword frobnicate"},
-		"truncated":       {[]string{"rootfs"}, "truncated"},
-		"no command":      {[]string{"ns", nsFlags, "rootfs", "/"}, "no rootfs or no command"},
-		"bad namespaces":  {[]string{"ns", "1", "rootfs", "/", "arg", "/x"}, "namespaces"},
-		"missing rootfs": {[]string{"ns", nsFlags, "rootfs", filepath.Join(t.TempDir(), "none"), "arg", "/bin/true"},
-			"bind rootfs"},
-		"missing command": {[]string{"ns", nsFlags, "rootfs", t.TempDir(), "arg", "/no/such/binary"},
-			"exec /no/such/binary"},
+		"unknown keyword":                        {req: []string{"frobnicate", "1"}, want: "unknown keyword frobnicate"},
+		"truncated":                              {req: []string{"rootfs"}, want: "truncated"},
+		"no command":                             {req: []string{"ns", nsFlags, "rootfs", "/"}, want: "no rootfs or no command"},
+		"bad namespaces":                         {req: []string{"ns", "1", "rootfs", "/", "arg", "/x"}, want: "namespaces"},
+		"missing rootfs":                         {req: []string{"ns", nsFlags, "rootfs", filepath.Join(t.TempDir(), "none"), "arg", "/bin/true"}, want: "bind rootfs"},
+		"mount namespace fd not 5":               {req: []string{"ns", nsFlags, "rootfs", "/", "arg", "/bin/true", "mntns", "6"}, want: "mount namespace fd 6"},
+		"no mount namespace at fd 5":             {req: []string{"ns", nsFlags, "rootfs", "/", "arg", "/bin/true", "mntns", "5"}, want: "mount namespace fd"},
+		"missing rootfs, from a mount namespace": {req: []string{"ns", nsFlags, "rootfs", filepath.Join(t.TempDir(), "none"), "arg", "/bin/true"}, want: "open rootfs", mntns: true},
+		"missing command":                        {req: []string{"ns", nsFlags, "rootfs", t.TempDir(), "arg", "/no/such/binary"}, want: "exec /no/such/binary"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var b bytes.Buffer
@@ -196,7 +198,14 @@ func TestStartFails(t *testing.T) {
 				b.WriteString(tok)
 				b.WriteByte(0)
 			}
-			pid, err := Start(t.Context(), bin, b.Bytes(), log)
+			var ns *os.File
+			if c.mntns {
+				if ns, err = os.Open("/proc/self/ns/mnt"); err != nil {
+					t.Fatal(err)
+				}
+				defer ns.Close()
+			}
+			pid, err := Start(t.Context(), bin, b.Bytes(), log, ns)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Start = %d, %v; want an error with %q", pid, err, c.want)
 			}
