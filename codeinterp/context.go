@@ -233,6 +233,11 @@ func (c *execContext) setEnv(ctx context.Context, want map[string]string) error 
 		return fmt.Errorf("set env vars: %v: %v", failed["name"], failed["value"])
 	}
 	c.env = maps.Clone(want)
+	// The names only: values may be secrets. One line per change (a
+	// context's first call, a call's own vars and their undoing) says in
+	// the sandbox's log what each kernel was given.
+	c.log.Info("env vars set in the kernel", "context", c.ID, "language", c.Language,
+		"set", slices.Sorted(maps.Keys(set)), "unset", unset)
 	return nil
 }
 
@@ -358,15 +363,18 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 }
 
 // settle passes on what a kernel publishes for an execution after its
-// idle status: it sends a kernel_info_request and forwards the
-// execution's messages until the kernel answered that on shell and iopub.
-// The kernel handles requests in order and its answer travels a round
-// trip behind, so the output it had under way is through by then. The
-// request is not an execution: a kernel that tags its console output with
-// the last execution's request still tags this execution's, and output
-// tagged with the kernel_info_request itself is this execution's too.
+// idle status. Deno publishes an execution's result from JavaScript, apart
+// from the status and the reply it sends itself, and a publication that
+// does not go out at once waits in its event loop, which runs only while
+// it evaluates code: until the next execution, whose request Deno then
+// tags it with. So the fence is an execution of its own (empty, silent: no
+// result, no count): what Deno had pending goes out while it runs, tagged
+// with the fence or with the execution, and its idle status comes after.
+// A kernel_info_request was the fence before, which Deno answers without
+// running its event loop: now and then a JavaScript result was lost so,
+// under load (its execute_result became the next execution's).
 func (c *execContext) settle(ctx context.Context, ch <-chan message, e *execution, emit func(Line) error) {
-	_, fence, done, err := c.conn.send("kernel_info_request", struct{}{})
+	_, fence, done, err := c.conn.execute("", true)
 	if err != nil {
 		return
 	}
@@ -384,20 +392,18 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 			pass(m)
 		case m := <-fence:
 			switch {
-			case m.Channel == "iopub" && m.Header.MsgType == "stream":
-				// Deno publishes console output it flushes while handling
-				// the request under that request's header; a
-				// kernel_info_request has no output of its own.
+			case m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType]:
+				// The empty code has no output of its own.
 				pass(m)
 			case m.Channel == "iopub" && m.Header.MsgType == "status":
 				var st statusContent
 				_ = json.Unmarshal(m.Content, &st)
 				iopub = iopub || st.ExecutionState == "idle"
-			case m.Header.MsgType == "kernel_info_reply":
+			case m.Header.MsgType == "execute_reply":
 				shell = true
 			}
 		case <-t.C:
-			c.log.Warn("no answer to the kernel_info_request after an execution", "context", c.ID)
+			c.log.Warn("no answer to the fence after an execution", "context", c.ID)
 			return
 		case <-c.conn.closed:
 			return
@@ -416,6 +422,10 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 		}
 	}
 }
+
+// lateOutputTypes are the iopub messages of an execution's output that
+// settle passes on when they come tagged with its fence.
+var lateOutputTypes = map[string]bool{"stream": true, "execute_result": true, "display_data": true, "update_display_data": true}
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 

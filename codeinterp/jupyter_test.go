@@ -23,13 +23,18 @@ import (
 // by, and with noIdle the idle status of every execution is lost. With
 // afterIdle, an execution's result and output come after its idle status,
 // as Deno's sometimes do; with streamOnNext, its console output is published
-// while the kernel handles the next request, tagged with that one.
+// while the kernel handles the next request, tagged with that one; with
+// resultOnNext, its result waits for the next execution, tagged with that
+// one, as a publication Deno's event loop did not finish at once does. Empty
+// code has no result, as in Deno.
 type lateKernel struct {
 	lostIopub    int
 	noIdle       bool
 	afterIdle    bool
 	streamOnNext bool
+	resultOnNext bool
 	pending      bool // an execution's output waits for the next request
+	held         bool // an execution's result waits for the next execution
 
 	mu       sync.Mutex
 	requests []string
@@ -115,7 +120,16 @@ func (k *lateKernel) serve(t *testing.T) string {
 			case "kernel_info_request":
 				reply("shell", "kernel_info_reply", `{"status":"ok"}`)
 			case "execute_request":
-				if iopub && !k.afterIdle {
+				var content struct{ Code string }
+				_ = json.Unmarshal(req.Content, &content)
+				k.mu.Lock()
+				held := k.held
+				k.held = k.resultOnNext && content.Code != ""
+				k.mu.Unlock()
+				if iopub && held {
+					reply("iopub", "execute_result", `{"data":{"text/plain":"held"}}`)
+				}
+				if iopub && !k.afterIdle && !k.resultOnNext && content.Code != "" {
 					reply("iopub", "execute_result", `{"data":{"text/plain":"False"}}`)
 				}
 				reply("shell", "execute_reply", `{"status":"ok"}`)
@@ -216,10 +230,10 @@ func TestExecuteWithoutIdleEnds(t *testing.T) {
 }
 
 // A Deno execution's late output still reaches the execution, which waits
-// for the answer to a kernel_info_request it sends after the idle: output
-// that comes after its idle status, and console output the kernel
-// publishes while it handles that request, tagged with it (a
-// kernel_info_request has no output of its own).
+// for the answers to an empty execution it sends after the idle: output
+// that comes after its idle status, and console output and a result the
+// kernel publishes while it handles that request, tagged with it (empty
+// code has no output of its own).
 func TestExecuteLateOutput(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -228,6 +242,7 @@ func TestExecuteLateOutput(t *testing.T) {
 	}{
 		{"after the idle status", &lateKernel{afterIdle: true}, "stdout:late\n<nil>,result:2<nil>"},
 		{"tagged with the next request", &lateKernel{streamOnNext: true}, "result:False<nil>,stderr:on next\n<nil>"},
+		{"the result tagged with the next execution", &lateKernel{resultOnNext: true}, "result:held<nil>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := lateContext(t, tc.kernel)
@@ -246,8 +261,8 @@ func TestExecuteLateOutput(t *testing.T) {
 			k := tc.kernel
 			k.mu.Lock()
 			defer k.mu.Unlock()
-			if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,kernel_info_request" {
-				t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, a kernel_info_request", k.requests)
+			if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,execute_request" {
+				t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, the fence", k.requests)
 			}
 		})
 	}

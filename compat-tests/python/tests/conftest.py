@@ -104,6 +104,29 @@ def process_gone(sbx: Sandbox, pid: int) -> bool:
     return r.stdout.strip() == "gone"
 
 
+# The code interpreter's server and Jupyter log inside the sandbox
+# (/tmp/code-interpreter.log, /tmp/jupyter.log), which dies with it: a failed
+# test that used the code-interpreter sandbox (the `ci` fixture) gets their
+# last lines in its report. A rare lost result (a JS/TS env var read as
+# nothing) was undiagnosable without them.
+CI_LOGS = ("/tmp/code-interpreter.log", "/tmp/jupyter.log")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    sbx = getattr(item, "funcargs", {}).get("ci")
+    if rep.when != "call" or not rep.failed or sbx is None:
+        return
+    for path in CI_LOGS:
+        try:
+            text = sbx.files.read(path, user="root")
+        except Exception as e:  # the report must not fail for want of a log
+            text = f"(unreadable: {e})"
+        rep.sections.append((f"{path} of {sbx.sandbox_id}, last 200 lines", "\n".join(text.splitlines()[-200:])))
+
+
 @pytest.fixture(scope="session")
 def sandbox() -> Sandbox:
     if not SANDBOXD:
