@@ -2,10 +2,8 @@ package local
 
 import (
 	"errors"
-	"os"
 	goruntime "runtime"
 
-	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
@@ -120,13 +118,7 @@ func (b *Backend) SpawnMountPoints() ([]string, error) {
 		if r.err = unix.Setns(int(b.spawnNS.Fd()), unix.CLONE_NEWNS); r.err != nil {
 			return
 		}
-		f, err := os.Open("/proc/thread-self/mountinfo")
-		if err != nil {
-			r.err = err
-			return
-		}
-		defer f.Close()
-		ms, err := mountinfo.GetMountsFromReader(f, nil)
+		ms, err := threadMounts()
 		for _, m := range ms {
 			r.mps = append(r.mps, m.Mountpoint)
 		}

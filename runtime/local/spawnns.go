@@ -60,14 +60,7 @@ func newSpawnMountNS(keep ...string) (*os.File, error) {
 			if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
 				return nil, fmt.Errorf("private: %w", err)
 			}
-			// This thread's mounts: /proc/self is the main thread's, in
-			// sandboxd's namespace.
-			mi, err := os.Open("/proc/thread-self/mountinfo")
-			if err != nil {
-				return nil, err
-			}
-			ms, err := mountinfo.GetMountsFromReader(mi, nil)
-			mi.Close()
+			ms, err := threadMounts()
 			if err != nil {
 				return nil, err
 			}
@@ -120,4 +113,16 @@ func spawnNSDrop(ms []*mountinfo.Info, keep []string) []string {
 	}
 	slices.SortStableFunc(drop, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	return drop
+}
+
+// threadMounts lists the mounts of the calling thread's mount namespace,
+// which a locked thread may have of its own: /proc/self is the main
+// thread's, in sandboxd's namespace.
+func threadMounts() ([]*mountinfo.Info, error) {
+	f, err := os.Open("/proc/thread-self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return mountinfo.GetMountsFromReader(f, nil)
 }
