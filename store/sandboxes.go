@@ -258,15 +258,9 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 		timeout = sb.Timeout.Milliseconds()
 	}
 	args = append(args, int64(1), unixNano(now), unixNano(now), ttl, lastActive, timeout)
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		if ok, err := s.tenantExists(ctx, tx, sb.Tenant); err != nil {
-			return err
-		} else if !ok {
-			return fmt.Errorf("tenant %s: %w", sb.Tenant, ErrNotFound)
-		}
-		_, err := tx.StmtContext(ctx, s.stmts.insertSandbox).ExecContext(ctx, args...)
-		return err
-	})
+	// The tenant's foreign key refuses a tenant that does not exist (both
+	// dialects enforce it): no lookup of its own on a create's way.
+	_, err = s.writeStmt(ctx, s.stmts.insertSandbox, args...)
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("insert sandbox %s: %w: id taken", sb.ID, ErrConflict)
@@ -321,25 +315,24 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	now := time.Now().UTC()
 	ttl, lastActive := sb.idleArgs()
 	args = append(args, ttl, lastActive, lastActive, unixNano(now), sb.ID, sb.Tenant, sb.Generation)
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.StmtContext(ctx, s.stmts.updateSandbox).ExecContext(ctx, args...)
-		if err != nil {
-			return err
+	res, err := s.writeStmt(ctx, s.stmts.updateSandbox, args...)
+	if err == nil {
+		if n, rerr := res.RowsAffected(); rerr != nil {
+			err = rerr
+		} else if n != 1 {
+			// Nothing changed: say why, as the row is now. The writer
+			// reads it, so a commit made since is seen.
+			var gen int64
+			err = s.w.QueryRowContext(ctx, `SELECT generation FROM sandboxes WHERE id = ? AND tenant_id = ?`,
+				sb.ID, sb.Tenant).Scan(&gen)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				err = ErrNotFound
+			case err == nil:
+				err = fmt.Errorf("%w: generation is %d, not %d", ErrConflict, gen, sb.Generation)
+			}
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
-			return err
-		}
-		var gen int64
-		err = tx.QueryRowContext(ctx, `SELECT generation FROM sandboxes WHERE id = ? AND tenant_id = ?`,
-			sb.ID, sb.Tenant).Scan(&gen)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: generation is %d, not %d", ErrConflict, gen, sb.Generation)
-	})
+	}
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}

@@ -226,6 +226,27 @@ func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
+// writeStmt runs st, a statement prepared on the writer, as a write of its
+// own. On SQLite the statement is its own transaction (autocommit), with
+// two statements fewer than write's BEGIN IMMEDIATE … COMMIT on every
+// create's and kill's way; it is as safe with other processes: a write
+// statement's first step takes the write lock before it reads anything
+// (SQLite's OP_Transaction), waiting in the busy handler, as BEGIN
+// IMMEDIATE does. On PostgreSQL it goes through write, under the advisory
+// write lock.
+func (s *Store) writeStmt(ctx context.Context, st *sql.Stmt, args ...any) (sql.Result, error) {
+	if s.dialect != postgresDialect {
+		return st.ExecContext(ctx, args...)
+	}
+	var res sql.Result
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var err error
+		res, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return err
+	})
+	return res, err
+}
+
 // sqliteCode returns the extended result code of a SQLite error, or 0.
 func sqliteCode(err error) int {
 	var se *sqlite.Error
