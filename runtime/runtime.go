@@ -103,6 +103,18 @@ type Reconciler interface {
 	Reconcile(ctx context.Context) error
 }
 
+// LocalEnvdChannel is a backend whose channel to a sandbox's envd (Dial of
+// EnvdPort) stays on this host, so that a connection to an envd that is
+// gone fails at once (its peer's end closes) and never hangs: the control
+// plane may then keep one from a control request to the next. A frozen
+// sandbox's would hang; the control plane drops a sandbox's connections
+// when it pauses it. A remote channel is dialled for every request, which
+// lets the backend refuse at once a cluster member it knows is down, whose
+// connections would hang instead.
+type LocalEnvdChannel interface {
+	LocalEnvdChannel() bool
+}
+
 // TemplateLister is a backend that can say which templates it can create
 // sandboxes from.
 type TemplateLister interface {

@@ -64,12 +64,17 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// envdAsk makes one request to a sandbox's envd over a fresh backend
-// connection (envdconn.Ask). It is for rare control calls; the proxy pools
-// its own.
+// envdAsk makes one control request (GET /health, POST /init: requests
+// that may be sent twice) to a sandbox's envd over the backend's channel, on
+// the connection the sandbox's last one left (m.envd, on a backend whose
+// channel is runtime.LocalEnvdChannel) or a new one. The
+// proxy pools its own connections for the API's traffic.
 func (m *Manager) envdAsk(ctx context.Context, id, method, path string, body []byte) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	dial := func(ctx context.Context) (net.Conn, error) { return m.backend.Dial(ctx, id, runtime.EnvdPort) }
-	return envdconn.Ask(ctx, dial, method, path, body)
+	if !m.keepEnvd {
+		return envdconn.Ask(ctx, dial, method, path, body)
+	}
+	return m.envd.Ask(ctx, id, dial, method, path, body)
 }

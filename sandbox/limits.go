@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/pool"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
@@ -52,6 +54,35 @@ func MemAvailableMB() (int, error) { return meminfoMB("MemAvailable") }
 
 // MemTotalMB reads MemTotal from /proc/meminfo, in MiB.
 func MemTotalMB() (int, error) { return meminfoMB("MemTotal") }
+
+// memTotalEvery is how long a read of MemTotal stands for the admission
+// check every create makes (checkFits): reading /proc/meminfo was a tenth
+// of a warm claim's CPU, and MemTotal moves only with memory hotplug or a
+// balloon.
+const memTotalEvery = time.Second
+
+// cachedMB returns read, read again at most once every ttl. A failed read
+// is not kept: the next call tries again.
+func cachedMB(ttl time.Duration, read func() (int, error)) func() (int, error) {
+	var (
+		mu sync.Mutex
+		at time.Time
+		mb int
+	)
+	return func() (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !at.IsZero() && time.Since(at) < ttl {
+			return mb, nil
+		}
+		v, err := read()
+		if err != nil {
+			return 0, err
+		}
+		mb, at = v, time.Now()
+		return mb, nil
+	}
+}
 
 func meminfoMB(field string) (int, error) {
 	raw, err := os.ReadFile("/proc/meminfo")

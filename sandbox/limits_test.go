@@ -216,6 +216,43 @@ func TestParseMemAvailable(t *testing.T) {
 	}
 }
 
+func TestCachedMB(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reads, value, fail := 0, 100, false
+		get := cachedMB(time.Second, func() (int, error) {
+			reads++
+			if fail {
+				return 0, errors.New("no meminfo")
+			}
+			return value, nil
+		})
+		steps := []struct {
+			name      string
+			sleep     time.Duration
+			value     int
+			fail      bool
+			want      int
+			wantErr   bool
+			wantReads int
+		}{
+			{"first call reads", 0, 100, false, 100, false, 1},
+			{"within the second: the value read", 500 * time.Millisecond, 200, false, 100, false, 1},
+			{"a second on: read again", 600 * time.Millisecond, 200, false, 200, false, 2},
+			{"a failed read is reported", 1100 * time.Millisecond, 300, true, 0, true, 3},
+			{"and not kept: the next call reads", 0, 300, false, 300, false, 4},
+		}
+		for _, st := range steps {
+			time.Sleep(st.sleep)
+			value, fail = st.value, st.fail
+			got, err := get()
+			if got != st.want || (err != nil) != st.wantErr || reads != st.wantReads {
+				t.Errorf("%s: got %d, %v after %d reads; want %d, error %v after %d",
+					st.name, got, err, reads, st.want, st.wantErr, st.wantReads)
+			}
+		}
+	})
+}
+
 // poolEnv runs warm pools over the test env's manager, as serve wires them.
 func (e *testEnv) startPools(t *testing.T) *pool.Pools {
 	t.Helper()
@@ -357,6 +394,7 @@ type flakyBackend struct {
 	*sandboxtest.Backend
 	mu       sync.Mutex
 	destroys map[string]int
+	dials    map[string]int
 	// dial, when set, may fail a Dial before the fake does it.
 	dial func(ctx context.Context, id string) error
 	// poolHeld, when set, holds the pool's creates (those without a
@@ -382,6 +420,10 @@ func (b *flakyBackend) Create(ctx context.Context, spec runtime.Spec) (*runtime.
 func (b *flakyBackend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
 	b.mu.Lock()
 	dial := b.dial
+	if b.dials == nil {
+		b.dials = map[string]int{}
+	}
+	b.dials[id]++
 	b.mu.Unlock()
 	if dial != nil {
 		if err := dial(ctx, id); err != nil {
@@ -402,6 +444,12 @@ func (b *flakyBackend) destroyed(id string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.destroys[id]
+}
+
+func (b *flakyBackend) dialled(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.dials[id]
 }
 
 // A claimed member whose envd is gone is followed by another claim, which
@@ -660,6 +708,65 @@ func TestCreateWithVolumesIsCold(t *testing.T) {
 		}
 		if v, err := e.m.GetView(as("a"), sb.ID); err != nil || len(v.VolumeMounts) != 1 || v.VolumeMounts[0].Name != "data" {
 			t.Errorf("GetView = %+v, %v; want the volume mount", v.VolumeMounts, err)
+		}
+	})
+}
+
+// localChannel is flakyBackend with a channel to envd that
+// runtime.LocalEnvdChannel says fails at once.
+type localChannel struct{ *flakyBackend }
+
+func (localChannel) LocalEnvdChannel() bool { return true }
+
+// On a backend whose envd channel is local, a claim's /init goes over the
+// connection the member's health check left: no dial on the claim's way.
+// A kill drops the sandbox's connection.
+func TestClaimReusesHealthCheckConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var lc localChannel
+		e := newTestEnv(t, func(c *Config) {
+			lc = localChannel{&flakyBackend{Backend: c.Backend.(*sandboxtest.Backend), destroys: map[string]int{}}}
+			c.Backend = lc
+		})
+		e.set(t, "a", func(s *tenant.Settings) { s.MinWarm = tenant.Of(1) })
+		p := e.startPools(t)
+		waitFor(t, "a member", func() bool { return ready(p, "a") == 1 })
+		member := e.be.IDs()[0]
+		before := lc.dialled(member)
+		if before == 0 {
+			t.Fatalf("member %s: no dial for its health check", member)
+		}
+		sb, err := e.m.Create(as("a"), CreateRequest{AllowInternet: true, Secure: true, EnvVars: map[string]string{"FOO": "bar"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.ID != member {
+			t.Fatalf("created %s, want the member %s", sb.ID, member)
+		}
+		if got := lc.dialled(member); got != before {
+			t.Errorf("dials of the claimed member: %d after the claim, %d before; want none on the claim's way", got, before)
+		}
+		inits := e.be.Inits(member)
+		if len(inits) != 1 || inits[0]["accessToken"] != sb.EnvdAccessToken {
+			t.Fatalf("/init of the claimed member: %v, want one with its token", inits)
+		}
+		if err := e.m.EnvdHealth(context.Background(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := lc.dialled(member); got != before {
+			t.Errorf("dials after a health check of the running sandbox: %d, want %d", got, before)
+		}
+		if err := e.m.Kill(as("a"), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		// Its connection went with it: a health check dials, and the
+		// backend refuses.
+		killed := lc.dialled(member)
+		if err := e.m.EnvdHealth(context.Background(), sb.ID); err == nil {
+			t.Errorf("health check of the killed sandbox succeeded")
+		}
+		if got := lc.dialled(member); got != killed+1 {
+			t.Errorf("dials by a health check after the kill: %d, want 1 (a new one)", got-killed)
 		}
 	})
 }

@@ -70,6 +70,7 @@ import (
 	"github.com/sandboxd/sandboxd/pool"
 	"github.com/sandboxd/sandboxd/revert"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/telemetry"
 	"github.com/sandboxd/sandboxd/tenant"
@@ -229,6 +230,13 @@ type Manager struct {
 	history *history  // metrics samples per sandbox
 	logs    *logBook  // log per sandbox
 	follow  followers // start command output, into logs
+
+	// envd keeps the connection of a sandbox's last control request
+	// (envdAsk) for its next, when keepEnvd (the backend's channel is
+	// runtime.LocalEnvdChannel): a warm member's health check leaves the
+	// one its claim's /init uses.
+	envd     envdconn.Keeper
+	keepEnvd bool
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -242,6 +250,7 @@ func (m *Manager) OnStop(fn func(id string)) {
 
 func (m *Manager) stopped(id string) {
 	m.live.Delete(id)
+	m.envd.Forget(id)
 	m.follow.stop(id)
 	m.hookMu.Lock()
 	hooks := m.stopHooks
@@ -298,6 +307,9 @@ func New(cfg Config) *Manager {
 	m := &Manager{cfg: cfg, store: cfg.Store, backend: cfg.Backend, log: cfg.Log, now: time.Now, wake: make(chan struct{}, 1),
 		history: newHistory(cfg.MetricsHistory), logs: newLogBook(cfg.LogEntries, cfg.LogBytes)}
 	m.logs.onDrop = cfg.OnLogDrop
+	if lc, ok := cfg.Backend.(runtime.LocalEnvdChannel); ok {
+		m.keepEnvd = lc.LocalEnvdChannel()
+	}
 	m.adm = &Admitter{
 		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
 		hostMemoryMB: cfg.HostMemoryMB, hostReserveMB: cfg.HostReserveMB,
@@ -321,7 +333,7 @@ func New(cfg Config) *Manager {
 		m.adm.memAvailable = MemAvailableMB
 	}
 	if m.adm.memTotal == nil {
-		m.adm.memTotal = MemTotalMB
+		m.adm.memTotal = cachedMB(memTotalEvery, MemTotalMB)
 	}
 	queue := cfg.ColdQueue
 	if queue == 0 {

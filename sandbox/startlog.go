@@ -86,6 +86,7 @@ func (f *followers) close() {
 func (m *Manager) Close() {
 	m.follow.close()
 	m.bg.Wait() // the destroys of failed claims
+	m.envd.Close()
 }
 
 // startLines turns a start command's output into log entries of sandbox

@@ -198,14 +198,26 @@ func WaitHealthy(ctx context.Context, dial DialFunc, h Health) error {
 // two goroutines per connection), which a caller that uses each connection
 // once has no use for: the readiness probe is on every create's way.
 func Ask(ctx context.Context, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
+	req, err := newAsk(ctx, method, path, body)
 	if err != nil {
 		return 0, nil, err
+	}
+	return exchange(ctx, dial, req, askLimit)
+}
+
+// askLimit is how much of an answer to Ask is read.
+const askLimit = 4096
+
+// newAsk is Ask's request: body, if not nil, is JSON.
+func newAsk(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	return exchange(ctx, dial, req, 4096)
+	return req, nil
 }
 
 // exchange sends req on a connection of its own from dial and returns the

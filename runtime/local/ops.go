@@ -223,6 +223,12 @@ func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 	return envdconn.Dial(ctx, s.dialEnvd, s.meta.Spec.AccessToken, id, port)
 }
 
+var _ runtime.LocalEnvdChannel = (*Backend)(nil)
+
+// LocalEnvdChannel reports that envd's channel is a unix socket on this
+// host: a connection to an envd that exited fails at once.
+func (b *Backend) LocalEnvdChannel() bool { return true }
+
 // dialEnvd connects to envd's unix socket, in the sandbox's disk (see
 // envdconn.DialSocket: root inside can plant a symlink there).
 func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
