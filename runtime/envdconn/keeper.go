@@ -25,8 +25,10 @@ const DefaultKeepIdle = 45 * time.Second
 // again, since the failure may be the peer's end of an envd that restarted
 // (a resume) or died.
 //
-// A connection is dropped once it has been idle for MaxIdle, at the next
-// request to any sandbox after that; Forget drops a sandbox's at once.
+// A request that keeps a connection also drops those idle for MaxIdle, at
+// most once per MaxIdle, so while requests come none stays idle for much
+// over twice MaxIdle (a sandbox destroyed without Forget: a pool's member);
+// Forget drops a sandbox's at once.
 type Keeper struct {
 	// MaxIdle is how long an unused connection is kept; zero means
 	// DefaultKeepIdle.
