@@ -142,6 +142,10 @@ type Config struct {
 	// claims (the key without its tenant), or reports false for a key no
 	// spare pool serves (a tenant's private template). nil: no spare pools.
 	Spare func(key Key) (Key, bool)
+	// Destroyed, when set, is told of every member the pools destroyed,
+	// after the backend's Destroy (sandboxd's Manager drops its kept
+	// connection to the member's envd).
+	Destroyed func(id string)
 	// NewID and NewToken mint member ids and access tokens.
 	NewID, NewToken func() string
 	Log             *slog.Logger
@@ -713,7 +717,7 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 			err = p.cfg.Prepare(ctx, m.ID, k.Template)
 		}
 		if err != nil {
-			_ = p.cfg.Backend.Destroy(context.WithoutCancel(ctx), m.ID)
+			_ = p.destroyMember(context.WithoutCancel(ctx), m.ID)
 		}
 	}
 	now := time.Now()
@@ -745,7 +749,7 @@ func (p *Pools) create(ctx context.Context, pl *pool) {
 	// drain began, is destroyed rather than kept.
 	if p.closed || p.pools[k] != pl {
 		p.mu.Unlock()
-		_ = p.cfg.Backend.Destroy(context.WithoutCancel(ctx), m.ID)
+		_ = p.destroyMember(context.WithoutCancel(ctx), m.ID)
 		return
 	}
 	pl.ready = append(pl.ready, m)
@@ -776,13 +780,23 @@ func (p *Pools) Drop(ctx context.Context, template string) {
 	}
 	p.mu.Unlock()
 	for _, m := range gone {
-		if err := p.cfg.Backend.Destroy(ctx, m.ID); err != nil {
+		if err := p.destroyMember(ctx, m.ID); err != nil {
 			p.log.Error("pool: destroy member", "member", m.ID, "err", err)
 		}
 	}
 	if len(gone) > 0 {
 		p.log.Info("pool dropped", "template", template, "members", len(gone))
 	}
+}
+
+// destroyMember destroys member id in the backend and tells
+// cfg.Destroyed.
+func (p *Pools) destroyMember(ctx context.Context, id string) error {
+	err := p.cfg.Backend.Destroy(ctx, id)
+	if p.cfg.Destroyed != nil {
+		p.cfg.Destroyed(id)
+	}
+	return err
 }
 
 // destroy removes a member in the background (tracked by wg).
@@ -792,7 +806,7 @@ func (p *Pools) destroy(id string) {
 		defer p.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := p.cfg.Backend.Destroy(ctx, id); err != nil {
+		if err := p.destroyMember(ctx, id); err != nil {
 			p.log.Error("pool: destroy member", "member", id, "err", err)
 		}
 	}()

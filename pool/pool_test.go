@@ -26,6 +26,13 @@ type env struct {
 	done    chan struct{}
 	minWarm atomic.Int64
 	seeds   []Key
+	told    sync.Map // member id -> struct{}: Config.Destroyed was called
+}
+
+// wasTold reports whether Config.Destroyed was told of member id.
+func (e *env) wasTold(id string) bool {
+	_, ok := e.told.Load(id)
+	return ok
 }
 
 // start runs Pools over a fake backend inside the current synctest bubble.
@@ -45,6 +52,7 @@ func start(t *testing.T, cfg Config, minWarm int) *env {
 	if cfg.Health == nil {
 		cfg.Health = func(context.Context, string) error { return nil }
 	}
+	cfg.Destroyed = func(id string) { e.told.Store(id, struct{}{}) }
 	if cfg.NewID == nil {
 		cfg.NewID = func() string { return fmt.Sprintf("m%d", n.Add(1)) }
 	}
@@ -494,6 +502,9 @@ func TestDropTemplate(t *testing.T) {
 			if e.be.Get(id) != nil {
 				t.Fatalf("ready member %s outlived the drop", id)
 			}
+			if !e.wasTold(id) {
+				t.Errorf("Config.Destroyed not told of dropped member %s", id)
+			}
 		}
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -732,8 +743,8 @@ func TestRecheck(t *testing.T) {
 				if got := h.count("m1"); got != tc.wantCalls {
 					t.Errorf("m1's /health calls = %d, want %d", got, tc.wantCalls)
 				}
-				if gone := e.be.Get("m1") == nil; gone != tc.wantGone {
-					t.Errorf("m1 destroyed = %v, want %v", gone, tc.wantGone)
+				if gone := e.be.Get("m1") == nil; gone != tc.wantGone || e.wasTold("m1") != tc.wantGone {
+					t.Errorf("m1 destroyed = %v, Config.Destroyed told = %v; want %v", gone, e.wasTold("m1"), tc.wantGone)
 				}
 				if s := e.stat(keyA); s.Ready != 2 || s.Starting != 0 {
 					t.Fatalf("after the recheck: %+v, want 2 ready", s)

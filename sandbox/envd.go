@@ -64,6 +64,11 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 	return json.Marshal(body)
 }
 
+// ForgetEnvd drops the connection kept to sandbox id's envd: for a warm
+// member the pools destroyed (pool.Config.Destroyed), which the Manager
+// does not see go.
+func (m *Manager) ForgetEnvd(id string) { m.envd.Forget(id) }
+
 // envdAsk makes one control request (GET /health, POST /init: requests
 // that may be sent twice) to a sandbox's envd over the backend's channel, on
 // the connection the sandbox's last one left (m.envd, on a backend whose

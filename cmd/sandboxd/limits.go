@@ -204,7 +204,7 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, log *s
 	}
 	cfg := pool.Config{
 		Backend: be, Health: mgr.EnvdHealth, Prepare: mgr.PrepareMember, Admission: mgr.Admission(), MemberMB: mgr.Admission().MemberMB,
-		NewID: sandbox.NewID, NewToken: sandbox.NewToken,
+		Destroyed: mgr.ForgetEnvd, NewID: sandbox.NewID, NewToken: sandbox.NewToken,
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,
 		MaxPerPool: o.poolMax, Parallel: o.poolParallel,
