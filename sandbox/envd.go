@@ -25,7 +25,9 @@ func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	status, msg, err := m.envdAsk(ctx, sb.ID, http.MethodPost, "/init", raw)
+	// The last control request in a while: the connection a member's
+	// health check left is used, and none is kept for a running sandbox.
+	status, msg, err := m.envdAsk(ctx, sb.ID, http.MethodPost, "/init", raw, false)
 	if err != nil {
 		return err
 	}
@@ -74,12 +76,17 @@ func (m *Manager) ForgetEnvd(id string) { m.envd.Forget(id) }
 // the connection the sandbox's last one left (m.envd, on a backend whose
 // channel is runtime.LocalEnvdChannel) or a new one. The
 // proxy pools its own connections for the API's traffic.
-func (m *Manager) envdAsk(ctx context.Context, id, method, path string, body []byte) (int, []byte, error) {
+// keep says whether to keep the connection for the sandbox's next request.
+func (m *Manager) envdAsk(ctx context.Context, id, method, path string, body []byte, keep bool) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	dial := func(ctx context.Context) (net.Conn, error) { return m.backend.Dial(ctx, id, runtime.EnvdPort) }
-	if !m.keepEnvd {
+	switch {
+	case !m.keepEnvd:
 		return envdconn.Ask(ctx, dial, method, path, body)
+	case keep:
+		return m.envd.Ask(ctx, id, dial, method, path, body)
+	default:
+		return m.envd.AskLast(ctx, id, dial, method, path, body)
 	}
-	return m.envd.Ask(ctx, id, dial, method, path, body)
 }

@@ -42,7 +42,8 @@ func (m *Manager) PoolKey(t tenant.ID, req CreateRequest) pool.Key {
 
 // EnvdHealth asks a sandbox's envd for /health over the backend's channel.
 func (m *Manager) EnvdHealth(ctx context.Context, id string) error {
-	status, msg, err := m.envdAsk(ctx, id, http.MethodGet, "/health", nil)
+	// Kept: a warm member's checks, then its claim's /init, use one.
+	status, msg, err := m.envdAsk(ctx, id, http.MethodGet, "/health", nil, true)
 	if err != nil {
 		return err
 	}

@@ -48,10 +48,21 @@ type keptConn struct {
 // Ask is the package's Ask on sandbox id's kept connection, or on a new one
 // from dial; the connection is kept afterwards when envd left it open.
 func (k *Keeper) Ask(ctx context.Context, id string, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
+	return k.ask(ctx, id, dial, method, path, body, true)
+}
+
+// AskLast is Ask for the last request in a while (a claim's /init, after
+// which the sandbox's envd is the proxy's): it uses the kept connection,
+// and keeps none.
+func (k *Keeper) AskLast(ctx context.Context, id string, dial DialFunc, method, path string, body []byte) (int, []byte, error) {
+	return k.ask(ctx, id, dial, method, path, body, false)
+}
+
+func (k *Keeper) ask(ctx context.Context, id string, dial DialFunc, method, path string, body []byte, again bool) (int, []byte, error) {
 	if c := k.take(id); c != nil {
 		status, msg, keep, err := askOn(ctx, c, method, path, body)
 		if err == nil {
-			k.put(id, c, keep)
+			k.put(id, c, keep && again)
 			return status, msg, nil
 		}
 		_ = c.Close()
@@ -68,7 +79,7 @@ func (k *Keeper) Ask(ctx context.Context, id string, dial DialFunc, method, path
 		_ = c.Close()
 		return 0, nil, err
 	}
-	k.put(id, c, keep)
+	k.put(id, c, keep && again)
 	return status, msg, nil
 }
 

@@ -83,6 +83,7 @@ func TestKeeper(t *testing.T) {
 	}
 	type ask struct {
 		path   string
+		last   bool // AskLast
 		before func(e *keeperEnvd, k *envdconn.Keeper)
 	}
 	tests := []struct {
@@ -103,6 +104,15 @@ func TestKeeper(t *testing.T) {
 			{path: "/health"},
 			{path: "/health", before: func(_ *keeperEnvd, k *envdconn.Keeper) { k.Forget("sb") }},
 		}, 2},
+		{"AskLast uses the kept one and keeps none", []ask{
+			{path: "/health"},
+			{path: "/init", last: true},
+			{path: "/health"},
+		}, 2},
+		{"AskLast without one dials and keeps none", []ask{
+			{path: "/init", last: true},
+			{path: "/health"},
+		}, 2},
 		{"closed: the next dials", []ask{
 			{path: "/health"},
 			{path: "/health", before: func(_ *keeperEnvd, k *envdconn.Keeper) { k.Close() }},
@@ -121,7 +131,11 @@ func TestKeeper(t *testing.T) {
 				if a.path == "/init" {
 					method, body = http.MethodPost, []byte(`{"a":1}`)
 				}
-				status, msg, err := k.Ask(t.Context(), "sb", e.dial, method, a.path, body)
+				askFn := k.Ask
+				if a.last {
+					askFn = k.AskLast
+				}
+				status, msg, err := askFn(t.Context(), "sb", e.dial, method, a.path, body)
 				if err != nil || (status != http.StatusNoContent && status != http.StatusOK) {
 					t.Fatalf("ask %d (%s) = %d %q, %v; want 204 or 200", i, a.path, status, msg, err)
 				}
