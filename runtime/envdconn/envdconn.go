@@ -6,8 +6,9 @@
 // (WaitHealthy), and connecting to a port on the sandbox's loopback: envd
 // itself or, through envd's CONNECT tunnel, any other port (Dial). Above a
 // backend's dial, the sandbox manager sends single control requests (Ask:
-// /init), reads envd's own log records (Logs) and the API serves exec and
-// files through a Client.
+// /health, /init; a Keeper keeps a warm member's connection from its health
+// check to its claim's /init), reads envd's own log records (Logs) and the
+// API serves exec and files through a Client.
 package envdconn
 
 import (
