@@ -402,7 +402,8 @@ cluster_config() {
   local kv k v
   for kv in core.proxy_http=$DEAD_PROXY core.proxy_https=$DEAD_PROXY core.proxy_ignore_hosts=$NET_PREFIX.0/24 images.auto_update_interval=0 cluster.images_minimal_replica=-1; do
     k=${kv%%=*} v=${kv#*=}
-    [[ $(mx 1 incus config get "$k") == "$v" ]] || mx 1 incus config set "$k" "$v"
+    # key=value in one argument: a value such as -1 would be read as a flag.
+    [[ $(mx 1 incus config get "$k") == "$v" ]] || mx 1 incus config set "$k=$v"
   done
 }
 
