@@ -72,11 +72,11 @@ func (m *Manager) envdInitBody(sb *store.Sandbox) ([]byte, error) {
 func (m *Manager) ForgetEnvd(id string) { m.envd.Forget(id) }
 
 // envdAsk makes one control request (GET /health, POST /init: requests
-// that may be sent twice) to a sandbox's envd over the backend's channel, on
-// the connection the sandbox's last one left (m.envd, on a backend whose
-// channel is runtime.LocalEnvdChannel) or a new one. The
-// proxy pools its own connections for the API's traffic.
-// keep says whether to keep the connection for the sandbox's next request.
+// that may be sent twice) to a sandbox's envd over the backend's channel.
+// On a backend whose channel is runtime.LocalEnvdChannel it goes over the
+// connection the sandbox's last request kept (m.envd), or a new one, and
+// keep says whether to keep it for the next. The proxy pools its own
+// connections for the API's traffic.
 func (m *Manager) envdAsk(ctx context.Context, id, method, path string, body []byte, keep bool) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
