@@ -229,18 +229,39 @@ func exchange(ctx context.Context, dial DialFunc, req *http.Request, limit int64
 		return 0, nil, err
 	}
 	defer c.Close()
-	defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
 	req.Close = true
+	status, msg, _, err := roundTrip(ctx, c, req, limit)
+	return status, msg, err
+}
+
+// roundTrip sends req on c and reads envd's answer: its status and up to
+// limit bytes of its body. keep says c can carry another request: envd
+// left it open, the whole answer was read, nothing else came, and ctx did
+// not end meanwhile (which leaves a deadline on c).
+func roundTrip(ctx context.Context, c net.Conn, req *http.Request, limit int64) (status int, msg []byte, keep bool, err error) {
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	if err := req.Write(c); err != nil {
-		return 0, nil, err
+		stop()
+		return 0, nil, false, err
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, req)
 	if err != nil {
-		return 0, nil, err
+		stop()
+		return 0, nil, false, err
 	}
-	defer resp.Body.Close()
-	msg, err := io.ReadAll(io.LimitReader(resp.Body, limit))
-	return resp.StatusCode, msg, err
+	msg, err = io.ReadAll(io.LimitReader(resp.Body, limit))
+	// One byte more than the limit: the body was longer, and the rest
+	// would be read as the next answer.
+	var more [1]byte
+	n, _ := resp.Body.Read(more[:])
+	_ = resp.Body.Close()
+	untouched := stop()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	keep = untouched && !req.Close && !resp.Close && n == 0 && br.Buffered() == 0
+	return resp.StatusCode, msg, keep, nil
 }
 
 // maxLogsAnswer bounds the answer of GET /logs that Logs reads: envd's

@@ -1,11 +1,8 @@
 package envdconn
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 )
@@ -154,36 +151,11 @@ func (k *Keeper) put(id string, c net.Conn, keep bool) {
 	}
 }
 
-// askOn sends one request on c and reads envd's answer, as Ask does; keep
-// says c can carry another request: envd left it open, the whole answer was
-// read, nothing else came, and ctx did not end meanwhile (which leaves a
-// deadline on c).
+// askOn sends Ask's request on c (roundTrip).
 func askOn(ctx context.Context, c net.Conn, method, path string, body []byte) (status int, msg []byte, keep bool, err error) {
 	req, err := newAsk(ctx, method, path, body)
 	if err != nil {
 		return 0, nil, false, err
 	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	if err := req.Write(c); err != nil {
-		stop()
-		return 0, nil, false, err
-	}
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, req)
-	if err != nil {
-		stop()
-		return 0, nil, false, err
-	}
-	msg, err = io.ReadAll(io.LimitReader(resp.Body, askLimit))
-	// One byte more than the limit: the body was longer, and the rest
-	// would be read as the next answer.
-	var more [1]byte
-	n, _ := resp.Body.Read(more[:])
-	_ = resp.Body.Close()
-	untouched := stop()
-	if err != nil {
-		return 0, nil, false, err
-	}
-	keep = untouched && !resp.Close && n == 0 && br.Buffered() == 0
-	return resp.StatusCode, msg, keep, nil
+	return roundTrip(ctx, c, req, askLimit)
 }
