@@ -781,11 +781,7 @@ func (b *Backend) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandb
 		req.Config[keyPaused] = ""
 	}
 	tDir := time.Now()
-	// The POST itself is not cancelled half-way (we would not know whether
-	// the instance exists); it returns as soon as the operation is queued.
-	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	opID, err = b.c.CreateInstance(pctx, req)
-	pcancel()
+	opID, err = b.postInstance(ctx, req)
 	if err != nil {
 		return nil, b.createError(ctx, spec, im, wrap("instance", err))
 	}

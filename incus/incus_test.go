@@ -849,3 +849,36 @@ func TestBaseImage(t *testing.T) {
 		t.Errorf("base image: %+v, %v", res, err)
 	}
 }
+
+// TestCloseWaitsForDeletes: Destroy deletes in the background, and Close
+// waits for those deletions, so a stopped sandboxd leaves no instance of a
+// sandbox it destroyed.
+func TestCloseWaitsForDeletes(t *testing.T) {
+	b, ns := newBackend(t)
+	ctx := t.Context()
+	var ids []string
+	for range 2 {
+		id := runtimetest.NewID()
+		if _, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: id})); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	all, err := b.Client().Instances(ctx, "user.sandboxd.namespace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range all {
+		if in.Config["user.sandboxd.namespace"] == "test-"+ns {
+			t.Errorf("instance %s (%s) left after Close", in.Name, in.Status)
+		}
+	}
+}

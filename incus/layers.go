@@ -168,7 +168,7 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		cfg[keyNamespace] = b.opts.Namespace
 	}
 	devices := map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": b.opts.Pool}}
-	opID, err := b.c.CreateInstance(ctx, InstancesPost{
+	opID, err := b.postInstance(ctx, InstancesPost{
 		Name: tmp, Type: "container", Architecture: arch, Source: src, Config: cfg, Devices: devices, Profiles: []string{}, Target: target,
 	})
 	if err != nil {
@@ -223,6 +223,18 @@ func (b *Backend) makeStopped(ctx context.Context, src InstanceSource, arch, tar
 		return fmt.Errorf("name: %w", err)
 	}
 	return nil
+}
+
+// postInstance posts the create of an instance and returns its operation.
+// The POST itself is not cancelled half-way, whatever ctx does: Incus may
+// have made the instance already, and the caller, not knowing, could not
+// delete it (a stop cancelled a replica's copy this way and left its
+// half-made instance). It returns as soon as the operation is queued; the
+// caller's wait for it is what ctx cancels.
+func (b *Backend) postInstance(ctx context.Context, req InstancesPost) (string, error) {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return b.c.CreateInstance(pctx, req)
 }
 
 // abandonWait bounds each step of giving up an operation at a stop: a

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -583,5 +586,97 @@ func TestLayersReconcile(t *testing.T) {
 	}
 	if err := b.DefineTemplate(ctx, "legacy-"+randHex(), "", []string{legacyKey}); err != nil {
 		t.Errorf("DefineTemplate on a migrated layer: %v", err)
+	}
+}
+
+// TestCancelledAfterThePost: a context that ends once Incus has queued an
+// instance's create, before the answer reaches the caller (a stop of
+// sandboxd during a replica's copy or a layer's import did this), leaves
+// no instance: the POST is seen through, and what it made is deleted.
+func TestCancelledAfterThePost(t *testing.T) {
+	if os.Getenv("SANDBOXD_INCUS_URL") != "" {
+		t.Skip("the test wraps the transport of the unix socket")
+	}
+	for _, tc := range []struct {
+		name string
+		do   func(ctx context.Context, b *incus.Backend) error
+	}{
+		{"a layer's import", func(ctx context.Context, b *incus.Backend) error {
+			return b.ImportImage(ctx, layerKey(), busyboxImage(t))
+		}},
+		{"a sandbox's create", func(ctx context.Context, b *incus.Backend) error {
+			_, err := b.Create(ctx, runtimetest.Finish(runtime.Spec{ID: runtimetest.NewID()}))
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if skipReason != "" {
+				t.Skip(skipReason)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			tr := &cancelAfterPost{base: unixTransport(env("SANDBOXD_INCUS_SOCKET", incus.DefaultSocket)), cancel: cancel}
+			ns := randHex()
+			opts := options(t, ns)
+			opts.Client = incus.NewClientWith(&http.Client{Transport: tr}, "http://incus")
+			b, err := incus.New(t.Context(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cleanupBackend(t, b, ns) })
+			if err := tc.do(ctx, b); !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v; want context.Canceled", err)
+			}
+			if n := tr.posted.Load(); n != 1 {
+				t.Fatalf("%d creates posted; want 1", n)
+			}
+			if err := b.WaitDeletes(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			all, err := b.Client().Instances(t.Context(), "user.sandboxd.namespace")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, in := range all {
+				if in.Config["user.sandboxd.namespace"] == opts.Namespace {
+					t.Errorf("instance %s (%s) left", in.Name, in.Status)
+				}
+			}
+		})
+	}
+}
+
+// cancelAfterPost sends requests over base; a POST of an instance is sent
+// whole and answered, and then cancel is called, as by a stop between
+// Incus queueing the create and its answer reaching the caller. A request
+// whose context has ended by then gets that error in place of the answer.
+type cancelAfterPost struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+	posted atomic.Int32
+}
+
+func (c *cancelAfterPost) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPost || r.URL.Path != "/1.0/instances" {
+		return c.base.RoundTrip(r)
+	}
+	resp, err := c.base.RoundTrip(r.WithContext(context.WithoutCancel(r.Context())))
+	c.posted.Add(1)
+	c.cancel()
+	if err == nil && r.Context().Err() != nil {
+		_ = resp.Body.Close()
+		return nil, r.Context().Err()
+	}
+	return resp, err
+}
+
+// unixTransport sends requests over the unix socket at path.
+func unixTransport(path string) http.RoundTripper {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+		DisableKeepAlives: true,
 	}
 }

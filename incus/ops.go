@@ -570,11 +570,24 @@ func waitClosed(ctx context.Context, waits []chan struct{}) error {
 	return nil
 }
 
-// Close stops Reconcile's background clean-up (the next start redoes it)
-// and the egress name filter; instances and their rules stay, for the next
-// sandboxd to adopt.
+// Close stops the background work (Reconcile's clean-up, which the next
+// start redoes; a cluster's member refresh and replicator, which gives up
+// a copy under way and deletes its half-made instance), then waits, up to
+// closeDeletesWait, for the background deletions, and stops the egress
+// name filter; instances and their rules stay, for the next sandboxd to
+// adopt. The replicator stops first: were the deletions waited for before,
+// it would go on starting copies (30 s each on the test cluster) that the
+// stop then has to wait out.
 func (b *Backend) Close() error {
 	b.close()
 	b.background.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), closeDeletesWait)
+	defer cancel()
+	if err := b.WaitDeletes(ctx); err != nil {
+		b.log.Warn("incus: deletions still under way at close; Reconcile finishes them", "err", err)
+	}
 	return b.egress.Close()
 }
+
+// closeDeletesWait bounds Close's wait for the background deletions.
+const closeDeletesWait = 30 * time.Second

@@ -218,20 +218,13 @@ func serve(args []string) error {
 	// Sandboxes outlive a sandboxd restart: they are re-adopted at the next
 	// start, and the sweeper then enforces their end times. What the
 	// backend holds besides them goes, on any return from here (the local
-	// backend's empty cgroup parent and state tmpfs).
+	// backend's empty cgroup parent and state tmpfs; Incus' deletions under
+	// way are waited for).
 	if c, ok := be.(io.Closer); ok {
 		defer func() {
 			if cerr := c.Close(); cerr != nil {
 				log.Warn("close the backend", "err", cerr)
 			}
-		}()
-	}
-	if w, ok := be.(interface{ WaitDeletes(context.Context) error }); ok {
-		// Incus deletes in the background; let them finish on shutdown.
-		defer func() {
-			wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = w.WaitDeletes(wctx)
 		}()
 	}
 
