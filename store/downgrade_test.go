@@ -51,6 +51,9 @@ var undoMigration = map[int][]string{
 	9: {
 		`ALTER TABLE volumes DROP COLUMN deleting_at`,
 	},
+	10: {
+		`DROP TABLE layer_removals`,
+	},
 }
 
 // downgrade takes s's schema back to version to.

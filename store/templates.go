@@ -222,8 +222,10 @@ func (s *Store) SetTemplatePublic(ctx context.Context, t tenant.ID, id string, p
 }
 
 // DeleteTemplate removes tenant t's template id with its builds and tags,
-// and returns the builds it had.
-func (s *Store) DeleteTemplate(ctx context.Context, t tenant.ID, id string) ([]Build, error) {
+// and returns the builds it had. The layers layersOf names of those
+// builds (the caller reads their results, which are opaque here) are
+// queued for removal in the same transaction (QueueLayerRemovals).
+func (s *Store) DeleteTemplate(ctx context.Context, t tenant.ID, id string, layersOf func(Build) []string, now time.Time) ([]Build, error) {
 	var builds []Build
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT `+buildCols+` FROM template_builds
@@ -247,9 +249,57 @@ func (s *Store) DeleteTemplate(ctx context.Context, t tenant.ID, id string) ([]B
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("template %q: %w", id, ErrNotFound)
 		}
+		for _, b := range builds {
+			if err := queueLayerRemovals(ctx, tx, layersOf(b), now); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	return builds, err
+}
+
+// QueueLayerRemovals records layers as removals to do; one queued already
+// keeps its place.
+func (s *Store) QueueLayerRemovals(ctx context.Context, layers []string, now time.Time) error {
+	return s.write(ctx, func(tx *sql.Tx) error { return queueLayerRemovals(ctx, tx, layers, now) })
+}
+
+func queueLayerRemovals(ctx context.Context, tx *sql.Tx, layers []string, now time.Time) error {
+	for _, l := range layers {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO layer_removals (layer, queued_at) VALUES (?, ?)
+			ON CONFLICT (layer) DO NOTHING`, l, unixNano(now)); err != nil {
+			return fmt.Errorf("queue the removal of layer %s: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// LayerRemovals returns the layers queued for removal, the longest queued
+// first.
+func (s *Store) LayerRemovals(ctx context.Context) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT layer FROM layer_removals ORDER BY queued_at, layer`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// LayerRemoved forgets layer's queued removal: done, or no longer wanted.
+func (s *Store) LayerRemoved(ctx context.Context, layer string) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM layer_removals WHERE layer = ?`, layer)
+		return err
+	})
 }
 
 // GetBuild returns build id of template templateID.

@@ -105,12 +105,20 @@ func TestTemplates(t *testing.T) {
 		if err := s.SetTags(ctx, "t1", "nope", []string{"x"}, now); !errors.Is(err, ErrNotFound) {
 			t.Errorf("tag of a missing build: %v", err)
 		}
-		if _, err := s.DeleteTemplate(ctx, "b", "t1"); !errors.Is(err, ErrNotFound) {
+		// A build's layers, as the caller reads them from its result.
+		layersOf := func(b Build) []string { return []string{"shared", "of-" + b.ID} }
+		if _, err := s.DeleteTemplate(ctx, "b", "t1", layersOf, now); !errors.Is(err, ErrNotFound) {
 			t.Errorf("b deletes a's template: %v", err)
 		}
-		builds, err := s.DeleteTemplate(ctx, "a", "t1")
+		if q, err := s.LayerRemovals(ctx); err != nil || len(q) != 0 {
+			t.Errorf("a refused delete queued layers: %v, %v", q, err)
+		}
+		builds, err := s.DeleteTemplate(ctx, "a", "t1", layersOf, now)
 		if err != nil || len(builds) != 2 {
 			t.Fatalf("delete: %d builds, %v", len(builds), err)
+		}
+		if q, err := s.LayerRemovals(ctx); err != nil || !slices.Equal(q, []string{"of-b1", "of-b2", "shared"}) {
+			t.Errorf("layers queued by the delete: %v, %v; want of-b1, of-b2, shared", q, err)
 		}
 		if tags, _ := s.ListTags(ctx, "t1"); len(tags) != 0 {
 			t.Errorf("tags outlive their template: %+v", tags)
@@ -204,6 +212,40 @@ func TestSnapshotTemplates(t *testing.T) {
 			if !slices.Equal(ids, tc.want) {
 				t.Errorf("ListSnapshotTemplates(%s, %q) = %v, want %v", tc.tenant, tc.sandbox, ids, tc.want)
 			}
+		}
+	})
+}
+
+// TestLayerRemovals: the queue of layers to remove keeps each layer once,
+// at its first time, lists the longest queued first, and forgets one
+// removed (twice is no error).
+func TestLayerRemovals(t *testing.T) {
+	forEachTemplateStore(t, func(t *testing.T, s *Store, now time.Time) {
+		ctx := t.Context()
+		for i, step := range []struct {
+			queue []string
+			at    time.Duration
+		}{
+			{[]string{"b", "c"}, time.Second},
+			{[]string{"a"}, 2 * time.Second},
+			{[]string{"c", "a", "d"}, 0}, // c and a keep their time
+		} {
+			if err := s.QueueLayerRemovals(ctx, step.queue, now.Add(step.at)); err != nil {
+				t.Fatalf("queue #%d: %v", i, err)
+			}
+		}
+		want := []string{"d", "b", "c", "a"}
+		if q, err := s.LayerRemovals(ctx); err != nil || !slices.Equal(q, want) {
+			t.Fatalf("LayerRemovals = %v, %v; want %v", q, err, want)
+		}
+		for _, l := range []string{"b", "b", "x"} {
+			if err := s.LayerRemoved(ctx, l); err != nil {
+				t.Fatalf("LayerRemoved(%s): %v", l, err)
+			}
+		}
+		want = []string{"d", "c", "a"}
+		if q, err := s.LayerRemovals(ctx); err != nil || !slices.Equal(q, want) {
+			t.Fatalf("after removals: %v, %v; want %v", q, err, want)
 		}
 	})
 }

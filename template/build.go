@@ -275,6 +275,9 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
+		// Until its result is written: no layer collection meanwhile.
+		s.layers.RLock()
+		defer s.layers.RUnlock()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(s.stopCtx, timeout)
 		defer cancel()
@@ -326,6 +329,10 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 			delete(s.ready, b.ID)
 			s.mu.Unlock()
 			b.Status = store.BuildError
+			// The delete queued none of this build's layers.
+			if err := s.cfg.Store.QueueLayerRemovals(wctx, res.Layers, s.cfg.Now()); err != nil {
+				s.log.Warn("template build: queue the removal of its layers", "build_id", b.ID, "err", err)
+			}
 		}
 	}
 	if b.Status == store.BuildReady {

@@ -193,7 +193,10 @@ func (s *Service) dropCommit(ctx context.Context, tpl store.Template, buildID st
 		s.log.Warn("snapshot undo: undefine", "build_id", buildID, "err", err)
 	}
 	if err := s.cfg.Layered.RemoveLayer(ctx, commitLayer(buildID)); err != nil {
-		s.log.Warn("snapshot undo: remove layer", "build_id", buildID, "err", err)
+		s.log.Warn("snapshot undo: remove layer; queued for the next collection", "build_id", buildID, "err", err)
+		if err := s.cfg.Store.QueueLayerRemovals(ctx, []string{commitLayer(buildID)}, s.cfg.Now()); err != nil {
+			s.log.Warn("snapshot undo: queue the layer's removal", "build_id", buildID, "err", err)
+		}
 	}
 	b := store.Build{ID: buildID, TemplateID: tpl.ID, Status: store.BuildError, Reason: "the snapshot failed"}
 	if err := s.cfg.Store.UpdateBuild(ctx, b, s.cfg.Now()); err != nil && !errors.Is(err, store.ErrConflict) {
@@ -204,7 +207,7 @@ func (s *Service) dropCommit(ctx context.Context, tpl store.Template, buildID st
 	}
 	ready, err := s.cfg.Store.ListBuilds(ctx, tpl.ID, store.BuildReady)
 	if err == nil && len(ready) == 0 {
-		_, err = s.cfg.Store.DeleteTemplate(ctx, tpl.Tenant, tpl.ID)
+		_, err = s.cfg.Store.DeleteTemplate(ctx, tpl.Tenant, tpl.ID, layersOf, s.cfg.Now())
 	}
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		s.log.Warn("snapshot undo: template", "template_id", tpl.ID, "err", err)

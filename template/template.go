@@ -116,6 +116,9 @@ type Config struct {
 	MaxPublishPaths, MaxPublishMB int
 	// UploadSecret signs upload links; random when empty.
 	UploadSecret []byte
+	// CollectEvery is how often the layers queued for removal are tried
+	// again (a sandbox used one at its template's delete). 0: a minute.
+	CollectEvery time.Duration
 	Log          *slog.Logger
 	Now          func() time.Time
 }
@@ -147,6 +150,10 @@ type Service struct {
 	// template costs no query more than one from base; every change of
 	// names, tags, visibility or ready builds clears it.
 	resolved map[resolveKey]string
+	// layers is read-held by every build that runs, which may take a
+	// queued layer from the cache; a collection of layers runs only
+	// with it write-held, so between builds.
+	layers sync.RWMutex
 }
 
 type resolveKey struct {
@@ -260,6 +267,13 @@ func (s *Service) Start(ctx context.Context) error {
 			// build cannot start; it says so when named.
 			s.log.Error("template build: define", "build_id", b.ID, "template_id", tpl.ID, "err", err)
 		}
+	}
+	if s.cfg.Layered != nil {
+		s.builds.Add(1)
+		go func() {
+			defer s.builds.Done()
+			s.collectLoop()
+		}()
 	}
 	return nil
 }
@@ -541,7 +555,7 @@ func (s *Service) Delete(ctx context.Context, t tenant.ID, ref string) error {
 	if err != nil {
 		return err
 	}
-	builds, err := s.cfg.Store.DeleteTemplate(ctx, t, tpl.ID)
+	builds, err := s.cfg.Store.DeleteTemplate(ctx, t, tpl.ID, layersOf, s.cfg.Now())
 	if err != nil {
 		return err
 	}
@@ -561,44 +575,83 @@ func (s *Service) Delete(ctx context.Context, t tenant.ID, ref string) error {
 		}
 	}
 	s.log.Info("template deleted", "tenant", t, "template_id", tpl.ID, "builds", len(builds))
-	s.collectLayers(ctx, builds)
+	s.collectLayers(ctx)
 	return nil
 }
 
-// collectLayers removes the layers of gone builds that no ready build
-// uses. A layer a live sandbox still uses stays (runtime.ErrInUse); it is
-// left for the next collection.
-func (s *Service) collectLayers(ctx context.Context, gone []store.Build) {
-	if s.cfg.Layered == nil {
+// layersOf are the layers build b's result names (a build that never got
+// ready has none: what it made stays as the cache of its steps).
+func layersOf(b store.Build) []string {
+	var res Result
+	if b.Result == nil || json.Unmarshal(b.Result, &res) != nil {
+		return nil
+	}
+	return res.Layers
+}
+
+// collectLayers removes the layers queued for removal (a template's
+// delete queues its builds' layers) that no ready build uses, and forgets
+// those a ready build uses. A layer a live sandbox or a warm member still
+// uses (runtime.ErrInUse), or whose removal fails, stays queued for the
+// next collection: every CollectEvery, and at the next start after a
+// crash. Nothing runs while a build does: it may have taken a queued
+// layer from the cache, and its result is not written yet.
+func (s *Service) collectLayers(ctx context.Context) {
+	if s.cfg.Layered == nil || !s.layers.TryLock() {
 		return
 	}
-	keep := map[string]bool{}
+	defer s.layers.Unlock()
+	queued, err := s.cfg.Store.LayerRemovals(ctx)
+	if err != nil || len(queued) == 0 {
+		if err != nil {
+			s.log.Warn("template layers: list the removals", "err", err)
+		}
+		return
+	}
 	ready, err := s.cfg.Store.ListBuilds(ctx, "", store.BuildReady)
 	if err != nil {
 		s.log.Warn("template layers: list builds", "err", err)
 		return
 	}
+	keep := map[string]bool{}
 	for _, b := range ready {
-		var res Result
-		if json.Unmarshal(b.Result, &res) == nil {
-			for _, l := range res.Layers {
-				keep[l] = true
-			}
+		for _, l := range layersOf(b) {
+			keep[l] = true
 		}
 	}
-	for _, b := range gone {
-		var res Result
-		if json.Unmarshal(b.Result, &res) != nil {
-			continue
-		}
-		for _, l := range res.Layers {
-			if keep[l] {
+	for _, l := range queued {
+		if !keep[l] {
+			if err := s.cfg.Layered.RemoveLayer(ctx, l); err != nil {
+				level := slog.LevelWarn
+				if errors.Is(err, runtime.ErrInUse) {
+					level = slog.LevelInfo
+				}
+				s.log.Log(ctx, level, "template layers: removal deferred", "layer", l, "err", err)
 				continue
 			}
-			keep[l] = true // once
-			if err := s.cfg.Layered.RemoveLayer(ctx, l); err != nil {
-				s.log.Info("template layers: kept", "layer", l, "err", err)
-			}
+			s.log.Info("template layer removed", "layer", l)
+		}
+		if err := s.cfg.Store.LayerRemoved(ctx, l); err != nil {
+			s.log.Warn("template layers: forget a removal", "layer", l, "err", err)
+		}
+	}
+}
+
+// collectLoop collects layers at once and every CollectEvery until the
+// service closes.
+func (s *Service) collectLoop() {
+	every := s.cfg.CollectEvery
+	if every <= 0 {
+		every = time.Minute
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		s.collectLayers(s.stopCtx)
+		select {
+		case <-s.stopCtx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

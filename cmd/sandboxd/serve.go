@@ -61,6 +61,7 @@ func serve(args []string) error {
 		maxPubPaths  = fs.Int("max-publish-paths", template.DefaultMaxPublishPaths, "paths one workspace publish may change; a publish over it is refused (400) and makes nothing")
 		maxPubMB     = fs.Int("max-publish-mb", template.DefaultMaxPublishMB, "MiB of files one workspace publish may change; a publish over it is refused (400) and makes nothing")
 		buildTime    = fs.Duration("build-timeout", time.Hour, "longest a template build may run (queueing excluded); per tenant: tenants set --build-timeout-s")
+		collectEvery = fs.Duration("layer-collect-interval", time.Minute, "how often the removal of a deleted template's layers that a sandbox still used is tried again")
 		buildCPU     = fs.Int("build-cpu", 0, "most CPUs of a template build's sandbox (0: the default sandbox CPUs); per tenant: tenants set --build-cpu")
 		buildMemMB   = fs.Int("build-memory-mb", 2048, "most memory of a template build's sandbox, MiB; per tenant: tenants set --build-memory-mb")
 		buildDiskMB  = fs.Int("build-disk-mb", 4096, "disk of a template build's sandbox, MiB; per tenant: tenants set --build-disk-mb")
@@ -236,7 +237,7 @@ func serve(args []string) error {
 		return fmt.Errorf("tenant settings: %w", err)
 	}
 	var mgr *sandbox.Manager
-	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, settings.Build, snapshotLimits{*maxSnaps, *maxSnapMB, *maxPubPaths, *maxPubMB}, *plainHTTP,
+	builds, err := newTemplates(st, be, *dataDir, *maxBuilds, *collectEvery, settings.Build, snapshotLimits{*maxSnaps, *maxSnapMB, *maxPubPaths, *maxPubMB}, *plainHTTP,
 		func() sbxruntime.Resources { return mgr.TemplateResources("") }, log)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
@@ -21,7 +22,7 @@ type snapshotLimits struct{ count, mb, publishPaths, publishMB int }
 // newTemplates makes the template registry and builder on backend be.
 // Builds need a backend that holds layers (runtime.Layered); on another,
 // everything but a build works and a build fails saying why.
-func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds int, limits func(tenant.ID) tenant.BuildBudget,
+func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds int, collectEvery time.Duration, limits func(tenant.ID) tenant.BuildBudget,
 	snapshots snapshotLimits, plainHTTP string, defaults func() runtime.Resources, log *slog.Logger) (*template.Service, error) {
 	layered, _ := be.(runtime.Layered)
 	lister, _ := be.(runtime.TemplateLister)
@@ -44,7 +45,7 @@ func newTemplates(st *store.Store, be runtime.Backend, dataDir string, maxBuilds
 		Dir: filepath.Join(dataDir, "templates"), MaxBuilds: maxBuilds, Limits: limits,
 		MaxSnapshots: snapshots.count, MaxSnapshotMB: snapshots.mb,
 		MaxPublishPaths: snapshots.publishPaths, MaxPublishMB: snapshots.publishMB,
-		Defaults: defaults, PlainHTTPRegistries: plain,
+		Defaults: defaults, PlainHTTPRegistries: plain, CollectEvery: collectEvery,
 		Log: log.With("component", "template"),
 	})
 	return svc, err

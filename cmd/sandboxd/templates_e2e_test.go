@@ -635,3 +635,67 @@ func debianRegistry(t *testing.T) string {
 	})
 	return addr
 }
+
+// TestTemplateLayersCollectedE2E: a template deleted while a sandbox of it
+// runs keeps its layers, and the sandbox its root; once the sandbox is
+// gone, a later collection removes them: in the same sandboxd, or in the
+// next one after a SIGKILL (the removal was queued in the store).
+func TestTemplateLayersCollectedE2E(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		name := "same sandboxd"
+		if crash {
+			name = "after SIGKILL"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newE2EEnv(t, "a")
+			e.serveArgs = append(e.serveArgs, "--layer-collect-interval=200ms")
+			s := e.start()
+			ka := e.keys["a"]
+			layers := func() []string {
+				var out []string
+				for _, root := range []string{e.runDir, e.dataDir} {
+					ents, _ := os.ReadDir(filepath.Join(root, "templates", "layers"))
+					for _, ent := range ents {
+						if !strings.HasPrefix(ent.Name(), ".") {
+							out = append(out, ent.Name())
+						}
+					}
+				}
+				return out
+			}
+			b := requestBuild(t, s, ka, "gone", nil)
+			st := startBuild(t, s, ka, b, map[string]any{
+				"steps": []map[string]any{{"type": "RUN", "args": []string{"echo built > /home/user/built.txt"}}},
+			})
+			if st.Status != "ready" {
+				t.Fatalf("build: %s %+v %q", st.Status, st.Reason, st.Logs)
+			}
+			built := layers()
+			if len(built) == 0 {
+				t.Fatal("the build made no layer")
+			}
+			sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "gone", "secure": true, "timeout": 600})
+			wantStatus(t, "delete template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil), http.StatusNoContent)
+			if crash {
+				if err := s.stop(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				s = e.start()
+			}
+			// Collections come and go (every 200 ms): the sandbox's root
+			// stays whole.
+			time.Sleep(time.Second)
+			if out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "cat built.txt"); out.stdout != "built\n" {
+				t.Errorf("the sandbox of the deleted template: %q", out.stdout)
+			}
+			if got := layers(); len(got) < len(built) {
+				t.Errorf("layers while a sandbox uses them: %v; want %v", got, built)
+			}
+			wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, ka, nil), http.StatusNoContent)
+			e2eEventually(t, "the deleted template's layers removed", time.Minute, 100*time.Millisecond, func() (bool, string) {
+				l := layers()
+				return len(l) == 0, fmt.Sprint(l)
+			})
+		})
+	}
+}
