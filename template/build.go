@@ -316,6 +316,11 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 		}
 		b.Status, b.Reason, b.ReasonStep = store.BuildError, se.msg, se.step
 		l.add("error", se.step, "Build failed: "+se.msg)
+		if len(res.Layers) > 0 {
+			// Only its layers, the cache of its steps until its
+			// template goes.
+			b.Result, _ = json.Marshal(Result{Layers: res.Layers})
+		}
 	}
 	b.Logs, _ = json.Marshal(l.entries())
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -329,10 +334,10 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 			delete(s.ready, b.ID)
 			s.mu.Unlock()
 			b.Status = store.BuildError
-			// The delete queued none of this build's layers.
-			if err := s.cfg.Store.QueueLayerRemovals(wctx, res.Layers, s.cfg.Now()); err != nil {
-				s.log.Warn("template build: queue the removal of its layers", "build_id", b.ID, "err", err)
-			}
+		}
+		// The delete queued none of this build's layers.
+		if err := s.cfg.Store.QueueLayerRemovals(wctx, res.Layers, s.cfg.Now()); err != nil {
+			s.log.Warn("template build: queue the removal of its layers", "build_id", b.ID, "err", err)
 		}
 	}
 	if b.Status == store.BuildReady {
@@ -377,15 +382,17 @@ func (s *Service) build(ctx context.Context, tpl store.Template, id string, spec
 	}
 	bd := &builder{s: s, tpl: tpl, id: id, log: l}
 	defer bd.dropBox()
+	// A failed build's result holds the layers it had, so that its
+	// template's delete queues them too.
 	if err := bd.from(ctx, spec); err != nil {
-		return Result{}, err
+		return Result{Layers: bd.st.layers}, err
 	}
 	n := len(spec.Steps)
 	force := spec.Force
 	for i, st := range spec.Steps {
 		force = force || st.Force // a forced step invalidates what follows
 		if err := bd.step(ctx, i+1, n, st, force); err != nil {
-			return Result{}, err
+			return Result{Layers: bd.st.layers}, err
 		}
 	}
 	res := Result{Base: bd.st.base, Layers: bd.st.layers, Env: bd.st.env, User: bd.st.user,

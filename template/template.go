@@ -579,8 +579,8 @@ func (s *Service) Delete(ctx context.Context, t tenant.ID, ref string) error {
 	return nil
 }
 
-// layersOf are the layers build b's result names (a build that never got
-// ready has none: what it made stays as the cache of its steps).
+// layersOf are the layers build b's result names: a ready build's stack,
+// or the layers a failed build had made or taken from the cache.
 func layersOf(b store.Build) []string {
 	var res Result
 	if b.Result == nil || json.Unmarshal(b.Result, &res) != nil {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -638,8 +639,9 @@ func debianRegistry(t *testing.T) string {
 
 // TestTemplateLayersCollectedE2E: a template deleted while a sandbox of it
 // runs keeps its layers, and the sandbox its root; once the sandbox is
-// gone, a later collection removes them: in the same sandboxd, or in the
-// next one after a SIGKILL (the removal was queued in the store).
+// gone, a later collection removes them, and those a failed build of it
+// made: in the same sandboxd, or in the next one after a SIGKILL (the
+// removal was queued in the store).
 func TestTemplateLayersCollectedE2E(t *testing.T) {
 	for _, crash := range []bool{false, true} {
 		name := "same sandboxd"
@@ -670,9 +672,21 @@ func TestTemplateLayersCollectedE2E(t *testing.T) {
 			if st.Status != "ready" {
 				t.Fatalf("build: %s %+v %q", st.Status, st.Reason, st.Logs)
 			}
-			built := layers()
-			if len(built) == 0 {
-				t.Fatal("the build made no layer")
+			ready := layers()
+			// A build that fails after a step of its own: that step's
+			// layer stays, as the cache of the template's next build.
+			b2 := requestBuild(t, s, ka, "gone", nil)
+			st = startBuild(t, s, ka, b2, map[string]any{
+				"steps": []map[string]any{
+					{"type": "RUN", "args": []string{"echo again > /home/user/again.txt"}},
+					{"type": "RUN", "args": []string{"exit 3"}},
+				},
+			})
+			if st.Status != "error" {
+				t.Fatalf("failing build: %s %+v", st.Status, st.Reason)
+			}
+			if built := layers(); len(built) <= len(ready) {
+				t.Fatalf("layers of a ready and a failed build: %v; want more than the ready one's %v", built, ready)
 			}
 			sb, _ := e.create(t, "/sandboxes", ka, map[string]any{"templateID": "gone", "secure": true, "timeout": 600})
 			wantStatus(t, "delete template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil), http.StatusNoContent)
@@ -688,8 +702,10 @@ func TestTemplateLayersCollectedE2E(t *testing.T) {
 			if out := s.mustRun(t, sb.SandboxID, *sb.EnvdAccessToken, "cat built.txt"); out.stdout != "built\n" {
 				t.Errorf("the sandbox of the deleted template: %q", out.stdout)
 			}
-			if got := layers(); len(got) < len(built) {
-				t.Errorf("layers while a sandbox uses them: %v; want %v", got, built)
+			// The failed build's layer went with the delete; the
+			// sandbox's stay.
+			if got := layers(); !slices.Equal(got, ready) {
+				t.Errorf("layers while a sandbox uses them: %v; want %v", got, ready)
 			}
 			wantStatus(t, "kill", s.api(t, http.MethodDelete, "/sandboxes/"+sb.SandboxID, ka, nil), http.StatusNoContent)
 			e2eEventually(t, "the deleted template's layers removed", time.Minute, 100*time.Millisecond, func() (bool, string) {
