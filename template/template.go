@@ -622,9 +622,11 @@ func (s *Service) collectLayers(ctx context.Context) {
 	for _, l := range queued {
 		if !keep[l] {
 			if err := s.cfg.Layered.RemoveLayer(ctx, l); err != nil {
+				// In use: tried again every pass while its sandboxes
+				// live (up to a day), so not at Info.
 				level := slog.LevelWarn
 				if errors.Is(err, runtime.ErrInUse) {
-					level = slog.LevelInfo
+					level = slog.LevelDebug
 				}
 				s.log.Log(ctx, level, "template layers: removal deferred", "layer", l, "err", err)
 				continue
