@@ -334,6 +334,23 @@ func (s *Store) ListBuilds(ctx context.Context, templateID string, status BuildS
 	return out, rows.Err()
 }
 
+// RecordBuildResult writes the result of build id of template templateID
+// while it builds (what it has made so far), and nothing else; a build
+// that is not building is left as it is (ErrConflict).
+func (s *Store) RecordBuildResult(ctx context.Context, templateID, id string, result []byte, now time.Time) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE template_builds SET result = ?, updated_at = ?
+			WHERE id = ? AND template_id = ? AND status = ?`, string(result), unixNano(now), id, templateID, BuildBuilding)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("build %q: %w: missing or not building", id, ErrConflict)
+		}
+		return nil
+	})
+}
+
 // UpdateBuild writes b's status, reason, result and logs. A finished build
 // is final: updating it again is ErrConflict.
 func (s *Store) UpdateBuild(ctx context.Context, b Build, now time.Time) error {

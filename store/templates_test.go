@@ -249,3 +249,44 @@ func TestLayerRemovals(t *testing.T) {
 		}
 	})
 }
+
+// TestRecordBuildResult: a building build's result can be written while it
+// runs, and is kept when it fails; a build not building refuses it.
+func TestRecordBuildResult(t *testing.T) {
+	forEachTemplateStore(t, func(t *testing.T, s *Store, now time.Time) {
+		ctx := t.Context()
+		if _, err := s.RequestBuild(ctx, Template{ID: "t1", Tenant: "a", Name: "app"}, "b1", now); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecordBuildResult(ctx, "t1", "b1", []byte(`{"layers":["x"]}`), now); !errors.Is(err, ErrConflict) {
+			t.Errorf("a waiting build: %v; want ErrConflict", err)
+		}
+		if err := s.UpdateBuild(ctx, Build{ID: "b1", TemplateID: "t1", Status: BuildBuilding}, now); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []string{`{"layers":["x"]}`, `{"layers":["x","y"]}`} {
+			if err := s.RecordBuildResult(ctx, "t1", "b1", []byte(r), now); err != nil {
+				t.Fatalf("record %s: %v", r, err)
+			}
+		}
+		b, err := s.GetBuild(ctx, "t1", "b1")
+		if err != nil || string(b.Result) != `{"layers":["x","y"]}` || b.Status != BuildBuilding {
+			t.Fatalf("after the records: %s %q, %v", b.Status, b.Result, err)
+		}
+		for _, c := range []struct{ tpl, id string }{{"t1", "nope"}, {"t2", "b1"}} {
+			if err := s.RecordBuildResult(ctx, c.tpl, c.id, []byte(`{}`), now); !errors.Is(err, ErrConflict) {
+				t.Errorf("build %s of %s: %v; want ErrConflict", c.id, c.tpl, err)
+			}
+		}
+		b.Status = BuildError
+		if err := s.UpdateBuild(ctx, b, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecordBuildResult(ctx, "t1", "b1", []byte(`{}`), now); !errors.Is(err, ErrConflict) {
+			t.Errorf("a failed build: %v; want ErrConflict", err)
+		}
+		if b, _ := s.GetBuild(ctx, "t1", "b1"); string(b.Result) != `{"layers":["x","y"]}` {
+			t.Errorf("the failed build's result: %q", b.Result)
+		}
+	})
+}

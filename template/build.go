@@ -387,6 +387,7 @@ func (s *Service) build(ctx context.Context, tpl store.Template, id string, spec
 	if err := bd.from(ctx, spec); err != nil {
 		return Result{Layers: bd.st.layers}, err
 	}
+	bd.recordLayers(ctx)
 	n := len(spec.Steps)
 	force := spec.Force
 	for i, st := range spec.Steps {
@@ -563,10 +564,24 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 			return failStep(name, "save the step's layer: %v", err)
 		}
 		bd.dropBox() // the next step starts on the new stack
+		defer bd.recordLayers(ctx)
 	}
 	bd.st.layers = append(bd.st.layers, key)
 	bd.st.chain = key
 	return nil
+}
+
+// recordLayers writes the layers the build has so far into its row
+// (Result.Partial), so that a crash of sandboxd loses none. A failure is
+// logged: the build goes on, and only a crash would lose those layers.
+func (bd *builder) recordLayers(ctx context.Context) {
+	if len(bd.st.layers) == 0 {
+		return
+	}
+	raw, _ := json.Marshal(Result{Layers: bd.st.layers, Partial: true})
+	if err := bd.s.cfg.Store.RecordBuildResult(ctx, bd.tpl.ID, bd.id, raw, bd.s.cfg.Now()); err != nil {
+		bd.s.log.Warn("template build: record its layers so far", "build_id", bd.id, "err", err)
+	}
 }
 
 // ensureBox starts a scratch sandbox on the root built so far.

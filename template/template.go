@@ -68,6 +68,10 @@ type Result struct {
 	Workdir  string            `json:"workdir"`
 	StartCmd string            `json:"startCmd,omitempty"`
 	ReadyCmd string            `json:"readyCmd,omitempty"`
+	// Partial marks the result of a build of steps while it runs: the
+	// layers made so far (Layers alone), so that a crash loses none
+	// (its template's delete queues them).
+	Partial bool `json:"partial,omitempty"`
 	// Bytes is, for a snapshot, what its own (top) layer holds: the
 	// sandbox's disk use when it was taken. It counts against the
 	// tenant's MaxSnapshotMB.
@@ -240,6 +244,10 @@ func (s *Service) Start(ctx context.Context) error {
 				return fmt.Errorf("templates: mark build %s failed: %w", b.ID, err)
 			}
 			s.log.Info("template build failed by restart", "build_id", b.ID, "template_id", b.TemplateID)
+			var res Result
+			if b.Result != nil && json.Unmarshal(b.Result, &res) == nil && res.Partial {
+				continue // a build of steps: its layers stay, the cache of the next
+			}
 			if tpl, err := s.templateOfBuild(ctx, b); err == nil && b.Result != nil && s.cfg.Layered != nil {
 				// A snapshot or publish cut short (a build of steps has no
 				// result before it is ready): its layer may be half made,

@@ -454,14 +454,18 @@ func TestTemplateBuildCrashE2E(t *testing.T) {
 			ka := e.keys["a"]
 			b := requestBuild(t, s, ka, "slow", nil)
 			r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, map[string]any{
-				"steps": []map[string]any{{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}}},
+				"steps": []map[string]any{
+					{"type": "RUN", "args": []string{"echo first > /home/user/first.txt"}},
+					{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}},
+				},
 			})
 			wantStatus(t, "start build", r, http.StatusAccepted)
+			// The first step's layer made, the second step's sandbox up.
 			e2eEventually(t, "the build sandbox running", time.Minute, 50*time.Millisecond, func() (bool, string) {
 				r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
 				ents, _ := os.ReadDir(filepath.Join(e.runDir, "sandboxes"))
 				for _, ent := range ents {
-					if strings.HasPrefix(ent.Name(), "bld-") && strings.Contains(string(r.body), `"building"`) {
+					if strings.HasPrefix(ent.Name(), "bld-") && strings.Contains(string(r.body), `"building"`) && len(e.templateLayers()) > 0 {
 						return true, ""
 					}
 				}
@@ -483,6 +487,16 @@ func TestTemplateBuildCrashE2E(t *testing.T) {
 			if r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID, ka, nil); r.status != http.StatusOK {
 				t.Errorf("template after %s: %s", tc.sig, r)
 			}
+			// The first step's layer stayed, the cache of the next build,
+			// and goes with the template.
+			if len(e.templateLayers()) == 0 {
+				t.Errorf("the first step's layer is gone after %s", tc.sig)
+			}
+			wantStatus(t, "delete template", s.api(t, http.MethodDelete, "/templates/"+b.TemplateID, ka, nil), http.StatusNoContent)
+			e2eEventually(t, "the failed build's layers removed", time.Minute, 100*time.Millisecond, func() (bool, string) {
+				l := e.templateLayers()
+				return len(l) == 0, fmt.Sprint(l)
+			})
 		})
 	}
 }
@@ -653,18 +667,7 @@ func TestTemplateLayersCollectedE2E(t *testing.T) {
 			e.serveArgs = append(e.serveArgs, "--layer-collect-interval=200ms")
 			s := e.start()
 			ka := e.keys["a"]
-			layers := func() []string {
-				var out []string
-				for _, root := range []string{e.runDir, e.dataDir} {
-					ents, _ := os.ReadDir(filepath.Join(root, "templates", "layers"))
-					for _, ent := range ents {
-						if !strings.HasPrefix(ent.Name(), ".") {
-							out = append(out, ent.Name())
-						}
-					}
-				}
-				return out
-			}
+			layers := e.templateLayers
 			b := requestBuild(t, s, ka, "gone", nil)
 			st := startBuild(t, s, ka, b, map[string]any{
 				"steps": []map[string]any{{"type": "RUN", "args": []string{"echo built > /home/user/built.txt"}}},
@@ -714,4 +717,19 @@ func TestTemplateLayersCollectedE2E(t *testing.T) {
 			})
 		})
 	}
+}
+
+// templateLayers lists the local backend's template layers (of builds,
+// images and snapshots), in its run dir and data dir.
+func (e *e2eEnv) templateLayers() []string {
+	var out []string
+	for _, root := range []string{e.runDir, e.dataDir} {
+		ents, _ := os.ReadDir(filepath.Join(root, "templates", "layers"))
+		for _, ent := range ents {
+			if !strings.HasPrefix(ent.Name(), ".") {
+				out = append(out, ent.Name())
+			}
+		}
+	}
+	return out
 }
