@@ -18,7 +18,16 @@ ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 work=$(mktemp -d -t deploy-check.XXXXXX)
 pids=()
+id='' api='' key=''
+# The sandbox goes before sandboxd does (sandboxes outlive their sandboxd by
+# design): a run cut short by a signal leaves no mount under $work behind.
+destroy_sandbox() {
+  [[ -n $id ]] || return 0
+  curl -sS -m 10 -o /dev/null -X DELETE -H "X-API-Key: $key" "$api/v1/sandboxes/e2b/sandboxes/$id" || true
+  id=''
+}
 cleanup() {
+  destroy_sandbox
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$work"
@@ -49,14 +58,15 @@ else
 fi
 
 # A sandboxd with a host budget (its gauges), a create rate of one a
-# second (a 429 for the limiter's series) and one sandbox proxied to.
+# second (a 429 for the limiter's series) and one sandbox proxied to; no
+# code-interpreter build, which nothing here looks at (pip in a sandbox).
 port=$(free_port)
 data=$work/data
 ./bin/sandboxd keys create --data-dir "$data" --tenant deploy >"$work/key" 2>/dev/null
 key=$(head -n1 "$work/key")
 ./bin/sandboxd serve --listen "127.0.0.1:$port" --data-dir "$data" --run-dir "$work/run" \
   --egress-subnet "${DEPLOY_CHECK_EGRESS_SUBNET:-10.176.0.0/16}" --host-memory-mb 8192 \
-  --create-rate 0.2 --create-burst 1 >"$work/sandboxd.log" 2>&1 &
+  --create-rate 0.2 --create-burst 1 --code-interpreter off >"$work/sandboxd.log" 2>&1 &
 pids+=($!)
 api=http://127.0.0.1:$port
 for _ in $(seq 100); do curl -fsS "$api/health" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -97,8 +107,6 @@ if [[ -n $scraped ]]; then ok "Prometheus scrapes sandboxd"; else bad "Prometheu
 
 out=$("$work/check" dashboard deploy/grafana/dashboards/sandboxd.json "$api/metrics" "$prom" 2>&1); echo "$out" | grep -v ' passed, '; counts "$out"
 
-if [[ -n $id ]]; then
-  curl -sS -o /dev/null -X DELETE -H "X-API-Key: $key" "$api/v1/sandboxes/e2b/sandboxes/$id" || true
-fi
+destroy_sandbox
 echo "$pass passed, $fail failed"
 ((fail == 0 && pass > 0))
