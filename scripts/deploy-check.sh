@@ -57,8 +57,8 @@ else
   bad "systemd-analyze verify deploy/systemd/sandboxd.service: $msg"
 fi
 
-# A sandboxd with a host budget (its gauges), a create rate of one a
-# second (a 429 for the limiter's series) and one sandbox proxied to; no
+# A sandboxd with a host budget (its gauges), a create rate of one per five
+# seconds (a 429 for the limiter's series) and one sandbox proxied to; no
 # code-interpreter build, which nothing here looks at (pip in a sandbox).
 port=$(free_port)
 data=$work/data
