@@ -544,7 +544,8 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 	if err != nil {
 		return failStep(name, "layer cache: %v", err)
 	}
-	if have && !force {
+	made := !have || force
+	if !made {
 		bd.log.add("info", name, "CACHED "+desc)
 	} else {
 		bd.log.add("info", name, desc)
@@ -564,10 +565,12 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 			return failStep(name, "save the step's layer: %v", err)
 		}
 		bd.dropBox() // the next step starts on the new stack
-		defer bd.recordLayers(ctx)
 	}
 	bd.st.layers = append(bd.st.layers, key)
 	bd.st.chain = key
+	if made {
+		bd.recordLayers(ctx) // a cached layer is another build's already (its row, or the removal queue)
+	}
 	return nil
 }
 

@@ -249,9 +249,9 @@ func (s *Service) Start(ctx context.Context) error {
 				continue // a build of steps: its layers stay, the cache of the next
 			}
 			if tpl, err := s.templateOfBuild(ctx, b); err == nil && b.Result != nil && s.cfg.Layered != nil {
-				// A snapshot or publish cut short (a build of steps has no
-				// result before it is ready): its layer may be half made,
-				// and a template it made has no version.
+				// A snapshot or publish cut short (a build of steps has
+				// only a partial result, skipped above): its layer may be
+				// half made, and a template it made has no version.
 				s.dropCommit(ctx, tpl, b.ID, true)
 			}
 		}
