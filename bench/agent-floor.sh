@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # What a create would cost with an in-sandbox agent without a Go runtime:
-# builds bench/agentfloor/agent.c (the least agent a create needs: it
-# answers sandboxd's /init and nothing else), puts it in envd's place in a
-# copy of bin/, and runs profile-burst.sh on bin/ and on the copy in turn,
-# ROUNDS times, printing each run's CPU per create (all processes) and the
-# burst's p99. issue 24's notebook section "An agent without a Go runtime"
-# was made with it. Needs root, perf and a C compiler with a static libc
-# (Debian: gcc, libc6-dev, linux-perf).
+# builds bench/agentfloor/agent.c and agent.rs (the least agent a create
+# needs, in C and in Rust: each answers sandboxd's /init and nothing else),
+# puts each in envd's place in a copy of bin/, and runs profile-burst.sh on
+# bin/ and on the copies in turn, ROUNDS times, printing each run's CPU per
+# create (all processes) and the burst's p99. The notebook's section "An
+# agent without a Go runtime" was made with it. Needs root, perf and a C
+# compiler with a static libc (Debian: gcc, libc6-dev, linux-perf); the Rust
+# agent is left out without rustc.
 #
 #   ./bench/agent-floor.sh [ROUNDS]    # default 3
 #
-# The copy stays in bench/out/agent-floor-bin, for the bench's other
+# The copies stay in bench/out/agent-floor-{c,rust}, for the bench's other
 # scenarios: `./bench/run.sh -scenario spare,fairness -sdk '' -bin
-# bench/out/agent-floor-bin` (rows that run a command fail there: the agent
-# serves none).
+# bench/out/agent-floor-c` (rows that run a command fail there: the agents
+# serve none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -21,17 +22,26 @@ command -v cc >/dev/null || { echo "agent-floor: needs a C compiler (apt-get ins
 if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
 fi
-floor=bench/out/agent-floor-bin
-rm -rf "$floor"
-mkdir -p "$floor"
-cp -a bin/. "$floor/"
-cc -O2 -Wall -static -o "$floor/envd" bench/agentfloor/agent.c
+copy() {
+  rm -rf "bench/out/agent-floor-$1"
+  mkdir -p "bench/out/agent-floor-$1"
+  cp -a bin/. "bench/out/agent-floor-$1/"
+}
+variants=(bin)
+copy c
+cc -O2 -Wall -static -o bench/out/agent-floor-c/envd bench/agentfloor/agent.c
+variants+=(bench/out/agent-floor-c)
+if command -v rustc >/dev/null; then
+  copy rust
+  rustc --edition 2021 -O -C target-feature=+crt-static -C strip=symbols -o bench/out/agent-floor-rust/envd bench/agentfloor/agent.rs
+  variants+=(bench/out/agent-floor-rust)
+fi
 echo "| run | agent | sandboxd | agent (envd) | sandboxd-spawn | kernel threads | all four, ms a create | burst of 100, p99 ms |"
 echo "|---|---|--:|--:|--:|--:|--:|--:|"
 for ((i = 1; i <= rounds; i++)); do
-  for b in bin "$floor"; do
+  for b in "${variants[@]}"; do
     name=envd
-    [[ $b == "$floor" ]] && name=agentfloor
+    [[ $b == bench/out/agent-floor-* ]] && name=${b#bench/out/agent-floor-}
     PROFILE_BIN=$PWD/$b BENCH_SKIP_BUILD=1 ./bench/profile-burst.sh 100 2>&1 |
       awk -F'|' -v run="$i" -v name="$name" '
         function num(s) { gsub(/ /, "", s); return s + 0 }
