@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # What a create would cost with an in-sandbox agent without a Go runtime:
 # builds bench/agentfloor/agent.c and agent.rs (the least agent a create
-# needs, in C and in Rust: each answers sandboxd's /init and nothing else),
+# needs, in C and in Rust: each answers sandboxd's /init and nothing else)
+# and bench/agentfloor/hyper (the same in Rust on the HTTP stack a full agent
+# would use: hyper's HTTP/1.1 and h2c on tokio's current-thread runtime),
 # puts each in envd's place in a copy of bin/, and runs profile-burst.sh on
 # bin/ and on the copies in turn, ROUNDS times, printing each run's CPU per
 # create (all processes) and the burst's p99. The notebook's section "An
 # agent without a Go runtime" was made with it. Needs root, perf and a C
 # compiler with a static libc (Debian: gcc, libc6-dev, linux-perf); the Rust
-# agent is left out without rustc.
+# agents are left out without rustc and cargo (hyper's crates come from
+# crates.io, pinned by its Cargo.lock).
 #
 #   ./bench/agent-floor.sh [ROUNDS]    # default 3
 #
-# The copies stay in bench/out/agent-floor-{c,rust}, for the bench's other
+# The copies stay in bench/out/agent-floor-{c,rust,hyper}, for the bench's other
 # scenarios: `./bench/run.sh -scenario spare,fairness -sdk '' -bin
 # bench/out/agent-floor-c` (rows that run a command fail there: the agents
 # serve none).
@@ -35,6 +38,14 @@ if command -v rustc >/dev/null; then
   copy rust
   rustc --edition 2021 -O -C target-feature=+crt-static -C strip=symbols -o bench/out/agent-floor-rust/envd bench/agentfloor/agent.rs
   variants+=(bench/out/agent-floor-rust)
+fi
+if command -v cargo >/dev/null; then
+  copy hyper
+  target=$(rustc -vV | sed -n 's/^host: //p')
+  RUSTFLAGS="-C target-feature=+crt-static" cargo build -q --release --locked --target "$target" \
+    --manifest-path bench/agentfloor/hyper/Cargo.toml --target-dir bench/out/agent-floor-target
+  cp "bench/out/agent-floor-target/$target/release/agentfloor-hyper" bench/out/agent-floor-hyper/envd
+  variants+=(bench/out/agent-floor-hyper)
 fi
 echo "| run | agent | sandboxd | agent (envd) | sandboxd-spawn | kernel threads | all four, ms a create | burst of 100, p99 ms |"
 echo "|---|---|--:|--:|--:|--:|--:|--:|"

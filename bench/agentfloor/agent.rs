@@ -1,16 +1,19 @@
 //! agent.rs: bench/agentfloor/agent.c in Rust, with the standard library
-//! alone (and libc's ioctl and poll, which it does not wrap). It asks
+//! alone (and libc's ioctl, poll and waitpid, which it does not wrap; the
+//! set-up it shares with hyper/ is in start.rs). It asks
 //! whether a Rust agent keeps the C floor: one thread, no runtime, a static
 //! binary. Build: rustc --edition 2021 -O -C target-feature=+crt-static
 //! -C strip=symbols -o envd agent.rs
 
-use std::ffi::{c_int, c_ulong, c_void};
+use std::ffi::{c_int, c_ulong};
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::exit;
+
+mod start;
 
 #[repr(C)]
 struct PollFd {
@@ -19,23 +22,12 @@ struct PollFd {
     revents: i16,
 }
 
-#[repr(C)]
-struct IfReq {
-    name: [u8; 16],
-    flags: i16,
-    _pad: [u8; 22],
-}
-
 extern "C" {
     fn poll(fds: *mut PollFd, n: c_ulong, timeout: c_int) -> c_int;
-    fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int;
     fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
 }
 
 const POLLIN: i16 = 1;
-const SIOCGIFFLAGS: c_ulong = 0x8913;
-const SIOCSIFFLAGS: c_ulong = 0x8914;
-const IFF_UP: i16 = 1;
 const WNOHANG: c_int = 1;
 
 /// answer reads one request (headers, then Content-Length bytes of body)
@@ -75,37 +67,6 @@ trait ReadWrite: Read + Write {}
 impl ReadWrite for UnixStream {}
 impl ReadWrite for TcpStream {}
 
-/// loopback_up is envd's loopback.Up: a new network namespace's lo is down.
-fn loopback_up() {
-    let s = match std::net::UdpSocket::bind("0.0.0.0:0") {
-        Ok(s) => s,
-        Err(e) => return eprintln!("lo: {e}"),
-    };
-    let mut ifr = IfReq {
-        name: [0; 16],
-        flags: 0,
-        _pad: [0; 22],
-    };
-    ifr.name[..2].copy_from_slice(b"lo");
-    // SAFETY: ifr is a struct ifreq the size the kernel reads and writes.
-    let flags = |req, ifr: &mut IfReq| unsafe {
-        ioctl(s.as_raw_fd(), req, ifr as *mut IfReq as *mut c_void)
-    };
-    if flags(SIOCGIFFLAGS, &mut ifr) == 0 {
-        ifr.flags |= IFF_UP;
-        if flags(SIOCSIFFLAGS, &mut ifr) != 0 {
-            eprintln!("lo up: {}", std::io::Error::last_os_error());
-        }
-    }
-}
-
-/// lookup_user is envd's check of its default user: a scan of /etc/passwd.
-fn lookup_user(name: &str) -> bool {
-    fs::read_to_string("/etc/passwd")
-        .map(|p| p.lines().any(|l| l.split(':').next() == Some(name)))
-        .unwrap_or(false)
-}
-
 fn listen_unix(path: &str) -> std::io::Result<UnixListener> {
     let tmp = format!("{path}.{}.tmp", std::process::id());
     let _ = fs::remove_file(&tmp);
@@ -142,11 +103,9 @@ fn main() {
         i += 1;
     }
     if init {
-        loopback_up();
+        start::loopback_up();
     }
-    if !lookup_user(&user) {
-        eprintln!("agentfloor: user {user} missing, using root");
-    }
+    start::check_user(&user);
     let unix = sock.map(|p| {
         listen_unix(&p).unwrap_or_else(|e| {
             eprintln!("{p}: {e}");
