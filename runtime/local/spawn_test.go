@@ -16,7 +16,11 @@ import (
 // sandboxProbe prints what a sandbox's processes can see of how it was set
 // up: credentials, capabilities, seccomp and signal state (its own and its
 // init's), mounts and their options, /dev, limits, namespaces and id maps,
-// and the masked and read-only paths.
+// and the masked and read-only paths. It leaves out PID 1's SigBlk and
+// SigPnd: envd's Go runtime blocks every signal on a thread while it clones
+// another, so a probe that reads /proc/1/status at that moment sees a full
+// mask under either starter (a CI flake of 2026-12-05). What the starters
+// set is the mask envd inherits, which the probe's own shell shows.
 const sandboxProbe = `id; umask; pwd; env | grep -v '^E2B_SANDBOX_ID=' | sort
 grep -E '^(Sig|Cap|NoNewPrivs|Seccomp)' /proc/self/status
 grep -E '^(SigQ|SigIgn|SigCgt|Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups)' /proc/1/status
@@ -26,13 +30,6 @@ cat /proc/self/limits /proc/self/uid_map /proc/self/gid_map /proc/1/oom_score_ad
 ls /proc/self/ns; ls -l /proc/1/fd | tail -n +2 | cut -c1-10,47-
 for f in /proc/kcore /proc/keys /proc/timer_list /proc/acpi /sys/firmware /proc/sys/kernel/hostname; do stat -c '%n %F %s %a' $f 2>&1; done
 touch /proc/sys/kernel/hostname 2>&1; hostname | wc -c; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags`
-
-// sandboxProbe leaves out PID 1's SigBlk and SigPnd: envd's Go runtime
-// blocks every signal on a thread while it clones another, so a probe that
-// reads /proc/1/status at that moment sees a full mask under either
-// starter (a flake of 2026-12-05: "SigBlk: fffffffc3bba3a00", libcontainer's
-// side only). What the starters set is the mask envd inherits, which the
-// probe's own shell shows in /proc/self/status.
 
 // probeNoise are the parts of sandboxProbe's output that differ between
 // any two sandboxes: ids, the tests' random directories, boot id files,
