@@ -1,0 +1,145 @@
+//! The response bodies every handler uses, and the small JSON helpers of
+//! envd's plain-HTTP routes.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body as HttpBody, Frame};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+pub type Response = hyper::Response<Body>;
+pub type Request = hyper::Request<hyper::body::Incoming>;
+
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// status answers a status with no body.
+pub fn status(code: u16) -> Response {
+    let mut r = Response::new(empty());
+    *r.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    r
+}
+
+/// bytes answers a status with a body of a content type.
+pub fn bytes(code: u16, content_type: &str, b: impl Into<Bytes>) -> Response {
+    let mut r = status(code);
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, content_type.parse().unwrap());
+    *r.body_mut() = full(b);
+    r
+}
+
+/// json answers a value as JSON (one line, as Go's json.Encoder writes it).
+pub fn json<T: Serialize + ?Sized>(code: u16, v: &T) -> Response {
+    let mut b = serde_json::to_vec(v).unwrap_or_default();
+    b.push(b'\n');
+    bytes(code, "application/json", b)
+}
+
+/// error_json answers envd's (and E2B's) error body, {code, message}.
+pub fn error_json(code: u16, message: &str) -> Response {
+    #[derive(Serialize)]
+    struct E<'a> {
+        code: u16,
+        message: &'a str,
+    }
+    json(code, &E { code, message })
+}
+
+/// channel is a streaming body fed by a bounded channel: the sender waits
+/// while the client reads slowly (backpressure), and `Sender::closed`
+/// resolves when the client has gone (hyper dropped the body).
+pub fn channel(buffer: usize) -> (mpsc::Sender<Bytes>, Body) {
+    let (tx, rx) = mpsc::channel(buffer);
+    (tx, ChannelBody { rx }.boxed_unsync())
+}
+
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl HttpBody for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// query_pairs splits a URL's query into decoded pairs.
+pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+/// query_get is the first value of a query key, as Go's Query().Get.
+pub fn query_get(query: Option<&str>, key: &str) -> Option<String> {
+    query_pairs(query).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// percent_decode decodes %XX escapes and '+' as a space (form encoding,
+/// as Go's url.ParseQuery does).
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(h << 4 | l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding() {
+        let q = Some("path=%2Fhome%2Fuser%2Fa+b.txt&username=user&x=%zz&empty=");
+        assert_eq!(query_get(q, "path").as_deref(), Some("/home/user/a b.txt"));
+        assert_eq!(query_get(q, "username").as_deref(), Some("user"));
+        assert_eq!(query_get(q, "x").as_deref(), Some("%zz"));
+        assert_eq!(query_get(q, "empty").as_deref(), Some(""));
+        assert_eq!(query_get(q, "missing"), None);
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%4"), "%4");
+    }
+}
