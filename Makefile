@@ -8,11 +8,11 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build base deps envd code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
+.PHONY: all build base deps envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-envd-rs test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 vet fmt bench clean
 
 all: build
 
-build: envd code-interpreter sandboxd sandboxd-init sandboxd-spawn
+build: envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn
 
 # The Debian packages the cgo builds need (gcc, libc6-dev, libseccomp-dev,
 # pkg-config) and the local backend runs (nftables, iproute2): installed
@@ -23,6 +23,20 @@ deps:
 # envd is static (no cgo) so the same binary runs inside any template.
 envd:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+
+# envd-rs: the same agent without a Go runtime (docs/agent-rust.md), static
+# like envd, for `sandboxd serve --envd bin/envd-rs`. Its crates come from
+# crates.io, pinned by envd-rs/Cargo.lock. Without cargo (rustup) it is
+# left out, loudly, and so is the compat stage that tests it.
+envd-rs:
+	@if command -v cargo >/dev/null; then \
+		target=$$(rustc -vV | sed -n 's/^host: //p') && \
+		RUSTFLAGS="-C target-feature=+crt-static" cargo build -q --release --locked --target "$$target" \
+			--manifest-path envd-rs/Cargo.toml --target-dir envd-rs/target && \
+		mkdir -p $(BIN) && cp "envd-rs/target/$$target/release/envd-rs" $(BIN)/envd-rs; \
+	else \
+		echo "!!! make envd-rs: no cargo on PATH: bin/envd-rs is not built (install Rust with rustup)" >&2; \
+	fi
 
 # The code-interpreter-v1 template's server (cmd/code-interpreter): static,
 # like envd; sandboxd copies it into the template it builds.
@@ -84,7 +98,7 @@ test-vms-beside-compat: build vm-bin
 	@vmlog=$$(mktemp -t cgroup-vms.XXXXXX); \
 	$(MAKE) --no-print-directory test-cgroup >"$$vmlog" 2>&1 & vms=$$!; \
 	echo "=== the cgroup VMs run beside the SDK suites (their output follows the suites')"; \
-	$(MAKE) --no-print-directory -k test-compat test-compat-domain test-compat-latest test-compat-incus test-cluster; compat=$$?; \
+	$(MAKE) --no-print-directory -k test-compat test-compat-envd-rs test-compat-domain test-compat-latest test-compat-incus test-cluster; compat=$$?; \
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
@@ -109,6 +123,16 @@ test-deploy: build base
 
 test-compat: build base
 	$(STAGE) compat-pinned ./compat-tests/run.sh
+
+# The same suites (debug and sandboxd modes) with envd-rs as every
+# sandbox's agent: the Rust agent passes what envd passes. Without cargo
+# (no bin/envd-rs) it says so and passes, like test-compat-incus.
+test-compat-envd-rs: build base
+	@if [[ -x $(BIN)/envd-rs ]]; then \
+		COMPAT_ENVD=$(BIN)/envd-rs $(STAGE) compat-envd-rs ./compat-tests/run.sh; \
+	else \
+		echo "!!! test-compat-envd-rs: no bin/envd-rs (no cargo): the SDK suites did NOT run against the Rust agent" >&2; \
+	fi
 
 # The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'
 # next major version reaches E2B: TLS with a test CA, host routing, *.localhost

@@ -141,7 +141,7 @@ pub fn ensure_dir(dir: &Path, u: &User) -> Result<(), Error> {
         }
     }
     for m in missing.iter().rev() {
-        match std::fs::create_dir(m) {
+        match std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o755).create(m) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(Error::io(format!("mkdir {}", m.display()), e)),
