@@ -135,7 +135,7 @@ pub fn stream_error(e: &Error) -> Response {
 /// Stream is a streaming response under way.
 pub struct Stream {
     tx: mpsc::Sender<Bytes>,
-    // In a Mutex so that Stream is Sync and a task feeding it can be spawned.
+    // In a Mutex so that a Stream is Sync and a task that feeds it is Send.
     body: std::sync::Mutex<Option<http::Body>>,
 }
 
@@ -150,8 +150,7 @@ impl Stream {
 
     /// response is the HTTP response that carries the stream (once).
     pub fn response(&mut self) -> Response {
-        let body = self.body.lock().unwrap().take();
-        let mut r = Response::new(body.expect("Stream::response called twice"));
+        let mut r = Response::new(self.body.get_mut().unwrap().take().expect("Stream::response called twice"));
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/connect+json".parse().unwrap());
         r
     }
