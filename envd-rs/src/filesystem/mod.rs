@@ -194,7 +194,7 @@ async fn make_dir(st: &Arc<State>, parts: &Parts, m: PathRequest) -> Result<Entr
     let (path, u) = resolve(st, parts, &m.path)?;
     let (p, uu) = (path.clone(), u.clone());
     let entry = user::as_user(u.clone(), move || ops::make_dir(&p, &uu)).await?;
-    crate::log!(st.log, Info, "directory created", "path" => path.display(), "user" => u.name);
+    crate::log!(st.log, Info, "directory created", "service" => "filesystem", "path" => path.display(), "user" => u.name);
     Ok(EntryResponse { entry })
 }
 
@@ -203,14 +203,15 @@ async fn move_entry(st: &Arc<State>, parts: &Parts, m: MoveRequest) -> Result<En
     let (dst, _) = resolve(st, parts, &m.destination)?;
     let (s, d, uu) = (src.clone(), dst.clone(), u.clone());
     let entry = user::as_user(u.clone(), move || ops::move_entry(&s, &d, &uu)).await?;
-    crate::log!(st.log, Info, "moved", "path" => src.display(), "destination" => dst.display(), "user" => u.name);
+    crate::log!(st.log, Info, "moved", "service" => "filesystem", "path" => src.display(), "destination" => dst.display(), "user" => u.name);
     Ok(EntryResponse { entry })
 }
 
 async fn list_dir(st: &Arc<State>, parts: &Parts, m: ListDirRequest) -> Result<ListDirResponse, Error> {
     let (path, u) = resolve(st, parts, &m.path)?;
     let depth = (m.depth as usize).max(1);
-    let entries = user::as_user(u, move || ops::list_dir(&path, depth)).await?;
+    let st2 = st.clone();
+    let entries = user::as_user(u, move || ops::list_dir(&path, depth, &st2.log)).await?;
     Ok(ListDirResponse { entries })
 }
 
@@ -218,7 +219,7 @@ async fn remove(st: &Arc<State>, parts: &Parts, m: PathRequest) -> Result<Empty,
     let (path, u) = resolve(st, parts, &m.path)?;
     let p = path.clone();
     user::as_user(u.clone(), move || ops::remove_all(&p)).await?;
-    crate::log!(st.log, Info, "removed", "path" => path.display(), "user" => u.name);
+    crate::log!(st.log, Info, "removed", "service" => "filesystem", "path" => path.display(), "user" => u.name);
     Ok(Empty {})
 }
 
@@ -343,7 +344,7 @@ async fn watch_dir(st: Arc<State>, req: Request) -> Response {
                         keepalive_at = Instant::now() + idle;
                     }
                     if let Some(e) = err {
-                        crate::log!(st.log, Warn, "watch failed", "path" => root.display(), "err" => e.message);
+                        crate::log!(st.log, Warn, "watch failed", "service" => "filesystem", "path" => root.display(), "err" => e.message);
                         break Some(e);
                     }
                     match w {
@@ -415,7 +416,7 @@ async fn create_watcher(st: &Arc<State>, parts: &Parts, m: WatchRequest) -> Resu
                 }
             }
             if let Some(e) = err {
-                crate::log!(st2.log, Warn, "watcher failed", "path" => root2.display(), "err" => e.message);
+                crate::log!(st2.log, Warn, "watcher failed", "service" => "filesystem", "path" => root2.display(), "err" => e.message);
                 *sw2.err.lock().unwrap() = Some(e);
                 return;
             }
@@ -437,7 +438,7 @@ async fn create_watcher(st: &Arc<State>, parts: &Parts, m: WatchRequest) -> Resu
         }
         ws.insert(id.clone(), sw);
     }
-    crate::log!(st.log, Debug, "watcher created", "id" => id, "path" => root.display(), "recursive" => m.recursive);
+    crate::log!(st.log, Debug, "watcher created", "service" => "filesystem", "id" => id, "path" => root.display(), "recursive" => m.recursive);
     Ok(CreateWatcherResponse { watcher_id: id })
 }
 

@@ -8,6 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Code, Error};
+use crate::log::Logger;
 use crate::user::{self, User};
 
 use super::entry::{self, EntryInfo, Names};
@@ -20,20 +21,21 @@ fn errno(e: &io::Error) -> Option<i32> {
 /// parents before their children. path may be a symlink to a directory;
 /// entries are reported under path as given. Symlinks inside are never
 /// descended into.
-pub fn list_dir(path: &Path, depth: usize) -> Result<Vec<EntryInfo>, Error> {
+pub fn list_dir(path: &Path, depth: usize, log: &Logger) -> Result<Vec<EntryInfo>, Error> {
     let md = std::fs::metadata(path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
     if !md.is_dir() {
         return Err(Error::invalid(format!("invalid argument: {} is not a directory", path.display())));
     }
     let root = std::fs::canonicalize(path).map_err(|e| Error::io(format!("lstat {}", path.display()), e))?;
-    let mut l = Lister { names: Names::default(), entries: Vec::new() };
+    let mut l = Lister { names: Names::default(), entries: Vec::new(), log };
     l.walk(&root, path, depth, true)?;
     Ok(l.entries)
 }
 
-struct Lister {
+struct Lister<'a> {
     names: Names,
     entries: Vec<EntryInfo>,
+    log: &'a Logger,
 }
 
 /// read_dir_sorted is Go's os.ReadDir: the names and d_type-based "is a
@@ -49,12 +51,18 @@ pub(super) fn read_dir_sorted(dir: &Path) -> io::Result<Vec<(std::ffi::OsString,
     Ok(out)
 }
 
-impl Lister {
+impl Lister<'_> {
     fn walk(&mut self, dir: &Path, shown: &Path, depth: usize, top: bool) -> Result<(), Error> {
         let des = match read_dir_sorted(dir) {
             Ok(d) => d,
             Err(e) if top => return Err(Error::io(format!("open {}", dir.display()), e)),
-            Err(_) => return Ok(()), // unreadable below the top: skipped
+            Err(e) => {
+                // Unreadable below the top: skipped.
+                let e = Error::io(format!("open {}", dir.display()), e);
+                crate::log!(self.log, Debug, "list dir: skipping unreadable directory", "service" => "filesystem",
+                    "path" => dir.display(), "err" => e.message);
+                return Ok(());
+            }
         };
         for (name, is_dir) in des {
             let p = dir.join(&name);
@@ -315,6 +323,10 @@ mod tests {
         d
     }
 
+    fn lg() -> Logger {
+        Logger::new(crate::log::Level::Error)
+    }
+
     fn me() -> User {
         // SAFETY: getuid and getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -330,17 +342,20 @@ mod tests {
         std::os::unix::fs::symlink(d.join("b"), d.join("c")).unwrap();
         let names = |v: Vec<EntryInfo>| v.into_iter().map(|e| e.path).collect::<Vec<_>>();
         let s = d.to_str().unwrap();
-        assert_eq!(names(list_dir(&d, 1).unwrap()), vec![format!("{s}/a.txt"), format!("{s}/b"), format!("{s}/c")]);
         assert_eq!(
-            names(list_dir(&d, 2).unwrap()),
+            names(list_dir(&d, 1, &lg()).unwrap()),
+            vec![format!("{s}/a.txt"), format!("{s}/b"), format!("{s}/c")]
+        );
+        assert_eq!(
+            names(list_dir(&d, 2, &lg()).unwrap()),
             vec![format!("{s}/a.txt"), format!("{s}/b"), format!("{s}/b/inner"), format!("{s}/c")]
         );
         // Through a symlink: entries under the path as given.
-        let via = names(list_dir(&d.join("c"), 1).unwrap());
+        let via = names(list_dir(&d.join("c"), 1, &lg()).unwrap());
         assert_eq!(via, vec![format!("{s}/c/inner")]);
-        let e = list_dir(&d.join("a.txt"), 1).unwrap_err();
+        let e = list_dir(&d.join("a.txt"), 1, &lg()).unwrap_err();
         assert_eq!(e.code, Code::InvalidArgument);
-        assert_eq!(list_dir(&d.join("nope"), 1).unwrap_err().code, Code::NotFound);
+        assert_eq!(list_dir(&d.join("nope"), 1, &lg()).unwrap_err().code, Code::NotFound);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -336,7 +336,7 @@ impl Tree {
         self.forget(path);
         if let Err(e) = self.add(path) {
             if skippable(&e) {
-                crate::log!(self.st.log, Debug, "watch: skipping directory", "path" => path.display(), "err" => errstr(e));
+                crate::log!(self.st.log, Debug, "watch: skipping directory", "service" => "filesystem", "path" => path.display(), "err" => errstr(e));
                 return Ok(false);
             }
             return Err(e);
@@ -355,7 +355,7 @@ impl Tree {
         let des = match super::ops::read_dir_sorted(dir) {
             Ok(d) => d,
             Err(e) if skippable(&e) => {
-                crate::log!(self.st.log, Debug, "watch: skipping directory", "path" => dir.display(), "err" => errstr(e));
+                crate::log!(self.st.log, Debug, "watch: skipping directory", "service" => "filesystem", "path" => dir.display(), "err" => errstr(e));
                 return Ok(());
             }
             Err(e) => return Err(Error::io(format!("open {}", dir.display()), e)),
@@ -410,7 +410,7 @@ impl Tree {
                 Ok(e) => ev.entry = Some(e),
                 Err(e) if e.code == Code::NotFound => {} // gone already: a benign race
                 Err(e) => {
-                    crate::log!(self.st.log, Warn, "watch: cannot describe entry", "path" => path.display(), "err" => e.message)
+                    crate::log!(self.st.log, Warn, "watch: cannot describe entry", "service" => "filesystem", "path" => path.display(), "err" => e.message)
                 }
             }
         }
@@ -508,6 +508,56 @@ mod tests {
             event_types(OP_CREATE | OP_WRITE | OP_REMOVE | OP_RENAME | OP_CHMOD),
             vec![EventType::Create, EventType::Rename, EventType::Chmod, EventType::Write, EventType::Remove]
         );
+    }
+
+    fn state() -> Arc<State> {
+        let cfg = crate::state::Config {
+            default_user: "root".into(),
+            workdir: String::new(),
+            disk_path: "/".into(),
+            cgroup_root: None,
+            pids_reserve: 0,
+        };
+        State::new(crate::log::Logger::new(crate::log::Level::Error), cfg)
+    }
+
+    async fn collect(w: Watch, want: &str) -> (Watch, Vec<(String, EventType)>) {
+        let mut w = w;
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !got.iter().any(|(n, _): &(String, EventType)| n == want) {
+            let (back, r) = tokio::time::timeout_at(deadline, w.next()).await.expect("no events in time");
+            for ev in r.expect("watch failed") {
+                got.push((ev.name, ev.r#type));
+            }
+            w = back.unwrap();
+        }
+        (w, got)
+    }
+
+    #[tokio::test]
+    async fn recursive_tree() {
+        let d = std::env::temp_dir().join(format!("envd-rs-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("old/inner")).unwrap();
+        let w = Watch::new(Tree::open(state(), d.clone(), true, false).unwrap()).unwrap();
+        // A file in a directory that existed before the watch.
+        std::fs::write(d.join("old/inner/f"), "x").unwrap();
+        let (w, got) = collect(w, "old/inner/f").await;
+        assert_eq!(got[0], ("old/inner/f".to_string(), EventType::Create));
+        // mkdir -p and a file right after: all reported as created.
+        std::fs::create_dir_all(d.join("new/a/b")).unwrap();
+        std::fs::write(d.join("new/a/b/g"), "x").unwrap();
+        let (w, got) = collect(w, "new/a/b/g").await;
+        assert!(got.contains(&("new".to_string(), EventType::Create)), "{got:?}");
+        // A directory moved out of the tree is forgotten: one RENAME.
+        std::fs::rename(d.join("new"), std::env::temp_dir().join(format!("envd-rs-watch-out-{}", std::process::id())))
+            .unwrap();
+        std::fs::write(d.join("marker"), "x").unwrap();
+        let (_w, got) = collect(w, "marker").await;
+        assert_eq!(got.iter().filter(|(n, t)| n == "new" && *t == EventType::Rename).count(), 1, "{got:?}");
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("envd-rs-watch-out-{}", std::process::id())));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
