@@ -106,6 +106,24 @@ pub fn make_dir(path: &Path, u: &User) -> Result<EntryInfo, Error> {
 /// remove deletes a file, a symlink or a whole tree; a missing path is no
 /// error (Go's os.RemoveAll).
 pub fn remove_all(path: &Path) -> Result<(), Error> {
+    // The simple case first, as Go's os.RemoveAll: a file or an empty
+    // directory, or nothing there.
+    match std::fs::remove_file(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if errno(&e) == Some(libc::ENOENT) => return Ok(()),
+        Err(_) => {}
+    }
+    match std::fs::remove_dir(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if errno(&e) == Some(libc::ENOENT) => return Ok(()),
+        Err(_) => {}
+    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    match std::fs::File::open(parent) {
+        Ok(_) => {}
+        Err(e) if errno(&e) == Some(libc::ENOENT) => return Ok(()), // so base cannot exist
+        Err(e) => return Err(Error::io(format!("open {}", parent.display()), e)),
+    }
     remove_tree(path).map_err(|(p, op, e)| Error::io(format!("{op} {}", p.display()), e))
 }
 
@@ -184,7 +202,8 @@ fn move_across(src: &Path, dst: &Path) -> Result<(), Error> {
         ));
     }
     let parent = dst.parent().unwrap_or(Path::new("/"));
-    let tmp = make_temp_dir(parent).map_err(|e| Error::io(format!("mkdirtemp {}", parent.display()), e))?;
+    let tmp =
+        make_temp_dir(parent).map_err(|e| Error::io(format!("mkdirtemp {}/.sandboxd-move-*", parent.display()), e))?;
     let staged = tmp.join("entry");
     let r = (|| {
         copy_entry(src, &staged).map_err(|(p, op, e)| {
