@@ -160,7 +160,11 @@ fn resolve_link(path: &Path) -> (PathBuf, Option<std::fs::Metadata>) {
     }
     match std::fs::read_link(path) {
         Ok(t) => {
-            let t = if t.is_absolute() { t } else { path.parent().unwrap_or(Path::new("/")).join(t) };
+            let t = if t.is_absolute() {
+                t
+            } else {
+                path.parent().unwrap_or(Path::new("/")).join(t)
+            };
             (crate::user::clean(&t), None)
         }
         Err(_) => (path.to_path_buf(), None),
@@ -365,7 +369,10 @@ mod tests {
         std::os::unix::fs::symlink("sub", d.join("l")).unwrap();
         std::os::unix::fs::symlink("nowhere", d.join("dangling")).unwrap();
         let f = entry_info(&d.join("f")).unwrap();
-        assert_eq!((f.name.as_str(), f.r#type, f.size, f.mode), ("f", FileType::File, 5, 0o640));
+        assert_eq!(
+            (f.name.as_str(), f.r#type, f.size, f.mode),
+            ("f", FileType::File, 5, 0o640)
+        );
         assert_eq!(f.permissions, "-rw-r-----");
         let l = entry_info(&d.join("l")).unwrap();
         assert_eq!(l.r#type, FileType::Directory);

@@ -51,7 +51,10 @@ pub struct Service {
 
 impl Default for Service {
     fn default() -> Service {
-        Service { closed: tokio::sync::watch::channel(false).0, watchers: Mutex::new(HashMap::new()) }
+        Service {
+            closed: tokio::sync::watch::channel(false).0,
+            watchers: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -227,8 +230,13 @@ async fn remove(st: &Arc<State>, parts: &Parts, m: PathRequest) -> Result<Empty,
 
 /// NETWORK_FS are the statfs(2) magic numbers of the filesystems E2B's
 /// envd refuses to watch by default (inotify misses other hosts' changes).
-const NETWORK_FS: [(i64, &str); 5] =
-    [(0x6969, "nfs"), (0xFF534D42, "cifs"), (0x517B, "smb"), (0xFE534D42, "smb2"), (0x65735546, "fuse")];
+const NETWORK_FS: [(i64, &str); 5] = [
+    (0x6969, "nfs"),
+    (0xFF534D42, "cifs"),
+    (0x517B, "smb"),
+    (0xFE534D42, "smb2"),
+    (0x65735546, "fuse"),
+];
 
 /// watch_root resolves and checks the directory a WatchDir or
 /// CreateWatcher request names: not_found when missing, invalid_argument
@@ -255,13 +263,19 @@ async fn watch_root(st: &Arc<State>, parts: &Parts, path: &str, allow_network: b
         // SAFETY: c is NUL-terminated; sfs is a plain struct the call fills.
         let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
         if unsafe { libc::statfs(c.as_ptr(), &mut sfs) } < 0 {
-            return Err(Error::io(format!("statfs {}", r.display()), std::io::Error::last_os_error()));
+            return Err(Error::io(
+                format!("statfs {}", r.display()),
+                std::io::Error::last_os_error(),
+            ));
         }
         Ok((true, sfs.f_type as i64))
     })
     .await?;
     if !is_dir {
-        return Err(Error::invalid(format!("invalid argument: {} is not a directory", root.display())));
+        return Err(Error::invalid(format!(
+            "invalid argument: {} is not a directory",
+            root.display()
+        )));
     }
     if !allow_network {
         if let Some((_, name)) = NETWORK_FS.iter().find(|(m, _)| *m == magic) {
@@ -390,7 +404,11 @@ async fn create_watcher(st: &Arc<State>, parts: &Parts, m: WatchRequest) -> Resu
     }
     let w = open_watch(st, parts, &m).await?;
     let root = w.root().to_path_buf();
-    let sw = Arc::new(SyncWatcher { events: Mutex::new(Vec::new()), err: Mutex::new(None), task: Mutex::new(None) });
+    let sw = Arc::new(SyncWatcher {
+        events: Mutex::new(Vec::new()),
+        err: Mutex::new(None),
+        task: Mutex::new(None),
+    });
     let (st2, sw2, root2) = (st.clone(), sw.clone(), root.clone());
     let task = tokio::spawn(async move {
         let mut w = w;
@@ -476,9 +494,19 @@ mod tests {
 
     #[test]
     fn wire_shapes() {
-        let ev = FilesystemEvent { name: "a".into(), r#type: watch::EventType::Create, entry: None };
-        assert_eq!(serde_json::to_string(&WatchDirResponse::Start {}).unwrap(), r#"{"start":{}}"#);
-        assert_eq!(serde_json::to_string(&WatchDirResponse::Keepalive {}).unwrap(), r#"{"keepalive":{}}"#);
+        let ev = FilesystemEvent {
+            name: "a".into(),
+            r#type: watch::EventType::Create,
+            entry: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&WatchDirResponse::Start {}).unwrap(),
+            r#"{"start":{}}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&WatchDirResponse::Keepalive {}).unwrap(),
+            r#"{"keepalive":{}}"#
+        );
         assert_eq!(
             serde_json::to_string(&WatchDirResponse::Filesystem(&ev)).unwrap(),
             r#"{"filesystem":{"name":"a","type":"EVENT_TYPE_CREATE"}}"#

@@ -24,10 +24,17 @@ fn errno(e: &io::Error) -> Option<i32> {
 pub fn list_dir(path: &Path, depth: usize, log: &Logger) -> Result<Vec<EntryInfo>, Error> {
     let md = std::fs::metadata(path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
     if !md.is_dir() {
-        return Err(Error::invalid(format!("invalid argument: {} is not a directory", path.display())));
+        return Err(Error::invalid(format!(
+            "invalid argument: {} is not a directory",
+            path.display()
+        )));
     }
     let root = std::fs::canonicalize(path).map_err(|e| Error::io(format!("lstat {}", path.display()), e))?;
-    let mut l = Lister { names: Names::default(), entries: Vec::new(), log };
+    let mut l = Lister {
+        names: Names::default(),
+        entries: Vec::new(),
+        log,
+    };
     l.walk(&root, path, depth, true)?;
     Ok(l.entries)
 }
@@ -88,16 +95,25 @@ impl Lister<'_> {
 pub fn make_dir(path: &Path, u: &User) -> Result<EntryInfo, Error> {
     match std::fs::metadata(path) {
         Ok(md) if md.is_dir() => {
-            return Err(Error::new(Code::AlreadyExists, format!("already exists: directory {}", path.display())))
+            return Err(Error::new(
+                Code::AlreadyExists,
+                format!("already exists: directory {}", path.display()),
+            ))
         }
         Ok(_) => {
-            return Err(Error::invalid(format!("invalid argument: {} exists and is not a directory", path.display())))
+            return Err(Error::invalid(format!(
+                "invalid argument: {} exists and is not a directory",
+                path.display()
+            )))
         }
         Err(e) if errno(&e) == Some(libc::ENOENT) => {}
         Err(e) => return Err(Error::io(format!("stat {}", path.display()), e)),
     }
     if std::fs::symlink_metadata(path).is_ok() {
-        return Err(Error::invalid(format!("invalid argument: {} is a dangling symlink", path.display())));
+        return Err(Error::invalid(format!(
+            "invalid argument: {} is a dangling symlink",
+            path.display()
+        )));
     }
     user::ensure_dir(path, u)?;
     entry::entry_info(path)
@@ -207,7 +223,10 @@ fn move_across(src: &Path, dst: &Path) -> Result<(), Error> {
     let staged = tmp.join("entry");
     let r = (|| {
         copy_entry(src, &staged).map_err(|(p, op, e)| {
-            Error::io(format!("copy {} to {}: {op} {}", src.display(), dst.display(), p.display()), e)
+            Error::io(
+                format!("copy {} to {}: {op} {}", src.display(), dst.display(), p.display()),
+                e,
+            )
         })?;
         rename(&staged, dst).map_err(|e| Error::io(format!("rename {} {}", staged.display(), dst.display()), e))?;
         remove_all(src)
@@ -258,7 +277,10 @@ fn copy_entry(src: &Path, dst: &Path) -> Result<(), RemoveError> {
     if ft.is_file() {
         copy_file(src, dst)?;
     } else if ft.is_dir() {
-        std::fs::DirBuilder::new().mode(0o700).create(dst).map_err(at("mkdir", dst))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dst)
+            .map_err(at("mkdir", dst))?;
         for (name, _) in read_dir_sorted(src).map_err(at("open", src))? {
             copy_entry(&src.join(&name), &dst.join(&name))?;
         }
@@ -283,8 +305,14 @@ fn copy_entry(src: &Path, dst: &Path) -> Result<(), RemoveError> {
     }
     copy_xattrs(src, dst);
     let ts = [
-        libc::timespec { tv_sec: md.atime() as _, tv_nsec: md.atime_nsec() as _ },
-        libc::timespec { tv_sec: md.mtime() as _, tv_nsec: md.mtime_nsec() as _ },
+        libc::timespec {
+            tv_sec: md.atime() as _,
+            tv_nsec: md.atime_nsec() as _,
+        },
+        libc::timespec {
+            tv_sec: md.mtime() as _,
+            tv_nsec: md.mtime_nsec() as _,
+        },
     ];
     // SAFETY: cd is NUL-terminated and ts holds two timespecs.
     check(unsafe { libc::utimensat(libc::AT_FDCWD, cd.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
@@ -349,7 +377,13 @@ mod tests {
     fn me() -> User {
         // SAFETY: getuid and getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        User { name: "me".into(), uid, gid, groups: vec![gid], home: "/".into() }
+        User {
+            name: "me".into(),
+            uid,
+            gid,
+            groups: vec![gid],
+            home: "/".into(),
+        }
     }
 
     #[test]
@@ -367,7 +401,12 @@ mod tests {
         );
         assert_eq!(
             names(list_dir(&d, 2, &lg()).unwrap()),
-            vec![format!("{s}/a.txt"), format!("{s}/b"), format!("{s}/b/inner"), format!("{s}/c")]
+            vec![
+                format!("{s}/a.txt"),
+                format!("{s}/b"),
+                format!("{s}/b/inner"),
+                format!("{s}/c")
+            ]
         );
         // Through a symlink: entries under the path as given.
         let via = names(list_dir(&d.join("c"), 1, &lg()).unwrap());
@@ -397,7 +436,10 @@ mod tests {
         std::fs::write(d.join("a"), "x").unwrap();
         let e = move_entry(&d.join("a"), &d.join("new/b"), &me()).unwrap();
         assert_eq!(e.name, "b");
-        assert_eq!(move_entry(&d.join("a"), &d.join("c"), &me()).unwrap_err().code, Code::NotFound);
+        assert_eq!(
+            move_entry(&d.join("a"), &d.join("c"), &me()).unwrap_err().code,
+            Code::NotFound
+        );
         std::fs::create_dir(d.join("dir")).unwrap();
         let err = move_entry(&d.join("new/b"), &d.join("dir"), &me()).unwrap_err();
         assert_eq!(err.code, Code::AlreadyExists);
@@ -410,7 +452,10 @@ mod tests {
         assert!(!d.join("tree").exists());
         assert_eq!(std::fs::read_to_string(d.join("moved/sub/f")).unwrap(), "content");
         assert_eq!(std::fs::read_link(d.join("moved/l")).unwrap(), PathBuf::from("sub/f"));
-        assert_eq!(move_across(&d.join("moved"), &d.join("moved/in")).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(
+            move_across(&d.join("moved"), &d.join("moved/in")).unwrap_err().code,
+            Code::InvalidArgument
+        );
         remove_all(&d.join("moved")).unwrap();
         remove_all(&d.join("missing")).unwrap();
         assert!(!d.join("moved").exists());

@@ -152,7 +152,10 @@ pub struct Tree {
 }
 
 fn prefixed(prefix: &str, e: Error) -> Error {
-    Error { message: format!("{prefix}: {}", e.message), ..e }
+    Error {
+        message: format!("{prefix}: {}", e.message),
+        ..e
+    }
 }
 
 /// errstr renders an io::Error as Go does.
@@ -163,7 +166,10 @@ fn errstr(e: io::Error) -> String {
 /// skippable errors leave one directory of a recursive watch unwatched
 /// without failing the watch.
 fn skippable(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES | libc::EPERM))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES | libc::EPERM)
+    )
 }
 
 impl Tree {
@@ -173,7 +179,10 @@ impl Tree {
         // SAFETY: inotify_init1 takes flags only.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
         if fd < 0 {
-            return Err(Error::io(format!("{what}: couldn't initialize inotify"), io::Error::last_os_error()));
+            return Err(Error::io(
+                format!("{what}: couldn't initialize inotify"),
+                io::Error::last_os_error(),
+            ));
         }
         // SAFETY: fd is a new descriptor that nothing else owns.
         let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -190,7 +199,13 @@ impl Tree {
         };
         t.add(&root).map_err(|e| Error::io(&what, e))?;
         if recursive {
-            t.dirs.insert(root.clone(), WatchedDir { ino: 0, kids: HashSet::new() });
+            t.dirs.insert(
+                root.clone(),
+                WatchedDir {
+                    ino: 0,
+                    kids: HashSet::new(),
+                },
+            );
             t.add_subdirs(&root, None).map_err(|e| prefixed(&what, e))?;
         }
         Ok(t)
@@ -206,7 +221,11 @@ impl Tree {
     fn add(&mut self, path: &Path) -> io::Result<()> {
         let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         let old = self.by_path.get(path).copied();
-        let mask = if old.is_some() { WATCH_MASK | libc::IN_MASK_ADD } else { WATCH_MASK };
+        let mask = if old.is_some() {
+            WATCH_MASK | libc::IN_MASK_ADD
+        } else {
+            WATCH_MASK
+        };
         // SAFETY: c is NUL-terminated; the fd is ours.
         let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask) };
         if wd < 0 {
@@ -266,7 +285,11 @@ impl Tree {
         let Some(wpath) = self.by_wd.get(&raw.wd).cloned() else {
             return Ok(None);
         };
-        let name = if raw.name.is_empty() { wpath.clone() } else { wpath.join(OsStr::from_bytes(&raw.name)) };
+        let name = if raw.name.is_empty() {
+            wpath.clone()
+        } else {
+            wpath.join(OsStr::from_bytes(&raw.name))
+        };
         if raw.mask & (libc::IN_IGNORED | libc::IN_UNMOUNT) != 0 {
             self.drop_wd(raw.wd);
             return Ok(None);
@@ -309,7 +332,8 @@ impl Tree {
                 let what = format!("watch {}", path.display());
                 let added = self.watch_dir(&path).map_err(|e| Error::io(&what, e))?;
                 if added {
-                    self.add_subdirs(&path, Some(&mut found)).map_err(|e| prefixed(&what, e))?;
+                    self.add_subdirs(&path, Some(&mut found))
+                        .map_err(|e| prefixed(&what, e))?;
                 }
             }
         }
@@ -341,7 +365,13 @@ impl Tree {
             }
             return Err(e);
         }
-        self.dirs.insert(path.to_path_buf(), WatchedDir { ino: md.ino(), kids: HashSet::new() });
+        self.dirs.insert(
+            path.to_path_buf(),
+            WatchedDir {
+                ino: md.ino(),
+                kids: HashSet::new(),
+            },
+        );
         if let Some(parent) = path.parent().and_then(|p| self.dirs.get_mut(p)) {
             parent.kids.insert(path.to_path_buf());
         }
@@ -368,7 +398,10 @@ impl Tree {
             if !is_dir {
                 continue;
             }
-            if self.watch_dir(&p).map_err(|e| Error::io(format!("watch {}", p.display()), e))? {
+            if self
+                .watch_dir(&p)
+                .map_err(|e| Error::io(format!("watch {}", p.display()), e))?
+            {
                 self.add_subdirs(&p, found.as_deref_mut())?;
             }
         }
@@ -404,7 +437,11 @@ impl Tree {
             Ok(r) => entry::valid_utf8(r.as_os_str().as_bytes()),
             Err(_) => entry::valid_utf8(path.as_os_str().as_bytes()),
         };
-        let mut ev = FilesystemEvent { name, r#type: typ, entry: None };
+        let mut ev = FilesystemEvent {
+            name,
+            r#type: typ,
+            entry: None,
+        };
         if self.entries && typ != EventType::Remove && typ != EventType::Rename {
             match entry::entry_info(path) {
                 Ok(e) => ev.entry = Some(e),
@@ -435,7 +472,11 @@ impl Watch {
         // as long as the AsyncFd holds it.
         let afd = unsafe { AsyncFd::register_with_interest(tree.fd.clone(), tokio::io::Interest::READABLE) }
             .map_err(|e| Error::io(format!("watch {}", tree.root.display()), e.into()))?;
-        Ok(Watch { tree, afd, buf: vec![0u8; 64 << 10] })
+        Ok(Watch {
+            tree,
+            afd,
+            buf: vec![0u8; 64 << 10],
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -506,7 +547,13 @@ mod tests {
         assert_eq!(op_of(libc::IN_DELETE_SELF), OP_REMOVE);
         assert_eq!(
             event_types(OP_CREATE | OP_WRITE | OP_REMOVE | OP_RENAME | OP_CHMOD),
-            vec![EventType::Create, EventType::Rename, EventType::Chmod, EventType::Write, EventType::Remove]
+            vec![
+                EventType::Create,
+                EventType::Rename,
+                EventType::Chmod,
+                EventType::Write,
+                EventType::Remove
+            ]
         );
     }
 
@@ -526,7 +573,9 @@ mod tests {
         let mut got = Vec::new();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         while !got.iter().any(|(n, _): &(String, EventType)| n == want) {
-            let (back, r) = tokio::time::timeout_at(deadline, w.next()).await.expect("no events in time");
+            let (back, r) = tokio::time::timeout_at(deadline, w.next())
+                .await
+                .expect("no events in time");
             for ev in r.expect("watch failed") {
                 got.push((ev.name, ev.r#type));
             }
@@ -551,11 +600,20 @@ mod tests {
         let (w, got) = collect(w, "new/a/b/g").await;
         assert!(got.contains(&("new".to_string(), EventType::Create)), "{got:?}");
         // A directory moved out of the tree is forgotten: one RENAME.
-        std::fs::rename(d.join("new"), std::env::temp_dir().join(format!("envd-rs-watch-out-{}", std::process::id())))
-            .unwrap();
+        std::fs::rename(
+            d.join("new"),
+            std::env::temp_dir().join(format!("envd-rs-watch-out-{}", std::process::id())),
+        )
+        .unwrap();
         std::fs::write(d.join("marker"), "x").unwrap();
         let (_w, got) = collect(w, "marker").await;
-        assert_eq!(got.iter().filter(|(n, t)| n == "new" && *t == EventType::Rename).count(), 1, "{got:?}");
+        assert_eq!(
+            got.iter()
+                .filter(|(n, t)| n == "new" && *t == EventType::Rename)
+                .count(),
+            1,
+            "{got:?}"
+        );
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("envd-rs-watch-out-{}", std::process::id())));
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -576,8 +634,16 @@ mod tests {
         assert_eq!(
             parse(&b),
             vec![
-                Raw { wd: 1, mask: libc::IN_CREATE, name: b"abc".to_vec() },
-                Raw { wd: 2, mask: libc::IN_DELETE_SELF, name: vec![] }
+                Raw {
+                    wd: 1,
+                    mask: libc::IN_CREATE,
+                    name: b"abc".to_vec()
+                },
+                Raw {
+                    wd: 2,
+                    mask: libc::IN_DELETE_SELF,
+                    name: vec![]
+                }
             ]
         );
     }
