@@ -135,7 +135,8 @@ pub fn stream_error(e: &Error) -> Response {
 /// Stream is a streaming response under way.
 pub struct Stream {
     tx: mpsc::Sender<Bytes>,
-    body: Option<http::Body>,
+    // In a Mutex so that a Stream is Sync and a task that feeds it is Send.
+    body: std::sync::Mutex<Option<http::Body>>,
 }
 
 impl Stream {
@@ -144,12 +145,12 @@ impl Stream {
     /// feed it from a task.
     pub fn start(buffer: usize) -> Stream {
         let (tx, body) = http::channel(buffer);
-        Stream { tx, body: Some(body) }
+        Stream { tx, body: std::sync::Mutex::new(Some(body)) }
     }
 
     /// response is the HTTP response that carries the stream (once).
     pub fn response(&mut self) -> Response {
-        let mut r = Response::new(self.body.take().expect("Stream::response called twice"));
+        let mut r = Response::new(self.body.get_mut().unwrap().take().expect("Stream::response called twice"));
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/connect+json".parse().unwrap());
         r
     }
