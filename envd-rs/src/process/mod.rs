@@ -670,11 +670,14 @@ async fn run(
     let end = match ws {
         Ok(ws) => {
             let x = ExitInfo::from_wait_status(ws);
+            // Go's cmd.Wait fails with the ProcessState's text unless the
+            // command exited with 0.
+            let error = (!(x.exited && x.code == 0)).then(|| x.status.clone());
             EndInfo {
                 exit_code: x.code,
                 exited: x.exited,
                 status: x.status,
-                error: None,
+                error,
             }
         }
         Err(_) => {
