@@ -259,7 +259,8 @@ mod tests {
     #[test]
     fn open_refuses_a_plain_directory() {
         assert!(Tree::open("/tmp", 64)
-            .unwrap_err()
+            .err()
+            .unwrap()
             .contains("no delegated cgroup2 tree"));
     }
 }
