@@ -117,9 +117,12 @@ impl Tree {
         let mut g = self.retired.lock().unwrap();
         g.0.push(path.to_path_buf());
         if !g.1 {
-            g.1 = true;
             let t = self.clone();
-            std::thread::spawn(move || t.reap());
+            // Without a thread (no pid to spare), the next retire tries again.
+            g.1 = std::thread::Builder::new()
+                .name("cgroup-reap".into())
+                .spawn(move || t.reap())
+                .is_ok();
         }
     }
 

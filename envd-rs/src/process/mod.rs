@@ -654,14 +654,44 @@ async fn run(
         cg: p.cg.clone(),
     };
     if *p.stopping.borrow() {
-        let _ = crate::user::blocking(move || {
-            left.end();
-            Ok(())
-        })
-        .await;
+        // Off the runtime (it sleeps between passes); inline when no thread
+        // can be had (a bomb holds every pid): the sweep is what frees them.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = Arc::new(Mutex::new(Some(left)));
+        let j = job.clone();
+        let spawned = std::thread::Builder::new().name("sweep".into()).spawn(move || {
+            if let Some(l) = j.lock().unwrap().take() {
+                l.end();
+            }
+            let _ = tx.send(());
+        });
+        match spawned {
+            Ok(_) => {
+                let _ = rx.await;
+            }
+            Err(_) => {
+                if let Some(l) = job.lock().unwrap().take() {
+                    l.end();
+                }
+            }
+        }
     } else {
+        // Watched off the runtime for a second; without a thread, only
+        // remembered (a start's check or sweep still finds it).
         let sessions = st.process.leftovers.clone();
-        std::thread::spawn(move || sessions.add(left));
+        let job = Arc::new(Mutex::new(Some(left)));
+        let j = job.clone();
+        let s2 = sessions.clone();
+        let spawned = std::thread::Builder::new().name("leftovers".into()).spawn(move || {
+            if let Some(l) = j.lock().unwrap().take() {
+                s2.add(l);
+            }
+        });
+        if spawned.is_err() {
+            if let Some(l) = job.lock().unwrap().take() {
+                sessions.remember(l);
+            }
+        }
     }
     life.abort();
     release.abort();

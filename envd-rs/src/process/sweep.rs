@@ -71,6 +71,12 @@ impl Sessions {
                 std::thread::sleep(WATCH_INTERVAL);
             }
         }
+        self.remember(e);
+    }
+
+    /// remember keeps e for later checks and sweeps (the oldest of a full
+    /// list is forgotten).
+    pub fn remember(&self, e: Leftover) {
         let mut g = self.entries.lock().unwrap();
         if g.len() == MAX_LEFTOVERS {
             g.remove(0).gone();
