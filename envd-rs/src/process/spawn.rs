@@ -259,14 +259,52 @@ pub fn write_fd(fd: &AsyncFd<OwnedFd>, buf: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// ExecArgs is execve's arguments, built before the fork (the child may
+/// not allocate).
+struct ExecArgs {
+    path: CString,
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into _strings, which the struct owns and never
+// changes; they are only read (in the forked child).
+unsafe impl Send for ExecArgs {}
+unsafe impl Sync for ExecArgs {}
+
+impl ExecArgs {
+    fn new(spec: &Spec) -> io::Result<ExecArgs> {
+        let nul = |_| io::Error::from_raw_os_error(libc::EINVAL);
+        let path = CString::new(spec.path.as_bytes()).map_err(nul)?;
+        let mut strings = Vec::new();
+        strings.push(CString::new(spec.cmd.as_bytes()).map_err(nul)?);
+        for a in &spec.args {
+            strings.push(CString::new(a.as_bytes()).map_err(nul)?);
+        }
+        let nargs = strings.len();
+        for (k, v) in &spec.env {
+            strings.push(CString::new(format!("{k}={v}")).map_err(nul)?);
+        }
+        let mut argv: Vec<*const libc::c_char> = strings[..nargs].iter().map(|c| c.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = strings[nargs..].iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        Ok(ExecArgs {
+            path,
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+}
+
 /// spawn starts the child of spec (in cg when given) through the reaper.
 /// On error nothing is left open or running.
 pub fn spawn(st: &State, spec: &Spec, cg: Option<&Cgroup>) -> io::Result<Spawned> {
+    // The pre_exec hook ends in its own execve (ExecArgs): the Command
+    // only forks and wires stdio.
     let mut c = Command::new(&spec.path);
-    c.arg0(&spec.cmd).args(&spec.args).env_clear();
-    for (k, v) in &spec.env {
-        c.env(k, v);
-    }
     let mut outs = Vec::new();
     let mut stdin = None;
     let mut tty = None;
@@ -310,6 +348,7 @@ pub fn spawn(st: &State, spec: &Spec, cg: Option<&Cgroup>) -> io::Result<Spawned
         Some((spec.user.uid, spec.user.gid, groups))
     };
     let is_pty = spec.pty.is_some();
+    let exec = ExecArgs::new(spec)?;
     // SAFETY: the hook runs in the forked child and only makes system calls
     // on memory prepared before the fork.
     unsafe {
@@ -333,7 +372,15 @@ pub fn spawn(st: &State, spec: &Spec, cg: Option<&Cgroup>) -> io::Result<Spawned
                 cvt(libc::setuid(*uid))?;
             }
             cvt(libc::chdir(dir.as_ptr()))?;
-            Ok(())
+            // execve itself, as Go does: execvp (std's) would run a file
+            // without a #! line through /bin/sh instead of failing.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            let e = &exec; // the whole struct, not its fields (which are not Send)
+            libc::execve(e.path.as_ptr(), e.argv.as_ptr(), e.envp.as_ptr());
+            Err(io::Error::last_os_error())
         });
     }
     let (pid, status) = st.reaper.spawn(|| c.spawn().map(|ch| ch.id() as i32))?;
