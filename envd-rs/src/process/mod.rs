@@ -294,7 +294,7 @@ impl Service {
     }
 
     /// retire keeps p connectable for the retention window, then forgets it.
-    fn retire(self: &Self, st: &Arc<State>, p: &Arc<Proc>) {
+    fn retire(&self, st: &Arc<State>, p: &Arc<Proc>) {
         if self.inner.lock().unwrap().closed {
             return;
         }
@@ -433,7 +433,7 @@ fn lifetime(v: &str) -> Result<Duration, Error> {
         return Ok(Duration::ZERO);
     }
     match v.parse::<i64>() {
-        Ok(ms) if ms >= 0 && ms <= i64::MAX / 1_000_000 => Ok(Duration::from_millis(ms as u64)),
+        Ok(ms) if (0..=i64::MAX / 1_000_000).contains(&ms) => Ok(Duration::from_millis(ms as u64)),
         _ => Err(invalid(format!("Connect-Timeout-Ms {v:?}"))),
     }
 }
