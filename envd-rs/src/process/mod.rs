@@ -995,6 +995,99 @@ mod tests {
         assert!(lifetime("x").is_err());
     }
 
+    fn test_state() -> Arc<State> {
+        let cfg = crate::state::Config {
+            default_user: "root".into(),
+            workdir: String::new(),
+            disk_path: "/".into(),
+            cgroup_root: None,
+            pids_reserve: 64,
+        };
+        State::new(crate::log::Logger::new(crate::log::Level::Error), cfg)
+    }
+
+    fn parts(timeout_ms: Option<u64>) -> Parts {
+        let mut b = hyper::Request::builder();
+        if let Some(t) = timeout_ms {
+            b = b.header("connect-timeout-ms", t.to_string());
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    fn request(script: &str) -> StartRequest {
+        connect::decode(
+            serde_json::json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}, "stdin": false})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    async fn collect(sub: &mut Subscription<Event>) -> (Vec<u8>, Vec<u8>, EndInfo) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        while let Some(ev) = sub.rx.recv().await {
+            match ev {
+                Event::Data(Kind::Stdout, b) => out.extend_from_slice(&b),
+                Event::Data(_, b) => err.extend_from_slice(&b),
+                Event::End(e) => return (out, err, e),
+            }
+        }
+        panic!("no end event");
+    }
+
+    // Starts real commands as root, which needs root.
+    fn is_root() -> bool {
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn start_streams_output_and_end() {
+        if !is_root() {
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let st = test_state();
+            let s2 = st.clone();
+            tokio::spawn(async move { s2.reaper.run().await });
+            let (p, mut sub) = start(&st, request("echo out; echo err >&2; exit 3"), &parts(None))
+                .await
+                .unwrap();
+            let (out, err, end) = collect(&mut sub).await;
+            assert_eq!((out.as_slice(), err.as_slice()), (&b"out\n"[..], &b"err\n"[..]));
+            assert_eq!(
+                (end.exit_code, end.exited, end.status.as_str()),
+                (3, true, "exit status 3")
+            );
+            assert_eq!(end.error.as_deref(), Some("exit status 3"));
+            assert!(p.finished());
+            // Retained: found, but not running.
+            let sel = Some(Selector {
+                pid: Some(p.pid),
+                tag: None,
+            });
+            assert!(st.process.lookup(&sel).is_ok());
+            assert_eq!(
+                st.process.lookup_running(&sel).err().map(|e| e.code),
+                Some(Code::NotFound)
+            );
+
+            // A lifetime ends the command and its whole session.
+            let t0 = std::time::Instant::now();
+            let (p, mut sub) = start(&st, request("sleep 30 & sleep 31"), &parts(Some(300)))
+                .await
+                .unwrap();
+            let (_, _, end) = collect(&mut sub).await;
+            assert_eq!(end.status, "signal: killed");
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            assert!(sweep::session_members(p.pid as i32).0.is_empty());
+        });
+    }
+
     #[test]
     fn quoted_args() {
         assert_eq!(
