@@ -118,7 +118,18 @@ pub struct SignalIn(Value);
 
 impl<'de> Deserialize<'de> for SignalIn {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<SignalIn, D::Error> {
-        Ok(SignalIn(Value::deserialize(d)?))
+        // protojson: a known name or any number; an unknown name is an error.
+        let v = Value::deserialize(d)?;
+        match &v {
+            Value::String(s) if !matches!(s.as_str(), "SIGNAL_UNSPECIFIED" | "SIGNAL_SIGTERM" | "SIGNAL_SIGKILL") => {
+                Err(de::Error::custom(format!("invalid value for enum field signal: {s:?}")))
+            }
+            Value::Number(n) if n.as_i64().and_then(|n| i32::try_from(n).ok()).is_none() => {
+                Err(de::Error::custom(format!("invalid value for enum field signal: {n}")))
+            }
+            Value::String(_) | Value::Number(_) | Value::Null => Ok(SignalIn(v)),
+            _ => Err(de::Error::custom("invalid value for enum field signal")),
+        }
     }
 }
 
@@ -129,7 +140,7 @@ impl SignalIn {
             Value::String(s) => match s.as_str() {
                 "SIGNAL_SIGKILL" => 9,
                 "SIGNAL_SIGTERM" => 15,
-                s => s.parse().unwrap_or(0),
+                _ => 0,
             },
             _ => 0,
         }
@@ -263,6 +274,9 @@ mod tests {
         assert_eq!(s.signal.name(), "SIGNAL_SIGTERM");
         let s: SendSignalRequest = decode(br#"{}"#).unwrap();
         assert_eq!(s.signal.name(), "SIGNAL_UNSPECIFIED");
+        let s: SendSignalRequest = decode(br#"{"signal":5}"#).unwrap();
+        assert_eq!(s.signal.name(), "5");
+        assert!(decode::<SendSignalRequest>(br#"{"signal":"SIGNAL_SIGHUP"}"#).is_err());
         let i: SendInputRequest = decode(br#"{"input":{"stdin":""}}"#).unwrap();
         assert_eq!(i.input.unwrap().stdin.as_deref(), Some(""));
     }
