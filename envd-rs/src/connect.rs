@@ -118,7 +118,12 @@ pub async fn read_stream_request<T: DeserializeOwned>(req: http::Request) -> Res
     }
     let mut r = EnvelopeReader::new(body);
     match r.next::<T>().await {
-        Some(Ok(v)) => Ok((parts, v)),
+        Some(Ok(v)) => {
+            // Read the body to its end: a body left unread makes hyper close
+            // the connection under a client that reuses it.
+            while r.next::<serde::de::IgnoredAny>().await.is_some() {}
+            Ok((parts, v))
+        }
         Some(Err(e)) => Err(stream_error(&e)),
         None => Err(stream_error(&Error::invalid("unary request has zero messages"))),
     }
