@@ -117,10 +117,9 @@ struct Cgroup {
 }
 
 fn own_cgroup() -> Cgroup {
-    parse_proc_cgroup(
-        &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
-        |p| Path::new(p).exists(),
-    )
+    parse_proc_cgroup(&std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), |p| {
+        Path::new(p).exists()
+    })
 }
 
 fn join(root: &str, p: &str) -> String {
@@ -220,11 +219,7 @@ impl Cgroup {
         let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
         let have_info = unsafe { libc::sysinfo(&mut info) } == 0;
         let unit = info.mem_unit as u64;
-        let mut total = if have_info {
-            info.totalram as u64 * unit
-        } else {
-            0
-        };
+        let mut total = if have_info { info.totalram as u64 * unit } else { 0 };
         let (usage, cache);
         if !self.mem_v1.is_empty() && exists(&format!("{}/memory.usage_in_bytes", self.mem_v1)) {
             usage = read_uint(&format!("{}/memory.usage_in_bytes", self.mem_v1));
@@ -302,18 +297,11 @@ mod tests {
 
     #[test]
     fn proc_cgroup() {
-        let v2 = parse_proc_cgroup("0::/envd\n", |p| {
-            p == "/sys/fs/cgroup/envd/cgroup.controllers"
-        });
+        let v2 = parse_proc_cgroup("0::/envd\n", |p| p == "/sys/fs/cgroup/envd/cgroup.controllers");
         assert_eq!(v2.v2, "/sys/fs/cgroup");
-        let v2 = parse_proc_cgroup("0::/user.slice/x\n", |p| {
-            p.starts_with("/sys/fs/cgroup/unified/")
-        });
+        let v2 = parse_proc_cgroup("0::/user.slice/x\n", |p| p.starts_with("/sys/fs/cgroup/unified/"));
         assert_eq!(v2.v2, "/sys/fs/cgroup/unified/user.slice/x");
-        let v1 = parse_proc_cgroup(
-            "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n",
-            |_| false,
-        );
+        let v1 = parse_proc_cgroup("12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n", |_| false);
         assert_eq!(
             v1,
             Cgroup {
@@ -326,10 +314,7 @@ mod tests {
 
     #[test]
     fn fields() {
-        assert_eq!(
-            stat_field_of("usage_usec 1234\nuser_usec 1000\n", "usage_usec"),
-            1234
-        );
+        assert_eq!(stat_field_of("usage_usec 1234\nuser_usec 1000\n", "usage_usec"), 1234);
         assert_eq!(stat_field_of("anon 1\nfile 99\n", "file"), 99);
         assert_eq!(stat_field_of("anon 1\n", "file"), 0);
         assert_eq!(
@@ -352,8 +337,6 @@ mod tests {
             cpu_used_pct: 12.34,
             ..Default::default()
         };
-        assert!(serde_json::to_string(&m)
-            .unwrap()
-            .contains("\"cpu_used_pct\":12.34"));
+        assert!(serde_json::to_string(&m).unwrap().contains("\"cpu_used_pct\":12.34"));
     }
 }

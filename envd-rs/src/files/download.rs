@@ -23,6 +23,15 @@ use crate::state::State;
 use crate::user;
 
 const CHUNK: usize = 64 << 10;
+/// What a response may hold whole instead of streaming it.
+const SMALL: usize = 64 << 10;
+
+/// gzip_all compresses a small body at once (BestSpeed, as every download).
+fn gzip_all(b: &[u8]) -> Vec<u8> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let _ = z.write_all(b);
+    z.finish().unwrap_or_default()
+}
 
 /// Opened is a file ready to serve.
 struct Opened {
@@ -108,8 +117,7 @@ pub async fn download(st: Arc<State>, req: Request) -> Response {
     hdr.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     hdr.insert(
         header::CONTENT_DISPOSITION,
-        HeaderValue::from_str(&encoding::disposition(&name))
-            .unwrap_or(HeaderValue::from_static("inline")),
+        HeaderValue::from_str(&encoding::disposition(&name)).unwrap_or(HeaderValue::from_static("inline")),
     );
     let seekable = o.regular && o.size > 0;
     if coding == Coding::Identity && seekable {
@@ -135,10 +143,31 @@ pub async fn download(st: Arc<State>, req: Request) -> Response {
     if m == Method::HEAD {
         return with_headers(http::status(200), hdr);
     }
-    if o.regular && o.size == 0 && coding == Coding::Identity {
-        return with_headers(http::status(200), hdr);
+    let gzip = coding == Coding::Gzip;
+    let mut prefix = Vec::new();
+    let mut file = o.file;
+    if o.regular && (o.size == 0 || (gzip && o.size <= SMALL as u64)) {
+        // Files that stat as empty may still have content (procfs, sysfs)
+        // and small ones compress at once: what fits in SMALL goes out
+        // whole with its Content-Length, as Go's buffered writer does.
+        let read = user::blocking(move || {
+            let mut buf = Vec::new();
+            let r = (&file).take(SMALL as u64 + 1).read_to_end(&mut buf);
+            Ok((file, buf, r))
+        })
+        .await;
+        let Ok((f, buf, r)) = read else {
+            return fail(&st, &m, &Error::internal("read the file"));
+        };
+        file = f;
+        if r.is_ok() && buf.len() <= SMALL {
+            let mut r = http::status(200);
+            *r.body_mut() = http::full(if gzip { gzip_all(&buf) } else { buf });
+            return with_headers(r, hdr);
+        }
+        prefix = buf;
     }
-    let body = stream(st.clone(), shown, o.file, 0, None, coding == Coding::Gzip);
+    let body = stream(st.clone(), shown, file, prefix, gzip);
     let mut r = http::status(200);
     *r.body_mut() = body;
     with_headers(r, hdr)
@@ -203,30 +232,23 @@ fn not_acceptable(st: &State, m: &Method, msg: &str) -> Response {
 
 /// stream sends a file from offset (len bytes, or to its end) as the body,
 /// gzipped or not, from a thread of its own.
-fn stream(
-    st: Arc<State>,
-    path: String,
-    file: File,
-    offset: u64,
-    len: Option<u64>,
-    gzip: bool,
-) -> http::Body {
+fn stream(st: Arc<State>, path: String, file: File, prefix: Vec<u8>, gzip: bool) -> http::Body {
     let (tx, body) = http::channel(4);
-    let spawned = std::thread::Builder::new()
-        .name("download".into())
-        .spawn(move || {
-            let sink = ChanWriter { tx };
-            let r = if gzip {
-                let mut z = flate2::write::GzEncoder::new(sink, flate2::Compression::fast());
-                copy(&file, offset, len, &mut z).and_then(|_| z.finish().map(|_| ()))
-            } else {
-                let mut sink = sink;
-                copy(&file, offset, len, &mut sink)
-            };
-            if let Err(e) = r {
-                log!(st.log, Debug, "download ended early", "path" => path, "err" => e);
-            }
-        });
+    let spawned = std::thread::Builder::new().name("download".into()).spawn(move || {
+        let sink = ChanWriter { tx };
+        let r = if gzip {
+            let mut z = flate2::write::GzEncoder::new(sink, flate2::Compression::fast());
+            z.write_all(&prefix)
+                .and_then(|_| copy(&file, 0, None, &mut z))
+                .and_then(|_| z.finish().map(|_| ()))
+        } else {
+            let mut sink = sink;
+            sink.write_all(&prefix).and_then(|_| copy(&file, 0, None, &mut sink))
+        };
+        if let Err(e) = r {
+            log!(st.log, Debug, "download ended early", "path" => path, "err" => e);
+        }
+    });
     if spawned.is_err() {
         return http::empty();
     }
@@ -296,21 +318,14 @@ fn star_only(v: &str) -> bool {
 /// serve_content is http.ServeContent for an open regular file.
 fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Response {
     let mtime = o.mtime;
-    hdr.insert(
-        header::LAST_MODIFIED,
-        HeaderValue::from_str(&http_date(mtime)).unwrap(),
-    );
+    hdr.insert(header::LAST_MODIFIED, HeaderValue::from_str(&http_date(mtime)).unwrap());
     let get_or_head = *m == Method::GET || *m == Method::HEAD;
 
     // Preconditions (RFC 9110 §13.2.2), without an ETag of ours.
     let mut ch = Cond::None;
     let im = hget(h, "if-match");
     if !im.is_empty() {
-        ch = if star_only(im) {
-            Cond::True
-        } else {
-            Cond::False
-        };
+        ch = if star_only(im) { Cond::True } else { Cond::False };
     } else if let Some(t) = parse_http_date(hget(h, "if-unmodified-since")) {
         ch = if mtime <= t { Cond::True } else { Cond::False };
     }
@@ -371,11 +386,10 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
                         HeaderValue::from_str(&format!("bytes */{size}")).unwrap(),
                     );
                 }
+                hdr.remove(header::ACCEPT_RANGES);
                 let mut r = http::bytes(416, "text/plain; charset=utf-8", format!("{msg}\n"));
-                r.headers_mut().insert(
-                    "x-content-type-options",
-                    HeaderValue::from_static("nosniff"),
-                );
+                r.headers_mut()
+                    .insert("x-content-type-options", HeaderValue::from_static("nosniff"));
                 hdr.remove(header::CONTENT_TYPE);
                 return with_headers(r, hdr);
             }
@@ -386,13 +400,7 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
                     (start, len, status) = (ranges[0].0, ranges[0].1, 206);
                     hdr.insert(
                         header::CONTENT_RANGE,
-                        HeaderValue::from_str(&format!(
-                            "bytes {}-{}/{}",
-                            start,
-                            start + len - 1,
-                            size
-                        ))
-                        .unwrap(),
+                        HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size)).unwrap(),
                     );
                 }
             }
@@ -409,12 +417,10 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
 
 fn stream_plain(file: File, offset: u64, len: u64) -> http::Body {
     let (tx, body) = http::channel(4);
-    let _ = std::thread::Builder::new()
-        .name("download".into())
-        .spawn(move || {
-            let mut w = ChanWriter { tx };
-            let _ = copy(&file, offset, Some(len), &mut w);
-        });
+    let _ = std::thread::Builder::new().name("download".into()).spawn(move || {
+        let mut w = ChanWriter { tx };
+        let _ = copy(&file, offset, Some(len), &mut w);
+    });
     body
 }
 
@@ -531,10 +537,7 @@ fn parse_http_date(s: &str) -> Option<i64> {
     let d: u32 = f[0].parse().ok()?;
     let m = MONTHS.iter().position(|x| *x == f[1])? as u32 + 1;
     let y: i64 = f[2].parse().ok()?;
-    let t: Vec<i64> = f[3]
-        .split(':')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
+    let t: Vec<i64> = f[3].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
     if t.len() != 3 || d == 0 || d > 31 || t[0] > 23 || t[1] > 59 || t[2] > 60 {
         return None;
     }

@@ -92,11 +92,7 @@ pub fn negotiate(h: &HeaderMap) -> Option<Coding> {
     if !present {
         return Some(Coding::Identity);
     }
-    let ranked = if a.identity >= 0.0 {
-        a.identity
-    } else {
-        a.star
-    };
+    let ranked = if a.identity >= 0.0 { a.identity } else { a.star };
     let id_q = a.identity_q();
     if a.gzip > 0.0 && a.gzip >= ranked {
         Some(Coding::Gzip)
@@ -117,11 +113,9 @@ pub fn identity_acceptable(h: &HeaderMap) -> bool {
 /// request_gzip says whether the request body is gzip: Ok(false) for none
 /// or identity, an error message for another coding.
 pub fn request_gzip(h: &HeaderMap) -> Result<bool, String> {
-    let ce = h.get(hyper::header::CONTENT_ENCODING).map(|v| {
-        String::from_utf8_lossy(v.as_bytes())
-            .trim()
-            .to_ascii_lowercase()
-    });
+    let ce = h
+        .get(hyper::header::CONTENT_ENCODING)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_ascii_lowercase());
     match ce.as_deref() {
         None | Some("") | Some("identity") => Ok(false),
         Some("gzip") | Some("x-gzip") => Ok(true),
@@ -186,34 +180,19 @@ pub fn parse_media_type(v: &str) -> Result<(String, Params), (String, MediaError
             break;
         }
         let Some((name, value, after)) = consume_param(r) else {
-            return Err((
-                base,
-                MediaError::Param("mime: invalid media parameter".into()),
-            ));
+            return Err((base, MediaError::Param("mime: invalid media parameter".into())));
         };
-        let map = if name.ends_with('*') {
-            &mut ext
-        } else {
-            &mut params
-        };
+        let map = if name.ends_with('*') { &mut ext } else { &mut params };
         let key = name.trim_end_matches('*').to_string();
         if map.insert(key, value).is_some() {
-            return Err((
-                base,
-                MediaError::Type("mime: duplicate parameter name".into()),
-            ));
+            return Err((base, MediaError::Type("mime: duplicate parameter name".into())));
         }
         if after.is_empty() {
             break;
         }
         match after.strip_prefix(';') {
             Some(a) => r = a,
-            None => {
-                return Err((
-                    base,
-                    MediaError::Param("mime: invalid media parameter".into()),
-                ))
-            }
+            None => return Err((base, MediaError::Param("mime: invalid media parameter".into()))),
         }
     }
     for (n, v) in ext {
@@ -355,26 +334,18 @@ mod tests {
         let (t, p) = parse_media_type("Multipart/Form-Data; boundary=\"abc def\"").unwrap();
         assert_eq!(t, "multipart/form-data");
         assert_eq!(p["boundary"], "abc def");
-        let (t, p) =
-            parse_media_type("form-data; name=\"file\"; filename=\"/home/user/a \\\"q\\\".txt\"")
-                .unwrap();
+        let (t, p) = parse_media_type("form-data; name=\"file\"; filename=\"/home/user/a \\\"q\\\".txt\"").unwrap();
         assert_eq!(t, "form-data");
         assert_eq!(p["name"], "file");
         assert_eq!(p["filename"], "/home/user/a \"q\".txt");
-        let (_, p) =
-            parse_media_type("form-data; name=file; filename*=utf-8''%C3%A9t%C3%A9.txt").unwrap();
+        let (_, p) = parse_media_type("form-data; name=file; filename*=utf-8''%C3%A9t%C3%A9.txt").unwrap();
         assert_eq!(p["filename"], "été.txt");
         let (_, p) = parse_media_type("application/octet-stream").unwrap();
         assert!(p.is_empty());
         let (_, p) = parse_media_type("text/plain; charset=utf-8;").unwrap();
         assert_eq!(p["charset"], "utf-8");
-        assert!(matches!(
-            parse_media_type("").unwrap_err().1,
-            MediaError::Type(_)
-        ));
-        assert!(
-            matches!(parse_media_type("a/b; x").unwrap_err(), (t, MediaError::Param(_)) if t == "a/b")
-        );
+        assert!(matches!(parse_media_type("").unwrap_err().1, MediaError::Type(_)));
+        assert!(matches!(parse_media_type("a/b; x").unwrap_err(), (t, MediaError::Param(_)) if t == "a/b"));
         assert!(parse_media_type("a/b; x=1; x=2").is_err());
     }
 
@@ -383,10 +354,7 @@ mod tests {
         assert_eq!(disposition("a.txt"), "inline; filename=a.txt");
         assert_eq!(disposition("a b.txt"), "inline; filename=\"a b.txt\"");
         assert_eq!(disposition("q\"x"), "inline; filename=\"q\\\"x\"");
-        assert_eq!(
-            disposition("été.txt"),
-            "inline; filename*=utf-8''%C3%A9t%C3%A9.txt"
-        );
+        assert_eq!(disposition("été.txt"), "inline; filename*=utf-8''%C3%A9t%C3%A9.txt");
     }
 
     #[test]

@@ -20,9 +20,7 @@ pub fn validate(m: &Metadata) -> Result<(), Error> {
     let mut total = 0;
     for (k, v) in m {
         if k.is_empty() || k.len() > MAX_KEY_LEN {
-            return Err(Error::invalid(format!(
-                "invalid metadata: key {k:?} length"
-            )));
+            return Err(Error::invalid(format!("invalid metadata: key {k:?} length")));
         }
         if !printable(k) || !printable(v) {
             return Err(Error::invalid(format!(
@@ -67,8 +65,7 @@ pub fn read(path: &Path) -> io::Result<Metadata> {
     }
     let mut buf = vec![0u8; size as usize];
     // SAFETY: buf has buf.len() writable bytes.
-    let size =
-        unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    let size = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
     if size < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -110,8 +107,7 @@ pub fn replace(path: &Path, m: &Metadata) -> io::Result<()> {
         if m.contains_key(k) {
             continue;
         }
-        let name = CString::new(format!("{PREFIX}{k}"))
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let name = CString::new(format!("{PREFIX}{k}")).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: both strings are NUL-terminated.
         if unsafe { libc::lremovexattr(c.as_ptr(), name.as_ptr()) } != 0 {
             let e = io::Error::last_os_error();
@@ -124,15 +120,7 @@ pub fn replace(path: &Path, m: &Metadata) -> io::Result<()> {
         let name = CString::new(format!("{PREFIX}{}", k.to_lowercase()))
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the strings are NUL-terminated; v's bytes are v.len() long.
-        let r = unsafe {
-            libc::lsetxattr(
-                c.as_ptr(),
-                name.as_ptr(),
-                v.as_ptr() as *const libc::c_void,
-                v.len(),
-                0,
-            )
-        };
+        let r = unsafe { libc::lsetxattr(c.as_ptr(), name.as_ptr(), v.as_ptr() as *const libc::c_void, v.len(), 0) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }

@@ -174,10 +174,7 @@ mod tests {
     #[test]
     fn types() {
         assert_eq!(by_extension("a.JSON").as_deref(), Some("application/json"));
-        assert_eq!(
-            by_extension("a.html").as_deref(),
-            Some("text/html; charset=utf-8")
-        );
+        assert_eq!(by_extension("a.html").as_deref(), Some("text/html; charset=utf-8"));
         assert_eq!(by_extension("noext"), None);
         assert_eq!(extension("a.tar.gz"), ".gz");
         assert_eq!(extension(".bashrc"), ".bashrc");

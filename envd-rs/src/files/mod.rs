@@ -100,10 +100,7 @@ fn unescape(s: &str) -> Result<String, String> {
                     (Some(h), Some(l)) => out.push((h << 4 | l) as u8),
                     _ => {
                         let end = (i + 3).min(b.len());
-                        return Err(format!(
-                            "invalid URL escape {:?}",
-                            String::from_utf8_lossy(&b[i..end])
-                        ));
+                        return Err(format!("invalid URL escape {:?}", String::from_utf8_lossy(&b[i..end])));
                     }
                 }
                 i += 2;
@@ -171,9 +168,7 @@ fn named_user(st: &State, name: &str) -> Result<Arc<User>, Error> {
             name.to_string()
         };
         if e.code == Code::Unauthenticated && !n.is_empty() {
-            Error::unauthenticated(format!(
-                "error looking up user '{n}': user: unknown user {n}"
-            ))
+            Error::unauthenticated(format!("error looking up user '{n}': user: unknown user {n}"))
         } else {
             e
         }

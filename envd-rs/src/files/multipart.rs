@@ -180,7 +180,12 @@ impl<R: Read> Reader<R> {
             }
             if self.is_boundary_delimiter_line(&line) {
                 self.parts_read += 1;
-                let h = self.read_headers()?;
+                // A body that ends within a part's headers ends the parts, as
+                // in Go (whose NextPart then answers a bare io.EOF).
+                let Some(h) = self.read_headers()? else {
+                    self.done = true;
+                    return Ok(None);
+                };
                 self.in_part = true;
                 return Ok(Some(h));
             }
@@ -209,13 +214,13 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    fn read_headers(&mut self) -> io::Result<Headers> {
+    fn read_headers(&mut self) -> io::Result<Option<Headers>> {
         let mut h: Vec<(String, String)> = Vec::new();
         let mut total = 0;
         loop {
             let line = self.read_line()?;
             if line.is_empty() || !line.ends_with(b"\n") {
-                return Err(err("multipart: NextPart: EOF"));
+                return Ok(None);
             }
             total += line.len();
             if total > MAX_HEADERS {
@@ -224,7 +229,7 @@ impl<R: Read> Reader<R> {
             let l = line.strip_suffix(b"\n").unwrap_or(&line);
             let l = l.strip_suffix(b"\r").unwrap_or(l);
             if l.is_empty() {
-                return Ok(Headers(h));
+                return Ok(Some(Headers(h)));
             }
             let s = String::from_utf8_lossy(l);
             if is_lwsp(l[0]) {
@@ -235,14 +240,10 @@ impl<R: Read> Reader<R> {
                 }
             }
             let Some((k, v)) = s.split_once(':') else {
-                return Err(err(format!(
-                    "multipart: NextPart: malformed MIME header line: {s}"
-                )));
+                return Err(err(format!("multipart: NextPart: malformed MIME header line: {s}")));
             };
             if k.is_empty() || k.bytes().any(|c| c <= b' ' || c >= 0x7f) {
-                return Err(err(format!(
-                    "multipart: NextPart: malformed MIME header line: {s}"
-                )));
+                return Err(err(format!("multipart: NextPart: malformed MIME header line: {s}")));
             }
             h.push((k.to_ascii_lowercase(), v.trim().to_string()));
         }
@@ -262,10 +263,7 @@ impl<R: Read> Reader<R> {
                     // What follows decides (Go's matchAfterPrefix): a line
                     // end, blanks or "--" end the part; a lone "-" needs one
                     // more byte; anything else is data.
-                    let after = match (
-                        avail.get(i + ndb_len).copied(),
-                        avail.get(i + ndb_len + 1).copied(),
-                    ) {
+                    let after = match (avail.get(i + ndb_len).copied(), avail.get(i + ndb_len + 1).copied()) {
                         (Some(b'-'), Some(b'-')) => Some(true),
                         (Some(b'-'), None) if !self.eof => None,
                         (Some(b'-'), _) => Some(false),
@@ -299,10 +297,7 @@ impl<R: Read> Reader<R> {
                     if avail.len() > keep {
                         emit = Some(avail.len() - keep);
                     } else if self.eof {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "unexpected EOF",
-                        ));
+                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "unexpected EOF"));
                     }
                 }
             }
@@ -313,10 +308,7 @@ impl<R: Read> Reader<R> {
                 return Ok(n);
             }
             if !self.fill()? && self.avail().is_empty() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "unexpected EOF",
-                ));
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "unexpected EOF"));
             }
         }
     }
@@ -366,11 +358,7 @@ mod tests {
             let got = parse(body, "XyZ", chunk).unwrap();
             assert_eq!(got.len(), 3, "chunk {chunk}");
             assert_eq!(got[0].0, "form-data; name=\"file\"; filename=\"a\"");
-            assert_eq!(
-                got[0].1,
-                b"hello\r\n--XyZ-not\r\n".to_vec(),
-                "chunk {chunk}"
-            );
+            assert_eq!(got[0].1, b"hello\r\n--XyZ-not\r\n".to_vec(), "chunk {chunk}");
             assert_eq!(got[1].1, b"".to_vec());
             assert_eq!(got[2].1, b"last".to_vec());
         }
@@ -378,14 +366,10 @@ mod tests {
 
     #[test]
     fn lf_only_and_skipped_parts() {
-        let body =
-            b"--b\nContent-Disposition: x\n\nskip me\n--b\nContent-Disposition: y\n\ndata\n--b--\n";
+        let body = b"--b\nContent-Disposition: x\n\nskip me\n--b\nContent-Disposition: y\n\ndata\n--b--\n";
         for chunk in [1, 4, 1000] {
             let mut r = Reader::new(Trickle(body, chunk), "b");
-            assert_eq!(
-                r.next_part().unwrap().unwrap().get("content-disposition"),
-                Some("x")
-            );
+            assert_eq!(r.next_part().unwrap().unwrap().get("content-disposition"), Some("x"));
             let h = r.next_part().unwrap().unwrap();
             assert_eq!(h.get("Content-Disposition"), Some("y"));
             let mut d = Vec::new();
@@ -405,7 +389,7 @@ mod tests {
         let e = Part(&mut r).read_to_end(&mut d).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         assert!(parse(b"", "b", 10).is_err());
-        assert!(parse(b"--b\r\nContent-Disposition: x\r\n", "b", 10).is_err());
+        assert!(parse(b"--b\r\nContent-Disposition: x\r\n", "b", 10).unwrap().is_empty());
         assert!(parse(b"--b--", "b", 10).unwrap().is_empty());
     }
 }

@@ -83,13 +83,7 @@ pub async fn upload(st: Arc<State>, req: Request) -> Response {
     };
     let boundary = params.get("boundary").cloned().unwrap_or_default();
     let work = user::as_user(u, move || {
-        let src = body_reader(
-            ChannelReader {
-                rx,
-                cur: Bytes::new(),
-            },
-            gzip,
-        )?;
+        let src = body_reader(ChannelReader { rx, cur: Bytes::new() }, gzip)?;
         match media_type.as_str() {
             "application/octet-stream" => job.raw(src),
             "multipart/form-data" | "multipart/mixed" => job.multipart(&boundary, src),
@@ -161,28 +155,23 @@ fn body_reader(mut r: ChannelReader, gzip: bool) -> Result<Box<dyn Read>, Error>
     if !gzip {
         return Ok(Box::new(r));
     }
-    let mut head = [0u8; 2];
+    // gzip.NewReader reads the 10-byte header at once.
+    let mut head = [0u8; 10];
     let mut n = 0;
-    while n < 2 {
+    while n < head.len() {
         match r.read(&mut head[n..]) {
             Ok(0) => break,
             Ok(k) => n += k,
-            Err(e) => {
-                return Err(Error::invalid(format!(
-                    "invalid argument: gzip request body: {e}"
-                )))
-            }
+            Err(e) => return Err(Error::invalid(format!("invalid argument: gzip request body: {e}"))),
         }
     }
     if n == 0 {
         return Err(Error::invalid("invalid argument: gzip request body: EOF"));
     }
-    if n < 2 {
-        return Err(Error::invalid(
-            "invalid argument: gzip request body: unexpected EOF",
-        ));
+    if n < head.len() {
+        return Err(Error::invalid("invalid argument: gzip request body: unexpected EOF"));
     }
-    if head != [0x1f, 0x8b] {
+    if head[..3] != [0x1f, 0x8b, 8] {
         return Err(Error::invalid(
             "invalid argument: gzip request body: gzip: invalid header",
         ));
@@ -249,11 +238,7 @@ impl Job {
             let h = match mr.next_part() {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
-                Err(e) => {
-                    return Err(Error::invalid(format!(
-                        "invalid argument: reading multipart body: {e}"
-                    )))
-                }
+                Err(e) => return Err(Error::invalid(format!("invalid argument: reading multipart body: {e}"))),
             };
             let Some(resolved) = self.part_target(&h)? else {
                 continue;
@@ -385,16 +370,12 @@ impl<'a> Writer<'a> {
         if fi.as_ref().is_some_and(|m| m.file_type().is_symlink()) {
             match std::fs::canonicalize(path) {
                 Ok(real) => {
-                    fi = Some(
-                        std::fs::metadata(&real)
-                            .map_err(|e| Error::io(format!("stat {}", real.display()), e))?,
-                    );
+                    fi = Some(std::fs::metadata(&real).map_err(|e| Error::io(format!("stat {}", real.display()), e))?);
                     target = real;
                 }
                 Err(_) => {
                     // A dangling link: replace the link itself with the file.
-                    std::fs::remove_file(path)
-                        .map_err(|e| Error::io(format!("remove {shown}"), e))?;
+                    std::fs::remove_file(path).map_err(|e| Error::io(format!("remove {shown}"), e))?;
                     fi = None;
                 }
             }
@@ -444,12 +425,7 @@ impl<'a> Writer<'a> {
         r.map(|_| target)
     }
 
-    fn write_in_place(
-        &mut self,
-        path: &Path,
-        src: &mut dyn Read,
-        chown: bool,
-    ) -> Result<(), Error> {
+    fn write_in_place(&mut self, path: &Path, src: &mut dyn Read, chown: bool) -> Result<(), Error> {
         let f = OpenOptions::new()
             .write(true)
             .truncate(true)
@@ -482,11 +458,7 @@ impl<'a> Writer<'a> {
                 Ok(0) => return Ok(()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(Error::invalid(format!(
-                        "invalid argument: reading upload: {e}"
-                    )))
-                }
+                Err(e) => return Err(Error::invalid(format!("invalid argument: reading upload: {e}"))),
             };
             f.write_all(&self.buf[..n])
                 .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
