@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use hyper::body::Body as _;
 use hyper::body::Incoming;
+use hyper::http::request::Parts;
 use hyper::HeaderMap;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -40,14 +42,39 @@ struct Entry {
     metadata: Option<Metadata>,
 }
 
+/// What of an unread request body is read and dropped before answering,
+/// so that the connection stays usable and the client, still sending, gets
+/// the answer rather than a reset (Go's server discards 256 KiB the same way).
+const MAX_DISCARD: usize = 256 << 10;
+
 pub async fn upload(st: Arc<State>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
+    let resp = upload_body(st, &parts, &mut body).await;
+    let expects_continue = parts.headers.get(hyper::header::EXPECT).is_some();
+    if !expects_continue && !body.is_end_stream() {
+        discard(&mut body, MAX_DISCARD).await;
+    }
+    resp
+}
+
+/// discard reads and drops up to limit bytes of what is left of a body.
+async fn discard(body: &mut Incoming, limit: usize) {
+    let mut n = 0;
+    while n <= limit {
+        match body.frame().await {
+            Some(Ok(f)) => n += f.data_ref().map_or(0, |d| d.len()),
+            _ => return,
+        }
+    }
+}
+
+async fn upload_body(st: Arc<State>, parts: &Parts, body: &mut Incoming) -> Response {
     let m = parts.method.clone();
     let q = match Query::parse(parts.uri.query()) {
         Ok(q) => q,
         Err(e) => return fail(&st, &m, &e),
     };
-    if let Err(e) = authorize(&st, &parts, &q, "write") {
+    if let Err(e) = authorize(&st, parts, &q, "write") {
         return unauthorized(&st, &m, &e);
     }
     let u = match named_user(&st, q.get("username")) {
@@ -92,13 +119,15 @@ pub async fn upload(st: Arc<State>, req: Request) -> Response {
             ))),
         }
     });
-    let feeder = feed(body, tx);
-    tokio::pin!(work, feeder);
-    let mut fed = false;
-    let res = loop {
-        tokio::select! {
-            r = &mut work => break r,
-            _ = &mut feeder, if !fed => fed = true,
+    let res = {
+        let feeder = feed(body, tx);
+        tokio::pin!(work, feeder);
+        let mut fed = false;
+        loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = &mut feeder, if !fed => fed = true,
+            }
         }
     };
     match res {
@@ -109,7 +138,7 @@ pub async fn upload(st: Arc<State>, req: Request) -> Response {
 
 /// feed passes the request body's data to the writing thread; it ends at
 /// the body's end, or when the thread stopped reading.
-async fn feed(mut body: Incoming, tx: mpsc::Sender<io::Result<Bytes>>) {
+async fn feed(body: &mut Incoming, tx: mpsc::Sender<io::Result<Bytes>>) {
     while let Some(f) = body.frame().await {
         match f {
             Ok(f) => {
