@@ -259,7 +259,8 @@ fn copy(file: &File, mut offset: u64, len: Option<u64>, w: &mut dyn Write) -> io
     let mut left = len.unwrap_or(u64::MAX);
     let mut buf = vec![0u8; CHUNK];
     let mut f = file;
-    let positioned = offset > 0;
+    // Ranges are read with pread; a whole stream reads on (procfs, devices).
+    let positioned = len.is_some() || offset > 0;
     while left > 0 {
         let want = (buf.len() as u64).min(left) as usize;
         let n = if positioned {
@@ -395,13 +396,23 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
             }
             Ok(ranges) => {
                 let sum: u64 = ranges.iter().map(|r| r.1).sum();
-                // More ranges than one come whole (a server may ignore Range).
+                // Ranges adding up to more than the file are ignored: it comes whole.
                 if ranges.len() == 1 && sum <= size {
                     (start, len, status) = (ranges[0].0, ranges[0].1, 206);
                     hdr.insert(
                         header::CONTENT_RANGE,
                         HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size)).unwrap(),
                     );
+                } else if ranges.len() > 1 && sum <= size {
+                    let (ctype, pieces) = byteranges(&ranges, &ct, size);
+                    let total: u64 = pieces.iter().map(Piece::len).sum();
+                    hdr.insert(header::CONTENT_TYPE, HeaderValue::from_str(&ctype).unwrap());
+                    hdr.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
+                    let mut r = http::status(206);
+                    if *m != Method::HEAD {
+                        *r.body_mut() = stream_pieces(o.file, pieces);
+                    }
+                    return with_headers(r, hdr);
                 }
             }
         }
@@ -409,17 +420,63 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
     hdr.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     let mut r = http::status(status);
     if *m != Method::HEAD && len > 0 {
-        // Logging of an early end happens in the thread; the state is not needed for the path.
-        *r.body_mut() = stream_plain(o.file, start, len);
+        *r.body_mut() = stream_pieces(o.file, vec![Piece::Range(start, len)]);
     }
     with_headers(r, hdr)
 }
 
-fn stream_plain(file: File, offset: u64, len: u64) -> http::Body {
+/// Piece is a part of a ranged answer: literal bytes or a range of the file.
+enum Piece {
+    Bytes(Vec<u8>),
+    Range(u64, u64),
+}
+
+impl Piece {
+    fn len(&self) -> u64 {
+        match self {
+            Piece::Bytes(b) => b.len() as u64,
+            Piece::Range(_, n) => *n,
+        }
+    }
+}
+
+/// byteranges lays out a multipart/byteranges answer as Go's ServeContent
+/// does (mime/multipart's writer, a random 60-hex-digit boundary): its
+/// Content-Type and its pieces.
+fn byteranges(ranges: &[(u64, u64)], ctype: &str, size: u64) -> (String, Vec<Piece>) {
+    let mut rnd = [0u8; 30];
+    // SAFETY: getrandom writes at most rnd.len() bytes into rnd.
+    unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
+    let boundary: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+    let mut pieces = Vec::new();
+    for (i, (start, len)) in ranges.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "\r\n" };
+        let head = format!(
+            "{sep}--{boundary}\r\nContent-Range: bytes {}-{}/{size}\r\nContent-Type: {ctype}\r\n\r\n",
+            start,
+            start + len - 1
+        );
+        pieces.push(Piece::Bytes(head.into_bytes()));
+        pieces.push(Piece::Range(*start, *len));
+    }
+    pieces.push(Piece::Bytes(format!("\r\n--{boundary}--\r\n").into_bytes()));
+    (format!("multipart/byteranges; boundary={boundary}"), pieces)
+}
+
+/// stream_pieces sends the pieces from a thread of its own.
+fn stream_pieces(file: File, pieces: Vec<Piece>) -> http::Body {
     let (tx, body) = http::channel(4);
     let _ = std::thread::Builder::new().name("download".into()).spawn(move || {
         let mut w = ChanWriter { tx };
-        let _ = copy(&file, offset, Some(len), &mut w);
+        for p in pieces {
+            let r = match p {
+                Piece::Bytes(b) => w.write_all(&b),
+                Piece::Range(start, len) => copy(&file, start, Some(len), &mut w),
+            };
+            if r.is_err() {
+                return;
+            }
+        }
     });
     body
 }
