@@ -542,6 +542,106 @@ mod tests {
         assert_eq!(m["owner"], "me");
     }
 
+    fn job(dir: &Path, meta: Option<Metadata>) -> Job {
+        use crate::log::{Level, Logger};
+        use crate::state::Config;
+        let cfg = Config {
+            default_user: "root".into(),
+            workdir: String::new(),
+            disk_path: "/".into(),
+            cgroup_root: None,
+            pids_reserve: 0,
+        };
+        // SAFETY: getuid and getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let user = User {
+            name: "me".into(),
+            uid,
+            gid,
+            groups: vec![gid],
+            home: dir.display().to_string(),
+        };
+        Job {
+            st: State::new(Logger::new(Level::Error), cfg),
+            user: Arc::new(user),
+            workdir: String::new(),
+            path: String::new(),
+            meta,
+        }
+    }
+
+    #[test]
+    fn writes() {
+        let dir = std::env::temp_dir().join(format!("envd-rs-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let j = job(&dir, None);
+        let mut w = Writer::new(&j);
+        // A new file below missing directories.
+        let p = dir.join("a/b/c.txt");
+        assert_eq!(w.write(&p, &mut &b"one"[..]).unwrap(), p);
+        assert_eq!(std::fs::read(&p).unwrap(), b"one");
+        // Overwritten in place: the same inode, shorter content.
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&p).unwrap());
+        w.write(&p, &mut &b"2"[..]).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"2");
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&p).unwrap()),
+            ino
+        );
+        // Through a symlink to the file it points at.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert_eq!(w.write(&link, &mut &b"via"[..]).unwrap(), p);
+        assert_eq!(std::fs::read(&p).unwrap(), b"via");
+        // A dangling link is replaced by the file.
+        let dl = dir.join("dangling");
+        std::os::unix::fs::symlink(dir.join("nowhere"), &dl).unwrap();
+        assert_eq!(w.write(&dl, &mut &b"d"[..]).unwrap(), dl);
+        assert!(std::fs::symlink_metadata(&dl).unwrap().file_type().is_file());
+        // Onto a directory, and below a file.
+        let e = w.write(&dir.join("a"), &mut &b"x"[..]).unwrap_err();
+        assert_eq!(
+            (e.http_status(), e.message.starts_with("path is a directory")),
+            (400, true)
+        );
+        assert_eq!(w.write(&p.join("x"), &mut &b"x"[..]).unwrap_err().http_status(), 400);
+        // A body that fails to read is the client's fault, and a new file is removed.
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "unexpected EOF"))
+            }
+        }
+        let bad = dir.join("bad");
+        let e = w.write(&bad, &mut Broken).unwrap_err();
+        assert_eq!(e.message, "invalid argument: reading upload: unexpected EOF");
+        assert!(!bad.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn multipart_upload() {
+        let dir = std::env::temp_dir().join(format!("envd-rs-files-mp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let j = job(&dir, None);
+        let body = format!(
+            "--X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{d}/one\"\r\n\r\n1\r\n\
+             --X\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nskip\r\n\
+             --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"rel/two\"\r\n\r\n22\r\n--X--\r\n",
+            d = dir.display()
+        );
+        let got = j.multipart("X", Box::new(io::Cursor::new(body.into_bytes()))).unwrap();
+        let paths: Vec<&str> = got.iter().map(|e| e.path.as_str()).collect();
+        let two = dir.join("rel/two");
+        assert_eq!(paths, [dir.join("one").to_str().unwrap(), two.to_str().unwrap()]);
+        assert_eq!(std::fs::read(&two).unwrap(), b"22");
+        let e = j.multipart("", Box::new(io::empty())).unwrap_err();
+        assert_eq!(e.message, "invalid argument: multipart Content-Type has no boundary");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn entry_json() {
         let e = Entry {
