@@ -266,7 +266,7 @@ fn percent_decode_strict(s: &str) -> Option<String> {
 
 /// disposition is Go's mime.FormatMediaType("inline", {"filename": name}).
 pub fn disposition(name: &str) -> String {
-    let needs_encoding = name.chars().any(|r| (r < ' ' || r > '~') && r != '\t');
+    let needs_encoding = name.chars().any(|r| !(' '..='~').contains(&r) && r != '\t');
     if needs_encoding {
         let mut s = String::from("inline; filename*=utf-8''");
         for c in name.bytes() {
