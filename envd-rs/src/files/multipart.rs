@@ -50,10 +50,21 @@ fn skip_lwsp(b: &[u8]) -> &[u8] {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
+    let (&first, rest) = needle.split_first()?;
+    let mut from = 0;
+    // Jump between candidates by their first byte (a line break, rare in
+    // most data) rather than comparing at every offset.
+    while let Some(i) = hay[from..].iter().position(|&c| c == first) {
+        let at = from + i;
+        if hay.len() - at < needle.len() {
+            return None;
+        }
+        if &hay[at + 1..at + needle.len()] == rest {
+            return Some(at);
+        }
+        from = at + 1;
     }
-    hay.windows(needle.len()).position(|w| w == needle)
+    None
 }
 
 impl<R: Read> Reader<R> {
@@ -378,6 +389,15 @@ mod tests {
             assert!(r.next_part().unwrap().is_none());
             assert!(r.next_part().unwrap().is_none());
         }
+    }
+
+    #[test]
+    fn finding() {
+        assert_eq!(find(b"abc\r\n--b", b"\r\n--b"), Some(3));
+        assert_eq!(find(b"\r\r\n--b", b"\r\n--b"), Some(1));
+        assert_eq!(find(b"abc\r\n--", b"\r\n--b"), None);
+        assert_eq!(find(b"", b"x"), None);
+        assert_eq!(find(b"x", b""), None);
     }
 
     #[test]

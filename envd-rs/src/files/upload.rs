@@ -110,7 +110,14 @@ async fn upload_body(st: Arc<State>, parts: &Parts, body: &mut Incoming) -> Resp
     };
     let boundary = params.get("boundary").cloned().unwrap_or_default();
     let work = user::as_user(u, move || {
-        let src = body_reader(ChannelReader { rx, cur: Bytes::new() }, gzip)?;
+        let src = body_reader(
+            ChannelReader {
+                rx,
+                cur: Bytes::new(),
+                failed: None,
+            },
+            gzip,
+        )?;
         match media_type.as_str() {
             "application/octet-stream" => job.raw(src),
             "multipart/form-data" | "multipart/mixed" => job.multipart(&boundary, src),
@@ -160,10 +167,14 @@ async fn feed(body: &mut Incoming, tx: mpsc::Sender<io::Result<Bytes>>) {
 struct ChannelReader {
     rx: mpsc::Receiver<io::Result<Bytes>>,
     cur: Bytes,
+    failed: Option<io::Error>,
 }
 
 impl Read for ChannelReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         while self.cur.is_empty() {
             match self.rx.blocking_recv() {
                 Some(Ok(b)) => self.cur = b,
@@ -171,10 +182,26 @@ impl Read for ChannelReader {
                 None => return Ok(0),
             }
         }
-        let n = self.cur.len().min(out.len());
-        out[..n].copy_from_slice(&self.cur[..n]);
-        let _ = self.cur.split_to(n);
-        Ok(n)
+        let mut n = 0;
+        // Fill out with what has arrived already: fewer, larger writes.
+        loop {
+            let k = self.cur.len().min(out.len() - n);
+            out[n..n + k].copy_from_slice(&self.cur[..k]);
+            let _ = self.cur.split_to(k);
+            n += k;
+            if n == out.len() {
+                return Ok(n);
+            }
+            match self.rx.try_recv() {
+                Ok(Ok(b)) => self.cur = b,
+                Ok(Err(e)) => {
+                    // Report the data first; the error comes with the next read.
+                    self.failed = Some(e);
+                    return Ok(n);
+                }
+                Err(_) => return Ok(n),
+            }
+        }
     }
 }
 
