@@ -3,7 +3,7 @@
 //! streams and client streams (`application/connect+json`, 5-byte
 //! envelopes, an end-of-stream message that carries the error), the
 //! `Connect-Timeout-Ms` header, and protojson's encodings (int64 as a
-//! string, bytes as base64). The binary codec is not served: a client that
+//! string). The binary codec is not served: a client that
 //! asks for it gets 415.
 
 use std::time::Duration;
@@ -27,7 +27,11 @@ const FLAG_COMPRESSED: u8 = 0x01;
 const FLAG_END_STREAM: u8 = 0x02;
 
 fn content_type(parts: &Parts) -> &str {
-    parts.headers.get(hyper::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("")
+    parts
+        .headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
 fn base_type(ct: &str) -> String {
@@ -36,7 +40,14 @@ fn base_type(ct: &str) -> String {
 
 /// timeout is the call's `Connect-Timeout-Ms`, if any (0 = none).
 pub fn timeout(parts: &Parts) -> Option<Duration> {
-    let ms: u64 = parts.headers.get("connect-timeout-ms")?.to_str().ok()?.trim().parse().ok()?;
+    let ms: u64 = parts
+        .headers
+        .get("connect-timeout-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
@@ -54,7 +65,11 @@ pub fn is_stream_request(parts: &Parts) -> bool {
 /// unsupported answers a request whose codec envd does not serve.
 pub fn unsupported_media(parts: &Parts) -> Response {
     let mut r = http::status(415);
-    let accept = if is_stream_request(parts) { "application/connect+json" } else { "application/json" };
+    let accept = if is_stream_request(parts) {
+        "application/connect+json"
+    } else {
+        "application/json"
+    };
     r.headers_mut().insert("accept-post", accept.parse().unwrap());
     r
 }
@@ -70,7 +85,10 @@ pub async fn read_unary<T: DeserializeOwned>(req: http::Request) -> Result<(Part
         return Err(unsupported_media(&parts));
     }
     if !matches!(header(&parts, "content-encoding"), "" | "identity") {
-        return Err(unary_error(&Error::new(Code::Unimplemented, "request compression is not supported")));
+        return Err(unary_error(&Error::new(
+            Code::Unimplemented,
+            "request compression is not supported",
+        )));
     }
     let body = match read_limited(body, MAX_MESSAGE).await {
         Ok(b) => b,
@@ -96,7 +114,11 @@ struct WireError<'a> {
 
 /// unary_error answers a unary call's error with its Connect status.
 pub fn unary_error(e: &Error) -> Response {
-    let body = serde_json::to_vec(&WireError { code: e.code.as_str(), message: &e.message }).unwrap_or_default();
+    let body = serde_json::to_vec(&WireError {
+        code: e.code.as_str(),
+        message: &e.message,
+    })
+    .unwrap_or_default();
     http::bytes(e.code.connect_status(), "application/json", body)
 }
 
@@ -150,13 +172,23 @@ impl Stream {
     /// feed it from a task.
     pub fn start(buffer: usize) -> Stream {
         let (tx, body) = http::channel(buffer);
-        Stream { tx, body: std::sync::Mutex::new(Some(body)) }
+        Stream {
+            tx,
+            body: std::sync::Mutex::new(Some(body)),
+        }
     }
 
     /// response is the HTTP response that carries the stream (once).
     pub fn response(&mut self) -> Response {
-        let mut r = Response::new(self.body.get_mut().unwrap().take().expect("Stream::response called twice"));
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/connect+json".parse().unwrap());
+        let mut r = Response::new(
+            self.body
+                .get_mut()
+                .unwrap()
+                .take()
+                .expect("Stream::response called twice"),
+        );
+        r.headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, "application/connect+json".parse().unwrap());
         r
     }
 
@@ -174,10 +206,6 @@ impl Stream {
     /// closed resolves when the client has gone.
     pub async fn closed(&self) {
         self.tx.closed().await
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
     }
 }
 
@@ -210,7 +238,11 @@ pub struct EnvelopeReader {
 
 impl EnvelopeReader {
     pub fn new(body: Incoming) -> EnvelopeReader {
-        EnvelopeReader { body, buf: BytesMut::new(), done: false }
+        EnvelopeReader {
+            body,
+            buf: BytesMut::new(),
+            done: false,
+        }
     }
 
     /// next is the next message: None at the end of the body or after an
@@ -225,14 +257,20 @@ impl EnvelopeReader {
                 let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
                 if len > MAX_MESSAGE {
                     self.done = true;
-                    return Some(Err(Error::new(Code::ResourceExhausted, format!("message size {len} is larger than configured max {MAX_MESSAGE}"))));
+                    return Some(Err(Error::new(
+                        Code::ResourceExhausted,
+                        format!("message size {len} is larger than configured max {MAX_MESSAGE}"),
+                    )));
                 }
                 if self.buf.len() >= 5 + len {
                     self.buf.advance(5);
                     let msg = self.buf.split_to(len);
                     if flags & FLAG_COMPRESSED != 0 {
                         self.done = true;
-                        return Some(Err(Error::new(Code::Unimplemented, "message compression is not supported")));
+                        return Some(Err(Error::new(
+                            Code::Unimplemented,
+                            "message compression is not supported",
+                        )));
                     }
                     if flags & FLAG_END_STREAM != 0 {
                         self.done = true;
@@ -272,7 +310,10 @@ pub async fn read_limited(mut body: Incoming, limit: usize) -> Result<Bytes, Err
         let f = f.map_err(|e| Error::new(Code::Canceled, format!("read request: {e}")))?;
         if let Ok(d) = f.into_data() {
             if buf.len() + d.len() > limit {
-                return Err(Error::new(Code::ResourceExhausted, format!("message is larger than configured max {limit}")));
+                return Err(Error::new(
+                    Code::ResourceExhausted,
+                    format!("message is larger than configured max {limit}"),
+                ));
             }
             buf.extend_from_slice(&d);
         }
@@ -282,57 +323,43 @@ pub async fn read_limited(mut body: Incoming, limit: usize) -> Result<Bytes, Err
 
 /// decode unmarshals a JSON message; an empty body is the empty message.
 pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, Error> {
-    let b = if b.iter().all(|c| c.is_ascii_whitespace()) { b"{}".as_slice() } else { b };
+    let b = if b.iter().all(|c| c.is_ascii_whitespace()) {
+        b"{}".as_slice()
+    } else {
+        b
+    };
     serde_json::from_slice(b).map_err(|e| Error::invalid(format!("unmarshal message: {e}")))
 }
 
 /// protojson's encodings of the scalar types serde does not write the way
 /// protojson does. Use with `#[serde(with = "...")]`.
 pub mod pj {
-    use base64::Engine;
     use serde::de::{self, Deserializer, Visitor};
     use serde::Serializer;
     use std::fmt;
 
     /// int64 and uint64 are strings in protojson; numbers are accepted too.
+    #[allow(dead_code)] // both directions, whichever a message needs
     pub mod i64s {
         use super::*;
         pub fn serialize<S: Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
             s.serialize_str(&v.to_string())
         }
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-            d.deserialize_any(IntVisitor).and_then(|v| i64::try_from(v).map_err(de::Error::custom))
+            d.deserialize_any(IntVisitor)
+                .and_then(|v| i64::try_from(v).map_err(de::Error::custom))
         }
     }
 
-    pub mod u64s {
-        use super::*;
-        pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&v.to_string())
-        }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-            d.deserialize_any(IntVisitor).and_then(|v| u64::try_from(v).map_err(de::Error::custom))
-        }
-    }
-
-    /// int32 and uint32 are numbers; protojson accepts strings too.
-    pub mod i32s {
-        use super::*;
-        pub fn serialize<S: Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_i32(*v)
-        }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
-            d.deserialize_any(IntVisitor).and_then(|v| i32::try_from(v).map_err(de::Error::custom))
-        }
-    }
-
+    #[allow(dead_code)] // both directions, whichever a message needs
     pub mod u32s {
         use super::*;
         pub fn serialize<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
             s.serialize_u32(*v)
         }
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-            d.deserialize_any(IntVisitor).and_then(|v| u32::try_from(v).map_err(de::Error::custom))
+            d.deserialize_any(IntVisitor)
+                .and_then(|v| u32::try_from(v).map_err(de::Error::custom))
         }
     }
 
@@ -364,23 +391,6 @@ pub mod pj {
         }
     }
 
-    /// bytes are standard base64 (URL-safe accepted on input).
-    pub mod bytes {
-        use super::*;
-        pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
-        }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-            let s: Option<String> = serde::Deserialize::deserialize(d)?;
-            let s = s.unwrap_or_default();
-            let s = s.trim_end_matches('=');
-            base64::engine::general_purpose::STANDARD_NO_PAD
-                .decode(s)
-                .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s))
-                .map_err(de::Error::custom)
-        }
-    }
-
     /// is_zero helps skip protojson's unpopulated scalars on output.
     pub fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
         *v == T::default()
@@ -399,17 +409,15 @@ mod tests {
         big: i64,
         #[serde(with = "pj::u32s")]
         pid: u32,
-        #[serde(with = "pj::bytes")]
-        data: Vec<u8>,
     }
 
     #[test]
     fn protojson_scalars() {
-        let m: M = decode(br#"{"big":"-12","pid":"7","data":"aGk="}"#).unwrap();
-        assert_eq!(m, M { big: -12, pid: 7, data: b"hi".to_vec() });
-        let m: M = decode(br#"{"big":12,"pid":7,"data":"aGk","unknown":1}"#).unwrap();
-        assert_eq!(m, M { big: 12, pid: 7, data: b"hi".to_vec() });
-        assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"big":"12","pid":7,"data":"aGk="}"#);
+        let m: M = decode(br#"{"big":"-12","pid":"7"}"#).unwrap();
+        assert_eq!(m, M { big: -12, pid: 7 });
+        let m: M = decode(br#"{"big":12,"pid":7,"unknown":1}"#).unwrap();
+        assert_eq!(m, M { big: 12, pid: 7 });
+        assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"big":"12","pid":7}"#);
         let m: M = decode(b"").unwrap();
         assert_eq!(m, M::default());
         assert!(decode::<M>(br#"{"pid":-1}"#).is_err());

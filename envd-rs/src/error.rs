@@ -4,7 +4,9 @@
 use std::fmt;
 use std::io;
 
-/// Code is a Connect error code.
+/// Code is a Connect error code: the protocol's whole table, some of
+/// which envd never sends.
+#[allow(dead_code)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
     Canceled,
@@ -80,11 +82,13 @@ pub struct Error {
     pub errno: Option<i32>,
 }
 
-pub type Result<T> = std::result::Result<T, Error>;
-
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Error {
-        Error { code, message: message.into(), errno: None }
+        Error {
+            code,
+            message: message.into(),
+            errno: None,
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Error {
         Error::new(Code::InvalidArgument, message)
@@ -104,9 +108,15 @@ impl Error {
     pub fn io(context: impl fmt::Display, err: io::Error) -> Error {
         let errno = err.raw_os_error();
         let code = match errno {
-            Some(libc::ENOTDIR | libc::EISDIR | libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP | libc::ENOTEMPTY | libc::EXDEV) => {
-                Code::InvalidArgument
-            }
+            Some(
+                libc::ENOTDIR
+                | libc::EISDIR
+                | libc::EINVAL
+                | libc::ENAMETOOLONG
+                | libc::ELOOP
+                | libc::ENOTEMPTY
+                | libc::EXDEV,
+            ) => Code::InvalidArgument,
             Some(libc::ENOENT) => Code::NotFound,
             Some(libc::EEXIST) => Code::AlreadyExists,
             Some(libc::EACCES | libc::EPERM | libc::EROFS) => Code::PermissionDenied,
@@ -119,7 +129,11 @@ impl Error {
                 _ => Code::Internal,
             },
         };
-        Error { code, message: format!("{context}: {}", strip_os_error(&err)), errno }
+        Error {
+            code,
+            message: format!("{context}: {}", strip_os_error(&err)),
+            errno,
+        }
     }
 
     /// http_status is the status of a plain-HTTP route's error (/files):

@@ -32,7 +32,8 @@ pub fn status(code: u16) -> Response {
 /// bytes answers a status with a body of a content type.
 pub fn bytes(code: u16, content_type: &str, b: impl Into<Bytes>) -> Response {
     let mut r = status(code);
-    r.headers_mut().insert(hyper::header::CONTENT_TYPE, content_type.parse().unwrap());
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, content_type.parse().unwrap());
     *r.body_mut() = full(b);
     r
 }
@@ -102,15 +103,13 @@ pub fn percent_decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h << 4 | l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;

@@ -87,7 +87,11 @@ impl Logger {
         Logger {
             level,
             boot: b.iter().map(|x| format!("{x:02x}")).collect(),
-            ring: Mutex::new(Ring { recs: VecDeque::new(), size: 0, seq: 0 }),
+            ring: Mutex::new(Ring {
+                recs: VecDeque::new(),
+                size: 0,
+                seq: 0,
+            }),
         }
     }
 
@@ -113,13 +117,18 @@ impl Logger {
         if level < Level::Info {
             return;
         }
-        let fields: BTreeMap<String, String> =
-            fields.iter().map(|(k, v)| ((*k).to_string(), cut(v))).collect();
+        let fields: BTreeMap<String, String> = fields.iter().map(|(k, v)| ((*k).to_string(), cut(v))).collect();
         let msg = cut(msg);
         let size = msg.len() + 48 + fields.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>();
         let mut r = self.ring.lock().unwrap();
         r.seq += 1;
-        let rec = Record { seq: r.seq, time: now, level: level.lower(), msg, fields };
+        let rec = Record {
+            seq: r.seq,
+            time: now,
+            level: level.lower(),
+            msg,
+            fields,
+        };
         r.recs.push_back((rec, size));
         r.size += size;
         while r.recs.len() > 1 && (r.recs.len() > RING_RECORDS || r.size > RING_BYTES) {
@@ -170,8 +179,17 @@ pub fn rfc3339(secs: i64, nanos: u32) -> String {
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     let (y, m, d) = civil_from_days(days);
-    let frac = if nanos == 0 { String::new() } else { format!(".{nanos:09}").trim_end_matches('0').to_string() };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    let frac = if nanos == 0 {
+        String::new()
+    } else {
+        format!(".{nanos:09}").trim_end_matches('0').to_string()
+    };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 // Howard Hinnant's days-to-civil algorithm.

@@ -5,13 +5,15 @@
 //! (docs/agent-rust.md). It takes envd's flags; sandboxd runs it with
 //! `--envd bin/envd-rs`.
 
+// First: its log! macro is used by the modules below.
+#[macro_use]
+mod log;
+
 mod connect;
 mod error;
 mod files;
 mod filesystem;
 mod http;
-#[macro_use]
-mod log;
 mod metrics;
 mod pid1;
 mod process;
@@ -90,7 +92,10 @@ fn parse_flags(args: &[String]) -> Result<Flags, String> {
                 let v = match inline {
                     Some(v) => v,
                     None => {
-                        let v = args.get(i).ok_or_else(|| format!("flag needs an argument: -{name}"))?.clone();
+                        let v = args
+                            .get(i)
+                            .ok_or_else(|| format!("flag needs an argument: -{name}"))?
+                            .clone();
                         i += 1;
                         v
                     }
@@ -103,7 +108,11 @@ fn parse_flags(args: &[String]) -> Result<Flags, String> {
                     "disk" => f.disk = v,
                     "log-level" => f.log_level = v,
                     "cgroup" => f.cgroup = v,
-                    "pids-reserve" => f.pids_reserve = v.parse().map_err(|_| format!("invalid value {v:?} for -pids-reserve"))?,
+                    "pids-reserve" => {
+                        f.pids_reserve = v
+                            .parse()
+                            .map_err(|_| format!("invalid value {v:?} for -pids-reserve"))?
+                    }
                     _ => return Err(format!("flag provided but not defined: -{name}")),
                 }
             }
@@ -154,10 +163,20 @@ fn run() -> i32 {
         "off" => None,
         p => Some(p.to_string()),
     };
-    let cfg = Config { default_user: default_user.clone(), workdir: f.workdir.clone(), disk_path: f.disk.clone(), cgroup_root, pids_reserve: f.pids_reserve };
+    let cfg = Config {
+        default_user: default_user.clone(),
+        workdir: f.workdir.clone(),
+        disk_path: f.disk.clone(),
+        cgroup_root,
+        pids_reserve: f.pids_reserve,
+    };
     let st = State::new(logger, cfg);
 
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("envd: runtime: {e}");
@@ -199,7 +218,10 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
     if !f.listen.is_empty() {
         match TcpListener::bind(&f.listen).await {
             Ok(l) => {
-                let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| f.listen.clone());
+                let addr = l
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| f.listen.clone());
                 log!(st.log, Info, "envd serving", "addr" => addr, "version" => VERSION, "default_user" => default_user);
                 let st = st.clone();
                 tokio::spawn(async move {
@@ -248,7 +270,9 @@ where
             let st = st.clone();
             async move { Ok::<_, std::convert::Infallible>(server::handle(st, req).await) }
         });
-        let _ = auto::Builder::new(TokioExecutor::new()).serve_connection_with_upgrades(io, svc).await;
+        let _ = auto::Builder::new(TokioExecutor::new())
+            .serve_connection_with_upgrades(io, svc)
+            .await;
     });
 }
 
@@ -274,7 +298,10 @@ mod tests {
     #[test]
     fn flags() {
         let a = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let f = parse_flags(&a("--init --socket /run/envd.sock --listen= -default-user=root --pids-reserve 8")).unwrap();
+        let f = parse_flags(&a(
+            "--init --socket /run/envd.sock --listen= -default-user=root --pids-reserve 8",
+        ))
+        .unwrap();
         assert!(f.init);
         assert_eq!(f.socket, "/run/envd.sock");
         assert_eq!(f.listen, "");

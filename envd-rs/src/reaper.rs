@@ -48,7 +48,9 @@ impl Reaper {
 
     /// run reaps at every SIGCHLD, for as long as envd runs.
     pub async fn run(&self) {
-        let Ok(mut sig) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else { return };
+        let Ok(mut sig) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else {
+            return;
+        };
         self.reap();
         while sig.recv().await.is_some() {
             self.reap();
@@ -71,7 +73,11 @@ impl ExitInfo {
     pub fn from_wait_status(ws: i32) -> ExitInfo {
         if libc::WIFEXITED(ws) {
             let c = libc::WEXITSTATUS(ws);
-            return ExitInfo { code: c, exited: true, status: format!("exit status {c}") };
+            return ExitInfo {
+                code: c,
+                exited: true,
+                status: format!("exit status {c}"),
+            };
         }
         if libc::WIFSIGNALED(ws) {
             let sig = libc::WTERMSIG(ws);
@@ -79,9 +85,17 @@ impl ExitInfo {
             if libc::WCOREDUMP(ws) {
                 status.push_str(" (core dumped)");
             }
-            return ExitInfo { code: -1, exited: false, status };
+            return ExitInfo {
+                code: -1,
+                exited: false,
+                status,
+            };
         }
-        ExitInfo { code: -1, exited: false, status: format!("wait status {ws}") }
+        ExitInfo {
+            code: -1,
+            exited: false,
+            status: format!("wait status {ws}"),
+        }
     }
 }
 
@@ -123,8 +137,22 @@ mod tests {
 
     #[test]
     fn wait_statuses() {
-        assert_eq!(ExitInfo::from_wait_status(3 << 8), ExitInfo { code: 3, exited: true, status: "exit status 3".into() });
-        assert_eq!(ExitInfo::from_wait_status(libc::SIGKILL), ExitInfo { code: -1, exited: false, status: "signal: killed".into() });
+        assert_eq!(
+            ExitInfo::from_wait_status(3 << 8),
+            ExitInfo {
+                code: 3,
+                exited: true,
+                status: "exit status 3".into()
+            }
+        );
+        assert_eq!(
+            ExitInfo::from_wait_status(libc::SIGKILL),
+            ExitInfo {
+                code: -1,
+                exited: false,
+                status: "signal: killed".into()
+            }
+        );
         assert_eq!(ExitInfo::from_wait_status(libc::SIGTERM).status, "signal: terminated");
     }
 }

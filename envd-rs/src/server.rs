@@ -98,11 +98,20 @@ async fn route(st: &Arc<State>, req: Request) -> Response {
 /// signature itself; /init checks it itself (the first /init sets it).
 fn authorize(st: &State, req: &Request) -> Option<Response> {
     let p = req.uri().path();
-    let exempt = (req.method() == Method::GET && p == "/health") || p == "/files" || (req.method() == Method::POST && p == "/init");
-    let given = req.headers().get(ACCESS_TOKEN_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let exempt = (req.method() == Method::GET && p == "/health")
+        || p == "/files"
+        || (req.method() == Method::POST && p == "/init");
+    let given = req
+        .headers()
+        .get(ACCESS_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if !exempt && st.token_is_set() && !st.token_equal(given) {
         log!(st.log, Warn, "request without a valid access token", "method" => req.method(), "path" => p);
-        return Some(http::error_json(401, "unauthorized access, please provide a valid access token or method signing if supported"));
+        return Some(http::error_json(
+            401,
+            "unauthorized access, please provide a valid access token or method signing if supported",
+        ));
     }
     None
 }
@@ -110,9 +119,15 @@ fn authorize(st: &State, req: &Request) -> Option<Response> {
 fn preflight(req: &Request) -> Response {
     let mut r = http::status(204);
     let h = r.headers_mut();
-    h.insert("access-control-allow-methods", "HEAD, GET, POST, PUT, PATCH, DELETE".parse().unwrap());
+    h.insert(
+        "access-control-allow-methods",
+        "HEAD, GET, POST, PUT, PATCH, DELETE".parse().unwrap(),
+    );
     let asked = req.headers().get("access-control-request-headers").cloned();
-    h.insert("access-control-allow-headers", asked.unwrap_or_else(|| "*".parse().unwrap()));
+    h.insert(
+        "access-control-allow-headers",
+        asked.unwrap_or_else(|| "*".parse().unwrap()),
+    );
     h.insert("access-control-max-age", "7200".parse().unwrap());
     r
 }
@@ -132,7 +147,9 @@ async fn init(st: &Arc<State>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let body = match connect::read_limited(body, MAX_INIT_BODY).await {
         Ok(b) => b,
-        Err(e) if e.code == crate::error::Code::ResourceExhausted => return http::error_json(413, "init body too large"),
+        Err(e) if e.code == crate::error::Code::ResourceExhausted => {
+            return http::error_json(413, "init body too large")
+        }
         Err(e) => return http::error_json(400, &format!("read body: {}", e.message)),
     };
     let mut r = InitRequest::default();
@@ -177,7 +194,10 @@ fn logs(st: &State, req: &Request) -> Response {
         },
         _ => 0,
     };
-    let mut r = http::json(200, &st.log.after(&http::query_get(q, "boot").unwrap_or_default(), after));
+    let mut r = http::json(
+        200,
+        &st.log.after(&http::query_get(q, "boot").unwrap_or_default(), after),
+    );
     r.headers_mut().insert("cache-control", "no-store".parse().unwrap());
     r
 }

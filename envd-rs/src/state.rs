@@ -10,7 +10,7 @@ use crate::error::{Code, Error};
 use crate::log::Logger;
 use crate::reaper::Reaper;
 use crate::user::{self, User};
-use crate::{filesystem, metrics, process, tunnel};
+use crate::{filesystem, metrics, process};
 
 pub struct Config {
     /// User for requests that name none, until /init sets defaultUser.
@@ -41,13 +41,16 @@ pub struct State {
     token: Mutex<String>,
     pub process: process::Service,
     pub filesystem: filesystem::Service,
-    pub tunnel: tunnel::Service,
     pub metrics: metrics::Sampler,
 }
 
 impl State {
     pub fn new(log: Logger, cfg: Config) -> Arc<State> {
-        let defaults = Defaults { envs: BTreeMap::new(), user: cfg.default_user.clone(), workdir: cfg.workdir.clone() };
+        let defaults = Defaults {
+            envs: BTreeMap::new(),
+            user: cfg.default_user.clone(),
+            workdir: cfg.workdir.clone(),
+        };
         Arc::new(State {
             log,
             cfg,
@@ -56,7 +59,6 @@ impl State {
             token: Mutex::new(String::new()),
             process: process::Service::default(),
             filesystem: filesystem::Service::default(),
-            tunnel: tunnel::Service::default(),
             metrics: metrics::Sampler::default(),
         })
     }
@@ -92,7 +94,11 @@ impl State {
 
     /// rpc_user is the user of an RPC: its Basic auth, else the default.
     pub fn rpc_user(&self, parts: &Parts) -> Result<Arc<User>, Error> {
-        let h = parts.headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let h = parts
+            .headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         let name = user::basic_auth_user(h)?;
         self.user_named(name.as_deref())
     }
@@ -113,14 +119,24 @@ impl State {
     }
 
     /// verify_signature checks a /files URL signature (envdapi.VerifySignature).
-    pub fn verify_signature(&self, signature: &str, path: &str, op: &str, user: &str, expiration: &str) -> Result<(), Error> {
+    pub fn verify_signature(
+        &self,
+        signature: &str,
+        path: &str,
+        op: &str,
+        user: &str,
+        expiration: &str,
+    ) -> Result<(), Error> {
         let token = self.token.lock().unwrap().clone();
         verify_signature(signature, path, op, user, &token, expiration, now_unix())
     }
 }
 
 pub fn now_unix() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -142,7 +158,15 @@ pub fn sign(path: &str, op: &str, user: &str, token: &str, expiration: i64) -> S
     format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(sum))
 }
 
-pub fn verify_signature(signature: &str, path: &str, op: &str, user: &str, token: &str, expiration: &str, now: i64) -> Result<(), Error> {
+pub fn verify_signature(
+    signature: &str,
+    path: &str,
+    op: &str,
+    user: &str,
+    token: &str,
+    expiration: &str,
+    now: i64,
+) -> Result<(), Error> {
     if signature.is_empty() {
         return Err(Error::new(Code::Unauthenticated, "missing signature query parameter"));
     }
@@ -180,7 +204,12 @@ mod tests {
         assert!(verify_signature("", "/home/user/a", "read", "user", "tok", "", 100).is_err());
         let e = sign("/p", "write", "", "tok", 50);
         assert!(verify_signature(&e, "/p", "write", "", "tok", "50", 50).is_ok());
-        assert_eq!(verify_signature(&e, "/p", "write", "", "tok", "50", 51).unwrap_err().message, "signature is already expired");
+        assert_eq!(
+            verify_signature(&e, "/p", "write", "", "tok", "50", 51)
+                .unwrap_err()
+                .message,
+            "signature is already expired"
+        );
         assert!(verify_signature(&e, "/p", "write", "", "tok", "-1", 0).is_err());
     }
 

@@ -18,9 +18,6 @@ use crate::state::State;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Default)]
-pub struct Service {}
-
 #[derive(Debug, PartialEq, Eq)]
 pub struct Target {
     host: &'static str,
@@ -67,7 +64,9 @@ pub fn parse_target(authority: &str) -> Result<Target, TargetError> {
         let (h, p) = rest.split_once("]:").ok_or_else(|| bad("missing port in address"))?;
         (h, p)
     } else {
-        let (h, p) = authority.rsplit_once(':').ok_or_else(|| bad("missing port in address"))?;
+        let (h, p) = authority
+            .rsplit_once(':')
+            .ok_or_else(|| bad("missing port in address"))?;
         if h.contains(':') {
             return Err(bad("too many colons in address"));
         }
@@ -75,14 +74,24 @@ pub fn parse_target(authority: &str) -> Result<Target, TargetError> {
     };
     let port = parse_port(port).ok_or_else(|| bad("port must be a decimal number from 1 to 65535"))?;
     if host.eq_ignore_ascii_case("localhost") {
-        return Ok(Target { host: "localhost", port });
+        return Ok(Target {
+            host: "localhost",
+            port,
+        });
     }
     match host.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) if a == Ipv4Addr::LOCALHOST => Ok(Target { host: "127.0.0.1", port }),
+        Ok(IpAddr::V4(a)) if a == Ipv4Addr::LOCALHOST => Ok(Target {
+            host: "127.0.0.1",
+            port,
+        }),
         Ok(IpAddr::V6(a)) if a == Ipv6Addr::LOCALHOST => Ok(Target { host: "::1", port }),
         Ok(_) => Err(TargetError::NotLoopback(format!("{NOT_LOOPBACK}: {authority:?}"))),
         // A zoned address (fe80::1%eth0) is well formed, and not loopback.
-        Err(_) if host.split_once('%').is_some_and(|(a, z)| !z.is_empty() && a.parse::<Ipv6Addr>().is_ok()) => {
+        Err(_)
+            if host
+                .split_once('%')
+                .is_some_and(|(a, z)| !z.is_empty() && a.parse::<Ipv6Addr>().is_ok()) =>
+        {
             Err(TargetError::NotLoopback(format!("{NOT_LOOPBACK}: {authority:?}")))
         }
         Err(_) if host.is_empty() || host.contains(['%', '[', ']', '/', ' ', '\t']) => Err(bad("bad host")),
@@ -98,7 +107,11 @@ fn parse_port(s: &str) -> Option<u16> {
 }
 
 pub async fn handle(st: Arc<State>, req: Request) -> Response {
-    let authority = req.uri().authority().map(|a| a.as_str().to_string()).unwrap_or_default();
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or_default();
     let target = match parse_target(&authority) {
         Ok(t) => t,
         Err(e) => {
@@ -172,10 +185,25 @@ mod tests {
         for (a, h, p) in ok {
             assert_eq!(parse_target(a).unwrap(), Target { host: h, port: p }, "{a}");
         }
-        for a in ["10.0.0.1:80", "example.com:80", "[::2]:80", "169.254.1.1:22", "[fe80::1%eth0]:80"] {
+        for a in [
+            "10.0.0.1:80",
+            "example.com:80",
+            "[::2]:80",
+            "169.254.1.1:22",
+            "[fe80::1%eth0]:80",
+        ] {
             assert!(matches!(parse_target(a), Err(TargetError::NotLoopback(_))), "{a}");
         }
-        for a in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:080", "127.0.0.1:65536", "127.0.0.1:x", ":80", "[a%b]:80", "::1:80"] {
+        for a in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:080",
+            "127.0.0.1:65536",
+            "127.0.0.1:x",
+            ":80",
+            "[a%b]:80",
+            "::1:80",
+        ] {
             assert!(matches!(parse_target(a), Err(TargetError::Bad(_))), "{a}");
         }
         assert_eq!(Target { host: "::1", port: 8 }.to_string(), "[::1]:8");

@@ -42,8 +42,12 @@ fn lookup_in(name: &str, passwd: &str, group: &str) -> Result<User, Error> {
     if f.len() < 7 {
         return Err(unknown_user(name));
     }
-    let uid: u32 = f[2].parse().map_err(|_| Error::internal(format!("user {name:?}: uid {:?}", f[2])))?;
-    let gid: u32 = f[3].parse().map_err(|_| Error::internal(format!("user {name:?}: gid {:?}", f[3])))?;
+    let uid: u32 = f[2]
+        .parse()
+        .map_err(|_| Error::internal(format!("user {name:?}: uid {:?}", f[2])))?;
+    let gid: u32 = f[3]
+        .parse()
+        .map_err(|_| Error::internal(format!("user {name:?}: gid {:?}", f[3])))?;
     let mut groups = vec![gid];
     for l in std::fs::read_to_string(group).unwrap_or_default().lines() {
         let g: Vec<&str> = l.split(':').collect();
@@ -58,8 +62,18 @@ fn lookup_in(name: &str, passwd: &str, group: &str) -> Result<User, Error> {
             }
         }
     }
-    let home = if f[5].is_empty() { "/".to_string() } else { f[5].to_string() };
-    Ok(User { name: name.to_string(), uid, gid, groups, home })
+    let home = if f[5].is_empty() {
+        "/".to_string()
+    } else {
+        f[5].to_string()
+    };
+    Ok(User {
+        name: name.to_string(),
+        uid,
+        gid,
+        groups,
+        home,
+    })
 }
 
 /// basic_auth_user is the user name of an `Authorization: Basic` header:
@@ -68,7 +82,9 @@ pub fn basic_auth_user(header: &str) -> Result<Option<String>, Error> {
     if header.is_empty() {
         return Ok(None);
     }
-    let Some((scheme, payload)) = header.split_once(' ') else { return Ok(None) };
+    let Some((scheme, payload)) = header.split_once(' ') else {
+        return Ok(None);
+    };
     if !scheme.eq_ignore_ascii_case("basic") {
         return Ok(None);
     }
@@ -88,11 +104,17 @@ pub fn resolve_path(path: &str, u: &User, default_dir: &str) -> Result<PathBuf, 
     }
     let mut p = path.to_string();
     if p.is_empty() {
-        p = if default_dir.is_empty() { u.home.clone() } else { default_dir.to_string() };
+        p = if default_dir.is_empty() {
+            u.home.clone()
+        } else {
+            default_dir.to_string()
+        };
     }
     if let Some(rest) = p.strip_prefix('~') {
         if !rest.is_empty() && !rest.starts_with('/') {
-            return Err(Error::invalid(format!("invalid path: {path:?}: cannot expand another user's home")));
+            return Err(Error::invalid(format!(
+                "invalid path: {path:?}: cannot expand another user's home"
+            )));
         }
         p = format!("{}/{}", u.home, rest);
     }
@@ -127,7 +149,10 @@ pub fn ensure_dir(dir: &Path, u: &User) -> Result<(), Error> {
         match std::fs::metadata(&d) {
             Ok(m) => {
                 if !m.is_dir() {
-                    return Err(Error::invalid(format!("invalid path: {} is not a directory", d.display())));
+                    return Err(Error::invalid(format!(
+                        "invalid path: {} is not a directory",
+                        d.display()
+                    )));
                 }
                 break;
             }
@@ -146,7 +171,8 @@ pub fn ensure_dir(dir: &Path, u: &User) -> Result<(), Error> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(Error::io(format!("mkdir {}", m.display()), e)),
         }
-        std::os::unix::fs::lchown(m, Some(u.uid), Some(u.gid)).map_err(|e| Error::io(format!("lchown {}", m.display()), e))?;
+        std::os::unix::fs::lchown(m, Some(u.uid), Some(u.gid))
+            .map_err(|e| Error::io(format!("lchown {}", m.display()), e))?;
     }
     Ok(())
 }
@@ -171,7 +197,8 @@ where
     if let Err(e) = spawned {
         return Err(Error::io("start a thread", e));
     }
-    rx.await.unwrap_or_else(|_| Err(Error::internal("file work ended without an answer")))
+    rx.await
+        .unwrap_or_else(|_| Err(Error::internal("file work ended without an answer")))
 }
 
 /// blocking runs f on a thread of its own, as root (work that must not
@@ -188,7 +215,8 @@ where
             let _ = tx.send(f());
         })
         .map_err(|e| Error::io("start a thread", e))?;
-    rx.await.unwrap_or_else(|_| Err(Error::internal("work ended without an answer")))
+    rx.await
+        .unwrap_or_else(|_| Err(Error::internal("work ended without an answer")))
 }
 
 fn become_user(u: &User) -> Result<(), Error> {
@@ -202,17 +230,26 @@ fn become_user(u: &User) -> Result<(), Error> {
     // SAFETY: gids outlives the call; the length matches.
     let r = unsafe { libc::syscall(libc::SYS_setgroups, gids.len(), gids.as_ptr()) };
     if r != 0 {
-        return Err(Error::io(format!("run as {}: setgroups", u.name), io::Error::last_os_error()));
+        return Err(Error::io(
+            format!("run as {}: setgroups", u.name),
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: setfsgid and setfsuid take plain ids; -1 asks the current one.
     unsafe {
         libc::syscall(libc::SYS_setfsgid, u.gid);
         if libc::syscall(libc::SYS_setfsgid, -1i32 as u32) as u32 != u.gid {
-            return Err(Error::internal(format!("run as {}: setfsgid({}) did not take", u.name, u.gid)));
+            return Err(Error::internal(format!(
+                "run as {}: setfsgid({}) did not take",
+                u.name, u.gid
+            )));
         }
         libc::syscall(libc::SYS_setfsuid, u.uid);
         if libc::syscall(libc::SYS_setfsuid, -1i32 as u32) as u32 != u.uid {
-            return Err(Error::internal(format!("run as {}: setfsuid({}) did not take", u.name, u.uid)));
+            return Err(Error::internal(format!(
+                "run as {}: setfsuid({}) did not take",
+                u.name, u.uid
+            )));
         }
     }
     Ok(())
@@ -223,7 +260,13 @@ mod tests {
     use super::*;
 
     fn u() -> User {
-        User { name: "user".into(), uid: 1000, gid: 1000, groups: vec![1000], home: "/home/user".into() }
+        User {
+            name: "user".into(),
+            uid: 1000,
+            gid: 1000,
+            groups: vec![1000],
+            home: "/home/user".into(),
+        }
     }
 
     #[test]
@@ -258,12 +301,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("envd-rs-user-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (p, g) = (dir.join("passwd"), dir.join("group"));
-        std::fs::write(&p, "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nnohome:x:7:7::::\n").unwrap();
+        std::fs::write(
+            &p,
+            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nnohome:x:7:7::::\n",
+        )
+        .unwrap();
         std::fs::write(&g, "user:x:1000:\nsudo:x:27:user,other\ndocker:x:999:other\n").unwrap();
         let got = lookup_in("user", p.to_str().unwrap(), g.to_str().unwrap()).unwrap();
         assert_eq!(got.groups, vec![1000, 27]);
         assert_eq!(got.home, "/home/user");
-        assert_eq!(lookup_in("nohome", p.to_str().unwrap(), g.to_str().unwrap()).unwrap().home, "/");
+        assert_eq!(
+            lookup_in("nohome", p.to_str().unwrap(), g.to_str().unwrap())
+                .unwrap()
+                .home,
+            "/"
+        );
         let e = lookup_in("nobody", p.to_str().unwrap(), g.to_str().unwrap()).unwrap_err();
         assert_eq!(e.code, Code::Unauthenticated);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -6,17 +6,6 @@
 //! multipart/form-data or application/octet-stream in, a JSON array of
 //! written entries back, and errors as {"code": status, "message": ...}.
 
-// `mod files` comes before `#[macro_use] mod log` in main.rs, so the crate's
-// log! is not in scope here: the same macro, for this module's files.
-macro_rules! log {
-    ($l:expr, $lvl:ident, $msg:expr $(, $k:expr => $v:expr)* $(,)?) => {{
-        let lg: &$crate::log::Logger = &$l;
-        if lg.enabled($crate::log::Level::$lvl) {
-            lg.log($crate::log::Level::$lvl, $msg, &[$(($k, ($v).to_string())),*]);
-        }
-    }};
-}
-
 mod download;
 mod encoding;
 mod metadata;
