@@ -78,7 +78,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 here=$root/compat-tests
 port=49983
-envd_bin=${COMPAT_ENVD:-$root/bin/envd}
+envd_bin=$(realpath -m "${COMPAT_ENVD:-$root/bin/envd}") # absolute: the suites run in their own directories
 sandboxd_bin=${COMPAT_SANDBOXD:-$root/bin/sandboxd}
 suites=${COMPAT_SUITES:-js py}
 targets=${COMPAT_TARGET:-debug sandboxd}

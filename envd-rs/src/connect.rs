@@ -79,12 +79,14 @@ pub fn unsupported_media(parts: &Parts) -> Response {
 /// read_unary reads a unary call's JSON message. An error is already the
 /// response to send.
 pub async fn read_unary<T: DeserializeOwned>(req: http::Request) -> Result<(Parts, T), Response> {
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     let ct = base_type(content_type(&parts));
     if ct != "application/json" {
+        http::discard_unread(&parts, &mut body).await;
         return Err(unsupported_media(&parts));
     }
     if !matches!(header(&parts, "content-encoding"), "" | "identity") {
+        http::discard_unread(&parts, &mut body).await;
         return Err(unary_error(&Error::new(
             Code::Unimplemented,
             "request compression is not supported",
@@ -134,8 +136,9 @@ pub fn unary<T: Serialize>(r: Result<T, Error>) -> Response {
 
 /// read_stream_request reads the one message of a server-streaming call.
 pub async fn read_stream_request<T: DeserializeOwned>(req: http::Request) -> Result<(Parts, T), Response> {
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     if base_type(content_type(&parts)) != "application/connect+json" {
+        http::discard_unread(&parts, &mut body).await;
         return Err(unsupported_media(&parts));
     }
     let mut r = EnvelopeReader::new(body);

@@ -76,6 +76,34 @@ impl HttpBody for ChannelBody {
     }
 }
 
+/// MAX_DISCARD is what of an unread request body is read and dropped
+/// before answering, so that the connection stays usable (a proxy's pool
+/// reuses it) and a client still sending gets the answer rather than a
+/// reset. Go's server discards 256 KiB the same way; hyper would close.
+const MAX_DISCARD: usize = 256 << 10;
+
+/// discard_unread reads and drops up to MAX_DISCARD bytes of what is left
+/// of a request's body (none when the client waits for a 100 Continue).
+pub async fn discard_unread(parts: &hyper::http::request::Parts, body: &mut hyper::body::Incoming) {
+    if parts.headers.contains_key(hyper::header::EXPECT) || body.is_end_stream() {
+        return;
+    }
+    let mut n = 0;
+    while n <= MAX_DISCARD {
+        match body.frame().await {
+            Some(Ok(f)) => n += f.data_ref().map_or(0, |d| d.len()),
+            _ => return,
+        }
+    }
+}
+
+/// unread answers resp to a request whose body the handler did not read.
+pub async fn unread(req: Request, resp: Response) -> Response {
+    let (parts, mut body) = req.into_parts();
+    discard_unread(&parts, &mut body).await;
+    resp
+}
+
 /// query_pairs splits a URL's query into decoded pairs.
 pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     query

@@ -19,18 +19,15 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 pub async fn handle(st: Arc<State>, req: Request) -> Response {
     let origin = req.headers().contains_key(hyper::header::ORIGIN);
     let mut resp = if req.method() == Method::OPTIONS && req.headers().contains_key("access-control-request-method") {
-        preflight(&req)
+        let r = preflight(&req);
+        http::unread(req, r).await
+    } else if let Some(denied) = authorize(&st, &req) {
+        http::unread(req, denied).await
     } else if req.method() == Method::CONNECT {
         // A CONNECT has an authority, not a path: the tunnel takes it.
-        match authorize(&st, &req) {
-            Some(denied) => denied,
-            None => tunnel::handle(st.clone(), req).await,
-        }
+        tunnel::handle(st.clone(), req).await
     } else {
-        match authorize(&st, &req) {
-            Some(denied) => denied,
-            None => route(&st, req).await,
-        }
+        route(&st, req).await
     };
     if origin {
         let h = resp.headers_mut();
@@ -67,13 +64,13 @@ async fn route(st: &Arc<State>, req: Request) -> Response {
     let m = req.method().clone();
     if let Some(rpc) = path.strip_prefix("/process.Process/") {
         if m != Method::POST {
-            return http::status(405);
+            return http::unread(req, http::status(405)).await;
         }
         return process::handle(st.clone(), rpc.to_string(), req).await;
     }
     if let Some(rpc) = path.strip_prefix("/filesystem.Filesystem/") {
         if m != Method::POST {
-            return http::status(405);
+            return http::unread(req, http::status(405)).await;
         }
         return filesystem::handle(st.clone(), rpc.to_string(), req).await;
     }
@@ -88,8 +85,14 @@ async fn route(st: &Arc<State>, req: Request) -> Response {
         ("/envs", &Method::GET) => http::json(200, &st.defaults().envs),
         ("/metrics", &Method::GET) => metrics::handle(st.clone(), req).await,
         ("/logs", &Method::GET) => logs(st, &req),
-        ("/health" | "/init" | "/envs" | "/metrics" | "/logs", _) => http::status(405),
-        _ => http::bytes(404, "text/plain; charset=utf-8", "404 page not found\n"),
+        ("/health" | "/init" | "/envs" | "/metrics" | "/logs", _) => http::unread(req, http::status(405)).await,
+        _ => {
+            http::unread(
+                req,
+                http::bytes(404, "text/plain; charset=utf-8", "404 page not found\n"),
+            )
+            .await
+        }
     }
 }
 

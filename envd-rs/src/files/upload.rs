@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::http::request::Parts;
 use hyper::HeaderMap;
@@ -42,30 +41,11 @@ struct Entry {
     metadata: Option<Metadata>,
 }
 
-/// What of an unread request body is read and dropped before answering,
-/// so that the connection stays usable and the client, still sending, gets
-/// the answer rather than a reset (Go's server discards 256 KiB the same way).
-const MAX_DISCARD: usize = 256 << 10;
-
 pub async fn upload(st: Arc<State>, req: Request) -> Response {
     let (parts, mut body) = req.into_parts();
     let resp = upload_body(st, &parts, &mut body).await;
-    let expects_continue = parts.headers.get(hyper::header::EXPECT).is_some();
-    if !expects_continue && !body.is_end_stream() {
-        discard(&mut body, MAX_DISCARD).await;
-    }
+    http::discard_unread(&parts, &mut body).await;
     resp
-}
-
-/// discard reads and drops up to limit bytes of what is left of a body.
-async fn discard(body: &mut Incoming, limit: usize) {
-    let mut n = 0;
-    while n <= limit {
-        match body.frame().await {
-            Some(Ok(f)) => n += f.data_ref().map_or(0, |d| d.len()),
-            _ => return,
-        }
-    }
 }
 
 async fn upload_body(st: Arc<State>, parts: &Parts, body: &mut Incoming) -> Response {
