@@ -14,13 +14,18 @@
 #
 #   ./bench/agent-floor.sh [ROUNDS]    # default 3
 #
-# The copies stay in bench/out/agent-floor-{c,rust,hyper}, for the bench's other
-# scenarios: `./bench/run.sh -scenario spare,fairness -sdk '' -bin
-# bench/out/agent-floor-c` (rows that run a command fail there: the agents
-# serve none).
+# It also runs envd-rs (bin/envd-rs, the full agent in Rust, when make built
+# it) in envd's place. AGENTS="envd-rs" (any of c, rust, hyper, envd-rs)
+# runs only those beside envd.
+#
+# The copies stay in bench/out/agent-floor-{c,rust,hyper,envd-rs}, for the
+# bench's other scenarios: `./bench/run.sh -scenario spare,fairness -sdk ''
+# -bin bench/out/agent-floor-c` (rows that run a command fail there: the
+# least agents serve none; envd-rs serves everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
+agents=" ${AGENTS:-c rust hyper envd-rs} "
 command -v cc >/dev/null || { echo "agent-floor: needs a C compiler (apt-get install gcc libc6-dev)" >&2; exit 1; }
 if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
@@ -31,21 +36,28 @@ copy() {
   cp -a bin/. "bench/out/agent-floor-$1/"
 }
 variants=(bin)
-copy c
-cc -O2 -Wall -static -o bench/out/agent-floor-c/envd bench/agentfloor/agent.c
-variants+=(bench/out/agent-floor-c)
-if command -v rustc >/dev/null; then
+if [[ $agents == *" c "* ]]; then
+  copy c
+  cc -O2 -Wall -static -o bench/out/agent-floor-c/envd bench/agentfloor/agent.c
+  variants+=(bench/out/agent-floor-c)
+fi
+if [[ $agents == *" rust "* ]] && command -v rustc >/dev/null; then
   copy rust
   rustc --edition 2021 -O -C target-feature=+crt-static -C strip=symbols -o bench/out/agent-floor-rust/envd bench/agentfloor/agent.rs
   variants+=(bench/out/agent-floor-rust)
 fi
-if command -v cargo >/dev/null; then
+if [[ $agents == *" hyper "* ]] && command -v cargo >/dev/null; then
   copy hyper
   target=$(rustc -vV | sed -n 's/^host: //p')
   RUSTFLAGS="-C target-feature=+crt-static" cargo build -q --release --locked --target "$target" \
     --manifest-path bench/agentfloor/hyper/Cargo.toml --target-dir bench/out/agent-floor-target
   cp "bench/out/agent-floor-target/$target/release/agentfloor-hyper" bench/out/agent-floor-hyper/envd
   variants+=(bench/out/agent-floor-hyper)
+fi
+if [[ $agents == *" envd-rs "* && -x bin/envd-rs ]]; then
+  copy envd-rs
+  cp bin/envd-rs bench/out/agent-floor-envd-rs/envd
+  variants+=(bench/out/agent-floor-envd-rs)
 fi
 echo "| run | agent | sandboxd | agent (envd) | sandboxd-spawn | kernel threads | all four, ms a create | burst of 100, p99 ms |"
 echo "|---|---|--:|--:|--:|--:|--:|--:|"
