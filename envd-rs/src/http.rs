@@ -104,15 +104,16 @@ pub async fn unread(req: Request, resp: Response) -> Response {
     resp
 }
 
-/// query_pairs splits a URL's query into decoded pairs.
+/// query_pairs splits a URL's query into decoded pairs, leaving out a pair
+/// with a broken escape (as Go's URL.Query does).
 pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     query
         .unwrap_or("")
         .split('&')
         .filter(|p| !p.is_empty())
-        .map(|p| {
+        .filter_map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
+            Some((query_unescape(k).ok()?, query_unescape(v).ok()?))
         })
         .collect()
 }
@@ -122,36 +123,32 @@ pub fn query_get(query: Option<&str>, key: &str) -> Option<String> {
     query_pairs(query).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
 }
 
-/// percent_decode decodes %XX escapes and '+' as a space (form encoding,
-/// as Go's url.ParseQuery does).
-pub fn percent_decode(s: &str) -> String {
+/// query_unescape is Go's url.QueryUnescape: %XX escapes and '+' as a space; a
+/// broken escape is an error.
+pub fn query_unescape(s: &str) -> Result<String, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
+            b'%' => {
+                let h = b.get(i + 1).and_then(|c| (*c as char).to_digit(16));
+                let l = b.get(i + 2).and_then(|c| (*c as char).to_digit(16));
+                match (h, l) {
+                    (Some(h), Some(l)) => out.push((h << 4 | l) as u8),
+                    _ => {
+                        let end = (i + 3).min(b.len());
+                        return Err(format!("invalid URL escape {:?}", String::from_utf8_lossy(&b[i..end])));
+                    }
                 }
-                _ => out.push(b'%'),
-            },
+                i += 2;
+            }
             c => out.push(c),
         }
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]
@@ -163,10 +160,11 @@ mod tests {
         let q = Some("path=%2Fhome%2Fuser%2Fa+b.txt&username=user&x=%zz&empty=");
         assert_eq!(query_get(q, "path").as_deref(), Some("/home/user/a b.txt"));
         assert_eq!(query_get(q, "username").as_deref(), Some("user"));
-        assert_eq!(query_get(q, "x").as_deref(), Some("%zz"));
+        assert_eq!(query_get(q, "x"), None);
         assert_eq!(query_get(q, "empty").as_deref(), Some(""));
         assert_eq!(query_get(q, "missing"), None);
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%4"), "%4");
+        assert!(query_unescape("100%").is_err());
+        assert!(query_unescape("%4").is_err());
+        assert_eq!(query_unescape("a%2Fb+c").unwrap(), "a/b c");
     }
 }

@@ -192,8 +192,9 @@ pub fn rfc3339(secs: i64, nanos: u32) -> String {
     )
 }
 
-// Howard Hinnant's days-to-civil algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+/// civil_from_days is (year, month, day) of a day since the epoch: Howard
+/// Hinnant's days-to-civil algorithm.
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719468;
     let era = z.div_euclid(146097);
     let doe = z.rem_euclid(146097);

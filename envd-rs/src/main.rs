@@ -22,6 +22,7 @@ mod server;
 mod state;
 mod tunnel;
 mod user;
+mod xattr;
 
 use std::sync::Arc;
 

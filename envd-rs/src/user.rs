@@ -255,18 +255,24 @@ fn become_user(u: &User) -> Result<(), Error> {
     Ok(())
 }
 
+/// test_user is the sandboxes' default user, for unit tests.
+#[cfg(test)]
+pub fn test_user() -> User {
+    User {
+        name: "user".into(),
+        uid: 1000,
+        gid: 1000,
+        groups: vec![1000],
+        home: "/home/user".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn u() -> User {
-        User {
-            name: "user".into(),
-            uid: 1000,
-            gid: 1000,
-            groups: vec![1000],
-            home: "/home/user".into(),
-        }
+        test_user()
     }
 
     #[test]

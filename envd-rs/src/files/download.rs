@@ -19,6 +19,7 @@ use super::encoding::{self, Coding};
 use super::{authorize, fail, mime, named_user, unauthorized, Query};
 use crate::error::Error;
 use crate::http::{self, Request, Response};
+use crate::log::civil_from_days;
 use crate::state::State;
 use crate::user;
 
@@ -124,13 +125,7 @@ pub async fn download(st: Arc<State>, req: Request) -> Response {
         return serve_content(&m, h, hdr, o);
     }
 
-    let ct = o
-        .content_type
-        .clone()
-        .unwrap_or_else(|| "application/octet-stream".into());
-    if let Ok(v) = HeaderValue::from_str(&ct) {
-        hdr.insert(header::CONTENT_TYPE, v);
-    }
+    set_content_type(&mut hdr, &o);
     if o.mtime != 0 {
         hdr.insert(
             header::LAST_MODIFIED,
@@ -368,13 +363,7 @@ fn serve_content(m: &Method, h: &HeaderMap, mut hdr: HeaderMap, o: Opened) -> Re
         range.clear();
     }
 
-    let ct = o
-        .content_type
-        .clone()
-        .unwrap_or_else(|| "application/octet-stream".into());
-    if let Ok(v) = HeaderValue::from_str(&ct) {
-        hdr.insert(header::CONTENT_TYPE, v);
-    }
+    let ct = set_content_type(&mut hdr, &o);
     hdr.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let size = o.size;
     let (mut start, mut len, mut status) = (0u64, size, 200u16);
@@ -538,23 +527,23 @@ fn parse_range(s: &str, size: u64) -> Result<Vec<(u64, u64)>, String> {
     Ok(out)
 }
 
+/// set_content_type gives the answer the file's content type, sniffed or
+/// by its extension, else application/octet-stream, and returns it.
+fn set_content_type(hdr: &mut HeaderMap, o: &Opened) -> String {
+    let ct = o
+        .content_type
+        .clone()
+        .unwrap_or_else(|| "application/octet-stream".into());
+    if let Ok(v) = HeaderValue::from_str(&ct) {
+        hdr.insert(header::CONTENT_TYPE, v);
+    }
+    ct
+}
+
 const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
 const MONTHS: [&str; 12] = [
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
 ];
-
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
 
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };

@@ -4,14 +4,13 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::error::Error;
 
-pub const PREFIX: &str = "user.e2b.";
+pub use crate::xattr::PREFIX;
 const MAX_KEY_LEN: usize = 246;
-const MAX_TOTAL_LEN: usize = 4096;
+use crate::xattr::{self, cpath, MAX_TOTAL as MAX_TOTAL_LEN};
 
 pub type Metadata = BTreeMap<String, String>;
 
@@ -41,63 +40,18 @@ fn printable(s: &str) -> bool {
     s.bytes().all(|c| (0x20..=0x7e).contains(&c))
 }
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn is_notsup(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ENOTSUP)
-}
-
 /// read is the metadata of path (not following a final symlink); a
 /// filesystem without xattrs reads as none.
 pub fn read(path: &Path) -> io::Result<Metadata> {
-    let c = cpath(path)?;
-    let mut out = Metadata::new();
-    // SAFETY: c is NUL-terminated; a null buffer of size 0 asks the size.
-    let size = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-    if size < 0 {
-        let e = io::Error::last_os_error();
-        return if is_notsup(&e) { Ok(out) } else { Err(e) };
-    }
-    if size == 0 {
-        return Ok(out);
-    }
-    let mut buf = vec![0u8; size as usize];
-    // SAFETY: buf has buf.len() writable bytes.
-    let size = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if size < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    for name in buf[..size as usize].split(|&b| b == 0) {
-        let Some(key) = name.strip_prefix(PREFIX.as_bytes()) else {
-            continue;
-        };
-        if key.is_empty() {
-            continue;
-        }
-        let Ok(cname) = CString::new(name) else {
-            continue;
-        };
-        let mut val = vec![0u8; MAX_TOTAL_LEN];
-        // SAFETY: both strings are NUL-terminated; val has val.len() bytes.
-        let n = unsafe {
-            libc::lgetxattr(
-                c.as_ptr(),
-                cname.as_ptr(),
-                val.as_mut_ptr() as *mut libc::c_void,
-                val.len(),
+    Ok(xattr::read_user(path)?
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                String::from_utf8_lossy(&k).into_owned(),
+                String::from_utf8_lossy(&v).into_owned(),
             )
-        };
-        if n < 0 {
-            continue; // removed between list and get
-        }
-        out.insert(
-            String::from_utf8_lossy(key).into_owned(),
-            String::from_utf8_lossy(&val[..n as usize]).into_owned(),
-        );
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 /// replace makes m the whole metadata of path. ENOTSUP comes back as is.

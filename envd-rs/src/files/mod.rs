@@ -56,8 +56,8 @@ impl Query {
                 return Err(bad("invalid semicolon separator in query".into()));
             }
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            let k = unescape(k).map_err(bad)?;
-            let v = unescape(v).map_err(bad)?;
+            let k = http::query_unescape(k).map_err(bad)?;
+            let v = http::query_unescape(v).map_err(bad)?;
             out.push((k, v));
         }
         Ok(Query(out))
@@ -71,34 +71,6 @@ impl Query {
             .map(|(_, v)| v.as_str())
             .unwrap_or("")
     }
-}
-
-/// unescape is Go's url.QueryUnescape: %XX escapes and '+' as a space; a
-/// broken escape is an error.
-fn unescape(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = b.get(i + 1).and_then(|c| (*c as char).to_digit(16));
-                let l = b.get(i + 2).and_then(|c| (*c as char).to_digit(16));
-                match (h, l) {
-                    (Some(h), Some(l)) => out.push((h << 4 | l) as u8),
-                    _ => {
-                        let end = (i + 3).min(b.len());
-                        return Err(format!("invalid URL escape {:?}", String::from_utf8_lossy(&b[i..end])));
-                    }
-                }
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// authorize enforces the access token for /files, which the server leaves

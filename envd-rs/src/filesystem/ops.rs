@@ -335,7 +335,7 @@ fn copy_file(src: &Path, dst: &Path) -> Result<(), RemoveError> {
 
 /// copy_xattrs is best effort, like cp -a.
 fn copy_xattrs(src: &Path, dst: &Path) {
-    let Ok(names) = entry::llistxattr(src) else {
+    let Ok(names) = crate::xattr::llistxattr(src) else {
         return;
     };
     let (Ok(cs), Ok(cd)) = (c(src), c(dst)) else {

@@ -403,13 +403,7 @@ mod tests {
     use crate::error::Code;
 
     fn u() -> User {
-        User {
-            name: "user".into(),
-            uid: 1000,
-            gid: 1000,
-            groups: vec![1000],
-            home: "/home/user".into(),
-        }
+        user::test_user()
     }
 
     #[test]
