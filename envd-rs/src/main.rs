@@ -24,6 +24,8 @@ mod tunnel;
 mod user;
 mod xattr;
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hyper::service::service_fn;
@@ -201,7 +203,7 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
                 tokio::spawn(async move {
                     loop {
                         if let Ok((s, _)) = l.accept().await {
-                            serve_conn(st.clone(), TokioIo::new(s));
+                            serve_conn(st.clone(), s);
                         }
                     }
                 });
@@ -229,7 +231,7 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
                     loop {
                         if let Ok((s, _)) = l.accept().await {
                             let _ = s.set_nodelay(true);
-                            serve_conn(st.clone(), TokioIo::new(s));
+                            serve_conn(st.clone(), s);
                         }
                     }
                 });
@@ -262,19 +264,76 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
     0
 }
 
-fn serve_conn<S>(st: Arc<State>, io: TokioIo<S>)
+fn serve_conn<S>(st: Arc<State>, stream: S)
 where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + AsRawFd + Unpin + Send + 'static,
 {
+    // A second descriptor of the connection's socket outlives hyper's, for
+    // the lingering close below. Close-on-exec: commands must not inherit it.
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the stream holds open.
+    let dup = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    // SAFETY: a fresh descriptor, ours alone.
+    let dup = (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup) });
     tokio::spawn(async move {
-        let svc = service_fn(move |req| {
-            let st = st.clone();
-            async move { Ok::<_, std::convert::Infallible>(server::handle(st, req).await) }
-        });
+        let upgraded = Arc::new(AtomicBool::new(false));
+        let svc = {
+            let upgraded = upgraded.clone();
+            service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                if req.method() == hyper::Method::CONNECT {
+                    upgraded.store(true, Ordering::Relaxed);
+                }
+                let st = st.clone();
+                async move { Ok::<_, std::convert::Infallible>(server::handle(st, req).await) }
+            })
+        };
         let _ = auto::Builder::new(TokioExecutor::new())
-            .serve_connection_with_upgrades(io, svc)
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .await;
+        // A tunnel owns the socket now; anything else is closed gently.
+        if let (Some(fd), false) = (dup, upgraded.load(Ordering::Relaxed)) {
+            linger(fd).await;
+        }
     });
+}
+
+/// LINGER is how long a closed connection's late bytes are read and
+/// dropped (Go's server waits as long, rstAvoidanceDelay).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// linger closes a connection as Go's server does (closeWriteAndWait):
+/// hyper closes one whose request body is still arriving (an upload
+/// answered early, 507 or 401), and a plain close with unread bytes sends
+/// an RST, which can reach the client (sandboxd's proxy) before the answer
+/// does and fail its write with EPIPE: a 502 instead of the 507. So the
+/// write side is shut (the answer is out), and what still arrives is read
+/// and dropped until the client closes, or for LINGER at most.
+async fn linger(fd: OwnedFd) {
+    // SAFETY: shutdown of a socket we hold.
+    unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) };
+    // SAFETY: the AsyncFd owns fd, so it stays open while registered.
+    let Ok(afd) = (unsafe { tokio::io::unix::AsyncFd::register(fd) }) else {
+        return;
+    };
+    let mut buf = vec![0u8; 16 << 10];
+    let _ = tokio::time::timeout(LINGER, async {
+        loop {
+            let Ok(mut ready) = afd.readable().await else { return };
+            let r = ready.try_io(|f| {
+                // SAFETY: buf is writable for its length.
+                let n = unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                if n < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(n)
+                }
+            });
+            match r {
+                Ok(Ok(0)) | Ok(Err(_)) => return, // the client closed, or an error
+                Ok(Ok(_)) | Err(_) => {}          // more to drop, or not ready after all
+            }
+        }
+    })
+    .await;
 }
 
 /// listen_unix listens on a unix socket that appears at path only once it
