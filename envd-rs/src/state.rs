@@ -132,6 +132,19 @@ impl State {
     }
 }
 
+/// for_test is envd's state as root without a cgroup tree, for unit tests.
+#[cfg(test)]
+pub fn for_test() -> Arc<State> {
+    let cfg = Config {
+        default_user: "root".into(),
+        workdir: String::new(),
+        disk_path: "/".into(),
+        cgroup_root: None,
+        pids_reserve: 64,
+    };
+    State::new(Logger::new(crate::log::Level::Error), cfg)
+}
+
 pub fn now_unix() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

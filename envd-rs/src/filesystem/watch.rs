@@ -558,14 +558,7 @@ mod tests {
     }
 
     fn state() -> Arc<State> {
-        let cfg = crate::state::Config {
-            default_user: "root".into(),
-            workdir: String::new(),
-            disk_path: "/".into(),
-            cgroup_root: None,
-            pids_reserve: 0,
-        };
-        State::new(crate::log::Logger::new(crate::log::Level::Error), cfg)
+        crate::state::for_test()
     }
 
     async fn collect(w: Watch, want: &str) -> (Watch, Vec<(String, EventType)>) {

@@ -996,14 +996,7 @@ mod tests {
     }
 
     fn test_state() -> Arc<State> {
-        let cfg = crate::state::Config {
-            default_user: "root".into(),
-            workdir: String::new(),
-            disk_path: "/".into(),
-            cgroup_root: None,
-            pids_reserve: 64,
-        };
-        State::new(crate::log::Logger::new(crate::log::Level::Error), cfg)
+        crate::state::for_test()
     }
 
     fn parts(timeout_ms: Option<u64>) -> Parts {
