@@ -13,7 +13,7 @@ import (
 func TestAuth(t *testing.T) {
 	const token = "secret-token"
 	e := newEnv(t)
-	e.token.Set(token)
+	e.setToken(t, token)
 	path := e.path("auth.txt")
 	writeFile(t, path, []byte("guarded"))
 	future := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)

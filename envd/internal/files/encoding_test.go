@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/auth"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 )
 
 func TestNegotiateEncoding(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of negotiateEncoding")
 	tests := []struct {
 		accept []string // nil: header absent
 		want   string
@@ -52,6 +54,7 @@ func TestNegotiateEncoding(t *testing.T) {
 }
 
 func FuzzNegotiateEncoding(f *testing.F) {
+	agenttest.InProcessOnly(f, "unit test of negotiateEncoding")
 	for _, s := range []string{"gzip", "gzip;q=0.5, identity;q=0", "*;q=0", ";;,;q=", "identity;q=1e309"} {
 		f.Add(s)
 	}
@@ -75,6 +78,7 @@ func FuzzNegotiateEncoding(f *testing.F) {
 // must never panic, answer only 200 or a JSON 4xx, and never leave a
 // temporary file. The path query pins every file into a scratch directory.
 func FuzzUploadMultipart(f *testing.F) {
+	agenttest.InProcessOnly(f, "feeds the handler directly (httptest.NewRecorder), not over HTTP")
 	const boundary = "fuzzboundary"
 	seeds := []string{
 		"--fuzzboundary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a/b\"\r\n\r\nhello\r\n--fuzzboundary--\r\n",

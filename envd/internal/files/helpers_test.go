@@ -18,14 +18,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/auth"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 )
 
-// testEnv is a /files handler behind a real HTTP server, as envd mounts it.
+// testEnv is a /files handler behind a real HTTP server, as envd mounts it;
+// or, with ENVD_TEST_BINARY set, an agent binary serving /files among its
+// routes (package agenttest).
 type testEnv struct {
-	srv    *httptest.Server
-	token  *auth.Token
+	base   string      // the server's URL
+	token  *auth.Token // in process; nil against a binary
+	agent  *agenttest.Agent
 	dir    string // scratch directory for the test's files
 	user   string // the default user: whoever runs the tests
 	client *http.Client
@@ -37,16 +41,34 @@ func newEnv(t *testing.T) *testEnv {
 	if err != nil {
 		t.Fatalf("user.Current() = %v", err)
 	}
-	e := &testEnv{token: &auth.Token{}, dir: t.TempDir(), user: cur.Username}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	mux := http.NewServeMux()
-	mux.Handle("/files", New(log, execctx.New(cur.Username), e.token))
-	e.srv = httptest.NewServer(mux)
-	t.Cleanup(e.srv.Close)
+	e := &testEnv{dir: t.TempDir(), user: cur.Username}
+	if agenttest.Enabled() {
+		e.agent = agenttest.Start(t, agenttest.Options{DefaultUser: cur.Username})
+		e.base = e.agent.URL
+	} else {
+		e.token = &auth.Token{}
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		mux := http.NewServeMux()
+		mux.Handle("/files", New(log, execctx.New(cur.Username), e.token))
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		e.base = srv.URL
+	}
 	// No transparent gzip: tests must see exactly what the server sends.
 	e.client = &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	t.Cleanup(e.client.CloseIdleConnections)
 	return e
+}
+
+// setToken sets envd's access token: in process on the handler's Token,
+// against a binary through POST /init, as sandboxd does.
+func (e *testEnv) setToken(t *testing.T, token string) {
+	t.Helper()
+	if e.agent != nil {
+		e.agent.Init(t, map[string]any{"accessToken": token})
+		return
+	}
+	e.token.Set(token)
 }
 
 // path returns an absolute path under the scratch directory.
@@ -54,9 +76,9 @@ func (e *testEnv) path(rel string) string { return filepath.Join(e.dir, rel) }
 
 func (e *testEnv) url(q url.Values) string {
 	if len(q) == 0 {
-		return e.srv.URL + "/files"
+		return e.base + "/files"
 	}
-	return e.srv.URL + "/files?" + q.Encode()
+	return e.base + "/files?" + q.Encode()
 }
 
 // result is a response with its whole body.

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/auth"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 	"github.com/sandboxd/sandboxd/envd/internal/metadata"
@@ -391,7 +392,7 @@ func TestUploadErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			u := e.url(tt.query)
 			if tt.name == "malformed query" {
-				u = e.srv.URL + "/files?path=%zz"
+				u = e.base + "/files?path=%zz"
 			}
 			req, err := http.NewRequest(http.MethodPost, u, bytes.NewReader(tt.body))
 			if err != nil {
@@ -639,6 +640,7 @@ func (p *patternReader) Read(b []byte) (int, error) {
 // Uploads stream: the bytes allocated while storing a 64 MB file stay a
 // small fraction of its size, for both body kinds.
 func TestUploadConstantMemory(t *testing.T) {
+	agenttest.InProcessOnly(t, "measures the test process's own allocations (runtime.MemStats) while the handler runs in it")
 	const size = 64 << 20
 	cur, err := user.Current()
 	if err != nil {
