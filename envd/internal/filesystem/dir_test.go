@@ -135,7 +135,7 @@ func TestListDirErrors(t *testing.T) {
 	}
 
 	// An empty path lists the default workdir.
-	e.defaults.SetWorkdir(dir)
+	e.setWorkdir(t, dir)
 	resp, err := e.client.ListDir(ctx, request(&filesystem.ListDirRequest{}, ""))
 	if err != nil {
 		t.Fatal(err)

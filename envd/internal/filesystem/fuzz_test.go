@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sandboxd/sandboxd/envd/api/filesystem"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 )
 
@@ -22,6 +23,7 @@ import (
 // must carry one of the codes clients branch on, and every answer must be
 // marshalable JSON with entries below the listed directory.
 func FuzzListDir(f *testing.F) {
+	agenttest.InProcessOnly(f, "calls ListDir and Stat in process, without HTTP")
 	if os.Geteuid() != 0 {
 		f.Skip("needs root")
 	}

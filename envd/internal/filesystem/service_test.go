@@ -17,14 +17,17 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/api/filesystem"
 	"github.com/sandboxd/sandboxd/envd/api/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 )
 
 // env is one service behind a real HTTP server, reached through the
-// generated client speaking Connect JSON, as E2B's SDKs do.
+// generated client speaking Connect JSON, as E2B's SDKs do; or, with
+// ENVD_TEST_BINARY set, an agent binary serving it (package agenttest).
 type env struct {
-	s        *Service
-	defaults *execctx.Defaults
+	s        *Service          // in process only: use service
+	defaults *execctx.Defaults // in process only: use setWorkdir
+	agent    *agenttest.Agent  // against a binary only
 	client   filesystemconnect.FilesystemClient
 	url      string
 	http     *http.Client
@@ -34,6 +37,17 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("envd's filesystem service runs as root; these tests need root")
+	}
+	if agenttest.Enabled() {
+		a := agenttest.Start(t, agenttest.Options{DefaultUser: "root"})
+		hc := &http.Client{Transport: &http.Transport{}}
+		t.Cleanup(hc.CloseIdleConnections)
+		return &env{
+			agent:  a,
+			client: filesystemconnect.NewFilesystemClient(hc, a.URL, connect.WithProtoJSON()),
+			url:    a.URL,
+			http:   hc,
+		}
 	}
 	defaults := execctx.New("root")
 	s := New(slog.New(slog.NewTextHandler(io.Discard, nil)), defaults)
@@ -49,6 +63,26 @@ func newEnv(t *testing.T) *env {
 		url:      srv.URL,
 		http:     srv.Client(),
 	}
+}
+
+// service is the in-process Service, for what a test does to its Go
+// internals; against a binary, which has none, it skips t (why says what
+// the test needs them for).
+func (e *env) service(t *testing.T, why string) *Service {
+	t.Helper()
+	agenttest.InProcessOnly(t, why)
+	return e.s
+}
+
+// setWorkdir sets the default working directory: in process on the
+// defaults, against a binary through POST /init, as sandboxd does.
+func (e *env) setWorkdir(t *testing.T, dir string) {
+	t.Helper()
+	if e.agent != nil {
+		e.agent.Init(t, map[string]any{"defaultWorkdir": dir})
+		return
+	}
+	e.defaults.SetWorkdir(dir)
 }
 
 // request wraps msg, choosing user the way the SDKs do (no header means the

@@ -15,7 +15,7 @@ func TestStat(t *testing.T) {
 	ctx := testCtx(t)
 	dir := tempDir(t)
 	writeFile(t, filepath.Join(dir, "f.txt"), "test")
-	e.defaults.SetWorkdir(dir)
+	e.setWorkdir(t, dir)
 
 	cases := []struct {
 		name, path, user string

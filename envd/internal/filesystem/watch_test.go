@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/envd/api/filesystem"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/keepalive"
 )
 
@@ -317,7 +318,7 @@ func TestWatchDirErrors(t *testing.T) {
 	if err := os.Mkdir(nfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e.s.fsType = func(path string) (int64, error) {
+	e.service(t, "fakes statfs (fsType) to make a directory look like a network mount").fsType = func(path string) (int64, error) {
 		if path == nfs {
 			return 0x6969, nil
 		}
@@ -353,6 +354,7 @@ func TestWatchDirErrors(t *testing.T) {
 }
 
 func TestNetworkFSMagic(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of networkFS and statfsType")
 	t.Parallel()
 	for magic, want := range map[int64]bool{
 		0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true,
@@ -398,7 +400,7 @@ func TestWatchDirEndsOnClose(t *testing.T) {
 	e := newEnv(t)
 	dir := tempDir(t)
 	w := openWatch(t, e, &filesystem.WatchDirRequest{Path: dir, Recursive: true}, nil)
-	e.s.Close()
+	e.service(t, "calls Service.Close, which a binary has no way to do but exit").Close()
 	for w.st.Receive() {
 	}
 	if err := w.st.Err(); err != nil {
@@ -433,6 +435,7 @@ func TestWatchDirDeadline(t *testing.T) {
 }
 
 func TestEventTypes(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of eventTypes")
 	t.Parallel()
 	cases := []struct {
 		op   fsnotify.Op
@@ -485,6 +488,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // instances and goroutines is meaningful: streams dropped by the client,
 // removed watchers and Close must release everything.
 func TestWatchNoLeaks(t *testing.T) {
+	agenttest.InProcessOnly(t, "counts the test process's own inotify instances and goroutines, and calls Service.Close")
 	baseFDs := inotifyFDs(t)
 	baseGoroutines := runtime.NumGoroutine()
 	// The subtest owns the server, client and service; its cleanups run
@@ -538,6 +542,7 @@ func TestWatchNoLeaks(t *testing.T) {
 // hand-fed event channel: keepalives come after each idle interval, and an
 // event restarts the interval.
 func TestKeepaliveResetByEvents(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of the watch loop on a fake clock (synctest)")
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		events := make(chan fsnotify.Event)

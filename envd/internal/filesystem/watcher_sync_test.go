@@ -92,7 +92,7 @@ func TestSyncWatcher(t *testing.T) {
 	wantCode(t, "RemoveWatcher twice", err, connect.CodeNotFound)
 
 	// Close removes every watcher and refuses new ones.
-	e.s.Close()
+	e.service(t, "the rest calls Service.Close, which a binary has no way to do but exit").Close()
 	_, err = e.client.GetWatcherEvents(ctx, request(&filesystem.GetWatcherEventsRequest{WatcherId: other}, ""))
 	wantCode(t, "GetWatcherEvents after Close", err, connect.CodeNotFound)
 	_, err = e.client.CreateWatcher(ctx, request(&filesystem.CreateWatcherRequest{Path: dir}, ""))
@@ -105,7 +105,7 @@ func TestSyncWatcherErrors(t *testing.T) {
 	ctx := testCtx(t)
 	dir := tempDir(t)
 	writeFile(t, filepath.Join(dir, "file"), "x")
-	e.s.fsType = func(string) (int64, error) { return 0xFF534D42, nil } // everything is CIFS
+	e.service(t, "fakes statfs (fsType) to make every directory look like CIFS").fsType = func(string) (int64, error) { return 0xFF534D42, nil }
 
 	cases := []struct {
 		name string
@@ -137,7 +137,7 @@ func TestSyncWatcherOverflow(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
 	dir := tempDir(t)
-	e.s.maxPending = 2
+	e.service(t, "lowers the watcher buffer limit (maxPending) and waits on the watcher's done channel").maxPending = 2
 	id := createWatcher(t, e, &filesystem.CreateWatcherRequest{Path: dir})
 
 	for _, n := range []string{"a", "b", "c"} {
