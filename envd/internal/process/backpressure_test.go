@@ -74,6 +74,7 @@ func waitDone(t *testing.T, p *process) {
 // once it reads again it gets every byte, in order.
 func TestStartingClientAppliesBackpressure(t *testing.T) {
 	e := newTestEnv(t)
+	svc := e.service(t, "drives Service.start and stream directly and watches the output pump's goroutine")
 	const n = "12000000"
 	want, err := exec.Command("seq", "1", n).Output()
 	if err != nil {
@@ -82,7 +83,7 @@ func TestStartingClientAppliesBackpressure(t *testing.T) {
 	if len(want) < 2*stalledBound {
 		t.Fatalf("output of %d bytes is too small to tell a stalled process from one that ran on", len(want))
 	}
-	p, sub, err := e.svc.start(&rpc.StartRequest{Process: cmd("seq", "1", n), Stdin: ptr(false)}, http.Header{})
+	p, sub, err := svc.start(&rpc.StartRequest{Process: cmd("seq", "1", n), Stdin: ptr(false)}, http.Header{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestStartingClientAppliesBackpressure(t *testing.T) {
 
 	var out bytes.Buffer
 	var kinds []string
-	err = e.svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
+	err = svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
 		if d := ev.GetData(); d != nil {
 			out.Write(d.GetStdout())
 			if d.GetStderr() != nil {
@@ -132,13 +133,14 @@ func TestStartingClientDisconnectReleasesProcess(t *testing.T) {
 	for _, proto := range []string{"h2c", "http1"} {
 		t.Run(proto, func(t *testing.T) {
 			e := newTestEnvOver(t, proto)
+			svc := e.service(t, "watches the output pump's goroutine and looks the process up in the Service")
 			ctx, cancel := contextWithCancel(t)
 			// Far more than the subscriber buffer and the transport's
 			// buffers can take while the client reads nothing.
 			ev := e.start(t, ctx, &rpc.StartRequest{Process: cmd("head", "-c", "268435456", "/dev/zero"), Stdin: ptr(false)}, nil)
 			pid := ev.started()
 			waitPumpBlocked(t)
-			p, err := e.svc.lookup(byPid(pid))
+			p, err := svc.lookup(byPid(pid))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +160,8 @@ func TestStartingClientDisconnectReleasesProcess(t *testing.T) {
 // Close does not wait for a starting client that reads nothing.
 func TestCloseWithStalledStartingClient(t *testing.T) {
 	e := newTestEnv(t)
-	p, sub, err := e.svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, http.Header{})
+	svc := e.service(t, "drives Service.start and stream directly and watches the output pump's goroutine")
+	p, sub, err := svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, http.Header{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +169,7 @@ func TestCloseWithStalledStartingClient(t *testing.T) {
 
 	closed := make(chan struct{})
 	go func() {
-		e.svc.Close()
+		svc.Close()
 		close(closed)
 	}()
 	select {
@@ -178,7 +181,7 @@ func TestCloseWithStalledStartingClient(t *testing.T) {
 		t.Errorf("end = %v; want killed", p.end)
 	}
 	// The reader was a full buffer behind when it was let go.
-	err = e.svc.stream(t.Context(), http.Header{}, p, sub, func(*rpc.ProcessEvent) error { return nil })
+	err = svc.stream(t.Context(), http.Header{}, p, sub, func(*rpc.ProcessEvent) error { return nil })
 	codeIs(t, "stalled reader after Close", err, connect.CodeResourceExhausted)
 	eventually(t, "service goroutines to exit", func() bool { return len(packageGoroutines()) == 0 })
 }
@@ -198,7 +201,8 @@ func TestStalledStartingClientCannotHoldAStoppedProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newTestEnv(t)
-			p, sub, err := e.svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, tc.h)
+			svc := e.service(t, "drives Service.start and stream directly and watches the output pump's goroutine")
+			p, sub, err := svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, tc.h)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -208,7 +212,7 @@ func TestStalledStartingClientCannotHoldAStoppedProcess(t *testing.T) {
 			if p.end.GetStatus() != "signal: killed" {
 				t.Errorf("end = %v; want killed", p.end)
 			}
-			err = e.svc.stream(t.Context(), http.Header{}, p, sub, func(*rpc.ProcessEvent) error { return nil })
+			err = svc.stream(t.Context(), http.Header{}, p, sub, func(*rpc.ProcessEvent) error { return nil })
 			codeIs(t, "stalled reader of a stopped process", err, connect.CodeResourceExhausted)
 		})
 	}
@@ -218,14 +222,15 @@ func TestStalledStartingClientCannotHoldAStoppedProcess(t *testing.T) {
 // killed still gets the end event.
 func TestSlowStartingClientGetsEndAfterKill(t *testing.T) {
 	e := newTestEnv(t)
-	p, sub, err := e.svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, http.Header{})
+	svc := e.service(t, "drives Service.start and stream directly and watches the output pump's goroutine")
+	p, sub, err := svc.start(&rpc.StartRequest{Process: cmd("yes"), Stdin: ptr(false)}, http.Header{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitPumpBlocked(t)
 	e.kill(t, byPid(p.pid))
 	var end *rpc.ProcessEvent_EndEvent
-	err = e.svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
+	err = svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
 		if ev.GetEnd() != nil {
 			end = ev.GetEnd()
 		}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 )
 
 func drain[T any](s *subscription[T]) []T {
@@ -15,6 +17,7 @@ func drain[T any](s *subscription[T]) []T {
 }
 
 func TestFanoutDeliversInOrderToEverySubscriber(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](8)
 	a, _ := f.subscribe()
 	f.publish(1)
@@ -37,6 +40,7 @@ func TestFanoutDeliversInOrderToEverySubscriber(t *testing.T) {
 }
 
 func TestFanoutOverflowDropsOnlyTheSlowSubscriber(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](2)
 	slow, _ := f.subscribe()
 	fast, _ := f.subscribe()
@@ -61,6 +65,7 @@ func TestFanoutOverflowDropsOnlyTheSlowSubscriber(t *testing.T) {
 }
 
 func TestFanoutCancel(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](1)
 	s, _ := f.subscribe()
 	s.cancel()
@@ -84,6 +89,7 @@ func published[T any](f *fanout[T], v T) <-chan struct{} {
 }
 
 func TestFanoutBlockingSubscriberHoldsThePublisher(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](2)
 	slow, _ := f.subscribeBlocking()
 	obs, _ := f.subscribe()
@@ -112,6 +118,7 @@ func TestFanoutBlockingSubscriberHoldsThePublisher(t *testing.T) {
 }
 
 func TestFanoutBlockingSubscriberCancelLetsThePublisherGo(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](1)
 	s, _ := f.subscribeBlocking()
 	f.publish(0)
@@ -127,6 +134,7 @@ func TestFanoutBlockingSubscriberCancelLetsThePublisherGo(t *testing.T) {
 }
 
 func TestFanoutReleaseTurnsBlockingIntoOverflow(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](2)
 	s, _ := f.subscribeBlocking()
 	f.publish(0)
@@ -143,6 +151,7 @@ func TestFanoutReleaseTurnsBlockingIntoOverflow(t *testing.T) {
 }
 
 func TestFanoutFinishDeliversLast(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of fanout")
 	f := newFanout[int](2)
 	s, _ := f.subscribeBlocking()
 	o, _ := f.subscribe()

@@ -17,15 +17,18 @@ import (
 
 	rpc "github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 	"github.com/sandboxd/sandboxd/envd/internal/execctx"
 )
 
 // testEnv is a real Service behind a real HTTP server (h2c and HTTP/1.1),
 // reached through the generated Connect client with the JSON codec, as E2B's
-// SDKs speak it.
+// SDKs speak it; or, with ENVD_TEST_BINARY set, an agent binary serving it
+// (package agenttest).
 type testEnv struct {
-	svc      *Service
-	defaults *execctx.Defaults
+	svc      *Service          // in process only: use service
+	defaults *execctx.Defaults // in process only: use setWorkdir, mergeEnvs
+	agent    *agenttest.Agent  // against a binary only
 	client   processconnect.ProcessClient
 	url      string
 }
@@ -42,20 +45,27 @@ func newTestEnvOver(t *testing.T, proto string) *testEnv {
 	if os.Geteuid() != 0 {
 		t.Skip("process tests switch users and must run as root")
 	}
-	defaults := execctx.New("root")
-	svc := New(slog.New(slog.NewTextHandler(t.Output(), nil)), defaults)
+	e := &testEnv{}
+	if agenttest.Enabled() {
+		e.agent = agenttest.Start(t, agenttest.Options{DefaultUser: "root"})
+		e.url = e.agent.URL
+	} else {
+		e.defaults = execctx.New("root")
+		e.svc = New(slog.New(slog.NewTextHandler(t.Output(), nil)), e.defaults)
 
-	mux := http.NewServeMux()
-	mux.Handle(svc.Handler())
-	srv := httptest.NewUnstartedServer(mux)
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetHTTP1(true)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	// Runs before srv.Close (cleanups are LIFO): killing the processes ends
-	// the streams the server would otherwise wait for.
-	t.Cleanup(svc.Close)
+		mux := http.NewServeMux()
+		mux.Handle(e.svc.Handler())
+		srv := httptest.NewUnstartedServer(mux)
+		srv.Config.Protocols = new(http.Protocols)
+		srv.Config.Protocols.SetHTTP1(true)
+		srv.Config.Protocols.SetUnencryptedHTTP2(true)
+		srv.Start()
+		t.Cleanup(srv.Close)
+		// Runs before srv.Close (cleanups are LIFO): killing the processes ends
+		// the streams the server would otherwise wait for.
+		t.Cleanup(e.svc.Close)
+		e.url = srv.URL
+	}
 
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	if proto == "http1" {
@@ -64,13 +74,63 @@ func newTestEnvOver(t *testing.T, proto string) *testEnv {
 		tr.Protocols.SetUnencryptedHTTP2(true)
 	}
 	t.Cleanup(tr.CloseIdleConnections)
+	e.client = processconnect.NewProcessClient(&http.Client{Transport: tr}, e.url, connect.WithProtoJSON())
+	return e
+}
 
-	return &testEnv{
-		svc:      svc,
-		defaults: defaults,
-		client:   processconnect.NewProcessClient(&http.Client{Transport: tr}, srv.URL, connect.WithProtoJSON()),
-		url:      srv.URL,
+// service is the in-process Service, for what a test does to its Go
+// internals; against a binary, which has none, it skips t (why says what
+// the test needs them for).
+func (e *testEnv) service(t *testing.T, why string) *Service {
+	t.Helper()
+	agenttest.InProcessOnly(t, why)
+	return e.svc
+}
+
+// inProcess says whether the service runs in this process, where a test
+// may also check its internal state; over the wire there is none to check.
+func (e *testEnv) inProcess() bool { return e.svc != nil }
+
+// setWorkdir sets the default working directory ("" for none): in process
+// on the defaults, against a binary through POST /init, as sandboxd does.
+// A fresh agent has none, so "" there is nothing to send.
+func (e *testEnv) setWorkdir(t *testing.T, dir string) {
+	t.Helper()
+	switch {
+	case e.agent == nil:
+		e.defaults.SetWorkdir(dir)
+	case dir != "":
+		e.agent.Init(t, map[string]any{"defaultWorkdir": dir})
 	}
+}
+
+// mergeEnvs adds sandbox-wide environment variables: in process on the
+// defaults, against a binary through POST /init (envVars), as sandboxd does.
+func (e *testEnv) mergeEnvs(t *testing.T, envs map[string]string) {
+	t.Helper()
+	if e.agent != nil {
+		e.agent.Init(t, map[string]any{"envVars": envs})
+		return
+	}
+	e.defaults.MergeEnvs(envs)
+}
+
+// running lists the processes the service holds as running: in process
+// from the Service, against a binary from List, which answers from it.
+func (e *testEnv) running(t *testing.T) []*rpc.ProcessInfo {
+	t.Helper()
+	if e.inProcess() {
+		var out []*rpc.ProcessInfo
+		for _, p := range e.svc.running() {
+			out = append(out, &rpc.ProcessInfo{Pid: p.pid})
+		}
+		return out
+	}
+	res, err := e.client.List(t.Context(), connect.NewRequest(&rpc.ListRequest{}))
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	return res.Msg.GetProcesses()
 }
 
 // header values for a request; "user" becomes the Basic auth header.

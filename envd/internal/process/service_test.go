@@ -23,7 +23,7 @@ func TestCloseKillsEverythingAndLeaksNothing(t *testing.T) {
 	term := e.start(t, t.Context(), &rpc.StartRequest{Process: cmd("sleep", "100"), Pty: ptySize(80, 24)}, nil)
 	term.started()
 
-	e.svc.Close()
+	e.service(t, "calls Service.Close, which a binary has no way to do but exit, and counts the test process's goroutines").Close()
 	for _, ev := range []*events{attached, term} {
 		if end := ev.rest().end; end.GetStatus() != "signal: killed" {
 			t.Errorf("end after Close = %v; want killed", end)
@@ -69,7 +69,8 @@ func TestSlowReaderIsDisconnectedWithoutBlockingTheProcess(t *testing.T) {
 	e := newTestEnv(t)
 	// Far more events than a subscriber may buffer (chunks are at most 32 KiB).
 	const total = 64 << 20
-	p, sub, err := e.svc.start(&rpc.StartRequest{Process: sh("head -c 67108864 /dev/zero"), Stdin: ptr(false)}, http.Header{})
+	svc := e.service(t, "drives Service.start and stream directly, to hold the observer's subscription unread")
+	p, sub, err := svc.start(&rpc.StartRequest{Process: sh("head -c 67108864 /dev/zero"), Stdin: ptr(false)}, http.Header{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestSlowReaderIsDisconnectedWithoutBlockingTheProcess(t *testing.T) {
 	startRes := make(chan error, 1)
 	var got int
 	go func() {
-		startRes <- e.svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
+		startRes <- svc.stream(t.Context(), http.Header{}, p, sub, func(ev *rpc.ProcessEvent) error {
 			got += len(ev.GetData().GetStdout())
 			return nil
 		})
@@ -97,7 +98,7 @@ func TestSlowReaderIsDisconnectedWithoutBlockingTheProcess(t *testing.T) {
 		t.Fatalf("starting client: %v after %d bytes; want all %d", err, got, total)
 	}
 	var kinds []string
-	err = e.svc.stream(t.Context(), http.Header{}, p, obs, func(ev *rpc.ProcessEvent) error {
+	err = svc.stream(t.Context(), http.Header{}, p, obs, func(ev *rpc.ProcessEvent) error {
 		if ev.GetData() == nil {
 			kinds = append(kinds, ev.String())
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	rpc "github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 )
 
 // TestEndKillsSession: a command told to end (killed, timed out) ends with
@@ -54,6 +55,7 @@ func TestEndKillsSession(t *testing.T) {
 				eventually(t, "the leftover's end", func() bool { return !alive(left) })
 				return
 			}
+			agenttest.InProcessOnly(t, "the rest looks into and sweeps the package's leftover sessions")
 			eventually(t, "the leader's session remembered", func() bool { return remembered(int(pid)) })
 			if !alive(left) {
 				t.Fatal("the leftover ended with its leader; want it kept")
