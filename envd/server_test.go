@@ -9,15 +9,65 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/envd/api/process"
+	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 )
 
-func newTestServer(t *testing.T) (*Server, *httptest.Server) {
+// testServer is where a test reaches envd: an in-process Server behind an
+// httptest server, or, with ENVD_TEST_BINARY set, an agent binary (package
+// agenttest) configured the same way.
+type testServer struct {
+	URL   string
+	agent *agenttest.Agent // against a binary only
+}
+
+// newTestServer returns the in-process Server (nil against a binary) and
+// where to reach it.
+func newTestServer(t *testing.T) (*Server, *testServer) {
 	t.Helper()
+	if agenttest.Enabled() {
+		a := agenttest.Start(t, agenttest.Options{DefaultUser: "root", Disk: t.TempDir()})
+		return nil, &testServer{URL: a.URL, agent: a}
+	}
 	s := New(Config{Log: slog.New(slog.DiscardHandler), DefaultUser: "root", DiskPath: t.TempDir()})
 	t.Cleanup(s.Close)
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
-	return s, ts
+	return s, &testServer{URL: ts.URL}
+}
+
+// defaults are the default user and workdir: read from the in-process
+// Server, or, against a binary, seen by a command started with neither
+// (its user and working directory), through the process API.
+func defaults(t *testing.T, s *Server, ts *testServer) (user, workdir string) {
+	t.Helper()
+	if s != nil {
+		return s.defaults.User(), s.defaults.Workdir()
+	}
+	client := processconnect.NewProcessClient(http.DefaultClient, ts.URL, connect.WithProtoJSON())
+	stream, err := client.Start(t.Context(), connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "id -un; pwd"}},
+	}))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer stream.Close()
+	var out strings.Builder
+	for stream.Receive() {
+		out.Write(stream.Msg().GetEvent().GetData().GetStdout())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("Start stream: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("id -un; pwd printed %q", out.String())
+	}
+	return lines[0], lines[1]
 }
 
 func do(t *testing.T, method, url, body string, header map[string]string) (*http.Response, string) {
@@ -124,8 +174,8 @@ func TestInitValidation(t *testing.T) {
 			errorBody(t, resp, body)
 		}
 	}
-	if s.defaults.User() != "root" || s.defaults.Workdir() != "/tmp" {
-		t.Errorf("defaults = %q, %q; want root, /tmp", s.defaults.User(), s.defaults.Workdir())
+	if user, workdir := defaults(t, s, ts); user != "root" || workdir != "/tmp" {
+		t.Errorf("defaults = %q, %q; want root, /tmp", user, workdir)
 	}
 	big := `{"envVars":{"k":"` + strings.Repeat("x", maxInitBody) + `"}}`
 	if resp, _ := do(t, "POST", ts.URL+"/init", big, nil); resp.StatusCode != http.StatusRequestEntityTooLarge {
@@ -181,6 +231,7 @@ func TestUnknownRoute(t *testing.T) {
 // for the first answer, and a Connect request that comes first builds its
 // service's handler itself. Without any request it starts at warmBackstop.
 func TestAfterFirstAnswer(t *testing.T) {
+	agenttest.InProcessOnly(t, "observes the AfterFirstAnswer hook of Config, which a binary does not expose")
 	t.Run("no request", func(t *testing.T) {
 		ran := make(chan struct{})
 		started := time.Now()
