@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 )
 
 const helperEnv = "PID1_TEST_HELPER"
@@ -24,7 +26,8 @@ func TestMain(m *testing.M) {
 	if n, err := strconv.Atoi(os.Getenv(spareEnv)); err == nil {
 		os.Exit(spareHelper(n))
 	}
-	os.Exit(m.Run())
+	// Against an agent binary (ENVD_TEST_BINARY) nothing here runs.
+	agenttest.Main(m, "unit tests of zombie reaping and thread sparing, which run in the test process")
 }
 
 // helper is a process that reaps as envd does as PID 1: a child subreaper
