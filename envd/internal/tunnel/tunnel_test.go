@@ -19,18 +19,27 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/envd/internal/agenttest"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // envd is a tunnel handler served the way envd serves it: CONNECT routed to
-// it, behind an access-token check.
+// it, behind an access-token check; or, with ENVD_TEST_BINARY set, an agent
+// binary (package agenttest), its token set through POST /init.
 type envd struct {
-	tun  *Handler
+	tun  *Handler // in process only: use handler
 	dial func(ctx context.Context) (net.Conn, error)
-	// done receives once per CONNECT request when ServeHTTP has returned.
+	// done receives once per CONNECT request when ServeHTTP has returned;
+	// in process only: use handlerReturned.
 	done chan struct{}
+	// unauthorized is the message of a 401 for a missing or wrong token.
+	unauthorized string
 }
+
+// envdUnauthorized is envd's message for a request without the token.
+const envdUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
 
 type listenKind int
 
@@ -41,7 +50,10 @@ const (
 
 func newEnvd(t *testing.T, kind listenKind, token string) *envd {
 	t.Helper()
-	e := &envd{tun: New(quietLog()), done: make(chan struct{}, 100)}
+	if agenttest.Enabled() {
+		return startEnvd(t, kind, token)
+	}
+	e := &envd{tun: New(quietLog()), done: make(chan struct{}, 100), unauthorized: "unauthorized"}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token != "" && r.Header.Get(envdapi.AccessTokenHeader) != token {
 			http.Error(w, `{"code":401,"message":"unauthorized"}`, http.StatusUnauthorized)
@@ -82,6 +94,49 @@ func newEnvd(t *testing.T, kind listenKind, token string) *envd {
 		return d.DialContext(ctx, addr.Network(), addr.String())
 	}
 	return e
+}
+
+// startEnvd is newEnvd against the agent binary: over TCP, or over its
+// --socket, as sandboxd reaches it.
+func startEnvd(t *testing.T, kind listenKind, token string) *envd {
+	t.Helper()
+	var args []string
+	sock := ""
+	if kind == overUnix {
+		sock = filepath.Join(t.TempDir(), "envd.sock")
+		args = []string{"--socket", sock}
+	}
+	a := agenttest.Start(t, agenttest.Options{DefaultUser: "root", Args: args})
+	if token != "" {
+		a.Init(t, map[string]any{"accessToken": token})
+	}
+	network, addr := "tcp", strings.TrimPrefix(a.URL, "http://")
+	if sock != "" {
+		network, addr = "unix", sock // served before TCP, so there by now
+	}
+	return &envd{
+		dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+		unauthorized: envdUnauthorized,
+	}
+}
+
+// handler is the in-process tunnel Handler; against a binary, which has
+// none to reach, it skips t (why says what for).
+func (e *envd) handler(t *testing.T, why string) *Handler {
+	t.Helper()
+	agenttest.InProcessOnly(t, why)
+	return e.tun
+}
+
+// handlerReturned waits until a CONNECT handler has returned; only the
+// in-process server shows that, so against a binary it skips the rest of t.
+func (e *envd) handlerReturned(t *testing.T) {
+	t.Helper()
+	agenttest.InProcessOnly(t, "the rest waits for the tunnel handler to return, which only the in-process server shows")
+	<-e.done
 }
 
 // serveTCP runs handle for every connection accepted on a fresh 127.0.0.1
@@ -245,7 +300,7 @@ func TestTunnelEndsWithClient(t *testing.T) {
 	if err := <-targetGone; err != nil {
 		t.Errorf("target read ended with %v; want EOF", err)
 	}
-	<-e.done // ServeHTTP returned: no goroutine left behind
+	e.handlerReturned(t) // ServeHTTP returned: no goroutine left behind
 }
 
 // When the target closes, the client sees EOF and the handler returns.
@@ -262,7 +317,7 @@ func TestTunnelEndsWithTarget(t *testing.T) {
 		t.Errorf("read = %q, %v; want %q", got, err, "bye")
 	}
 	conn.Close()
-	<-e.done
+	e.handlerReturned(t)
 }
 
 func TestDialRefused(t *testing.T) {
@@ -293,7 +348,7 @@ func TestDialAccessToken(t *testing.T) {
 	for _, tok := range []string{"", "wrong"} {
 		_, err := envdapi.Dial(t.Context(), e.dial, tok, port)
 		var se *envdapi.StatusError
-		if !errors.As(err, &se) || se.StatusCode != http.StatusUnauthorized || se.Message != "unauthorized" || errors.Is(err, envdapi.ErrPortNotOpen) {
+		if !errors.As(err, &se) || se.StatusCode != http.StatusUnauthorized || se.Message != e.unauthorized || errors.Is(err, envdapi.ErrPortNotOpen) {
 			t.Errorf("Dial with token %q = %v; want a 401 StatusError", tok, err)
 		}
 	}
@@ -303,6 +358,7 @@ func TestDialAccessToken(t *testing.T) {
 }
 
 func TestDialBadPort(t *testing.T) {
+	agenttest.InProcessOnly(t, "tests the client, envdapi.Dial, alone; no agent involved")
 	dialed := false
 	dial := func(context.Context) (net.Conn, error) { dialed = true; return nil, errors.New("unreachable") }
 	for _, port := range []int{0, -1, 65536} {
@@ -408,6 +464,7 @@ func TestEarlyBytes(t *testing.T) {
 
 // envdapi.Dial must hand over bytes its reader buffered past the 200.
 func TestDialBufferedBytes(t *testing.T) {
+	agenttest.InProcessOnly(t, "tests the client, envdapi.Dial, against a fake envd; no agent involved")
 	// A fake envd that sends the 200 and the target's first bytes in one
 	// write, then echoes.
 	envdPort := serveTCP(t, func(c *net.TCPConn) {
@@ -443,6 +500,7 @@ func TestDialBufferedBytes(t *testing.T) {
 
 // Cancelling the context aborts a handshake envd never answers.
 func TestDialCancel(t *testing.T) {
+	agenttest.InProcessOnly(t, "tests the client, envdapi.Dial, against a fake envd; no agent involved")
 	gotRequest := make(chan struct{})
 	envdPort := serveTCP(t, func(c *net.TCPConn) {
 		http.ReadRequest(bufio.NewReader(c))
@@ -478,7 +536,7 @@ func TestHandlerClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	e.tun.Close()
+	e.handler(t, "calls Handler.Close, which a binary has no way to do but exit").Close()
 	if _, err := io.ReadAll(conn); err != nil {
 		t.Errorf("read after Close = %v; want EOF", err)
 	}
@@ -490,6 +548,7 @@ func TestHandlerClose(t *testing.T) {
 }
 
 func TestNotConnect(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of the Handler on a non-CONNECT request (envd routes only CONNECT to it)")
 	rec := httptest.NewRecorder()
 	New(quietLog()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	if rec.Code != http.StatusMethodNotAllowed {
@@ -497,16 +556,28 @@ func TestNotConnect(t *testing.T) {
 	}
 }
 
-// Over HTTP/2 (h2c here) CONNECT is a stream: request body up, response
-// body down, END_STREAM passed on as a half-close.
-func TestHTTP2Connect(t *testing.T) {
-	port := serveTCP(t, echo)
+// h2cTunnel serves the tunnel over h2c and returns its address: a Handler
+// alone in process, or the agent binary, which serves h2c on its port.
+func h2cTunnel(t *testing.T) string {
+	t.Helper()
+	if agenttest.Enabled() {
+		a := agenttest.Start(t, agenttest.Options{DefaultUser: "root"})
+		return strings.TrimPrefix(a.URL, "http://")
+	}
 	tun := New(quietLog())
 	srv := httptest.NewUnstartedServer(tun)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(func() { srv.Close(); tun.Close() })
+	return srv.Listener.Addr().String()
+}
+
+// Over HTTP/2 (h2c here) CONNECT is a stream: request body up, response
+// body down, END_STREAM passed on as a half-close.
+func TestHTTP2Connect(t *testing.T) {
+	port := serveTCP(t, echo)
+	addr := h2cTunnel(t)
 
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
@@ -514,7 +585,7 @@ func TestHTTP2Connect(t *testing.T) {
 	pr, pw := io.Pipe()
 	req := &http.Request{
 		Method: http.MethodConnect,
-		URL:    &url.URL{Scheme: "http", Host: srv.Listener.Addr().String()},
+		URL:    &url.URL{Scheme: "http", Host: addr},
 		Host:   "127.0.0.1:" + strconv.Itoa(port),
 		Header: http.Header{},
 		Body:   pr,
@@ -539,6 +610,7 @@ func TestHTTP2Connect(t *testing.T) {
 }
 
 func TestParseTarget(t *testing.T) {
+	agenttest.InProcessOnly(t, "unit test of parseTarget")
 	tests := []struct {
 		in   string
 		want Target
@@ -577,6 +649,7 @@ func TestParseTarget(t *testing.T) {
 }
 
 func FuzzParseTarget(f *testing.F) {
+	agenttest.InProcessOnly(f, "unit test of parseTarget")
 	for _, s := range []string{"127.0.0.1:80", "[::1]:443", "localhost:1", "10.0.0.1:80", "127.0.0.1:99999", "[::1%eth0]:1", "::1:80", ":", "[]:80"} {
 		f.Add(s)
 	}
