@@ -318,39 +318,53 @@ func TestWatchDirErrors(t *testing.T) {
 	if err := os.Mkdir(nfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e.service(t, "fakes statfs (fsType) to make a directory look like a network mount").fsType = func(path string) (int64, error) {
-		if path == nfs {
-			return 0x6969, nil
-		}
-		return statfsType(path)
-	}
-
-	cases := []struct {
+	for _, c := range []struct {
 		name string
 		req  *filesystem.WatchDirRequest
 		want connect.Code
 	}{
 		{"missing", &filesystem.WatchDirRequest{Path: filepath.Join(dir, "missing")}, connect.CodeNotFound},
 		{"file", &filesystem.WatchDirRequest{Path: filepath.Join(dir, "file")}, connect.CodeInvalidArgument},
+	} {
+		wantWatchDirCode(t, e, c.name, c.req, c.want)
+	}
+
+	// The rest fakes what nfs is on; other paths keep their real one.
+	e.service(t, "the rest fakes statfs (fsType) to make a directory look like a network mount").fsType = func(path string) (int64, error) {
+		if path == nfs {
+			return 0x6969, nil
+		}
+		return statfsType(path)
+	}
+	for _, c := range []struct {
+		name string
+		req  *filesystem.WatchDirRequest
+		want connect.Code
+	}{
 		{"network mount", &filesystem.WatchDirRequest{Path: nfs}, connect.CodeInvalidArgument},
 		{"network mount, recursive", &filesystem.WatchDirRequest{Path: nfs, Recursive: true}, connect.CodeInvalidArgument},
-	}
-	for _, c := range cases {
-		st, err := e.client.WatchDir(testCtx(t), request(c.req, "root"))
-		if err == nil {
-			if st.Receive() {
-				t.Errorf("%s: got %v; want an error", c.name, st.Msg())
-			}
-			err = st.Err()
-			st.Close()
-		}
-		wantCode(t, "WatchDir "+c.name, err, c.want)
+	} {
+		wantWatchDirCode(t, e, c.name, c.req, c.want)
 	}
 
 	// allow_network_mounts lifts the refusal.
 	w := openWatch(t, e, &filesystem.WatchDirRequest{Path: nfs, AllowNetworkMounts: true}, nil)
 	writeFile(t, filepath.Join(nfs, "x"), "")
 	w.until("x", evCreate)
+}
+
+// wantWatchDirCode wants WatchDir of req to fail with code want.
+func wantWatchDirCode(t *testing.T, e *env, name string, req *filesystem.WatchDirRequest, want connect.Code) {
+	t.Helper()
+	st, err := e.client.WatchDir(testCtx(t), request(req, "root"))
+	if err == nil {
+		if st.Receive() {
+			t.Errorf("%s: got %v; want an error", name, st.Msg())
+		}
+		err = st.Err()
+		st.Close()
+	}
+	wantCode(t, "WatchDir "+name, err, want)
 }
 
 func TestNetworkFSMagic(t *testing.T) {
