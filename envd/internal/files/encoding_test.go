@@ -78,7 +78,6 @@ func FuzzNegotiateEncoding(f *testing.F) {
 // must never panic, answer only 200 or a JSON 4xx, and never leave a
 // temporary file. The path query pins every file into a scratch directory.
 func FuzzUploadMultipart(f *testing.F) {
-	agenttest.InProcessOnly(f, "feeds the handler directly (httptest.NewRecorder), not over HTTP")
 	const boundary = "fuzzboundary"
 	seeds := []string{
 		"--fuzzboundary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a/b\"\r\n\r\nhello\r\n--fuzzboundary--\r\n",
@@ -95,7 +94,10 @@ func FuzzUploadMultipart(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	h := New(slog.New(slog.NewTextHandler(io.Discard, nil)), execctx.New(cur.Username), &auth.Token{})
+	var h http.Handler = New(slog.New(slog.NewTextHandler(io.Discard, nil)), execctx.New(cur.Username), &auth.Token{})
+	if agenttest.Enabled() {
+		h = agentHandler(f, cur.Username)
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		dir := t.TempDir()
 		target := filepath.Join(dir, "sub", "out.bin")
@@ -116,5 +118,33 @@ func FuzzUploadMultipart(f *testing.F) {
 			t.Errorf("status %d: %s", rec.Code, rec.Body)
 		}
 		noTempFiles(t, dir)
+	})
+}
+
+// agentHandler is an http.Handler that passes each request on to an agent
+// binary (package agenttest) over HTTP and copies back its answer, so a
+// test that feeds a handler directly checks the binary's /files instead.
+func agentHandler(tb testing.TB, user string) http.Handler {
+	a := agenttest.Start(tb, agenttest.Options{DefaultUser: user})
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	tb.Cleanup(client.CloseIdleConnections)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, a.URL+r.URL.RequestURI(), r.Body)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out.Header = r.Header.Clone()
+		resp, err := client.Do(out)
+		if err != nil {
+			tb.Fatalf("%s %s: %v", r.Method, out.URL, err)
+		}
+		defer resp.Body.Close()
+		for k, vs := range resp.Header {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(resp.StatusCode)
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			tb.Fatalf("%s %s: reading the answer: %v", r.Method, out.URL, err)
+		}
 	})
 }
