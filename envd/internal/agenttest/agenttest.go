@@ -94,6 +94,11 @@ func Start(t testing.TB, o Options) *Agent {
 	if !filepath.IsAbs(bin) {
 		t.Fatalf("%s=%q: want an absolute path", Env, bin)
 	}
+	// Besides the clear error, the stat puts the binary's size and mtime
+	// into go test's cache key: a rebuilt agent is tested again.
+	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("%s=%q: not a file (%v)", Env, bin, err)
+	}
 	if o.DefaultUser == "" {
 		cur, err := user.Current()
 		if err != nil {
