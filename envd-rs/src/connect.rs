@@ -82,21 +82,18 @@ pub async fn read_unary<T: DeserializeOwned>(req: http::Request) -> Result<(Part
     let (parts, mut body) = req.into_parts();
     let ct = base_type(content_type(&parts));
     if ct != "application/json" {
-        http::discard_unread(&parts, &mut body).await;
-        return Err(unsupported_media(&parts));
+        let resp = unsupported_media(&parts);
+        return Err(http::finish_unread(&parts, &mut body, resp).await);
     }
     if !matches!(header(&parts, "content-encoding"), "" | "identity") {
-        http::discard_unread(&parts, &mut body).await;
-        return Err(unary_error(&Error::new(
-            Code::Unimplemented,
-            "request compression is not supported",
-        )));
+        let resp = unary_error(&Error::new(Code::Unimplemented, "request compression is not supported"));
+        return Err(http::finish_unread(&parts, &mut body, resp).await);
     }
-    let body = match read_limited(body, MAX_MESSAGE).await {
+    let msg = match read_limited(&mut body, MAX_MESSAGE).await {
         Ok(b) => b,
-        Err(e) => return Err(unary_error(&e)),
+        Err(e) => return Err(http::finish_unread(&parts, &mut body, unary_error(&e)).await),
     };
-    match decode::<T>(&body) {
+    match decode::<T>(&msg) {
         Ok(v) => Ok((parts, v)),
         Err(e) => Err(unary_error(&e)),
     }
@@ -138,8 +135,8 @@ pub fn unary<T: Serialize>(r: Result<T, Error>) -> Response {
 pub async fn read_stream_request<T: DeserializeOwned>(req: http::Request) -> Result<(Parts, T), Response> {
     let (parts, mut body) = req.into_parts();
     if base_type(content_type(&parts)) != "application/connect+json" {
-        http::discard_unread(&parts, &mut body).await;
-        return Err(unsupported_media(&parts));
+        let resp = unsupported_media(&parts);
+        return Err(http::finish_unread(&parts, &mut body, resp).await);
     }
     let mut r = EnvelopeReader::new(body);
     match r.next::<T>().await {
@@ -307,7 +304,7 @@ impl EnvelopeReader {
 // ---- bodies and JSON ------------------------------------------------------
 
 /// read_limited reads a whole body of at most limit bytes.
-pub async fn read_limited(mut body: Incoming, limit: usize) -> Result<Bytes, Error> {
+pub async fn read_limited(body: &mut Incoming, limit: usize) -> Result<Bytes, Error> {
     let mut buf = BytesMut::new();
     while let Some(f) = body.frame().await {
         let f = f.map_err(|e| Error::new(Code::Canceled, format!("read request: {e}")))?;

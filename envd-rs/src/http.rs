@@ -83,25 +83,51 @@ impl HttpBody for ChannelBody {
 const MAX_DISCARD: usize = 256 << 10;
 
 /// discard_unread reads and drops up to MAX_DISCARD bytes of what is left
-/// of a request's body (none when the client waits for a 100 Continue).
-pub async fn discard_unread(parts: &hyper::http::request::Parts, body: &mut hyper::body::Incoming) {
-    if parts.headers.contains_key(hyper::header::EXPECT) || body.is_end_stream() {
-        return;
+/// of a request's body (none when the client waits for a 100 Continue). It
+/// says whether the body was read to its end: if not, hyper closes the
+/// connection after the answer.
+pub async fn discard_unread(parts: &hyper::http::request::Parts, body: &mut hyper::body::Incoming) -> bool {
+    if body.is_end_stream() {
+        return true;
+    }
+    if parts.headers.contains_key(hyper::header::EXPECT) {
+        return false;
     }
     let mut n = 0;
     while n <= MAX_DISCARD {
         match body.frame().await {
             Some(Ok(f)) => n += f.data_ref().map_or(0, |d| d.len()),
-            _ => return,
+            Some(Err(_)) => return false,
+            None => return true,
         }
     }
+    false
+}
+
+/// finish_unread is resp to a request whose body the handler left unread
+/// (what of it remains). A body still arriving after MAX_DISCARD makes hyper
+/// close the connection, so the answer says `Connection: close`, as Go's
+/// server does: a client or proxy that pooled the connection would send
+/// its next request into the close and lose it (a 502 from sandboxd's
+/// proxy).
+pub async fn finish_unread(
+    parts: &hyper::http::request::Parts,
+    body: &mut hyper::body::Incoming,
+    mut resp: Response,
+) -> Response {
+    if !discard_unread(parts, body).await {
+        resp.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// unread answers resp to a request whose body the handler did not read.
 pub async fn unread(req: Request, resp: Response) -> Response {
     let (parts, mut body) = req.into_parts();
-    discard_unread(&parts, &mut body).await;
-    resp
+    finish_unread(&parts, &mut body, resp).await
 }
 
 /// query_pairs splits a URL's query into decoded pairs, leaving out a pair

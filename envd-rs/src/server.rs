@@ -147,11 +147,11 @@ struct InitRequest {
 }
 
 async fn init(st: &Arc<State>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let body = match connect::read_limited(body, MAX_INIT_BODY).await {
+    let (parts, mut body) = req.into_parts();
+    let body = match connect::read_limited(&mut body, MAX_INIT_BODY).await {
         Ok(b) => b,
         Err(e) if e.code == crate::error::Code::ResourceExhausted => {
-            return http::error_json(413, "init body too large")
+            return http::finish_unread(&parts, &mut body, http::error_json(413, "init body too large")).await;
         }
         Err(e) => return http::error_json(400, &format!("read body: {}", e.message)),
     };

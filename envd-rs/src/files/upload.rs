@@ -44,8 +44,7 @@ struct Entry {
 pub async fn upload(st: Arc<State>, req: Request) -> Response {
     let (parts, mut body) = req.into_parts();
     let resp = upload_body(st, &parts, &mut body).await;
-    http::discard_unread(&parts, &mut body).await;
-    resp
+    http::finish_unread(&parts, &mut body, resp).await
 }
 
 async fn upload_body(st: Arc<State>, parts: &Parts, body: &mut Incoming) -> Response {

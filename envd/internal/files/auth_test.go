@@ -132,3 +132,37 @@ func TestNoTokenNoAuth(t *testing.T) {
 		t.Errorf("GET = %d %q; want 200 %q", r.resp.StatusCode, r.body, "open")
 	}
 }
+
+// An upload refused before its body is read (401 here) keeps its
+// connection when the rest of the body is small enough to drain; with more
+// still to come the connection is closed after the answer, and the answer
+// says so (Connection: close). Without that, a client or proxy that pools
+// connections sends its next request into the close and loses it:
+// sandboxd's proxy did, behind envd-rs, and its client got a 502.
+func TestEarlyAnswerSaysWhetherTheConnectionCloses(t *testing.T) {
+	e := newEnv(t)
+	e.setToken(t, "secret-token")
+	for _, tc := range []struct {
+		name  string
+		size  int
+		close bool
+	}{
+		{"small body, drained", 1 << 10, false},
+		{"large body, still arriving", 4 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodPost, e.url(url.Values{"path": {e.path("early.bin")}}), bytes.NewReader(make([]byte, tc.size)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/octet-stream")
+			r := e.do(t, req)
+			if r.resp.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("status = %d %s; want 401", r.resp.StatusCode, r.body)
+			}
+			if r.resp.Close != tc.close {
+				t.Errorf("Connection: close = %v; want %v", r.resp.Close, tc.close)
+			}
+		})
+	}
+}
