@@ -8,7 +8,12 @@ BIN   := bin
 # there for the table at the end of a CI run.
 STAGE := ./scripts/stage.sh
 
-.PHONY: all build base deps envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-vms-beside-compat test-deploy test-go test-compat test-compat-envd-rs test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 cgroup-vm-v1-then-envd-rs vet fmt bench clean
+# rustup's cargo, where a shell has not sourced ~/.cargo/env.
+ifneq ($(wildcard $(HOME)/.cargo/bin/cargo),)
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+endif
+
+.PHONY: all build base deps envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-envd-agents test-vms-beside-compat test-deploy test-go test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 cgroup-vm-v1-then-envd-rs vet fmt bench clean
 
 all: build
 
@@ -25,9 +30,10 @@ envd:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 
 # envd-rs: the same agent without a Go runtime (docs/agent-rust.md), static
-# like envd, for `sandboxd serve --envd bin/envd-rs`. Its crates come from
+# like envd; `sandboxd serve` runs it in every sandbox where it was built
+# (envd otherwise, or with --envd bin/envd). Its crates come from
 # crates.io, pinned by envd-rs/Cargo.lock. Without cargo (rustup) it is
-# left out, loudly, and so is the compat stage that tests it.
+# left out, loudly, and sandboxes run envd.
 envd-rs:
 	@if command -v cargo >/dev/null; then \
 		target=$$(rustc -vV | sed -n 's/^host: //p') && \
@@ -35,7 +41,8 @@ envd-rs:
 			--manifest-path envd-rs/Cargo.toml --target-dir envd-rs/target && \
 		mkdir -p $(BIN) && cp "envd-rs/target/$$target/release/envd-rs" $(BIN)/envd-rs; \
 	else \
-		echo "!!! make envd-rs: no cargo on PATH: bin/envd-rs is not built (install Rust with rustup)" >&2; \
+		echo "!!! make envd-rs: no cargo on PATH: bin/envd-rs is not built, sandboxes run envd (install Rust with rustup)" >&2; \
+		if [[ "$${CI:-}" == true ]]; then echo "!!! CI=true: failing" >&2; exit 1; fi; \
 	fi
 
 # The code-interpreter-v1 template's server (cmd/code-interpreter): static,
@@ -87,7 +94,7 @@ run-envd: envd
 # alone (they keep both cores busy); then the cgroup VMs, side by side
 # (test-cgroup), run beside the SDK suites one after another
 # (test-vms-beside-compat).
-test: build base test-go test-schema test-deploy test-vms-beside-compat
+test: build base test-go test-schema test-envd-agents test-deploy test-vms-beside-compat
 
 # The SDK suites beside the cgroup VMs: ≈ 35 min for all instead of ≈ 55
 # one after the other. The VMs, which emulate their CPUs, run slower then;
@@ -98,7 +105,7 @@ test-vms-beside-compat: build vm-bin
 	@vmlog=$$(mktemp -t cgroup-vms.XXXXXX); \
 	$(MAKE) --no-print-directory test-cgroup >"$$vmlog" 2>&1 & vms=$$!; \
 	echo "=== the cgroup VMs run beside the SDK suites (their output follows the suites')"; \
-	$(MAKE) --no-print-directory -k test-compat test-compat-envd-rs test-compat-domain test-compat-latest test-compat-incus test-cluster; compat=$$?; \
+	$(MAKE) --no-print-directory -k test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus test-cluster; compat=$$?; \
 	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
 	test $$compat -eq 0 && test $$vm -eq 0
 
@@ -109,6 +116,21 @@ test-vms-beside-compat: build vm-bin
 # failure to start stops here, rather than the PostgreSQL variants skipping).
 test-go: base
 	dsn=$$(./scripts/postgres.sh up) && SANDBOXD_TEST_POSTGRES=$$dsn $(STAGE) go-test $(GO) test -race -tags seccomp -count=1 -timeout 30m ./...
+
+# envd's HTTP-level Go tests (envd/internal/agenttest) against each agent
+# binary in turn, bin/envd and bin/envd-rs: one set of assertions for both
+# agents (test-go runs them in process). Only the packages with such tests:
+# the others hold unit tests of Go internals and would report ok for
+# running nothing. Without bin/envd-rs (no cargo) its half says so and
+# passes.
+ENVD_AGENT_PKGS := ./envd ./envd/internal/files ./envd/internal/filesystem ./envd/internal/process ./envd/internal/tunnel
+test-envd-agents: envd envd-rs
+	ENVD_TEST_BINARY=$(abspath $(BIN)/envd) $(STAGE) envd-agent-go $(GO) test -count=1 $(ENVD_AGENT_PKGS)
+	@if [[ -x $(BIN)/envd-rs ]]; then \
+		ENVD_TEST_BINARY=$(abspath $(BIN)/envd-rs) $(STAGE) envd-agent-rs $(GO) test -count=1 $(ENVD_AGENT_PKGS); \
+	else \
+		echo "!!! test-envd-agents: no bin/envd-rs (no cargo): envd's Go tests did NOT run against the Rust agent" >&2; \
+	fi
 
 # schemathesis over both OpenAPI specs against a real sandboxd: no 5xx but
 # 501, every response as its spec says (scripts/schemathesis.sh).
@@ -124,14 +146,15 @@ test-deploy: build base
 test-compat: build base
 	$(STAGE) compat-pinned ./compat-tests/run.sh
 
-# The same suites (debug and sandboxd modes) with envd-rs as every
-# sandbox's agent: the Rust agent passes what envd passes. Without cargo
-# (no bin/envd-rs) it says so and passes, like test-compat-incus.
-test-compat-envd-rs: build base
+# The same suites (debug and sandboxd modes) with envd (Go) as every
+# sandbox's agent: the other suites run the default, envd-rs where built,
+# and envd stays tested while it ships beside it (`sandboxd serve --envd
+# bin/envd`). Without bin/envd-rs, envd is the default that test-compat ran.
+test-compat-envd-go: build base
 	@if [[ -x $(BIN)/envd-rs ]]; then \
-		COMPAT_ENVD=$(BIN)/envd-rs $(STAGE) compat-envd-rs ./compat-tests/run.sh; \
+		COMPAT_ENVD=$(BIN)/envd $(STAGE) compat-envd-go ./compat-tests/run.sh; \
 	else \
-		echo "!!! test-compat-envd-rs: no bin/envd-rs (no cargo): the SDK suites did NOT run against the Rust agent" >&2; \
+		echo "test-compat-envd-go: no bin/envd-rs (no cargo): envd is the default agent, which test-compat ran" >&2; \
 	fi
 
 # The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'

@@ -5,7 +5,7 @@
 # and bench/agentfloor/hyper (the same in Rust on the HTTP stack a full agent
 # would use: hyper's HTTP/1.1 and h2c on tokio's current-thread runtime),
 # puts each in envd's place in a copy of bin/, and runs profile-burst.sh on
-# bin/ and on the copies in turn, ROUNDS times, printing each run's CPU per
+# a copy with envd (Go) and on the others in turn, ROUNDS times, printing each run's CPU per
 # create (all processes) and the burst's p99. The notebook's section "An
 # agent without a Go runtime" was made with it. Needs root, perf and a C
 # compiler with a static libc (Debian: gcc, libc6-dev, linux-perf); the Rust
@@ -18,7 +18,7 @@
 # it) in envd's place. AGENTS="envd-rs" (any of c, rust, hyper, envd-rs)
 # runs only those beside envd.
 #
-# The copies stay in bench/out/agent-floor-{c,rust,hyper,envd-rs}, for the
+# The copies stay in bench/out/agent-floor-{envd,c,rust,hyper,envd-rs}, for the
 # bench's other scenarios: `./bench/run.sh -scenario spare,fairness -sdk ''
 # -bin bench/out/agent-floor-c` (rows that run a command fail there: the
 # least agents serve none; envd-rs serves everything).
@@ -30,12 +30,16 @@ command -v cc >/dev/null || { echo "agent-floor: needs a C compiler (apt-get ins
 if [[ ${BENCH_SKIP_BUILD:-} != 1 ]]; then
   make --no-print-directory build >&2
 fi
+# A copy of bin/ whose agent is the envd in it: without envd-rs, which the
+# bench (as sandboxd serve) would otherwise pick.
 copy() {
   rm -rf "bench/out/agent-floor-$1"
   mkdir -p "bench/out/agent-floor-$1"
   cp -a bin/. "bench/out/agent-floor-$1/"
+  rm -f "bench/out/agent-floor-$1/envd-rs"
 }
-variants=(bin)
+copy envd
+variants=(bench/out/agent-floor-envd)
 if [[ $agents == *" c "* ]]; then
   copy c
   cc -O2 -Wall -static -o bench/out/agent-floor-c/envd bench/agentfloor/agent.c
@@ -63,8 +67,7 @@ echo "| run | agent | sandboxd | agent (envd) | sandboxd-spawn | kernel threads 
 echo "|---|---|--:|--:|--:|--:|--:|--:|"
 for ((i = 1; i <= rounds; i++)); do
   for b in "${variants[@]}"; do
-    name=envd
-    [[ $b == bench/out/agent-floor-* ]] && name=${b#bench/out/agent-floor-}
+    name=${b#bench/out/agent-floor-}
     PROFILE_BIN=$PWD/$b BENCH_SKIP_BUILD=1 ./bench/profile-burst.sh 100 2>&1 |
       awk -F'|' -v run="$i" -v name="$name" '
         function num(s) { gsub(/ /, "", s); return s + 0 }

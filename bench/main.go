@@ -416,7 +416,7 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&sb, "## sandboxd benchmarks\n\n")
 	fmt.Fprintf(&sb, "- run: `%s`, %s → %s (%.0f s)\n", r.Command, r.Started.Format(time.RFC3339),
 		r.Finished.Format("15:04:05Z"), r.Finished.Sub(r.Started).Seconds())
-	fmt.Fprintf(&sb, "- commit: %s%s; binaries: sandboxd %s, envd %s\n", m.Commit, dirty, m.Binaries["sandboxd"], m.Binaries["envd"])
+	fmt.Fprintf(&sb, "- commit: %s%s; binaries: sandboxd %s, agent %s\n", m.Commit, dirty, m.Binaries["sandboxd"], m.Binaries["envd"])
 	fmt.Fprintf(&sb, "- machine: %d CPUs (%s), %.1f GiB RAM, kernel %s, %s, cgroup %s, pid_max %d\n",
 		m.CPUs, m.CPUModel, m.MemTotalMiB/1024, m.Kernel, m.OS, m.CgroupMode, m.PidMax)
 	fmt.Fprintf(&sb, "- tools: %s, %s, SDKs: %s, %s (%s, node %s)\n", m.GoVersion, orDash(m.Bubblewrap), orDash(m.JSSDK), orDash(m.PythonSDK), orDash(m.Python), orDash(m.Node))
@@ -487,16 +487,26 @@ func orDash(s string) string {
 	return s
 }
 
-// snapshotBins copies sandboxd and envd to a private directory (sandboxd
-// finds envd beside itself) and describes them.
+// snapshotBins copies sandboxd and its agent to a private directory and
+// describes them. The agent is the one sandboxd serve picks in from:
+// envd-rs where built, else envd. It is copied as envd, so that the
+// standalone envd of the exec scenarios and every sandbox run the same
+// agent, and info["envd"] says which it was.
 func snapshotBins(from string) (string, map[string]string, error) {
 	dir, err := os.MkdirTemp("", "sandboxd-bench-bin-")
 	if err != nil {
 		return "", nil, err
 	}
+	agent := "envd"
+	if fi, err := os.Stat(filepath.Join(from, "envd-rs")); err == nil && fi.Mode().IsRegular() {
+		agent = "envd-rs"
+	}
 	info := map[string]string{}
 	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "sandboxd-spawn", "runc", "fakeinet", "code-interpreter"} {
 		src := filepath.Join(from, name)
+		if name == "envd" {
+			src = filepath.Join(from, agent)
+		}
 		raw, err := os.ReadFile(src)
 		if name != "sandboxd" && name != "envd" && errors.Is(err, fs.ErrNotExist) {
 			// Optional: the libcontainer floor says it is missing; sandboxd
@@ -516,6 +526,9 @@ func snapshotBins(from string) (string, map[string]string, error) {
 		sum := sha256.Sum256(raw)
 		fi, _ := os.Stat(src)
 		info[name] = fmt.Sprintf("sha256:%x, built %s", sum[:8], fi.ModTime().UTC().Format(time.RFC3339))
+		if name == "envd" {
+			info[name] = agent + " " + info[name]
+		}
 	}
 	return dir, info, nil
 }

@@ -59,8 +59,9 @@
 #                             cannot say, the suite runs
 #   COMPAT_LOG_DIR=DIR        where the logs and the runners' output go
 #                             (default: a fresh temp dir, printed at the end)
-#   COMPAT_ENVD=PATH          envd binary (default bin/envd); sandboxd mode
-#                             hands it to sandboxd (--envd)
+#   COMPAT_ENVD=PATH          the agent (default bin/envd-rs where built, else
+#                             bin/envd); sandboxd mode hands it to sandboxd
+#                             (--envd), cluster mode pushes it to the members
 #   COMPAT_SANDBOXD=PATH      sandboxd binary (default bin/sandboxd)
 #   COMPAT_JS_TESTS="a b"     JS test files to run, relative to js/test
 #                             (default: all *.test.mjs)
@@ -78,7 +79,10 @@ cd "$(dirname "$0")/.."
 root=$PWD
 here=$root/compat-tests
 port=49983
-envd_bin=$(realpath -m "${COMPAT_ENVD:-$root/bin/envd}") # absolute: the suites run in their own directories
+# The agent sandboxd serve picks: envd-rs where built, else envd.
+envd_bin=${COMPAT_ENVD:-$root/bin/envd-rs}
+[[ -n ${COMPAT_ENVD:-} || -f $envd_bin ]] || envd_bin=$root/bin/envd
+envd_bin=$(realpath -m "$envd_bin") # absolute: the suites run in their own directories
 sandboxd_bin=${COMPAT_SANDBOXD:-$root/bin/sandboxd}
 suites=${COMPAT_SUITES:-js py}
 targets=${COMPAT_TARGET:-debug sandboxd}
@@ -347,7 +351,7 @@ run_debug() {
     echo "compat-tests: envd did not answer GET /health within 10 s" >&2
     total_fail=$((total_fail + 1))
   else
-    echo "compat-tests: [debug] envd $("$envd_bin" --version) on 127.0.0.1:$envd_port (log: $log_dir/envd.log)"
+    echo "compat-tests: [debug] $(basename "$envd_bin") $("$envd_bin" --version) on 127.0.0.1:$envd_port (log: $log_dir/envd.log)"
     [[ -n $proxy_pid ]] && echo "compat-tests: wire log of 127.0.0.1:$port in $log_dir/wire.log"
     # COMPAT_ENVD: for the tests that start their own envd (secure.test.mjs,
     # test_secure.py).
@@ -527,7 +531,7 @@ EOF2
     # This build's envd and relay on every member; the relays' firewall
     # gets the allowance (the members' network is theirs).
     [[ -n $pypi ]] && echo "compat-tests: [cluster] PyPI or npm's registry resolves to $pypi here: the members' relays get --egress-allow-cidr for the code-interpreter build"
-    if ! out=$(RELAY_EGRESS_ALLOW=$pypi SANDBOXD_BIN=$(dirname "$sandboxd_bin") "$root/scripts/incus-cluster.sh" push 2>&1); then
+    if ! out=$(RELAY_EGRESS_ALLOW=$pypi SANDBOXD_BIN=$(dirname "$sandboxd_bin") SANDBOXD_AGENT=$envd_bin "$root/scripts/incus-cluster.sh" push 2>&1); then
       echo "$out" >&2; echo "compat-tests: [cluster] incus-cluster.sh push failed" >&2
       total_fail=$((total_fail + 1)); return
     fi
@@ -581,7 +585,7 @@ EOF2
     echo "compat-tests: sandboxd did not answer GET /health within 30 s" >&2
     total_fail=$((total_fail + 1))
   else
-    echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on $sbxd_url, --domain $sbxd_domain, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
+    echo "compat-tests: [$mode] sandboxd $("$sandboxd_bin" version 2>&1 | head -n1) on $sbxd_url, agent $envd_bin, --domain $sbxd_domain, run dir $sbxd_run (log: $log_dir/sandboxd.log)"
     mode_env=(-u E2B_DEBUG -u COMPAT_INET_ONE -u COMPAT_INET_TWO COMPAT_TARGET=sandboxd "COMPAT_BACKEND=$mode_backend" "COMPAT_LOG_DIR=$log_dir" E2B_DOMAIN=sandboxd.test
       "E2B_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b"
       "E2B_VOLUME_API_URL=http://127.0.0.1:$sbxd_port/v1/sandboxes/e2b" "COMPAT_OTHER_API_KEY=$sbxd_key2"

@@ -30,8 +30,8 @@
 #        imported into the cluster as sandboxd-base (sbdc-1 reads it from a
 #        read-only disk device of the host's cache directory), unpacked on
 #        every member's pool once;
-#     8. $SANDBOXD_BIN's envd and sandboxd (default <repo>/bin, `make build`)
-#        in /usr/local/lib/sandboxd/ on every member, with the client
+#     8. $SANDBOXD_AGENT as envd, and $SANDBOXD_BIN's sandboxd (default
+#        <repo>/bin, `make build`) in /usr/local/lib/sandboxd/ on every member, with the client
 #        certificate, and the relay as the systemd unit sandboxd-relay (only
 #        if the binary knows `relay`; otherwise a warning):
 #          sandboxd relay --listen <ip>:8444 --cert /var/lib/incus/cluster.crt
@@ -64,6 +64,9 @@
 #
 # Environment:
 #   SANDBOXD_BIN   directory with envd and sandboxd  (default <repo>/bin)
+#   SANDBOXD_AGENT the in-sandbox agent the members run as envd (default
+#                  $SANDBOXD_BIN/envd-rs where built, else $SANDBOXD_BIN/envd:
+#                  the agent sandboxd serve picks)
 #   STATE          state directory                   (default /var/lib/sandboxd-cluster)
 #   CACHE          cache directory                   (default /var/cache/sandboxd/cluster)
 #   MEMBER_MEMORY  limits.memory of each member      (default 4GiB)
@@ -83,6 +86,10 @@ STATE=${STATE:-/var/lib/sandboxd-cluster}
 CACHE=${CACHE:-/var/cache/sandboxd/cluster}
 BASE_CACHE=/var/cache/sandboxd/incus
 SANDBOXD_BIN=${SANDBOXD_BIN:-$repo/bin}
+if [[ -z ${SANDBOXD_AGENT:-} ]]; then
+  SANDBOXD_AGENT=$SANDBOXD_BIN/envd-rs
+  [[ -f $SANDBOXD_AGENT ]] || SANDBOXD_AGENT=$SANDBOXD_BIN/envd
+fi
 MEMBER_MEMORY=${MEMBER_MEMORY:-4GiB}
 HOST_POOL=sandboxd
 NET=sbdcbr0
@@ -510,8 +517,8 @@ EOF
 # force=1).
 binaries() {
   local force=${1:-0} n c f changed has_relay tmp
-  for f in envd sandboxd; do
-    [[ -x $SANDBOXD_BIN/$f ]] || die "no $SANDBOXD_BIN/$f: run make build (or set SANDBOXD_BIN)"
+  for f in "$SANDBOXD_AGENT" "$SANDBOXD_BIN/sandboxd"; do
+    [[ -x $f ]] || die "no $f: run make build (or set SANDBOXD_BIN, SANDBOXD_AGENT)"
   done
   has_relay=1
   if [[ $(timeout 5 "$SANDBOXD_BIN/sandboxd" relay --help 2>&1 || true) == *'unknown command'* ]]; then
@@ -521,13 +528,14 @@ binaries() {
   tmp=$(mktemp -d)
   relay_unit >"$tmp/sandboxd-relay.service"
   cp "$STATE/client.crt" "$tmp/client.crt"
-  cp "$SANDBOXD_BIN/envd" "$SANDBOXD_BIN/sandboxd" "$tmp/"
+  cp "$SANDBOXD_AGENT" "$tmp/envd"
+  cp "$SANDBOXD_BIN/sandboxd" "$tmp/"
   (cd "$tmp" && sha256sum envd sandboxd client.crt) >"$tmp/SUMS"
   for n in "${MEMBERS[@]}"; do
     c=$(ct "$n") changed=$force
     if ! mx "$n" sh -c "cd $LIB 2>/dev/null && sha256sum -c --status -" <"$tmp/SUMS" ||
       ! mx "$n" cmp -s /etc/systemd/system/sandboxd-relay.service - <"$tmp/sandboxd-relay.service"; then
-      step "binaries to $c:$LIB"
+      step "binaries to $c:$LIB (envd: $SANDBOXD_AGENT)"
       mx "$n" mkdir -p "$LIB"
       for f in envd sandboxd client.crt; do incus file push -q "$tmp/$f" "$c$LIB/$f.new"; done
       incus file push -q "$tmp/sandboxd-relay.service" "$c/etc/systemd/system/sandboxd-relay.service"

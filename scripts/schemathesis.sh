@@ -12,7 +12,7 @@
 #   SCHEMA_MAX_EXAMPLES=N   examples per operation (default 10)
 #   SCHEMA_TIMEOUT=S        seconds per spec (default 240)
 #   SCHEMA_SANDBOXD=PATH    sandboxd binary (default bin/sandboxd)
-#   SCHEMA_ENVD=PATH        envd binary (default bin/envd)
+#   SCHEMA_ENVD=PATH        the agent (default bin/envd-rs where built, else bin/envd)
 #   SCHEMA_KEEP=1           keep the work dir (sandboxd.log, JUnit reports)
 #   SCHEMA_ARGS="..."       more `schemathesis run` flags (e.g. -D all for
 #                           negative examples too)
@@ -22,7 +22,8 @@ root=$PWD
 ./scripts/deps.sh schema # the schemathesis venv (idempotent)
 venv=$root/compat-tests/schema/.venv
 sandboxd=${SCHEMA_SANDBOXD:-$root/bin/sandboxd}
-envd=${SCHEMA_ENVD:-$root/bin/envd}
+envd=${SCHEMA_ENVD:-$root/bin/envd-rs} # the agent sandboxd serve picks: envd-rs where built, else envd
+[[ -n ${SCHEMA_ENVD:-} || -f $envd ]] || envd=$root/bin/envd
 max_examples=${SCHEMA_MAX_EXAMPLES:-10}
 per_spec=${SCHEMA_TIMEOUT:-240}
 [[ -x $sandboxd && -x $envd ]] || { echo "schemathesis: $sandboxd or $envd missing; run make build" >&2; exit 1; }

@@ -48,7 +48,7 @@ func serve(args []string) error {
 		backend      = fs.String("backend", "local", "isolation backend: local or incus")
 		incusSocket  = fs.String("incus-socket", "", "Incus unix socket (--backend incus; default /var/lib/incus/unix.socket)")
 		domain       = fs.String("domain", "", "sandbox domain for host routing (<port>-<id>.<domain>)")
-		envdPath     = fs.String("envd", "", "host path of the static envd binary (default: envd beside this binary)")
+		envdPath     = fs.String("envd", "", "host path of the static in-sandbox agent (default: envd-rs beside this binary, else envd)")
 		runRoot      = fs.String("run-dir", defaultRunDir, "host state of the local backend")
 		pauseDir     = fs.String("pause-dir", "", "where the local backend keeps the files of sandboxes paused with memory=false (default <data-dir>/paused)")
 		maxTimeout   = fs.Duration("max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
@@ -185,7 +185,7 @@ func serve(args []string) error {
 		if err != nil {
 			return err
 		}
-		*envdPath = filepath.Join(filepath.Dir(exe), "envd")
+		*envdPath = defaultAgent(filepath.Dir(exe))
 	}
 	jwtVerifier, err := nativeJWT(*dataDir)
 	if err != nil {
@@ -311,7 +311,7 @@ func serve(args []string) error {
 	stopSampler := background(ctx, func(ctx context.Context) { mgr.RunMetrics(ctx, *metricsEvery) })
 	defer stopSampler()
 	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled()}
+		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled(), "envd", *envdPath}
 	if lb, ok := be.(*local.Backend); ok {
 		attrs = append(attrs, "userns", lb.UserNS())
 	}
@@ -532,4 +532,16 @@ func (t templateFlag) resources() map[string]sbxruntime.Resources {
 func differOf(be sbxruntime.Backend) sbxruntime.Differ {
 	d, _ := be.(sbxruntime.Differ)
 	return d
+}
+
+// defaultAgent is the in-sandbox agent in dir: envd-rs where it was built
+// (envd's protocol without a Go runtime: a third of the CPU and a sixth of
+// the memory per sandbox, docs/agent-rust.md), else envd. A missing envd
+// is reported by the backend, which checks the path it is given.
+func defaultAgent(dir string) string {
+	rs := filepath.Join(dir, "envd-rs")
+	if fi, err := os.Stat(rs); err == nil && fi.Mode().IsRegular() {
+		return rs
+	}
+	return filepath.Join(dir, "envd")
 }
