@@ -332,7 +332,7 @@ func acmeSandboxd(t *testing.T, e *e2eEnv, logName, listen string, env, args []s
 	}
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), append([]string{"serve",
 		"--listen", listen, "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--envd", filepath.Join(e2eBinDir, "envd")}, args...)...)
+		"--envd", defaultAgent(e2eBinDir)}, args...)...)
 	cmd.Env = append(e2eSandboxdEnviron(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -10,7 +10,11 @@ package main
 // Environment:
 //
 //	SANDBOXD_BIN_DIR   use the prebuilt envd and sandboxd in this directory
-//	                   instead of building them
+//	                   instead of building them (and envd-rs, sandboxd's
+//	                   default agent, where it is there)
+//	SANDBOXD_E2E_AGENT "envd": the sandboxes run envd (Go) even where cargo
+//	                   could build envd-rs, the default agent, which the
+//	                   harness builds otherwise (`make envd-rs BIN=<dir>`)
 //	SANDBOXD_E2E_RACE  "1": build sandboxd with -race; any data race it
 //	                   reports on stderr fails the test that ran it
 //	SANDBOXD_E2E_EGRESS_SUBNET
@@ -126,8 +130,17 @@ func runE2ETests(m *testing.M) int {
 
 // buildE2EBinaries builds what `make build` builds: a static envd and
 // code-interpreter, sandboxd and sandboxd-init with cgo and the seccomp
-// profile, and sandboxd-spawn.
+// profile, sandboxd-spawn, and envd-rs (by make, which knows cargo's
+// flags; without cargo it says so, and the sandboxes run envd).
 func buildE2EBinaries(dir string) error {
+	if os.Getenv("SANDBOXD_E2E_AGENT") != "envd" {
+		cmd := exec.Command("make", "--no-print-directory", "-C", filepath.Join("..", ".."), "envd-rs", "BIN="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("make envd-rs: %v\n%s", err, out)
+		} else if len(out) > 0 {
+			os.Stderr.Write(out)
+		}
+	}
 	sandboxdArgs := []string{"build", "-tags", "seccomp", "-trimpath"}
 	if os.Getenv("SANDBOXD_E2E_RACE") == "1" {
 		sandboxdArgs = append(sandboxdArgs, "-race")
@@ -643,7 +656,7 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		"--listen", addr,
 		"--data-dir", dataDir,
 		"--run-dir", runDir,
-		"--envd", filepath.Join(e2eBinDir, "envd"),
+		"--envd", defaultAgent(e2eBinDir),
 	}, extraArgs...)...)
 	cmd.Env = append(slices.DeleteFunc(e2eSandboxdEnviron(), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")

@@ -188,7 +188,7 @@ func TestTLSServe(t *testing.T) {
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), "serve",
 		"--listen", addr, "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--envd", filepath.Join(e2eBinDir, "envd"), "--domain", domain,
+		"--envd", defaultAgent(e2eBinDir), "--domain", domain,
 		"--tls-cert", filepath.Join(dir, "cert.pem"), "--tls-key", filepath.Join(dir, "key.pem"))
 	cmd.Env = e2eSandboxdEnviron()
 	cmd.Stdout, cmd.Stderr = logf, logf
