@@ -252,6 +252,11 @@ func (m *Manager) stopped(id string) {
 	m.live.Delete(id)
 	m.envd.Forget(id)
 	m.follow.stop(id)
+	m.runStopHooks(id)
+}
+
+// runStopHooks drops the connections others hold into sandbox id.
+func (m *Manager) runStopHooks(id string) {
 	m.hookMu.Lock()
 	hooks := m.stopHooks
 	m.hookMu.Unlock()
@@ -866,6 +871,13 @@ func (m *Manager) kill(ctx context.Context, sb *store.Sandbox, reason string, at
 		m.audit(ctx, reason, sb, err, attrs...)
 		return err
 	}
+	// From here the sandbox is no longer listed and no new connection is
+	// dialled into it (DialSandbox wants "running"); the proxy's pooled
+	// ones go now too, not after the destroy. Under load a destroy takes
+	// tens of milliseconds, and meanwhile a pooled connection still reached
+	// the dying envd: a client that had seen the sandbox gone from the list
+	// got its /health answered, so the SDKs' isRunning() said true.
+	m.runStopHooks(sb.ID)
 	if err := m.backend.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		// The row stays "killing": the sweeper and Reconcile retry it.
 		m.audit(ctx, reason, sb, err, attrs...)
