@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/sandboxd/sandboxd/server/nativews"
 )
 
@@ -17,7 +19,7 @@ import (
 func TestNativeExecWebsocketBackpressure(t *testing.T) {
 	// The write wait is far beyond what finding the stall can take on a
 	// loaded machine: this test is about a client that comes back.
-	c, written := startFlood(t, 10*time.Minute)
+	c, written := startFlood(t, func(c *Config) { c.NativeWSWriteWait = 10 * time.Minute })
 
 	// Wait until the stalled process stops making progress.
 	last := -2
@@ -42,24 +44,46 @@ func TestNativeExecWebsocketBackpressure(t *testing.T) {
 	}
 	t.Logf("stalled after %d bytes", last)
 
+	c.readFlood()
+}
+
+// A client still catching up when the process ends gets every byte, the
+// exit and the close. It answers the pings among the frames as it reads
+// them, so its pongs keep coming after the server's last frame: a server
+// that closed its socket then would answer them with a reset, and the reset
+// drops what the server had not yet sent. Pings every millisecond make
+// such a pong all but certain.
+func TestNativeExecWebsocketSlowReaderGetsTheEnd(t *testing.T) {
+	c, _ := startFlood(t, func(c *Config) { c.NativeWSPingPeriod = time.Millisecond })
+	c.readFlood()
+	_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, _, err := c.conn.ReadMessage()
+	if !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+		t.Fatalf("after the exit: %v; want a normal close", err)
+	}
+}
+
+// readFlood reads startFlood's output to its exit frame.
+func (c *wsClient) readFlood() {
+	c.t.Helper()
 	got := 0
 	for {
 		f := c.recv()
 		switch f.Type {
 		case "stdout":
 			if len(bytes.Trim(f.Data, "\x00")) != 0 {
-				t.Fatalf("unexpected output after %d bytes", got)
+				c.t.Fatalf("unexpected output after %d bytes", got)
 			}
 			got += len(f.Data)
 			continue
 		case "exit":
 			if exitCode(f) != 0 || got != floodBytes {
-				t.Fatalf("exit %+v after %d bytes; want exit 0 after %d", f, got, floodBytes)
+				c.t.Fatalf("exit %+v after %d bytes; want exit 0 after %d", f, got, floodBytes)
 			}
 		default:
-			t.Fatalf("frame %+v after %d bytes; want stdout until exit", f, got)
+			c.t.Fatalf("frame %+v after %d bytes; want stdout until exit", f, got)
 		}
-		break
+		return
 	}
 }
 
@@ -67,7 +91,7 @@ func TestNativeExecWebsocketBackpressure(t *testing.T) {
 // ends, the websocket closes, and the process is killed rather than left
 // blocked on a pipe nobody drains.
 func TestNativeExecWebsocketStuckClient(t *testing.T) {
-	c, written := startFlood(t, time.Second)
+	c, written := startFlood(t, func(c *Config) { c.NativeWSWriteWait = time.Second })
 
 	deadline := time.Now().Add(2 * time.Minute)
 	for written() >= 0 {
@@ -101,11 +125,11 @@ func TestNativeExecWebsocketStuckClient(t *testing.T) {
 const floodBytes = 96 << 20
 
 // startFlood starts a process writing floodBytes over exec/ws on a server
-// whose websocket writes wait writeWait, and returns the client (which has
-// read nothing but the started frame) and a probe of the process's progress.
-func startFlood(t *testing.T, writeWait time.Duration) (*wsClient, func() int) {
+// configured by conf, and returns the client (which has read nothing but
+// the started frame) and a probe of the process's progress.
+func startFlood(t *testing.T, conf func(*Config)) (*wsClient, func() int) {
 	t.Helper()
-	e := newNativeEnvWith(t, true, nil, func(c *Config) { c.NativeWSWriteWait = writeWait })
+	e := newNativeEnvWith(t, true, nil, conf)
 	tok := e.full()
 	sb := e.create(tok, nil)
 	c, _, err := e.dialWS(sb.Id, tok)

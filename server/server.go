@@ -72,6 +72,8 @@ type Config struct {
 	// NativeWSWriteWait is how long exec/ws waits for a client that takes
 	// no output before it ends the session; 0: 30 s.
 	NativeWSWriteWait time.Duration
+	// NativeWSPingPeriod is how often exec/ws pings its client; 0: 20 s.
+	NativeWSPingPeriod time.Duration
 	// Version is sandboxd's, as the MCP server reports it.
 	Version string
 }
@@ -141,7 +143,8 @@ func New(cfg Config) http.Handler {
 		root.Method(http.MethodPut, prefix+"/templates/{templateID}/files/{hash}/upload", upload)
 	}
 	ws := workspace.New(workspace.Config{Manager: cfg.Manager, Differ: cfg.Differ, Templates: cfg.Builds, Log: log})
-	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL, WSWriteWait: cfg.NativeWSWriteWait})
+	nat := native.New(native.Config{Manager: cfg.Manager, Workspace: ws, Log: log, IdleTTL: cfg.NativeIdleTTL, WSWriteWait: cfg.NativeWSWriteWait,
+		WSPingPeriod: cfg.NativeWSPingPeriod})
 	root.Mount(NativePrefix, newNative(cfg, lm, nat)) // E2BPrefix, longer, still routes to e2b
 	root.Handle(MCPPath, newMCP(cfg, lm, nat, ws))
 	root.Mount(E2BPrefix, e2bRouter)

@@ -39,6 +39,8 @@ type API struct {
 	idleTTL time.Duration
 	// wsWriteWait is how long a websocket write may wait on its client.
 	wsWriteWait time.Duration
+	// wsPingPeriod is how often exec/ws pings an idle client.
+	wsPingPeriod time.Duration
 	// up carries every call to every sandbox's envd, so that calls reuse
 	// connections (each a stream over the backend's private channel)
 	// instead of dialing afresh; client sends through it.
@@ -60,15 +62,22 @@ type Config struct {
 	// output before it ends the session (and kills the process unless it
 	// is detached); 0: 30 s.
 	WSWriteWait time.Duration
+	// WSPingPeriod is how often exec/ws pings its client, so that proxies
+	// keep an idle websocket open; 0: 20 s.
+	WSPingPeriod time.Duration
 }
 
 // New returns the native API on cfg.Manager. Routes lists its endpoints;
 // the caller routes them, authenticates (WithScopes) and answers its own
 // errors with WriteError.
 func New(cfg Config) *API {
-	a := &API{mgr: cfg.Manager, ws: cfg.Workspace, log: cfg.Log, idleTTL: cfg.IdleTTL, wsWriteWait: cfg.WSWriteWait}
+	a := &API{mgr: cfg.Manager, ws: cfg.Workspace, log: cfg.Log, idleTTL: cfg.IdleTTL,
+		wsWriteWait: cfg.WSWriteWait, wsPingPeriod: cfg.WSPingPeriod}
 	if a.wsWriteWait <= 0 {
 		a.wsWriteWait = wsWriteWait
+	}
+	if a.wsPingPeriod <= 0 {
+		a.wsPingPeriod = wsPingPeriod
 	}
 	a.up = proxy.NewUpstream(cfg.Manager.DialSandbox, nil)
 	a.client = &http.Client{Transport: a.up.Transport()}

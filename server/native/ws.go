@@ -158,18 +158,18 @@ func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	}
 
 	// The reader owns the client's frames; it exits when the websocket
-	// fails or closes (after the exit frame, the handler closes it), and
-	// ends the session so the event loop below stops too.
-	var wg sync.WaitGroup
-	wg.Add(2)
+	// fails or closes (the client's answer to the close after the exit
+	// frame, or the handler's Close), and ends the session so the event
+	// loop below stops too.
+	readerDone, pingDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(readerDone)
 		defer endSession()
 		a.wsRead(session, conn, c, pid, start.PTY != nil)
 	}()
 	go func() {
-		defer wg.Done()
-		if err := wsPing(session, conn); err != nil {
+		defer close(pingDone)
+		if err := wsPing(session, conn, a.wsPingPeriod); err != nil {
 			a.logLostClient(id, pid, "ping", err)
 			endSession()
 		}
@@ -184,11 +184,23 @@ func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 	// own deadline fires (as in exec).
 	timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded) ||
 		(start.Timeout > 0 && connect.CodeOf(stream.Err()) == connect.CodeDeadlineExceeded)
+	clientGone := session.Err() != nil && !timedOut
 	a.wsFinish(ctx, conn, c, wsOutcome{id: id, pid: pid, start: start, end: end,
-		clientGone: session.Err() != nil && !timedOut, timedOut: timedOut, streamErr: stream.Err()})
-	_ = conn.Close() // unblocks the reader
+		clientGone: clientGone, timedOut: timedOut, streamErr: stream.Err()})
 	endSession()
-	wg.Wait()
+	<-pingDone
+	if !clientGone {
+		// A client still reading the last frames answers the pings among
+		// them; a pong that met a closed socket would draw a reset, and the
+		// reset drops what the kernel has not yet sent: the tail of the
+		// output and the exit. So the socket stays open until the client
+		// answers the close (the reader then returns) or the write wait
+		// passes, as RFC 6455 7.1.1 has it.
+		_ = conn.SetReadDeadline(time.Now().Add(conn.writeWait))
+		<-readerDone
+	}
+	_ = conn.Close() // unblocks the reader
+	<-readerDone
 	return nil
 }
 
@@ -229,8 +241,8 @@ func readStart(conn *wsConn) (nativews.Frame, *process.ProcessConfig, error) {
 
 // wsPing keeps proxies from closing an idle websocket; it returns nil with
 // the session, or the error of a failed ping.
-func wsPing(session context.Context, conn *wsConn) error {
-	t := time.NewTicker(wsPingPeriod)
+func wsPing(session context.Context, conn *wsConn, period time.Duration) error {
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
