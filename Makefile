@@ -121,13 +121,17 @@ test-go: base
 # binary in turn, bin/envd and bin/envd-rs: one set of assertions for both
 # agents (test-go runs them in process). Only the packages with such tests:
 # the others hold unit tests of Go internals and would report ok for
-# running nothing. Without bin/envd-rs (no cargo) its half says so and
-# passes.
+# running nothing. envd-rs-unit runs envd-rs's own unit tests (cargo test,
+# a debug build: ≈ 45 s from nothing). Without bin/envd-rs (no cargo) the
+# Rust half says so and passes.
 ENVD_AGENT_PKGS := ./envd ./envd/internal/files ./envd/internal/filesystem ./envd/internal/process ./envd/internal/tunnel
 test-envd-agents: envd envd-rs
 	ENVD_TEST_BINARY=$(abspath $(BIN)/envd) $(STAGE) envd-agent-go $(GO) test -count=1 $(ENVD_AGENT_PKGS)
 	@if [[ -x $(BIN)/envd-rs ]]; then \
-		ENVD_TEST_BINARY=$(abspath $(BIN)/envd-rs) $(STAGE) envd-agent-rs $(GO) test -count=1 $(ENVD_AGENT_PKGS); \
+		rc=0; \
+		ENVD_TEST_BINARY=$(abspath $(BIN)/envd-rs) $(STAGE) envd-agent-rs $(GO) test -count=1 $(ENVD_AGENT_PKGS) || rc=1; \
+		$(STAGE) envd-rs-unit cargo test -q --locked --manifest-path envd-rs/Cargo.toml --target-dir envd-rs/target || rc=1; \
+		exit $$rc; \
 	else \
 		echo "!!! test-envd-agents: no bin/envd-rs (no cargo): envd's Go tests did NOT run against the Rust agent" >&2; \
 	fi

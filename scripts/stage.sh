@@ -15,6 +15,8 @@
 #   `ok  pkg` / `FAIL pkg`        go test's packages
 #   `--- PASS: T` / `--- FAIL: T` a cgroup VM's top-level tests, from the
 #                                 summary after its `=== cgroup-vm` line
+#   `test result: … N passed; N failed` cargo test's, summed over its
+#                                 test binaries
 # A stage that runs stages itself (the two cgroup VMs side by side) records
 # its time and status only, so that no test is counted twice.
 set -uo pipefail
@@ -82,6 +84,9 @@ elif grep -aqE '^(ok|FAIL)[[:space:]]+[^[:space:]]+/' "$out"; then
   pass=$(grep -acE '^ok[[:space:]]' "$out")
   fail=$(grep -acE '^FAIL[[:space:]]+[^[:space:]]+/' "$out")
   unit=packages
+elif grep -aqE '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$out"; then
+  read -r pass fail < <(sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/p' "$out" |
+    awk '{ p += $1; f += $2 } END { print p, f }')
 elif grep -aqE '^=== cgroup-vm .* summary' "$out"; then
   pass=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- PASS: ')
   fail=$(sed -n '/^=== cgroup-vm .* summary/,$p' "$out" | grep -acE '^--- FAIL: ')
@@ -89,9 +94,9 @@ fi
 [[ -n $pass ]] || unit=
 # What failed, by name, for the recap above the table (a CI log's tail is
 # often all one gets to see): go test's and the VMs' failed tests, the JS
-# runner's `not ok`, pytest's FAILED/ERROR lines.
+# runner's `not ok`, pytest's FAILED/ERROR lines, cargo's `---- T stdout ----`.
 if ((rc != 0)); then
-  grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^not ok [0-9]+ - |^(FAILED|ERROR) tests/' "$out" |
+  grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^not ok [0-9]+ - |^(FAILED|ERROR) tests/|^---- \S+ stdout ----$' "$out" |
     sed -E 's/^\s+//; s/ \([0-9.]+s\)$//' | awk '!seen[$0]++' | head -n 40 |
     sed "s/^/$name: /" >>"$STAGE_LOG.failed"
 fi

@@ -129,6 +129,21 @@ pub fn unary<T: Serialize>(r: Result<T, Error>) -> Response {
     }
 }
 
+/// serve_unary is a whole unary call: it reads the message, runs f on it
+/// and answers f's result, or answers the read's error without running f.
+pub async fn serve_unary<T, R, F, Fut>(req: http::Request, f: F) -> Response
+where
+    T: DeserializeOwned,
+    R: Serialize,
+    F: FnOnce(Parts, T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, Error>>,
+{
+    match read_unary(req).await {
+        Ok((parts, msg)) => unary(f(parts, msg).await),
+        Err(r) => r,
+    }
+}
+
 // ---- streams --------------------------------------------------------------
 
 /// read_stream_request reads the one message of a server-streaming call.

@@ -80,13 +80,9 @@ impl Service {
 /// handle serves one RPC of the service.
 pub async fn handle(st: Arc<State>, rpc: String, req: Request) -> Response {
     macro_rules! unary {
-        ($f:ident) => {{
-            let (parts, m) = match connect::read_unary(req).await {
-                Ok(v) => v,
-                Err(r) => return r,
-            };
-            connect::unary($f(&st, &parts, m).await)
-        }};
+        ($f:ident) => {
+            connect::serve_unary(req, |parts, m| async move { $f(&st, &parts, m).await }).await
+        };
     }
     match rpc.as_str() {
         "Stat" => unary!(stat),

@@ -831,20 +831,20 @@ async fn stream_events(
 }
 
 async fn list_rpc(st: Arc<State>, req: Request) -> Response {
-    if let Err(r) = connect::read_unary::<serde_json::Value>(req).await {
-        return r;
-    }
-    let processes = st
-        .process
-        .running()
-        .iter()
-        .map(|p| ProcessInfo {
-            config: p.info.clone(),
-            pid: p.pid,
-            tag: p.tag.clone(),
-        })
-        .collect();
-    connect::unary_ok(&ListResponse { processes })
+    connect::serve_unary(req, |_, _: serde_json::Value| async move {
+        let processes = st
+            .process
+            .running()
+            .iter()
+            .map(|p| ProcessInfo {
+                config: p.info.clone(),
+                pid: p.pid,
+                tag: p.tag.clone(),
+            })
+            .collect();
+        Ok(ListResponse { processes })
+    })
+    .await
 }
 
 async fn send_input(p: &Proc, input: &Option<InputIn>, deadline: Option<Instant>) -> Result<(), Error> {
@@ -860,18 +860,13 @@ async fn send_input(p: &Proc, input: &Option<InputIn>, deadline: Option<Instant>
 
 async fn send_input_rpc(st: Arc<State>, req: Request) -> Response {
     let arrived = Instant::now();
-    let (parts, msg) = match connect::read_unary::<SendInputRequest>(req).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let deadline = connect::timeout(&parts).map(|d| arrived + d);
-    let r = async {
+    connect::serve_unary(req, |parts, msg: SendInputRequest| async move {
+        let deadline = connect::timeout(&parts).map(|d| arrived + d);
         let p = st.process.lookup_running(&msg.process)?;
         send_input(&p, &msg.input, deadline).await?;
         Ok(Empty {})
-    }
-    .await;
-    connect::unary(r)
+    })
+    .await
 }
 
 async fn stream_input_rpc(st: Arc<State>, req: Request) -> Response {
@@ -913,11 +908,7 @@ async fn stream_input_rpc(st: Arc<State>, req: Request) -> Response {
 }
 
 async fn send_signal_rpc(st: Arc<State>, req: Request) -> Response {
-    let (_, msg) = match connect::read_unary::<SendSignalRequest>(req).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let r = (|| {
+    connect::serve_unary(req, |_, msg: SendSignalRequest| async move {
         let sig = match msg.signal.number() {
             9 => libc::SIGKILL,
             15 => libc::SIGTERM,
@@ -929,16 +920,12 @@ async fn send_signal_rpc(st: Arc<State>, req: Request) -> Response {
             ..e
         })?;
         Ok(Empty {})
-    })();
-    connect::unary(r)
+    })
+    .await
 }
 
 async fn update_rpc(st: Arc<State>, req: Request) -> Response {
-    let (_, msg) = match connect::read_unary::<UpdateRequest>(req).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let r = (|| {
+    connect::serve_unary(req, |_, msg: UpdateRequest| async move {
         let p = st.process.lookup_running(&msg.process)?;
         if let Some(pty) = &msg.pty {
             let Some(t) = p.tty() else {
@@ -956,16 +943,12 @@ async fn update_rpc(st: Arc<State>, req: Request) -> Response {
             }
         }
         Ok(Empty {})
-    })();
-    connect::unary(r)
+    })
+    .await
 }
 
 async fn close_stdin_rpc(st: Arc<State>, req: Request) -> Response {
-    let (_, msg) = match connect::read_unary::<CloseStdinRequest>(req).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let r = (|| {
+    connect::serve_unary(req, |_, msg: CloseStdinRequest| async move {
         let p = st.process.lookup_running(&msg.process)?;
         if p.tty().is_some() {
             return Err(precondition(format!(
@@ -975,8 +958,8 @@ async fn close_stdin_rpc(st: Arc<State>, req: Request) -> Response {
         }
         p.close_stdin();
         Ok(Empty {})
-    })();
-    connect::unary(r)
+    })
+    .await
 }
 
 #[cfg(test)]
