@@ -405,6 +405,10 @@ func orDefault(v, def int) int {
 // Client returns the backend's Incus client.
 func (b *Backend) Client() *Client { return b.c }
 
+// EnvdPath is the agent the sandboxes run: the host's --envd, or in
+// cluster mode the path the members hold theirs at (MemberEnvd).
+func (b *Backend) EnvdPath() string { return b.opts.EnvdPath }
+
 // Templates lists the template names this backend maps to images and
 // those of DefineTemplate.
 func (b *Backend) Templates(context.Context) ([]string, error) {

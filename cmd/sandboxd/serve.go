@@ -311,9 +311,12 @@ func serve(args []string) error {
 	stopSampler := background(ctx, func(ctx context.Context) { mgr.RunMetrics(ctx, *metricsEvery) })
 	defer stopSampler()
 	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled(), "envd", *envdPath}
+		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled()}
 	if lb, ok := be.(*local.Backend); ok {
-		attrs = append(attrs, "userns", lb.UserNS())
+		attrs = append(attrs, "envd", *envdPath, "userns", lb.UserNS())
+	}
+	if ib, ok := be.(*incus.Backend); ok {
+		attrs = append(attrs, "envd", ib.EnvdPath()) // a cluster's members hold their own
 	}
 	log.Info("sandboxd serving", attrs...)
 
