@@ -60,6 +60,12 @@
 #   SANDBOXD_VM_BOOT_TIMEOUT  seconds the guest may take to its first line
 #                        before it is killed and booted once more (default 300;
 #                        9 s on a quiet 2-core host)
+#   SANDBOXD_VM_SILENCE  seconds the tests may print nothing before the guest
+#                        sends them SIGQUIT (their stacks, then a failure);
+#                        300 s more of silence and the host kills the guest
+#                        and boots it once more (default 900; the longest
+#                        v2 run here printed every test and subtest as it began,
+#                        1323 s in all)
 #   SANDBOXD_VM_MEM      guest memory (default 3G); SANDBOXD_VM_CPUS (default 2)
 #   SANDBOXD_VM_CACHE    kernel cache (default /var/cache/sandboxd-vm)
 #   SANDBOXD_VM_KERNEL   newest or candidate: which linux-image-amd64 (default:
@@ -70,6 +76,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SANDBOXD_VM_CACHE:-/var/cache/sandboxd-vm}
 timeout_s=${SANDBOXD_VM_TIMEOUT:-3300}
+silence_s=${SANDBOXD_VM_SILENCE:-900}
 mem=${SANDBOXD_VM_MEM:-3G}
 cpus=${SANDBOXD_VM_CPUS:-2}
 extra_args=${SANDBOXD_VM_ARGS:-}
@@ -265,7 +272,8 @@ LAYOUT='$layout'
 RUN_PATTERN='$run_pattern'
 SKIP_PATTERN='$skip_pattern'
 EXTRA_ARGS='$extra_args'
-TIMEOUT='$((timeout_s - 30))s'
+TIMEOUT='$((timeout_s - 720))s'
+SILENCE_S='$silence_s'
 EOF
 
 cat >"$ir/init" <<'EOF'
@@ -357,8 +365,29 @@ $bb cp "$WORK/envd" /run/sandboxd-vm/envd
 cgrc=$?
 # SANDBOXD_TEST_SLOW: the bounds that catch hangs (runtimetest.Within)
 # stretched for an emulated CPU shared with the host's other stages.
-SANDBOXD_TEST_SLOW=4 SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init SANDBOXD_SPAWN=$WORK/sandboxd-spawn "$WORK/local.test" "$@" 2>&1
+# A test that prints nothing for SILENCE_S seconds hangs: SIGQUIT makes Go
+# print every goroutine's stack and exit, so the log says where. (The host
+# kills a guest silent for longer still: a hung kernel.)
+out=/run/sandboxd-vm/local.out
+SANDBOXD_TEST_SLOW=4 SANDBOXD_ENVD=/run/sandboxd-vm/envd SANDBOXD_INIT=$WORK/sandboxd-init SANDBOXD_SPAWN=$WORK/sandboxd-spawn "$WORK/local.test" "$@" >$out 2>&1 &
+pid=$!
+# coreutils tail (busybox sh would run its own applet, which has no --pid)
+/usr/bin/tail -n +1 -s 1 -f --pid=$pid $out &
+tailpid=$!
+last=-1 quiet=0
+while kill -0 $pid 2>/dev/null; do
+  $bb sleep 10
+  size=$($bb stat -c %s $out)
+  if [ "$size" = "$last" ]; then quiet=$((quiet + 10)); else quiet=0 last=$size; fi
+  if [ $quiet -ge "$SILENCE_S" ]; then
+    echo "SANDBOXD-VM: no output from the tests in ${SILENCE_S}s: SIGQUIT for their goroutines' stacks"
+    kill -QUIT $pid
+    quiet=-1000000
+  fi
+done
+wait $pid
 rc=$?
+wait $tailpid
 [ $rc -eq 0 ] && rc=$cgrc
 echo "SANDBOXD-VM-RESULT $rc"
 sync
@@ -382,7 +411,12 @@ start=$(date +%s)
 # Status 3: the guest never spoke. Status 4: its kernel oopsed before the
 # tests reported (an emulated guest once hit an int3 in the kernel's own
 # code patching, in get_page_from_freelist, 2026-12-04); that earns the
-# same one retry, and a second failure fails the stage.
+# same one retry, and a second failure fails the stage. Status 5: the guest
+# spoke, then nothing for silence_s + 300 seconds (a v1 guest went quiet
+# 7 s into TestCgroupDelegation and stayed so until the timeout, 54 min
+# later, 2026-12-05): the guest's own watchdog (SILENCE_S) would have had
+# the tests print their stacks and end by then, so its kernel hangs; the
+# same one retry.
 boot() {
   : >"$log"
   rm -f "$work/qemu.pid"
@@ -393,28 +427,40 @@ boot() {
     -virtfs "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap" \
     -nic none -display none -monitor none -serial stdio -no-reboot -pidfile "$work/qemu.pid" \
     </dev/null 2>"$work/qemu.err" | sed -u 's/\r$//' | tee "$log" &
-  local run=$! t0 spoke=
+  local run=$! t0 spoke= silent= size last=-1 heard
   t0=$(date +%s)
+  heard=$t0
   while kill -0 "$run" 2>/dev/null; do
-    if grep -q '^SANDBOXD-VM' "$log"; then
+    if [[ -z "$spoke" ]] && grep -q '^SANDBOXD-VM' "$log"; then
       spoke=1
       say "the guest's first line after $(($(date +%s) - t0))s"
-      break
     fi
-    if (($(date +%s) - t0 >= boot_s)); then
+    size=$(stat -c %s "$log")
+    if ((size != last)); then last=$size heard=$(date +%s); fi
+    if [[ -z "$spoke" ]] && (($(date +%s) - t0 >= boot_s)); then
       say "no line from the guest in ${boot_s}s: killing it"
-      kill "$(cat "$work/qemu.pid" 2>/dev/null)" 2>/dev/null ||
-        pkill -f -- "-pidfile $work/qemu.pid" || true
+      kill_guest
       break
     fi
-    sleep 1
+    if [[ -n "$spoke" ]] && (($(date +%s) - heard >= silence_s + 300)); then
+      say "nothing from the guest in $((silence_s + 300))s: killing it"
+      silent=1
+      kill_guest
+      break
+    fi
+    sleep 5
   done
   wait "$run" || true
   if [[ -z "$spoke" ]] && ! grep -q '^SANDBOXD-VM' "$log"; then return 3; fi
+  if [[ -n "$silent" ]] && ! grep -q '^SANDBOXD-VM-RESULT ' "$log"; then return 5; fi
   if ! grep -q '^SANDBOXD-VM-RESULT ' "$log" && grep -qE '^\[ *[0-9.]+\] (Oops|Kernel panic)' "$log"; then
     return 4
   fi
   return 0
+}
+kill_guest() {
+  kill "$(cat "$work/qemu.pid" 2>/dev/null)" 2>/dev/null ||
+    pkill -f -- "-pidfile $work/qemu.pid" || true
 }
 boot_s=${SANDBOXD_VM_BOOT_TIMEOUT:-300}
 boot "$timeout_s" || st=$?
@@ -423,6 +469,7 @@ if ((${st:-0} != 0)); then
   if ((left > boot_s)); then
     why="the guest never spoke"
     ((st == 4)) && why="the guest's kernel oopsed before a result: $(grep -m1 -E '^\[ *[0-9.]+\] (Oops|Kernel panic)' "$log")"
+    ((st == 5)) && why="the guest went silent (a hung kernel)"
     say "$why; booting again (${left}s left; the first run's console is above)"
     boot "$left" || true
   fi
