@@ -44,6 +44,7 @@ func isConnectStream(h http.Header) bool {
 
 // guardConnectStream is ReverseProxy's ModifyResponse.
 func (p *Proxy) guardConnectStream(resp *http.Response) error {
+	answerEarly(resp)
 	if resp.StatusCode == http.StatusOK && isConnectStream(resp.Header) {
 		t, _ := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
 		resp.Body = &streamGuard{body: resp.Body, sandboxID: t.id, caller: resp.Request.Context()}

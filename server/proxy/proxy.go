@@ -10,6 +10,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -293,6 +295,41 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del("X-Api-Key")
 	pr.Out.Header.Del(headerTrafficToken)
 	telemetry.Inject(pr.In.Context(), pr.Out.Header)
+	if pr.In.ProtoMajor == 1 && pr.Out.Body != nil && pr.Out.Body != http.NoBody {
+		rb := &requestBody{ReadCloser: pr.Out.Body}
+		pr.Out.Body = rb
+		pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), requestBodyKey{}, rb))
+	}
+}
+
+// requestBody notes whether the client's request body was read to its end.
+// An answer that comes before (envd's 507 to an upload too large for the
+// disk, with the body still arriving) leaves the client's HTTP/1.1
+// connection in a state Go's server may close after the answer without
+// saying so, when the transport closed the body first; a client that then
+// reuses the connection gets it closed under its next request. So such an
+// answer says Connection: close (answerEarly).
+type requestBody struct {
+	io.ReadCloser
+	eof atomic.Bool
+}
+
+type requestBodyKey struct{}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// answerEarly marks an answer to a request whose body was not read to its
+// end as the connection's last (requestBody).
+func answerEarly(resp *http.Response) {
+	if b, ok := resp.Request.Context().Value(requestBodyKey{}).(*requestBody); ok && !b.eof.Load() {
+		resp.Header.Set("Connection", "close")
+	}
 }
 
 // CloseSandbox closes every upstream connection to sandbox id, idle or in

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -782,5 +783,44 @@ func proxyWaitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An answer that comes before the client's upload was read to its end
+// (envd's 507 for a disk too full) closes the client's connection and says
+// so, so that the client's next request does not meet the close; an answer
+// after the whole body keeps the connection.
+func TestProxyEarlyAnswerSaysClose(t *testing.T) {
+	env := newProxyEnv(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/early" {
+			w.WriteHeader(http.StatusInsufficientStorage) // the body unread
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer up.Close()
+	env.d.set("sbx2", &fakeProxySandbox{ports: map[int]string{3000: up.Listener.Addr().String()}})
+	hdr := map[string]string{headerSandboxID: "sbx2", headerSandboxPort: "3000"}
+	c := proxyClient(false)
+	for _, tc := range []struct {
+		path      string
+		status    int
+		wantClose bool
+	}{
+		{"/early", http.StatusInsufficientStorage, true},
+		{"/read", http.StatusNoContent, false},
+	} {
+		for i := range 3 {
+			resp, _ := proxyDo(t, c, proxyReq(t, "POST", env.srv.URL+tc.path, bytes.NewReader(make([]byte, 4<<20)), hdr))
+			if resp.StatusCode != tc.status || resp.Close != tc.wantClose {
+				t.Fatalf("%s #%d: %d, Connection: close %v; want %d, %v", tc.path, i, resp.StatusCode, resp.Close, tc.status, tc.wantClose)
+			}
+			// The next request on the same client works either way.
+			if resp, _ := proxyDo(t, c, proxyReq(t, "GET", env.srv.URL+"/read", nil, hdr)); resp.StatusCode != http.StatusNoContent {
+				t.Fatalf("%s #%d: the next request: %d", tc.path, i, resp.StatusCode)
+			}
+		}
 	}
 }
