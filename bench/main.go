@@ -37,6 +37,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 )
 
 // Config is what the flags set.
@@ -488,19 +490,16 @@ func orDash(s string) string {
 }
 
 // snapshotBins copies sandboxd and its agent to a private directory and
-// describes them. The agent is the one sandboxd serve picks in from:
-// envd-rs where built, else envd. It is copied as envd, so that the
-// standalone envd of the exec scenarios and every sandbox run the same
-// agent, and info["envd"] says which it was.
+// describes them. The agent is the one sandboxd serve picks in from
+// (agentbin). It is copied as envd, so that the standalone envd of the
+// exec scenarios and every sandbox run the same agent, and info["envd"]
+// says which it was.
 func snapshotBins(from string) (string, map[string]string, error) {
 	dir, err := os.MkdirTemp("", "sandboxd-bench-bin-")
 	if err != nil {
 		return "", nil, err
 	}
-	agent := "envd"
-	if fi, err := os.Stat(filepath.Join(from, "envd-rs")); err == nil && fi.Mode().IsRegular() {
-		agent = "envd-rs"
-	}
+	agent := agentbin.Name(from)
 	info := map[string]string{}
 	for _, name := range []string{"sandboxd", "envd", "sandboxd-init", "sandboxd-spawn", "runc", "fakeinet", "code-interpreter"} {
 		src := filepath.Join(from, name)

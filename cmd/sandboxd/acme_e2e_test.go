@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 )
 
 // acmeTool finds a program of Let's Encrypt's ACME test servers:
@@ -332,7 +334,7 @@ func acmeSandboxd(t *testing.T, e *e2eEnv, logName, listen string, env, args []s
 	}
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), append([]string{"serve",
 		"--listen", listen, "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--envd", defaultAgent(e2eBinDir)}, args...)...)
+		"--envd", agentbin.Path(e2eBinDir)}, args...)...)
 	cmd.Env = append(e2eSandboxdEnviron(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/certs"
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
 	"github.com/sandboxd/sandboxd/incus"
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 	"github.com/sandboxd/sandboxd/leader"
 	sbxruntime "github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/local"
@@ -185,7 +186,7 @@ func serve(args []string) error {
 		if err != nil {
 			return err
 		}
-		*envdPath = defaultAgent(filepath.Dir(exe))
+		*envdPath = agentbin.Path(filepath.Dir(exe))
 	}
 	jwtVerifier, err := nativeJWT(*dataDir)
 	if err != nil {
@@ -535,16 +536,4 @@ func (t templateFlag) resources() map[string]sbxruntime.Resources {
 func differOf(be sbxruntime.Backend) sbxruntime.Differ {
 	d, _ := be.(sbxruntime.Differ)
 	return d
-}
-
-// defaultAgent is the in-sandbox agent in dir: envd-rs where it was built
-// (envd's protocol without a Go runtime: a third of the CPU and a sixth of
-// the memory per sandbox, docs/agent-rust.md), else envd. A missing envd
-// is reported by the backend, which checks the path it is given.
-func defaultAgent(dir string) string {
-	rs := filepath.Join(dir, "envd-rs")
-	if fi, err := os.Stat(rs); err == nil && fi.Mode().IsRegular() {
-		return rs
-	}
-	return filepath.Join(dir, "envd")
 }

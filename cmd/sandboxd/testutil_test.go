@@ -69,6 +69,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/envd/api/process"
 	"github.com/sandboxd/sandboxd/envd/api/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 )
@@ -656,7 +657,7 @@ func launchE2EServer(l e2eLaunch, dataDir, runDir, logPath string, extraArgs ...
 		"--listen", addr,
 		"--data-dir", dataDir,
 		"--run-dir", runDir,
-		"--envd", defaultAgent(e2eBinDir),
+		"--envd", agentbin.Path(e2eBinDir),
 	}, extraArgs...)...)
 	cmd.Env = append(slices.DeleteFunc(e2eSandboxdEnviron(), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")

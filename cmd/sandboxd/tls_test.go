@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 )
 
 func tlsTestInit(t *testing.T, dir, domain string) string {
@@ -188,7 +190,7 @@ func TestTLSServe(t *testing.T) {
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(e2eBinDir, "sandboxd"), "serve",
 		"--listen", addr, "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--envd", defaultAgent(e2eBinDir), "--domain", domain,
+		"--envd", agentbin.Path(e2eBinDir), "--domain", domain,
 		"--tls-cert", filepath.Join(dir, "cert.pem"), "--tls-key", filepath.Join(dir, "key.pem"))
 	cmd.Env = e2eSandboxdEnviron()
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -189,6 +189,10 @@ func (a *API) wsSession(ctx context.Context, conn *wsConn, id string) error {
 		clientGone: clientGone, timedOut: timedOut, streamErr: stream.Err()})
 	endSession()
 	<-pingDone
+	// The process has ended: neither envd's stream nor the sandbox's
+	// activity (the idle TTL) waits for the client's close reply.
+	_ = stream.Close()
+	c.close()
 	if !clientGone {
 		// A client still reading the last frames answers the pings among
 		// them; a pong that met a closed socket would draw a reset, and the

@@ -42,14 +42,13 @@ func isConnectStream(h http.Header) bool {
 	return strings.HasPrefix(h.Get("Content-Type"), "application/connect+")
 }
 
-// guardConnectStream is ReverseProxy's ModifyResponse.
-func (p *Proxy) guardConnectStream(resp *http.Response) error {
-	answerEarly(resp)
+// guardConnectStream wraps the body of a Connect server stream in a
+// streamGuard.
+func guardConnectStream(resp *http.Response) {
 	if resp.StatusCode == http.StatusOK && isConnectStream(resp.Header) {
 		t, _ := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
 		resp.Body = &streamGuard{body: resp.Body, sandboxID: t.id, caller: resp.Request.Context()}
 	}
-	return nil
 }
 
 // streamGuard passes whole envelopes through and turns a body that breaks

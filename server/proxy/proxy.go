@@ -160,7 +160,7 @@ func New(lc Lifecycle, cfg Config) *Proxy {
 		ErrorHandler:  p.upstreamError,
 		// A Connect stream the sandbox breaks off ends with an error
 		// envelope, not a cut connection (connectstream.go).
-		ModifyResponse: p.guardConnectStream,
+		ModifyResponse: modifyResponse,
 		// Client disconnects mid-body are routine; keep them out of the
 		// warning log.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
@@ -322,6 +322,14 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		b.eof.Store(true)
 	}
 	return n, err
+}
+
+// modifyResponse is ReverseProxy's ModifyResponse: what the proxy changes
+// in envd's (or a sandbox port's) answer on its way to the client.
+func modifyResponse(resp *http.Response) error {
+	answerEarly(resp)
+	guardConnectStream(resp)
+	return nil
 }
 
 // answerEarly marks an answer to a request whose body was not read to its
