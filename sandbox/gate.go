@@ -12,6 +12,14 @@ import (
 // every slot; once another tenant is active (holds a slot, waits for one,
 // or asked within shareWindow), each holds at most all slots but one, so
 // the other's create finds a slot free or waits for at most one create.
+// While another tenant's lone create runs (granted as its tenant's only
+// one, not in the background, and still its only one), a tenant with more
+// than one create (holding a slot or waiting) starts none: the flood's
+// creates already started finish beside the lone one, niced, and its next
+// wait for the lone create's time, which is all the fairness goal lets a
+// flood cost another tenant. For at most loneHoldMax: lone creates of many
+// tenants, one after another, never stop a flood, which then goes on one
+// slot at a time.
 // Waiters queue per tenant; a freed slot goes to the waiting tenant below
 // its cap that holds the fewest slots, the one served longest ago among
 // equals, and within a tenant to its oldest waiter.
@@ -30,11 +38,13 @@ type coldGate struct {
 	queues      map[tenant.ID][]*gateWaiter
 	served      map[tenant.ID]uint64    // grant sequence of each tenant's last slot
 	asked       map[tenant.ID]time.Time // each tenant's last enter, within shareWindow
+	lone        map[tenant.ID]int       // slots held by creates granted alone (gateWaiter.background false)
 	seq         uint64
 }
 
 type gateWaiter struct {
 	t       tenant.ID
+	since   time.Time     // when it entered
 	granted chan struct{} // closed when the waiter holds a slot
 	// background: at its grant, its tenant held another slot or had
 	// waiters behind it, so it is one of a flood (runtime.Spec.Background).
@@ -47,6 +57,11 @@ type gateWaiter struct {
 // another's flood never wait for the flood.
 const defaultShareWindow = 2 * time.Second
 
+// loneHoldMax is the longest a flood's oldest waiter is held back by other
+// tenants' lone creates: several creates' time (a cold create takes about
+// 10 ms on the local backend), and short of any client's patience.
+const loneHoldMax = 100 * time.Millisecond
+
 func newColdGate(slots, queueMax int) *coldGate {
 	return &coldGate{
 		slots: slots, free: slots, queueMax: max(queueMax, 0),
@@ -55,12 +70,25 @@ func newColdGate(slots, queueMax int) *coldGate {
 		queues: map[tenant.ID][]*gateWaiter{},
 		served: map[tenant.ID]uint64{},
 		asked:  map[tenant.ID]time.Time{},
+		lone:   map[tenant.ID]int{},
 	}
 }
 
 // capLocked is the most slots tenant t may hold now: all of them while it
-// is alone, all but one (at least one) once another tenant is active.
+// is alone, all but one (at least one) once another tenant is active, and
+// while it floods (holds a slot or waits) and another tenant's lone create
+// runs, none, or one once its oldest waiter has waited loneHoldMax.
 func (g *coldGate) capLocked(t tenant.ID, now time.Time) int {
+	if q := g.queues[t]; g.held[t] > 0 || len(q) > 0 {
+		for u := range g.lone {
+			if u != t && g.held[u] == 1 && len(g.queues[u]) == 0 {
+				if len(q) > 0 && now.Sub(q[0].since) >= loneHoldMax {
+					return 1
+				}
+				return 0
+			}
+		}
+	}
 	for u, at := range g.asked {
 		if u == t {
 			continue
@@ -77,10 +105,10 @@ func (g *coldGate) capLocked(t tenant.ID, now time.Time) int {
 // a grant (the slot is then released) or instead of one. It returns nil
 // when t's share of the bounded queue is full: the create is refused.
 func (g *coldGate) enter(t tenant.ID) *gateWaiter {
-	w := &gateWaiter{t: t, granted: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.now()
+	w := &gateWaiter{t: t, since: now, granted: make(chan struct{})}
 	for u, at := range g.asked {
 		// Forget tenants idle past the window: the map follows active ones.
 		if now.Sub(at) >= g.shareWindow && g.held[u] == 0 && len(g.queues[u]) == 0 {
@@ -92,12 +120,16 @@ func (g *coldGate) enter(t tenant.ID) *gateWaiter {
 	// behind them.
 	if g.free > 0 && g.held[t] < g.capLocked(t, now) && len(g.queues[t]) == 0 {
 		g.grantLocked(w)
+		g.handOnLocked() // see below
 		return w
 	}
 	if g.queueMax > 0 && len(g.queues[t]) >= g.shareLocked(t) {
 		return nil
 	}
 	g.queues[t] = append(g.queues[t], w)
+	// A tenant with a second create no longer runs a lone one that holds
+	// floods to one slot: a slot kept free for that may now be theirs.
+	g.handOnLocked()
 	return w
 }
 
@@ -117,6 +149,11 @@ func (g *coldGate) leave(w *gateWaiter) {
 	defer g.mu.Unlock()
 	select {
 	case <-w.granted:
+		if !w.background {
+			if g.lone[w.t]--; g.lone[w.t] == 0 {
+				delete(g.lone, w.t)
+			}
+		}
 		g.held[w.t]--
 		if g.held[w.t] == 0 {
 			delete(g.held, w.t)
@@ -149,6 +186,9 @@ func (g *coldGate) leave(w *gateWaiter) {
 
 func (g *coldGate) grantLocked(w *gateWaiter) {
 	w.background = g.held[w.t] > 0 || len(g.queues[w.t]) > 0
+	if !w.background {
+		g.lone[w.t]++
+	}
 	g.free--
 	g.held[w.t]++
 	g.seq++

@@ -50,12 +50,16 @@ func TestColdGate(t *testing.T) {
 			if !granted(b1) || granted(a4) {
 				t.Fatal("the freed slot did not go to b, the tenant holding none")
 			}
+			// While b's lone create runs, a, flooding, holds one slot.
 			g.leave(a2)
-			if !granted(a4) {
-				t.Fatal("a's waiter not granted a second slot")
+			if granted(a4) {
+				t.Fatal("a granted a second slot while b's lone create runs")
 			}
 			a5 := g.enter("a")
 			g.leave(b1)
+			if !granted(a4) {
+				t.Fatal("a's waiter not granted a second slot after b's create")
+			}
 			if granted(a5) {
 				t.Fatal("a got a third slot while b is active")
 			}
@@ -67,17 +71,87 @@ func TestColdGate(t *testing.T) {
 			if !granted(a1) || !granted(a2) || granted(a3) {
 				t.Fatalf("granted %v %v %v, want two of three", granted(a1), granted(a2), granted(a3))
 			}
-			if b2 := g.enter("b"); !granted(b2) {
+			b2 := g.enter("b")
+			if !granted(b2) {
 				t.Fatal("b found no free slot while a flooded")
 			}
-			// b goes quiet past the window: a's next freed slot lets a
-			// take them all again.
-			*clock = clock.Add(defaultShareWindow)
-			a4 := g.enter("a")
 			g.leave(a1)
-			if !granted(a3) || granted(a4) {
+			if granted(a3) {
+				t.Fatal("a's waiter granted a second slot while b's lone create runs")
+			}
+			g.leave(b2)
+			if !granted(a3) {
 				t.Fatal("a's oldest waiter was not granted the freed slot")
 			}
+			// b goes quiet past the window: a may take them all again.
+			*clock = clock.Add(defaultShareWindow)
+			if a4 := g.enter("a"); !granted(a4) {
+				t.Fatal("a not granted every slot with b gone quiet")
+			}
+		}},
+		{"lone creates of other tenants, one after another, never stop a flood", 3, 0, func(t *testing.T, g *coldGate, clock *time.Time) {
+			a1, a2, a3 := g.enter("a"), g.enter("a"), g.enter("a")
+			b1 := g.enter("b")
+			g.leave(a1) // b's lone create gets the slot
+			if !granted(b1) {
+				t.Fatal("b's lone create not granted")
+			}
+			a4 := g.enter("a")
+			g.leave(a2)
+			g.leave(a3)
+			if granted(a4) {
+				t.Fatal("a started a create beside b's lone one")
+			}
+			// c's lone create comes while b's runs, and a has waited
+			// loneHoldMax: a gets one slot.
+			*clock = clock.Add(loneHoldMax)
+			c1 := g.enter("c")
+			if !granted(c1) || !granted(a4) {
+				t.Fatalf("c granted %v, a's waiter %v; want both", granted(c1), granted(a4))
+			}
+			a5 := g.enter("a")
+			g.leave(b1)
+			g.leave(a4)
+			if granted(a5) {
+				t.Fatal("a's next granted at once beside c's lone create")
+			}
+			g.leave(c1)
+			if !granted(a5) {
+				t.Fatal("a's next not granted once the lone creates ended")
+			}
+		}},
+		{"two floods: the slot a lone create leaves free is used", 3, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
+			a1, b1 := g.enter("a"), g.enter("b")
+			// a's second waits beside b's lone create; b's second makes b
+			// a flood too, so nothing is lone any more and it takes the
+			// third slot.
+			a2, b2 := g.enter("a"), g.enter("b")
+			if granted(a2) || !granted(b2) {
+				t.Fatalf("a's second %v, b's second %v; want b's", granted(a2), granted(b2))
+			}
+			g.leave(a1)
+			if !granted(a2) {
+				t.Fatal("a's second not granted the freed slot")
+			}
+			g.leave(b1)
+		}},
+		{"a lone create that becomes a flood frees the others' slots", 5, 0, func(t *testing.T, g *coldGate, _ *time.Time) {
+			a1, a2, b1 := g.enter("a"), g.enter("a"), g.enter("b")
+			a3, a4 := g.enter("a"), g.enter("a") // beside b's lone create: both wait, two slots free
+			if granted(a3) || granted(a4) {
+				t.Fatal("a granted a third slot beside b's lone create")
+			}
+			// b's second makes b a flood: it takes a free slot, and a's
+			// oldest waiter the other.
+			if b2 := g.enter("b"); !granted(b2) {
+				t.Fatal("b's second not granted a free slot")
+			}
+			if !granted(a3) || granted(a4) {
+				t.Fatalf("a's third %v, fourth %v; want the third only", granted(a3), granted(a4))
+			}
+			g.leave(a1)
+			g.leave(a2)
+			g.leave(b1)
 		}},
 		{"a tenant alone may queue the whole queue, then gets refused", 1, 4, func(t *testing.T, g *coldGate, _ *time.Time) {
 			g.enter("a") // holds the slot
@@ -126,6 +200,10 @@ func TestColdGate(t *testing.T) {
 				t.Fatalf("b granted %v, a's oldest waiter %v; want b first", granted(b2), granted(a2))
 			}
 			g.leave(a1)
+			if granted(a2) {
+				t.Fatal("a, flooding, started a create beside b's lone one")
+			}
+			g.leave(b2)
 			if !granted(a2) || granted(a3) {
 				t.Fatal("a's waiters are not served oldest first")
 			}

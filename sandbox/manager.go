@@ -29,9 +29,11 @@
 // fewest (the one served longest ago among equals), so a tenant flooding
 // creates never takes every slot from another: the other's create finds
 // one free (or waits for one create), and shares the CPUs with a bounded
-// number of the flood's, which start in the background (Ticket.Background,
-// runtime.Spec.Background): the flood's creates after its first, and pool
-// refills, take the CPU a lone create leaves. Only what exceeds the host's
+// number of the flood's: while the other's is its tenant's only create,
+// the flood starts no new one (what it started finishes; its next wait
+// for the lone create's time, at most loneHoldMax). The flood's creates after its first,
+// and pool refills, start in the background (Ticket.Background,
+// runtime.Spec.Background): they take the CPU a lone create leaves. Only what exceeds the host's
 // capacity is refused: the waiters are bounded (ColdQueue), each tenant to
 // its share, and a create beyond gets 429 with Retry-After. A waiting create counts against its
 // tenant's quota although it has no row yet, holds no lock, and gives up
