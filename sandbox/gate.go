@@ -120,7 +120,7 @@ func (g *coldGate) enter(t tenant.ID) *gateWaiter {
 	// behind them.
 	if g.free > 0 && g.held[t] < g.capLocked(t, now) && len(g.queues[t]) == 0 {
 		g.grantLocked(w)
-		g.handOnLocked() // see below
+		g.handOnLocked() // as below
 		return w
 	}
 	if g.queueMax > 0 && len(g.queues[t]) >= g.shareLocked(t) {
@@ -128,7 +128,7 @@ func (g *coldGate) enter(t tenant.ID) *gateWaiter {
 	}
 	g.queues[t] = append(g.queues[t], w)
 	// A tenant with a second create no longer runs a lone one that holds
-	// floods to one slot: a slot kept free for that may now be theirs.
+	// floods back: a slot kept free for that may now be theirs.
 	g.handOnLocked()
 	return w
 }
