@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
 
 func TestNew(t *testing.T) {
@@ -78,13 +81,7 @@ func TestLinkNames(t *testing.T) {
 // another sandbox's veth already (two sandboxd sharing a subnet) fails,
 // and the first keeps its route.
 func TestAddressInUse(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make veth pairs")
-	}
-	e, err := New(netip.MustParsePrefix("10.139.250.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := vethEgress(t, "10.139.250.0/24")
 	ip := netip.MustParseAddr("10.139.250.7")
 	keyA, keyB := "egress-test-a-"+strconv.Itoa(os.Getpid()), "egress-test-b-"+strconv.Itoa(os.Getpid())
 	t.Cleanup(func() { DeleteLinks(keyA); DeleteLinks(keyB) })
@@ -103,6 +100,20 @@ func TestAddressInUse(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "dev "+a.HostIf) {
 		t.Errorf("route to %s = %q, %v; want it still via %s", ip, out, err, a.HostIf)
 	}
+}
+
+// vethEgress is an Egress on subnet for a test that makes veth pairs,
+// which needs root: the test is skipped without.
+func vethEgress(t *testing.T, subnet string) *Egress {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make veth pairs")
+	}
+	e, err := New(netip.MustParsePrefix(subnet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // netnsProcess starts a process in a network namespace of its own (a
@@ -180,5 +191,43 @@ func TestNewAllow(t *testing.T) {
 	}
 	if e.table != "sandboxd_10_133_0_0_16" {
 		t.Errorf("table = %s; want sandboxd_10_133_0_0_16", e.table)
+	}
+}
+
+// TestVethOneQueue: both ends of a sandbox's veth are made with one queue
+// each way. Made without, they get one per possible CPU and the kernel cuts
+// them to one with an RCU grace period under rtnl_mutex (CreateVethIn). On
+// a one-CPU host the default is one queue too, and this cannot tell.
+func TestVethOneQueue(t *testing.T) {
+	e := vethEgress(t, "10.139.251.0/24")
+	key := "egress-queues-" + strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { DeleteLinks(key) })
+	pid := netnsProcess(t)
+	info, err := e.CreateVethIn(key, netip.MustParseAddr("10.139.251.9"), pid)
+	if err != nil {
+		t.Fatalf("CreateVethIn = %v", err)
+	}
+	host, err := netlink.LinkByName(info.HostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	peer, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []netlink.Link{host, peer} {
+		if a := l.Attrs(); a.NumTxQueues != 1 || a.NumRxQueues != 1 {
+			t.Errorf("%s: %d tx and %d rx queues; want 1 and 1", a.Name, a.NumTxQueues, a.NumRxQueues)
+		}
 	}
 }
