@@ -393,12 +393,11 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 		case m := <-fence:
 			switch {
 			case m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] && !iopub:
-				// The empty code has no output of its own. What comes
-				// tagged with the fence after its idle status is no longer
-				// the execution's: Deno's pending publications go out while
-				// the fence runs. Before, such output was passed on or not
-				// depending on whether the fence's reply, on the other
-				// connection, had come first.
+				// The empty code has no output of its own. Only what
+				// comes before the fence's idle status is the execution's
+				// (Deno's pending publications go out while the fence
+				// runs); the fence's reply, on the other connection, may
+				// come later, so its arrival cannot mark the end.
 				pass(m)
 			case m.Channel == "iopub" && m.Header.MsgType == "status":
 				var st statusContent

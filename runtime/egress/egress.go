@@ -422,10 +422,7 @@ func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) 
 	// One queue each way, asked for (both ends take the attributes): a
 	// veth made without them gets a queue per CPU, and the kernel then cuts
 	// it to one in an expedited RCU grace period while it holds rtnl_mutex,
-	// which every other sandbox's network set-up and teardown waits for
-	// (with 8 clients creating unbounded, the sandboxes' waits for
-	// rtnl_mutex fell by a third: docs/benchmarks-history.md, machine F's
-	// third session).
+	// which every other sandbox's network set-up and teardown waits for.
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, NumTxQueues: 1, NumRxQueues: 1},
 		PeerName:      "eth0",
