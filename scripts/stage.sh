@@ -99,6 +99,18 @@ if ((rc != 0)); then
   grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^not ok [0-9]+ - |^(FAILED|ERROR) tests/|^---- \S+ stdout ----$' "$out" |
     sed -E 's/^\s+//; s/ \([0-9.]+s\)$//' | awk '!seen[$0]++' | head -n 40 |
     sed "s/^/$name: /" >>"$STAGE_LOG.failed"
+  # And why, for go test: the last lines a failed test logged (its
+  # t.Fatal, not the INFO lines a backend logs through it), and the first
+  # lines of a data race report, which fails whatever test ran beside it.
+  awk '
+    function flush() { for (i = (n > 4 ? n - 4 : 0); i < n; i++) print "  " test ": " buf[i % 4]; n = 0 }
+    /^[[:space:]]*--- FAIL: / { flush(); inblock = 1; ind = match($0, /[^[:space:]]/); test = $3; next }
+    inblock && match($0, /[^[:space:]]/) > ind && $0 !~ /level=(INFO|DEBUG)/ { sub(/^[[:space:]]+/, ""); buf[n++ % 4] = substr($0, 1, 300); next }
+    inblock && match($0, /[^[:space:]]/) <= ind { flush(); inblock = 0 }
+    /^WARNING: DATA RACE$/ && races++ == 0 { race = 16 }
+    race > 0 && /^=+$/ { race = 0 }
+    race > 0 { print "  race: " $0; race-- }
+    END { flush() }' "$out" | head -n 40 | sed "s/^/$name: /" >>"$STAGE_LOG.failed"
 fi
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" >>"$STAGE_LOG"
 exit "$rc"

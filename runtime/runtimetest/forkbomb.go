@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,15 +43,25 @@ func ForkBomb(t *testing.T, b runtime.Backend, id string, reserve bool) {
 	<-bombDone
 	deadline := time.Now().Add(Within(20 * time.Second))
 	for {
-		res, err := Exec(ctx, b, id, "root", "/bin/sh", "-c", "echo ok; ls -d /proc/[0-9]* 2>/dev/null | wc -l")
-		if err == nil && res.ExitCode == 0 && strings.HasPrefix(res.Stdout, "ok\n") {
-			// envd, sh, ls, wc, and a zombie or two not yet reaped.
-			if n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(res.Stdout, "ok\n"))); n <= 8 {
-				return
-			}
+		// Every process's stat line, read by the shell's builtins (no fork:
+		// the listing counts only what was there).
+		res, err := Exec(ctx, b, id, "root", "/bin/sh", "-c",
+			`echo ok; for p in /proc/[0-9]*; do read -r l < "$p/stat" 2>/dev/null && echo "$l"; done`)
+		procs := strings.Split(strings.TrimSpace(strings.TrimPrefix(res.Stdout, "ok\n")), "\n")
+		// init, envd, sh, and a zombie or two not yet reaped.
+		if err == nil && res.ExitCode == 0 && strings.HasPrefix(res.Stdout, "ok\n") && len(procs) <= 6 {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%v after the bomb's end: %+v %v", Within(20*time.Second), res, err)
+			// Which processes are left (pid, name, state, parent, group,
+			// session): a bomb's survivors or something else.
+			for i, l := range procs {
+				if f := strings.Fields(l); len(f) >= 6 && i < 20 {
+					procs[i] = strings.Join(f[:6], " ")
+				}
+			}
+			t.Fatalf("%v after the bomb's end, %d processes (exit %d, stderr %q, %v): %q",
+				Within(20*time.Second), len(procs), res.ExitCode, res.Stderr, err, procs[:min(len(procs), 20)])
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
