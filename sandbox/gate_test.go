@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -269,6 +270,88 @@ func TestColdGate(t *testing.T) {
 	}
 }
 
+// TestColdGateInvariants drives the gate with random enters, leaves and
+// clock steps, and checks after each what must always hold: every slot
+// is free or held, no slot stays free while a waiting tenant is below its
+// cap, the tenants remembered are exactly the active ones, and the queue
+// of waiting tenants is in order.
+func TestColdGateInvariants(t *testing.T) {
+	for _, c := range []struct{ slots, queue, tenants int }{
+		{1, 0, 2}, {3, 0, 5}, {3, 6, 8}, {4, 0, 40},
+	} {
+		t.Run(fmt.Sprintf("slots=%d,queue=%d,tenants=%d", c.slots, c.queue, c.tenants), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.slots), uint64(c.tenants)))
+			g := newColdGate(c.slots, c.queue)
+			clock := time.Unix(1e9, 0)
+			g.now = func() time.Time { return clock }
+			var live []*gateWaiter // entered, not left
+			for op := range 20000 {
+				switch r := rng.IntN(10); {
+				case r < 5:
+					if w := g.enter(tenant.ID(fmt.Sprint("t", rng.IntN(c.tenants)))); w != nil {
+						live = append(live, w)
+					}
+				case r < 9 && len(live) > 0:
+					i := rng.IntN(len(live))
+					g.leave(live[i])
+					live = slices.Delete(live, i, i+1)
+				default:
+					// Caps change with time alone (a window or loneHoldMax
+					// passes); the gate looks at them on its next call.
+					clock = clock.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
+					continue
+				}
+				held, waiting := 0, 0
+				for _, w := range live {
+					if granted(w) {
+						held++
+					} else {
+						waiting++
+					}
+				}
+				g.mu.Lock()
+				now := g.now()
+				if g.free+held != c.slots || g.free < 0 {
+					t.Fatalf("op %d: %d free and %d held of %d slots", op, g.free, held, c.slots)
+				}
+				queued := 0
+				for i, q := range g.queued {
+					queued += len(q.queue)
+					if q.index != i || len(q.queue) == 0 {
+						t.Fatalf("op %d: %s at %d of the waiting has index %d and %d waiters", op, q.id, i, q.index, len(q.queue))
+					}
+					if i > 0 && g.queued.before(q, g.queued[(i-1)/2]) {
+						t.Fatalf("op %d: %s is before its parent in the waiting tenants' heap", op, q.id)
+					}
+					if g.free > 0 && q.held < g.capLocked(q, now) {
+						t.Fatalf("op %d: a slot is free and %s waits below its cap", op, q.id)
+					}
+				}
+				if queued != waiting {
+					t.Fatalf("op %d: the gate queues %d, %d wait", op, queued, waiting)
+				}
+				for id, r := range g.tenants {
+					if r.idle() && now.Sub(r.asked) >= g.shareWindow {
+						t.Fatalf("op %d: %s is remembered, idle since %v", op, id, now.Sub(r.asked))
+					}
+				}
+				for _, w := range live {
+					if g.tenants[w.t.id] != w.t {
+						t.Fatalf("op %d: %s holds or waits, and is not remembered", op, w.t.id)
+					}
+				}
+				g.mu.Unlock()
+			}
+			for _, w := range live {
+				g.leave(w)
+			}
+			if g.free != c.slots || len(g.queued) != 0 || len(g.loners) != 0 {
+				t.Fatalf("after every leave: %d free, %d waiting, %d lone", g.free, len(g.queued), len(g.loners))
+			}
+		})
+	}
+}
+
 type sandboxtestBackend = sandboxtest.Backend
 
 // countingBackend records the most Creates that ran at once. A create
@@ -521,4 +604,93 @@ func TestCreateQueueFull(t *testing.T) {
 			t.Fatalf("backend holds %d sandboxes, want 4", n)
 		}
 	})
+}
+
+// BenchmarkColdGate is one create's pass through the gate while n tenants
+// flood it, each with waiters queued: a slot is freed, the next waiter is
+// granted, its tenant queues another. enter and leave scan the tenants
+// under the gate's lock, so this is what the gate costs every create
+// (and every other create waits for) with hundreds of tenants waiting.
+// scans/op counts the passes where the benchmark had to look for the
+// grantee among all tenants (its guess, the tenant served longest ago,
+// was wrong): near 0 once the grants go round.
+func BenchmarkColdGate(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("tenants=%d", n), func(b *testing.B) {
+			slots := DefaultColdParallel()
+			g := newColdGate(slots, 0)
+			clock := time.Unix(1e9, 0)
+			g.now = func() time.Time { return clock }
+			type queued struct {
+				id      tenant.ID
+				waiters []*gateWaiter // entered, not left; granted ones first
+				granted int
+			}
+			ts := make([]*queued, n)
+			for i := range ts {
+				// More waiters than slots: no tenant's queue ever empties,
+				// so every grant is a flood's (the lone-create rule idle).
+				ts[i] = &queued{id: tenant.ID(fmt.Sprintf("t%d", i))}
+				for range slots + 2 {
+					ts[i].waiters = append(ts[i].waiters, g.enter(ts[i].id))
+				}
+			}
+			var held, idle []*queued // held in grant order; idle holds none, in leave order
+			take := func(q *queued) bool {
+				if q.granted < len(q.waiters) && granted(q.waiters[q.granted]) {
+					q.granted++
+					held = append(held, q)
+					return true
+				}
+				return false
+			}
+			for _, q := range ts {
+				for take(q) {
+				}
+				if q.granted == 0 {
+					idle = append(idle, q)
+				}
+			}
+			scans := 0
+			pass := func() {
+				// A create takes about 10 ms; many finish in that time.
+				clock = clock.Add(100 * time.Microsecond)
+				q := held[0]
+				held = held[1:]
+				g.leave(q.waiters[0])
+				q.waiters = q.waiters[1:]
+				q.granted--
+				if q.granted == 0 {
+					idle = append(idle, q)
+				}
+				q.waiters = append(q.waiters, g.enter(q.id))
+				if len(idle) > 0 && take(idle[0]) {
+					idle = idle[1:]
+					return
+				}
+				scans++
+				for i, r := range idle {
+					if take(r) {
+						idle = slices.Delete(idle, i, i+1)
+						return
+					}
+				}
+				for _, r := range ts {
+					if take(r) {
+						return
+					}
+				}
+				b.Fatal("a freed slot went to nobody")
+			}
+			for range 3 * n {
+				pass()
+			}
+			scans = 0
+			b.ResetTimer()
+			for range b.N {
+				pass()
+			}
+			b.ReportMetric(float64(scans)/float64(b.N), "scans/op")
+		})
+	}
 }
