@@ -100,8 +100,9 @@ if ((rc != 0)); then
     sed -E 's/^\s+//; s/ \([0-9.]+s\)$//' | awk '!seen[$0]++' | head -n 40 |
     sed "s/^/$name: /" >>"$STAGE_LOG.failed"
   # And why, for go test: the last lines a failed test logged (its
-  # t.Fatal, not the INFO lines a backend logs through it), and the first
-  # lines of a data race report, which fails whatever test ran beside it.
+  # t.Fatal, not the INFO lines a backend logs through it), the first
+  # lines of a data race report, which fails whatever test ran beside it,
+  # and the first panic (a test binary's timeout is one).
   awk '
     function flush() { for (i = (n > 4 ? n - 4 : 0); i < n; i++) print "  " test ": " buf[i % 4]; n = 0 }
     /^[[:space:]]*--- FAIL: / { flush(); inblock = 1; ind = match($0, /[^[:space:]]/); test = $3; next }
@@ -110,6 +111,7 @@ if ((rc != 0)); then
     /^WARNING: DATA RACE$/ && races++ == 0 { race = 16 }
     race > 0 && /^=+$/ { race = 0 }
     race > 0 { print "  race: " $0; race-- }
+    /^panic: / && panics++ == 0 { print "  " substr($0, 1, 300) }
     END { flush() }' "$out" | head -n 40 | sed "s/^/$name: /" >>"$STAGE_LOG.failed"
 fi
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" >>"$STAGE_LOG"
