@@ -369,51 +369,30 @@ func (c *execContext) run(ctx context.Context, code string, silent bool, emit fu
 // it evaluates code: until the next execution, whose request Deno then
 // tags it with. So the fence is an execution of its own (empty, silent: no
 // result, no count): what Deno had pending goes out while it runs, tagged
-// with the fence or with the execution, and its idle status comes after.
+// with the fence or with the execution. Under load one went out after the
+// fence's idle status and reply (a TypeScript result lost in CI), so a
+// second fence follows the first: what the first let go after its answers
+// comes on the same iopub connection before the second's idle status.
 // A kernel_info_request was the fence before, which Deno answers without
 // running its event loop: now and then a JavaScript result was lost so,
 // under load (its execute_result became the next execution's).
 func (c *execContext) settle(ctx context.Context, ch <-chan message, e *execution, emit func(Line) error) {
-	_, fence, done, err := c.conn.execute("", true)
-	if err != nil {
-		return
-	}
-	defer done()
 	pass := func(m message) {
 		for _, l := range e.handle(m) {
 			_ = emit(l) // a client that left is the caller's to notice
 		}
 	}
-	t := time.NewTimer(idleWait)
-	defer t.Stop()
-	for shell, iopub := false, false; !shell || !iopub; {
-		select {
-		case m := <-ch:
-			pass(m)
-		case m := <-fence:
-			switch {
-			case m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] && !iopub:
-				// The empty code has no output of its own. Only what
-				// comes before the fence's idle status is the execution's
-				// (Deno's pending publications go out while the fence
-				// runs); the fence's reply, on the other connection, may
-				// come later, so its arrival cannot mark the end.
-				pass(m)
-			case m.Channel == "iopub" && m.Header.MsgType == "status":
-				var st statusContent
-				_ = json.Unmarshal(m.Content, &st)
-				iopub = iopub || st.ExecutionState == "idle"
-			case m.Header.MsgType == "execute_reply":
-				shell = true
-			}
-		case <-t.C:
-			c.log.Warn("no answer to the fence after an execution", "context", c.ID)
-			return
-		case <-c.conn.closed:
-			return
-		case <-ctx.Done():
+	var before <-chan message
+	for range 2 {
+		_, fence, done, err := c.conn.execute("", true)
+		if err != nil {
 			return
 		}
+		defer done()
+		if !c.awaitFence(ctx, ch, before, fence, pass) {
+			return
+		}
+		before = fence
 	}
 	// The connection reads in order: what came for the execution before
 	// the answers is queued already.
@@ -425,6 +404,54 @@ func (c *execContext) settle(ctx context.Context, ch <-chan message, e *executio
 			return
 		}
 	}
+}
+
+// awaitFence passes on the execution's messages (ch) and the output that
+// comes tagged with the fence or the one before it (nil: none; the empty
+// code has no output of its own) until the fence's reply and idle status;
+// false if the kernel did not answer or went away.
+func (c *execContext) awaitFence(ctx context.Context, ch, before, fence <-chan message, pass func(message)) bool {
+	t := time.NewTimer(idleWait)
+	defer t.Stop()
+	for shell, iopub := false, false; !shell || !iopub; {
+		select {
+		case m := <-ch:
+			pass(m)
+		case m := <-before:
+			if m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] {
+				pass(m)
+			}
+		case m := <-fence:
+			switch {
+			case m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType]:
+				pass(m)
+			case m.Channel == "iopub" && m.Header.MsgType == "status":
+				var st statusContent
+				_ = json.Unmarshal(m.Content, &st)
+				iopub = iopub || st.ExecutionState == "idle"
+			case m.Header.MsgType == "execute_reply":
+				shell = true
+			}
+		case <-t.C:
+			c.log.Warn("no answer to the fence after an execution", "context", c.ID)
+			return false
+		case <-c.conn.closed:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	// The connection reads in order, and select chooses at random among
+	// ready channels: what came tagged with a fence before the answers
+	// may still wait in its channel.
+	for _, f := range []<-chan message{before, fence} {
+		for len(f) > 0 {
+			if m := <-f; m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] {
+				pass(m)
+			}
+		}
+	}
+	return true
 }
 
 // lateOutputTypes are the iopub messages of an execution's output that

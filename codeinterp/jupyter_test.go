@@ -25,14 +25,16 @@ import (
 // as Deno's sometimes do; with streamOnNext, its console output is published
 // while the kernel handles the next request, tagged with that one; with
 // resultOnNext, its result waits for the next execution, tagged with that
-// one, as a publication Deno's event loop did not finish at once does. Empty
-// code has no result, as in Deno.
+// one, as a publication Deno's event loop did not finish at once does
+// (with heldLate, after that execution's idle status, as under load). Empty
+// code has no result or output of its own, as in Deno.
 type lateKernel struct {
 	lostIopub    int
 	noIdle       bool
 	afterIdle    bool
 	streamOnNext bool
 	resultOnNext bool
+	heldLate     bool // with resultOnNext: the held result comes after the next execution's idle status
 	pending      bool // an execution's output waits for the next request
 	held         bool // an execution's result waits for the next execution
 
@@ -106,30 +108,32 @@ func (k *lateKernel) serve(t *testing.T) string {
 					_ = p.Send(append([][]byte{[]byte("kernel.k." + kind)}, m...)...)
 				}
 			}
+			var content struct{ Code string }
+			_ = json.Unmarshal(req.Content, &content)
+			code := content.Code
 			if iopub {
 				reply("iopub", "status", `{"execution_state":"busy"}`)
 			}
 			k.mu.Lock()
 			pending := k.pending
-			k.pending = k.streamOnNext && req.Header.MsgType == "execute_request"
+			k.pending = k.streamOnNext && req.Header.MsgType == "execute_request" && code != ""
 			k.mu.Unlock()
 			if iopub && pending {
 				reply("iopub", "stream", `{"name":"stderr","text":"on next\n"}`)
 			}
+			held := false
 			switch req.Header.MsgType {
 			case "kernel_info_request":
 				reply("shell", "kernel_info_reply", `{"status":"ok"}`)
 			case "execute_request":
-				var content struct{ Code string }
-				_ = json.Unmarshal(req.Content, &content)
 				k.mu.Lock()
-				held := k.held
-				k.held = k.resultOnNext && content.Code != ""
+				held = k.held
+				k.held = k.resultOnNext && code != ""
 				k.mu.Unlock()
-				if iopub && held {
+				if iopub && held && !k.heldLate {
 					reply("iopub", "execute_result", `{"data":{"text/plain":"held"}}`)
 				}
-				if iopub && !k.afterIdle && !k.resultOnNext && content.Code != "" {
+				if iopub && !k.afterIdle && !k.resultOnNext && code != "" {
 					reply("iopub", "execute_result", `{"data":{"text/plain":"False"}}`)
 				}
 				reply("shell", "execute_reply", `{"status":"ok"}`)
@@ -137,7 +141,10 @@ func (k *lateKernel) serve(t *testing.T) string {
 			if iopub && !k.noIdle {
 				reply("iopub", "status", `{"execution_state":"idle"}`)
 			}
-			if iopub && k.afterIdle && req.Header.MsgType == "execute_request" {
+			if iopub && held && k.heldLate {
+				reply("iopub", "execute_result", `{"data":{"text/plain":"held"}}`)
+			}
+			if iopub && k.afterIdle && req.Header.MsgType == "execute_request" && code != "" {
 				reply("iopub", "stream", `{"name":"stdout","text":"late\n"}`)
 				reply("iopub", "execute_result", `{"data":{"text/plain":"2"}}`)
 			}
@@ -243,6 +250,7 @@ func TestExecuteLateOutput(t *testing.T) {
 		{"after the idle status", &lateKernel{afterIdle: true}, "stdout:late\n<nil>,result:2<nil>"},
 		{"tagged with the next request", &lateKernel{streamOnNext: true}, "result:False<nil>,stderr:on next\n<nil>"},
 		{"the result tagged with the next execution", &lateKernel{resultOnNext: true}, "result:held<nil>"},
+		{"the result tagged with the next execution, after its idle status", &lateKernel{resultOnNext: true, heldLate: true}, "result:held<nil>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := lateContext(t, tc.kernel)
@@ -261,8 +269,8 @@ func TestExecuteLateOutput(t *testing.T) {
 			k := tc.kernel
 			k.mu.Lock()
 			defer k.mu.Unlock()
-			if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,execute_request" {
-				t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, the fence", k.requests)
+			if nudges, rest := leadingNudges(k.requests); nudges < 1 || rest != "execute_request,execute_request,execute_request" {
+				t.Errorf("requests %v, want kernel_info_requests until iopub is through, the execution, two fences", k.requests)
 			}
 		})
 	}

@@ -96,7 +96,7 @@ fi
 # often all one gets to see): go test's and the VMs' failed tests, the JS
 # runner's `not ok`, pytest's FAILED/ERROR lines, cargo's `---- T stdout ----`.
 if ((rc != 0)); then
-  grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^not ok [0-9]+ - |^(FAILED|ERROR) tests/|^---- \S+ stdout ----$' "$out" |
+  grep -aE '^\s*--- FAIL: |^FAIL\s+\S+/|^\s*not ok [0-9]+ - |^(FAILED|ERROR) tests/|^---- \S+ stdout ----$' "$out" |
     sed -E 's/^\s+//; s/ \([0-9.]+s\)$//' | awk '!seen[$0]++' | head -n 40 |
     sed "s/^/$name: /" >>"$STAGE_LOG.failed"
   # And why, for go test: the last lines a failed test logged (its
