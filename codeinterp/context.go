@@ -418,12 +418,12 @@ func (c *execContext) awaitFence(ctx context.Context, ch, before, fence <-chan m
 		case m := <-ch:
 			pass(m)
 		case m := <-before:
-			if m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] {
+			if fenceOutput(m) {
 				pass(m)
 			}
 		case m := <-fence:
 			switch {
-			case m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType]:
+			case fenceOutput(m):
 				pass(m)
 			case m.Channel == "iopub" && m.Header.MsgType == "status":
 				var st statusContent
@@ -446,7 +446,7 @@ func (c *execContext) awaitFence(ctx context.Context, ch, before, fence <-chan m
 	// may still wait in its channel.
 	for _, f := range []<-chan message{before, fence} {
 		for len(f) > 0 {
-			if m := <-f; m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] {
+			if m := <-f; fenceOutput(m) {
 				pass(m)
 			}
 		}
@@ -457,6 +457,10 @@ func (c *execContext) awaitFence(ctx context.Context, ch, before, fence <-chan m
 // lateOutputTypes are the iopub messages of an execution's output that
 // settle passes on when they come tagged with its fence.
 var lateOutputTypes = map[string]bool{"stream": true, "execute_result": true, "display_data": true, "update_display_data": true}
+
+// fenceOutput reports whether m, tagged with a fence, is output that settle
+// passes on.
+func fenceOutput(m message) bool { return m.Channel == "iopub" && lateOutputTypes[m.Header.MsgType] }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
