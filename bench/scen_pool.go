@@ -392,9 +392,9 @@ func warmBurstOnce(ctx context.Context, b *Bench, variant, flag string) error {
 	return nil
 }
 
-// fairnessScenario: tenant B creates one sandbox at a time, alone and then
-// while tenant A floods creates from many clients, with the build's default
-// per-tenant limits on.
+// fairnessScenario: tenant B creates one sandbox at a time, alone and
+// while tenant A floods creates from many clients, in alternating rounds,
+// with the build's default per-tenant limits on.
 func fairnessScenario(ctx context.Context, b *Bench) error {
 	if !b.flags["create-rate"] {
 		b.add(unavailable("fairness", "tenant B's create latency while tenant A floods, vs B alone",
@@ -426,10 +426,10 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	if flag != "" {
 		extra = append(extra, flag)
 	}
-	flood, limits := "tenant A floods (8 clients)", "limits are the build's defaults"
+	floodPhrase, limits := "tenant A floods (8 clients)", "limits are the build's defaults"
 	if !limited {
 		extra = append(extra, "--create-rate=0")
-		flood, limits = "tenant A floods (8 clients) with no create rate limit", "no create rate limit"
+		floodPhrase, limits = "tenant A floods (8 clients) with no create rate limit", "no create rate limit"
 	}
 	h, err := b.startSide(ctx, []string{"b", "a"}, extra...)
 	if err != nil {
@@ -437,85 +437,107 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	}
 	defer h.Close()
 	keyA, keyB := h.keys["a"], h.keys["b"]
-	n := b.iters(1, 2, 10)        // 50 by default (nearest rank: p99 is still the maximum)
+	// B's alone and flooded samples alternate in rounds, so that both
+	// sides span the same minutes of a shared box: its other tenants'
+	// load drifts by more than the effect measured. 100 a side by default,
+	// so p99 is not the one slowest sample of a side.
+	n := b.iters(1, 1, 10)
+	rounds := 4
+	if b.cfg.Quick {
+		rounds = 1
+	}
 	gap := 250 * time.Millisecond // B is a modest user: 4 creates/s at most
 	if b.cfg.Quick {
 		gap = 50 * time.Millisecond
 	}
 
-	runB := func() ([]time.Duration, int) {
-		var took []time.Duration
-		errs := 0
+	runB := func(n int, took *[]time.Duration, errs *int) {
 		b.loop(ctx, n, func(int) {
 			t0 := time.Now()
 			sb, err := h.createAs(ctx, keyB, true)
 			d := time.Since(t0)
 			if err != nil {
-				errs++
+				*errs++
 				b.logf("tenant b: %v", err)
 			} else {
-				took = append(took, d)
+				*took = append(*took, d)
 				_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
 			}
 			time.Sleep(gap)
 		})
-		return took, errs
 	}
-
-	alone, aloneErrs := runB()
 
 	// A floods: 8 clients creating as fast as they are let, each backing
-	// off 50 ms after a 429, bounded by B's run and by a request count.
+	// off 50 ms after a 429, for the flooded part of each round and within
+	// a request count.
 	var (
-		stop          atomic.Bool
-		okA, limitedA atomic.Int64
-		otherA, reqA  atomic.Int64
-		wg            sync.WaitGroup
+		okA, limitedA     atomic.Int64
+		otherA, reqA      atomic.Int64
+		alone, flooded    []time.Duration
+		aloneErrs, floodE int
+		floodFor          time.Duration
 	)
 	const maxRequests = 20000
-	for range 8 {
-		wg.Go(func() {
-			for !stop.Load() && ctx.Err() == nil && reqA.Add(1) <= maxRequests {
-				sb, err := h.createAs(ctx, keyA, true)
-				switch {
-				case err == nil:
-					okA.Add(1)
-					_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
-				case errors.Is(err, errRateLimited):
-					limitedA.Add(1)
-					time.Sleep(50 * time.Millisecond)
-				default:
-					otherA.Add(1)
-					time.Sleep(50 * time.Millisecond)
+	flood := func(blockN int) {
+		var (
+			stop atomic.Bool
+			wg   sync.WaitGroup
+		)
+		t0 := time.Now()
+		for range 8 {
+			wg.Go(func() {
+				for !stop.Load() && ctx.Err() == nil && reqA.Add(1) <= maxRequests {
+					sb, err := h.createAs(ctx, keyA, true)
+					switch {
+					case err == nil:
+						okA.Add(1)
+						_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
+					case errors.Is(err, errRateLimited):
+						limitedA.Add(1)
+						time.Sleep(50 * time.Millisecond)
+					default:
+						otherA.Add(1)
+						time.Sleep(50 * time.Millisecond)
+					}
 				}
-			}
-		})
+			})
+		}
+		time.Sleep(time.Second) // let A use up its burst first
+		runB(blockN, &flooded, &floodE)
+		stop.Store(true)
+		wg.Wait()
+		floodFor += time.Since(t0)
 	}
-	time.Sleep(time.Second) // let A use up its burst first
-	t0 := time.Now()
-	flooded, floodErrs := runB()
-	floodFor := time.Since(t0)
-	stop.Store(true)
-	wg.Wait()
-
+	for r := range rounds {
+		blockN := n / rounds
+		if r < n%rounds {
+			blockN++
+		}
+		runB(blockN, &alone, &aloneErrs)
+		flood(blockN)
+		// The flood's last destroys are still being torn down in the
+		// kernel: B's next alone block waits for a quiet box.
+		time.Sleep(500 * time.Millisecond)
+	}
+	floodErrs := floodE
 	alonePhrase := "tenant B cold create, alone"
 	if !limited {
 		alonePhrase += " (no create rate limit)"
 	}
 	a := durDist("fairness", withVariant(alonePhrase, variant), alone, aloneErrs)
-	f := durDist("fairness", withVariant("tenant B cold create while "+flood, variant), flooded, floodErrs)
+	f := durDist("fairness", withVariant("tenant B cold create while "+floodPhrase, variant), flooded, floodErrs)
 	if a.P50 != nil && f.P50 != nil {
 		f.Compare = fmt.Sprintf("p50 %.1f×, p99 %.1f× B alone", *f.P50 / *a.P50, *f.P99 / *a.P99)
 	}
-	f.Goal = "p99 ≤ 2× B alone"
+	f.Goal = "p99 ≤ 1.5× B alone (issue 24)"
 	f.Note = "B's errors include any 429: B must never be limited by A's flood"
-	rate := float64(okA.Load()) / (floodFor + time.Second).Seconds()
+	rate := float64(okA.Load()) / floodFor.Seconds()
 	measure := "tenant A's creates let through during the flood"
 	if !limited {
 		measure = "tenant A's creates during the flood with no create rate limit"
 	}
 	fl := value("fairness", withVariant(measure, variant), "creates/s", rate, int(okA.Load()))
-	fl.Note = fmt.Sprintf("%d created, %d refused with 429, %d other errors, over %.1f s; %s", okA.Load(), limitedA.Load(), otherA.Load(), (floodFor + time.Second).Seconds(), limits)
+	fl.Note = fmt.Sprintf("%d created, %d refused with 429, %d other errors, over %.1f s; %s", okA.Load(), limitedA.Load(), otherA.Load(), floodFor.Seconds(), limits)
 	b.add(a, f, fl)
 	return nil
 }
