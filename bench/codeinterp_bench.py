@@ -9,7 +9,7 @@ template code-interpreter-v1 built. Prints one JSON object per line:
                        first run_code("1+1") result, kill()
       {"kind": "create", "warmup": bool, "create_ms": .., "first_ms": .., "kill_ms": ..}
       warm waits before each create until sandboxd's /metrics shows a
-      ready pool member (the refill of the one claimed before)
+      ready code-interpreter-v1 member (the refill of the one claimed before)
   rtt N IDLE_S         one sandbox: N run_code("1+1") round trips through
                        the SDK, then the same request without the SDK
                        (httpx, the SDK's headers and body), then from
@@ -43,17 +43,22 @@ def emit(obj) -> None:
 
 
 def pool_ready(within: float = 120) -> None:
-    """Waits until sandboxd's pools hold a ready member (the bench runs
-    this sandboxd with min-warm 0: only code-interpreter-v1's pool fills)."""
+    """Waits until sandboxd holds a ready code-interpreter-v1 member, in a
+    tenant's pool or in the host-wide spare pool (issue 24), where its
+    members are kept since the spare pool came. The metrics name a built
+    template by its build id; this sandboxd has no other template than
+    base."""
     url = os.environ["E2B_SANDBOX_URL"] + "/metrics"
+    pat = re.compile(r'^sandboxd_(?:pool|spare)_members\{([^}]*)\} (\S+)$', re.M)
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         text = httpx.get(url).text
-        n = sum(float(m.group(1)) for m in re.finditer(r'^sandboxd_pool_members\{[^}]*state="ready"[^}]*\} (\S+)$', text, re.M))
+        n = sum(float(v) for labels, v in pat.findall(text)
+                if 'template="base"' not in labels and 'state="ready"' in labels)
         if n >= 1:
             return
         time.sleep(0.05)
-    raise TimeoutError(f"no ready pool member within {within} s")
+    raise TimeoutError(f"no ready code-interpreter-v1 member within {within} s")
 
 
 def create(mode: str, n: int) -> None:

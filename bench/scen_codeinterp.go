@@ -84,9 +84,10 @@ func codeInterpScenario(ctx context.Context, b *Bench) error {
 	rtt, rttErr := b.runCI(ctx, h, py, "rtt", strconv.Itoa(rtts), strconv.FormatFloat(idle, 'f', -1, 64))
 	h.Close()
 
-	// Warm: the pool of code-interpreter-v1 grows with its claims (the
-	// first create, a warm-up, makes it); min-warm 0 keeps base's empty, so
-	// that any ready member is one of code-interpreter-v1.
+	// Warm: code-interpreter-v1's members are in the host-wide spare pool
+	// (one, growing with its claims) once the template is built; min-warm
+	// 0 keeps every tenant pool empty. The script waits for a ready member
+	// of that template before each create.
 	var warm []ciIter
 	var warmErr error
 	if b.flags["pool"] && b.flags["min-warm"] {
