@@ -451,8 +451,8 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 		gap = 50 * time.Millisecond
 	}
 
-	runB := func(n int, took *[]time.Duration, errs *int) {
-		b.loop(ctx, n, func(int) {
+	runB := func(count int, took *[]time.Duration, errs *int) {
+		b.loop(ctx, count, func(int) {
 			t0 := time.Now()
 			sb, err := h.createAs(ctx, keyB, true)
 			d := time.Since(t0)
@@ -471,11 +471,11 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	// off 50 ms after a 429, for the flooded part of each round and within
 	// a request count.
 	var (
-		okA, limitedA     atomic.Int64
-		otherA, reqA      atomic.Int64
-		alone, flooded    []time.Duration
-		aloneErrs, floodE int
-		floodFor          time.Duration
+		okA, limitedA        atomic.Int64
+		otherA, reqA         atomic.Int64
+		alone, flooded       []time.Duration
+		aloneErrs, floodErrs int
+		floodFor             time.Duration
 	)
 	const maxRequests = 20000
 	flood := func(blockN int) {
@@ -503,7 +503,7 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 			})
 		}
 		time.Sleep(time.Second) // let A use up its burst first
-		runB(blockN, &flooded, &floodE)
+		runB(blockN, &flooded, &floodErrs)
 		stop.Store(true)
 		wg.Wait()
 		floodFor += time.Since(t0)
@@ -519,7 +519,6 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 		// kernel: B's next alone block waits for a quiet box.
 		time.Sleep(500 * time.Millisecond)
 	}
-	floodErrs := floodE
 	alonePhrase := "tenant B cold create, alone"
 	if !limited {
 		alonePhrase += " (no create rate limit)"
