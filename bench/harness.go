@@ -54,6 +54,7 @@ type Harness struct {
 
 	envds     []*standaloneEnvd
 	keepLogs  bool
+	nice      int // sandboxd's nice value at its start (0: the bench's own)
 	closeOnce sync.Once
 }
 
@@ -74,14 +75,19 @@ func newHarness(root, binDir string) (*Harness, error) {
 	if h.runDir, err = os.MkdirTemp("/run/sandboxd", "bench-"); err != nil {
 		return nil, err
 	}
-	h.api = &http.Client{Transport: &http.Transport{
+	h.api = newAPIClient()
+	return h, nil
+}
+
+// newAPIClient is the bench's client to sandboxd: API and proxy.
+func newAPIClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		Proxy:               nil, // loopback only: never an HTTP(S)_PROXY from the environment
 		MaxIdleConns:        512,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}}
-	return h, nil
 }
 
 func (h *Harness) dataDir() string {
@@ -166,6 +172,9 @@ func (h *Harness) launchSandboxd(ctx context.Context, attempt int, extra []strin
 	}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", h.dataDir(), "--run-dir", h.runDir}, extra...)
 	cmd := exec.Command(filepath.Join(h.binDir, "sandboxd"), args...)
+	if h.nice != 0 {
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(h.nice), cmd.Path}, args...)...)
+	}
 	// No code-interpreter template build (pip) competing with what is
 	// measured; an older sandboxd ignores the variable.
 	cmd.Env = append(os.Environ(), "SANDBOXD_CODE_INTERPRETER=off")

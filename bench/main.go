@@ -61,6 +61,12 @@ type Config struct {
 	Root           string
 	KeepLogs       bool
 	Raw            bool // keep raw samples in the JSON
+	// The fairness scenario's experiments (docs/benchmarks-history.md, N6):
+	// A's flood against a second sandboxd of its own at nice 19, A's
+	// clients in a process of their own at nice 19, and flags added to
+	// `sandboxd serve` (say, --log-level debug for each create's phases).
+	FairSplit, FairClientsProc bool
+	FairServeArgs              string
 }
 
 // Bench is one run: the harness, the config and the rows measured so far.
@@ -115,6 +121,9 @@ var scenarios = []scenario{
 }
 
 func main() {
+	if os.Getenv(floodChildEnv) != "" {
+		os.Exit(floodChildMain())
+	}
 	os.Exit(run())
 }
 
@@ -136,6 +145,9 @@ func run() int {
 	fs.StringVar(&cfg.CIData, "codeinterp-data", "/var/cache/sandboxd/bench-codeinterp", "codeinterp scenario: sandboxd's data dir, kept across runs so that code-interpreter-v1 (pip from PyPI, minutes) is built once")
 	fs.StringVar(&cfg.CISubnet, "codeinterp-subnet", "10.182.0.0/16", "codeinterp scenario: --egress-subnet of its sandboxd (its PyPI allowance lives in the subnet's nftables table: one no other sandboxd on the host uses)")
 	fs.StringVar(&cfg.NetSubnet, "network-subnet", "", "network scenario: --egress-subnet of its sandboxd (empty: sandboxd's default); give each sandboxd on a host its own")
+	fs.BoolVar(&cfg.FairSplit, "fairness-split", false, "fairness scenario: tenant A floods a second sandboxd of its own, started at nice 19 (a flooding tenant's requests and destroys in a process at low priority)")
+	fs.BoolVar(&cfg.FairClientsProc, "fairness-clients-process", false, "fairness scenario: tenant A's 8 clients run in a process of their own at nice 19, as if on another machine (by default they are goroutines of the bench, at its priority)")
+	fs.StringVar(&cfg.FairServeArgs, "fairness-serve-args", "", "fairness scenario: more flags for its sandboxd (space-separated), e.g. '--log-level debug' with -keep-logs for each create's phases")
 	fs.StringVar(&cfg.Out, "out", "bench/out/results.json", "JSON results file")
 	fs.StringVar(&cfg.BinDir, "bin", "bin", "directory with envd and sandboxd")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep sandboxd's and envd's logs (their directory is printed)")

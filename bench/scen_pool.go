@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -426,10 +425,17 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	if flag != "" {
 		extra = append(extra, flag)
 	}
+	extra = append(extra, strings.Fields(b.cfg.FairServeArgs)...)
 	floodPhrase, limits := "tenant A floods (8 clients)", "limits are the build's defaults"
 	if !limited {
 		extra = append(extra, "--create-rate=0")
 		floodPhrase, limits = "tenant A floods (8 clients) with no create rate limit", "no create rate limit"
+	}
+	if b.cfg.FairSplit {
+		floodPhrase += ", on a second sandboxd at nice 19"
+	}
+	if b.cfg.FairClientsProc {
+		floodPhrase += ", its clients in a process at nice 19"
 	}
 	h, err := b.startSide(ctx, []string{"b", "a"}, extra...)
 	if err != nil {
@@ -437,6 +443,20 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	}
 	defer h.Close()
 	keyA, keyB := h.keys["a"], h.keys["b"]
+	hA := h
+	if b.cfg.FairSplit {
+		hA, err = newHarness(b.cfg.Root, b.cfg.BinDir)
+		if err != nil {
+			return err
+		}
+		hA.nice = 19
+		if err := hA.startSandboxd(ctx, []string{"a"}, append(extra, "--egress-subnet=10.136.0.0/16")...); err != nil {
+			hA.Close()
+			return err
+		}
+		defer hA.Close()
+		keyA = hA.keys["a"]
+	}
 	// B's alone and flooded samples alternate in rounds, so that both
 	// sides span the same minutes of a shared box: its other tenants'
 	// load drifts by more than the effect measured. 100 a side by default,
@@ -479,33 +499,31 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 	)
 	const maxRequests = 20000
 	flood := func(blockN int) {
-		var (
-			stop atomic.Bool
-			wg   sync.WaitGroup
-		)
 		t0 := time.Now()
-		for range 8 {
-			wg.Go(func() {
-				for !stop.Load() && ctx.Err() == nil && reqA.Add(1) <= maxRequests {
-					sb, err := h.createAs(ctx, keyA, true)
-					switch {
-					case err == nil:
-						okA.Add(1)
-						_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
-					case errors.Is(err, errRateLimited):
-						limitedA.Add(1)
-						time.Sleep(50 * time.Millisecond)
-					default:
-						otherA.Add(1)
-						time.Sleep(50 * time.Millisecond)
-					}
-				}
-			})
+		left := maxRequests - reqA.Load()
+		var finish func() (floodCounts, error)
+		if b.cfg.FairClientsProc {
+			var err error
+			if finish, err = floodProcess(hA, keyA, 8, left, 19); err != nil {
+				b.logf("tenant a: %v", err)
+				return
+			}
+		} else {
+			stop := make(chan struct{})
+			done := make(chan floodCounts, 1)
+			go func() { done <- floodClients(ctx, hA, keyA, 8, left, stop) }()
+			finish = func() (floodCounts, error) { close(stop); return <-done, nil }
 		}
 		time.Sleep(time.Second) // let A use up its burst first
 		runB(blockN, &flooded, &floodErrs)
-		stop.Store(true)
-		wg.Wait()
+		c, err := finish()
+		if err != nil {
+			b.logf("tenant a: %v", err)
+		}
+		okA.Add(c.OK)
+		limitedA.Add(c.Limited)
+		otherA.Add(c.Other)
+		reqA.Add(c.Requests)
 		floodFor += time.Since(t0)
 	}
 	for r := range rounds {
