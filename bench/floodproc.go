@@ -57,7 +57,7 @@ func floodClients(ctx context.Context, h *Harness, key string, n int, max int64,
 	return floodCounts{OK: ok.Load(), Limited: limited.Load(), Other: other.Load(), Requests: min(req.Load(), max)}
 }
 
-// floodChildEnv names the variables that make the bench a flood's client
+// floodChildEnv names the variable that makes the bench a flood's client
 // process (floodProcess).
 const floodChildEnv = "BENCH_FLOOD_CHILD"
 

@@ -145,7 +145,7 @@ func run() int {
 	fs.StringVar(&cfg.CIData, "codeinterp-data", "/var/cache/sandboxd/bench-codeinterp", "codeinterp scenario: sandboxd's data dir, kept across runs so that code-interpreter-v1 (pip from PyPI, minutes) is built once")
 	fs.StringVar(&cfg.CISubnet, "codeinterp-subnet", "10.182.0.0/16", "codeinterp scenario: --egress-subnet of its sandboxd (its PyPI allowance lives in the subnet's nftables table: one no other sandboxd on the host uses)")
 	fs.StringVar(&cfg.NetSubnet, "network-subnet", "", "network scenario: --egress-subnet of its sandboxd (empty: sandboxd's default); give each sandboxd on a host its own")
-	fs.BoolVar(&cfg.FairSplit, "fairness-split", false, "fairness scenario: tenant A floods a second sandboxd of its own, started at nice 19 (a flooding tenant's requests and destroys in a process at low priority)")
+	fs.BoolVar(&cfg.FairSplit, "fairness-split", false, "fairness scenario: tenant A floods a second sandboxd of its own, started at nice 19 with --egress-subnet 10.136.0.0/16 (a flooding tenant's requests and destroys in a process at low priority)")
 	fs.BoolVar(&cfg.FairClientsProc, "fairness-clients-process", false, "fairness scenario: tenant A's 8 clients run in a process of their own at nice 19, as if on another machine (by default they are goroutines of the bench, at its priority)")
 	fs.StringVar(&cfg.FairServeArgs, "fairness-serve-args", "", "fairness scenario: more flags for its sandboxd (space-separated), e.g. '--log-level debug' with -keep-logs for each create's phases")
 	fs.StringVar(&cfg.Out, "out", "bench/out/results.json", "JSON results file")
