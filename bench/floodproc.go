@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,7 +90,7 @@ func floodProcess(h *Harness, key string, clients int, max int64, nice int) (sto
 		return nil, err
 	}
 	spec, _ := json.Marshal(map[string]any{"Addr": h.addr, "Key": key, "Clients": clients, "Max": max})
-	cmd := exec.Command("nice", "-n", strconv.Itoa(nice), self)
+	cmd := nicedCommand(nice, self)
 	cmd.Env = append(os.Environ(), floodChildEnv+"="+string(spec))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

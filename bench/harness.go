@@ -79,6 +79,15 @@ func newHarness(root, binDir string) (*Harness, error) {
 	return h, nil
 }
 
+// nicedCommand is exec.Command(path, args...), started through nice(1) at
+// the given nice value unless it is 0.
+func nicedCommand(nice int, path string, args ...string) *exec.Cmd {
+	if nice == 0 {
+		return exec.Command(path, args...)
+	}
+	return exec.Command("nice", append([]string{"-n", strconv.Itoa(nice), path}, args...)...)
+}
+
 // newAPIClient is the bench's client to sandboxd: API and proxy.
 func newAPIClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{
@@ -171,10 +180,7 @@ func (h *Harness) launchSandboxd(ctx context.Context, attempt int, extra []strin
 		return false, err
 	}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", h.dataDir(), "--run-dir", h.runDir}, extra...)
-	cmd := exec.Command(filepath.Join(h.binDir, "sandboxd"), args...)
-	if h.nice != 0 {
-		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(h.nice), cmd.Path}, args...)...)
-	}
+	cmd := nicedCommand(h.nice, filepath.Join(h.binDir, "sandboxd"), args...)
 	// No code-interpreter template build (pip) competing with what is
 	// measured; an older sandboxd ignores the variable.
 	cmd.Env = append(os.Environ(), "SANDBOXD_CODE_INTERPRETER=off")
