@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"sync"
 	"time"
@@ -262,6 +263,16 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 		logPath = filepath.Join(s.diskDir(), "envd.log")
 	)
 	t0 := time.Now()
+	// With debug logs on, the start's thread is read before and after (its
+	// goroutine wired to it meanwhile): the wiring costs a create a thread
+	// handoff at each wait, too much to pay when nobody reads the figures.
+	debug := b.log.Enabled(ctx, slog.LevelDebug)
+	var thread0 taskTimes
+	if debug {
+		goruntime.LockOSThread()
+		defer goruntime.UnlockOSThread()
+		thread0, _ = threadTimes()
+	}
 	if err := b.startableUserNS(s); err != nil {
 		return err
 	}
@@ -387,9 +398,16 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	// is nobody's work.
 	b.armWriters(s, pid)
 	r.Add(func() { b.disarmWriters(s, false) })
-	b.log.Debug("sandbox started", "sandbox", spec.ID,
-		"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
-		"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted))
+	if debug {
+		thread, _ := threadTimes()
+		thread = thread.sub(thread0)
+		agent, _ := processTimes(pid)
+		b.log.Debug("sandbox started", "sandbox", spec.ID, "background", spec.Background,
+			"mounts", tNet.Sub(t0), "net", tMounted.Sub(tNet), "config", tCreated.Sub(tMounted),
+			"run", tStarted.Sub(tCreated), "route", tRouted.Sub(tRoute), "health", time.Since(tRouted),
+			"threadCPU", thread.onCPU, "threadRunqueue", thread.runqueue,
+			"envdCPU", agent.onCPU, "envdRunqueue", agent.runqueue)
+	}
 	return nil
 }
 
