@@ -13,7 +13,11 @@ ifneq ($(wildcard $(HOME)/.cargo/bin/cargo),)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 endif
 
-.PHONY: all build base deps envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-envd-agents test-vms-beside-compat test-deploy test-go test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 cgroup-vm-v1-then-envd-rs vet fmt bench clean
+# What the SDK suites' targets build first: the binaries and the base
+# template, unless BUILT is set (test-lanes, which built them already).
+TESTED_BUILD = $(if $(BUILT),,build base)
+
+.PHONY: all build base deps envd envd-rs code-interpreter sandboxd sandboxd-init sandboxd-spawn vm-bin generate run run-envd test test-envd-agents test-lanes test-deploy test-go test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus test-cluster test-schema test-cgroup test-cgroup2 test-cgroup1 cgroup-vm-v2 cgroup-vm-v1 cgroup-vm-v1-then-envd-rs vet fmt bench clean
 
 all: build
 
@@ -91,23 +95,34 @@ run-envd: envd
 
 # One command for everything; with -k every stage runs even after a failure,
 # and the exit status is still non-zero. The Go tests and schemathesis run
-# alone (they keep both cores busy); then the cgroup VMs, side by side
-# (test-cgroup), run beside the SDK suites one after another
-# (test-vms-beside-compat).
-test: build base test-go test-schema test-envd-agents test-deploy test-vms-beside-compat
+# alone (they keep both cores busy); then the slow stages run in three lanes
+# side by side (test-lanes).
+test: build base test-go test-schema test-envd-agents test-deploy test-lanes
 
-# The SDK suites beside the cgroup VMs: ≈ 35 min for all instead of ≈ 55
-# one after the other. The VMs, which emulate their CPUs, run slower then;
-# their tests' bounds on hangs stretch for it (SANDBOXD_TEST_SLOW, set by
-# scripts/cgroup-vm.sh). `make test-cgroup` alone runs just the VMs. Their
-# output is printed when they are done.
-test-vms-beside-compat: build vm-bin
-	@vmlog=$$(mktemp -t cgroup-vms.XXXXXX); \
-	$(MAKE) --no-print-directory test-cgroup >"$$vmlog" 2>&1 & vms=$$!; \
-	echo "=== the cgroup VMs run beside the SDK suites (their output follows the suites')"; \
-	$(MAKE) --no-print-directory -k test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus test-cluster; compat=$$?; \
-	wait $$vms; vm=$$?; cat "$$vmlog"; rm -f "$$vmlog"; \
-	test $$compat -eq 0 && test $$vm -eq 0
+# Three lanes side by side, so that the two cores stay busy to the end:
+#   1. the v2 guest (cgroup-vm-v2), the longest stage (≈ 15-27 min: its CPUs
+#      are emulated);
+#   2. the v1 guest, then the v2 guest whose sandboxes run envd-rs
+#      (cgroup-vm-v1-then-envd-rs), then the Incus cluster's stages
+#      (test-cluster);
+#   3. the SDK suites on the local backend, then on Incus.
+# The guests run slower beside the suites; their tests' bounds on hangs
+# stretch for it (SANDBOXD_TEST_SLOW, set by scripts/cgroup-vm.sh). Lane 3's
+# output comes as it runs, the others' whole when they are done.
+# `make test-cgroup` runs just the guests; `make test-cluster` just the
+# cluster. The lanes' sub-makes get BUILT=1: the suites' targets then leave
+# out their build prerequisites, which would otherwise rewrite binaries
+# (bin/envd-rs, bin/sandboxd-spawn) that the other lanes' sandboxes run.
+test-lanes: build base vm-bin envd-rs
+	@v2log=$$(mktemp -t lane-v2.XXXXXX); l2log=$$(mktemp -t lane-v1-cluster.XXXXXX); \
+	$(MAKE) --no-print-directory cgroup-vm-v2 >"$$v2log" 2>&1 & v2=$$!; \
+	{ $(MAKE) --no-print-directory cgroup-vm-v1-then-envd-rs; a=$$?; $(MAKE) --no-print-directory BUILT=1 test-cluster; \
+	  b=$$?; test $$a -eq 0 && test $$b -eq 0; } >"$$l2log" 2>&1 & l2=$$!; \
+	echo "=== lanes: the v2 guest, and the v1 guest then the Incus cluster, run beside the SDK suites (their output follows the suites')"; \
+	$(MAKE) --no-print-directory -k BUILT=1 test-compat test-compat-envd-go test-compat-domain test-compat-latest test-compat-incus; compat=$$?; \
+	wait $$l2; lane2=$$?; echo "=== lane: the v1 guest, then the Incus cluster"; cat "$$l2log"; \
+	wait $$v2; lane1=$$?; echo "=== lane: the v2 guest"; cat "$$v2log"; rm -f "$$v2log" "$$l2log"; \
+	test $$compat -eq 0 && test $$lane1 -eq 0 && test $$lane2 -eq 0
 
 # -timeout 30m: cmd/sandboxd's e2e tests took 16 min one at a time on 2 busy
 # cores (now side by side, ≈ 7 min), over go test's default limit per
@@ -147,14 +162,14 @@ test-schema: build base
 test-deploy: build base
 	$(STAGE) deploy ./scripts/deploy-check.sh
 
-test-compat: build base
+test-compat: $(TESTED_BUILD)
 	$(STAGE) compat-pinned ./compat-tests/run.sh
 
 # The same suites (debug and sandboxd modes) with envd (Go) as every
 # sandbox's agent: the other suites run the default, envd-rs where built,
 # and envd stays tested while it ships beside it (`sandboxd serve --envd
 # bin/envd`). Without bin/envd-rs, envd is the default that test-compat ran.
-test-compat-envd-go: build base
+test-compat-envd-go: $(TESTED_BUILD)
 	@if [[ -x $(BIN)/envd-rs ]]; then \
 		COMPAT_ENVD=$(BIN)/envd $(STAGE) compat-envd-go ./compat-tests/run.sh; \
 	else \
@@ -164,20 +179,20 @@ test-compat-envd-go: build base
 # The same suites against sandboxd reached by E2B_DOMAIN alone, as the SDKs'
 # next major version reaches E2B: TLS with a test CA, host routing, *.localhost
 # resolved by nss-myhostname (compat-tests/run.sh, domain mode).
-test-compat-domain: build base
+test-compat-domain: $(TESTED_BUILD)
 	COMPAT_TARGET=domain $(STAGE) compat-domain ./compat-tests/run.sh
 
 # The same suites against sandboxd with the newest SDKs the registries serve,
 # so a new E2B release that breaks compatibility shows up here first; a
 # suite whose newest SDKs are the pinned ones is skipped (test-compat ran
 # them).
-test-compat-latest: build base
+test-compat-latest: $(TESTED_BUILD)
 	COMPAT_TARGET=sandboxd E2B_SDK_VERSION=latest COMPAT_SKIP_IF_PINNED=1 $(STAGE) compat-latest ./compat-tests/run.sh
 
 # The same suites against sandboxd on the Incus backend, when Incus
 # answers (scripts/incus-setup.sh). Without Incus this says so loudly and
 # passes, except in CI (CI=true), where it fails.
-test-compat-incus: build
+test-compat-incus: $(TESTED_BUILD)
 	@if incus query /1.0 >/dev/null 2>&1; then \
 		COMPAT_TARGET=incus $(STAGE) compat-incus ./compat-tests/run.sh; \
 	else \
@@ -195,7 +210,7 @@ test-compat-incus: build
 # suites through the members' relays (compat-tests/run.sh, cluster mode).
 # Needs what test-compat-incus needs; without Incus it says so and passes,
 # except in CI.
-test-cluster: build
+test-cluster: $(TESTED_BUILD)
 	@if incus query /1.0 >/dev/null 2>&1; then \
 		$(STAGE) cluster-up ./scripts/incus-cluster.sh up && \
 		SANDBOXD_TEST_POSTGRES=$$(./scripts/postgres.sh up) && export SANDBOXD_TEST_POSTGRES && \

@@ -43,6 +43,9 @@
 #        /var/lib/incus/cluster.crt), incus/ (an INCUS_CONF for the host's
 #        incus CLI, remote "sbdc", default), and env (below).
 #     --binaries-only (or `push`): only step 8, relays restarted.
+#   image     only the member image's tarball (step 2 without the import):
+#             needs debootstrap, not Incus, so that CI builds it (≈ 1 min,
+#             mostly downloads) while other work runs; `up` waits for it.
 #   down      deletes the containers (the cluster with its trust and
 #             images goes with them), the bridge, the member image and
 #             $STATE; keeps $CACHE and dnsmasq-base.
@@ -692,7 +695,7 @@ export DEBIAN_FRONTEND=noninteractive
 cmd=${1:-}
 shift || true
 # One of these at a time (status and env excepted).
-case $cmd in up | down | stop | start | push)
+case $cmd in up | down | stop | start | push | image)
   exec 9>/run/sandboxd-cluster.lock
   flock 9
   ;;
@@ -700,6 +703,7 @@ esac
 case $cmd in
 up) cmd_up "$@" ;;
 push) cmd_up --binaries-only ;;
+image) [[ -s $MEMBER_TAR && -s $MEMBER_TAR.sha256 ]] || build_member_image ;;
 down) cmd_down ;;
 status) cmd_status ;;
 stop) cmd_stop "$@" ;;

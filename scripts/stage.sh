@@ -10,7 +10,9 @@
 # When STAGE_LOG names a file, a line for the stage is appended to it:
 # name, seconds, exit status, the passed and failed counts read from the
 # output, whether it is nested in another stage or has stages nested in it,
-# and what was counted (tests, or go test's packages). The counts are those of the last summary CMD printed:
+# what was counted (tests, or go test's packages), and how busy the host's
+# CPUs were meanwhile (all of them, whatever ran: with stages side by side,
+# where the run has room left). The counts are those of the last summary CMD printed:
 #   `N passed, N failed`          compat-tests/run.sh's closing line
 #   `ok  pkg` / `FAIL pkg`        go test's packages
 #   `--- PASS: T` / `--- FAIL: T` a cgroup VM's top-level tests, from the
@@ -25,12 +27,12 @@ table() { # table FILE [SECS]
   awk -F'\t' -v wall="${2:-}" '
     BEGIN {
       printf "\n=== stages (seconds of wall clock; an indented stage ran inside the next one) ===\n"
-      printf "%-18s %7s  %-8s %s\n", "stage", "seconds", "status", "tests"
+      printf "%-18s %7s  %4s  %-8s %s\n", "stage", "seconds", "cpu%", "status", "tests"
     }
     {
       status = $3 == 0 ? "ok" : "FAIL(" $3 ")"
       tests = $4 == "" ? "-" : $4 " passed, " $5 " failed" ($8 == "" ? "" : " (" $8 ")")
-      printf "%-18s %7d  %-8s %s\n", ($6 ? "  " : "") $1, $2, status, tests
+      printf "%-18s %7d  %4s  %-8s %s\n", ($6 ? "  " : "") $1, $2, ($10 == "" ? "-" : $10), status, tests
       if (!$6) sum += $2
       pass += $4; fail += $5
       # A failed stage without a failed test of its own (a build or boot
@@ -67,11 +69,18 @@ nested=${STAGE_NESTED:-0}
 # at any time: a stage's nested stages are those that name it as their
 # parent, not whatever was appended while it ran.
 id="$name.$$.$RANDOM"
+# cpu_ticks: the host's busy and total CPU ticks since boot (/proc/stat's
+# first line: idle and iowait are not busy).
+cpu_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t; exit }' /proc/stat; }
+read -r busy0 total0 < <(cpu_ticks)
 start=$SECONDS
 STAGE_NESTED=1 STAGE_PARENT_ID=$id "$@" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 took=$((SECONDS - start))
-echo "stage $name: $took s, exit status $rc" >&2
+read -r busy1 total1 < <(cpu_ticks)
+cpu=
+((total1 > total0)) && cpu=$((100 * (busy1 - busy0) / (total1 - total0)))
+echo "stage $name: $took s, exit status $rc, host CPU ${cpu:-?}% busy" >&2
 
 [[ -n ${STAGE_LOG:-} ]] || exit "$rc"
 pass= fail= parent=0 unit=tests
@@ -114,5 +123,5 @@ if ((rc != 0)); then
     /^panic: / && panics++ == 0 { print "  " substr($0, 1, 300) }
     END { flush() }' "$out" | head -n 40 | sed "s/^/$name: /" >>"$STAGE_LOG.failed"
 fi
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" >>"$STAGE_LOG"
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$took" "$rc" "$pass" "$fail" "$nested" "$parent" "$unit" "${STAGE_PARENT_ID:-}" "$cpu" >>"$STAGE_LOG"
 exit "$rc"
