@@ -66,6 +66,8 @@
 #   COMPAT_JS_TESTS="a b"     JS test files to run, relative to js/test
 #                             (default: all *.test.mjs)
 #   COMPAT_PY_ARGS="..."      extra pytest arguments, e.g. "-k watch -x"
+#   COMPAT_SERVE_ARGS="..."   more flags for sandboxd serve, e.g.
+#                             --code-interpreter=off where no test needs it
 #   COMPAT_EGRESS_SUBNET=CIDR sandboxd mode: the --egress-subnet sandboxd gets
 #                             where the code-interpreter build needs an
 #                             --egress-allow-cidr (default 10.198.0.0/16);
@@ -408,7 +410,7 @@ start_sandboxd() {
   # setsid: a Ctrl-C on the terminal must not stop sandboxd before the leak
   # check has killed the sandboxes through it.
   setsid "$sandboxd_bin" serve --listen "127.0.0.1:$sbxd_port" --data-dir "$1" --run-dir "$sbxd_run" \
-    --envd "$envd_bin" --domain "$sbxd_domain" --metrics-interval 1s "${sbxd_args[@]}" >>"$log_dir/sandboxd.log" 2>&1 &
+    --envd "$envd_bin" --domain "$sbxd_domain" --metrics-interval 1s "${sbxd_args[@]}" ${COMPAT_SERVE_ARGS:-} >>"$log_dir/sandboxd.log" 2>&1 &
   sbxd_pid=$!
   for _ in $(seq 1 300); do
     kill -0 "$sbxd_pid" 2>/dev/null || return 1
@@ -689,8 +691,8 @@ EOF2
 # incus_instances: the names of the Incus instances a sandboxd without a
 # namespace could have made (tests of the incus package use namespaces),
 # but for finished template layers and the cluster test bed's members
-# (sbdc-*, scripts/incus-cluster.sh, which make test brings up beside
-# this mode), sorted, one a line.
+# (sbdc-*, scripts/incus-cluster.sh, which may come up or restart a member
+# while this mode runs), sorted, one a line.
 # incus_layers: the finished template layers (stopped sbl-* instances with
 # user.sandboxd.layer) such a sandboxd has now, and their replicas on a
 # cluster's other members (sbr-* with user.sandboxd.replica-of).

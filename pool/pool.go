@@ -159,8 +159,12 @@ type Config struct {
 	IdleAfter time.Duration
 	// ForgetAfter without claims a non-seed pool is removed; default 1 h.
 	ForgetAfter time.Duration
-	// MaxPerPool caps any pool's target; default 64.
+	// MaxPerPool caps a tenant's pool's target; default 64.
 	MaxPerPool int
+	// MaxSpare caps a spare pool's target, floor and claim rate alike;
+	// default MaxPerPool. A spare pool serves every tenant, so the cap
+	// meant for one tenant's pool would bound a burst of all of them.
+	MaxSpare int
 	// Parallel bounds concurrent member creates across all pools; default 2.
 	Parallel int
 	// Tick is the period of the trimming/retry pass; default 1 s.
@@ -276,6 +280,9 @@ func New(cfg Config) *Pools {
 	}
 	if cfg.MaxPerPool <= 0 {
 		cfg.MaxPerPool = 64
+	}
+	if cfg.MaxSpare <= 0 {
+		cfg.MaxSpare = cfg.MaxPerPool
 	}
 	if cfg.Parallel <= 0 {
 		cfg.Parallel = 2
@@ -468,7 +475,11 @@ func (p *Pools) targetOf(pl *pool, now time.Time) int {
 	if p.cfg.Lead > 0 && !spared && !pl.lastClaim.IsZero() && now.Sub(pl.lastClaim) < p.cfg.IdleAfter {
 		adaptive = int(math.Round(pl.rateNow(now, p.cfg.HalfLife) * p.cfg.Lead.Seconds()))
 	}
-	return min(max(minWarm, adaptive), p.cfg.MaxPerPool)
+	limit := p.cfg.MaxPerPool
+	if pl.key.IsSpare() {
+		limit = p.cfg.MaxSpare
+	}
+	return min(max(minWarm, adaptive), limit)
 }
 
 // Run keeps the pools at their targets until ctx ends, then drains them:

@@ -794,3 +794,35 @@ func TestRecheckHoldsMemberOut(t *testing.T) {
 		}
 	})
 }
+
+// MaxPerPool caps a tenant's pool and MaxSpare a spare pool: one cap for
+// every tenant's burst would hold the shared pool to one tenant's size.
+func TestPoolCaps(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		maxPerPool, maxSpare int
+		wantOwn, wantSpare   int
+	}{
+		{"spare above the per-pool cap", 3, 6, 3, 6},
+		{"spare below it", 5, 2, 5, 2},
+		{"spare cap unset: the per-pool cap", 4, 0, 4, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				spare := keyA
+				spare.Tenant = ""
+				adm := &admission{minWarmOf: func(Key) int { return 10 }, seeds: func() []Key { return []Key{keyA, spare} }}
+				e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: -1, Parallel: 4,
+					MaxPerPool: c.maxPerPool, MaxSpare: c.maxSpare}, 0)
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if s := e.stat(keyA); s.Target != c.wantOwn || s.Ready != c.wantOwn {
+					t.Errorf("tenant's pool %+v, want target and ready %d", s, c.wantOwn)
+				}
+				if s := e.stat(spare); s.Target != c.wantSpare || s.Ready != c.wantSpare {
+					t.Errorf("spare pool %+v, want target and ready %d", s, c.wantSpare)
+				}
+			})
+		})
+	}
+}

@@ -243,6 +243,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	availMB := availableMB() // at start: the spare pools' default floors and cap
 	mgr = sandbox.New(sandbox.Config{
 		Templates: builds,
 		Store:     st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
@@ -251,14 +252,14 @@ func serve(args []string) error {
 		OnClaimFallback: metrics.ClaimFallback,
 		Settings:        settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel, ColdQueue: lim.coldQueue,
-		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availableMB(), *backend),
+		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availMB, *backend),
 		MaxCPU: lim.maxCPU, MaxDiskMB: lim.maxDiskMB,
 		DiskInMemory:   *backend == "local", // its disk is a tmpfs
 		MetricsHistory: *metricsKeep, OnMetricsPass: metrics.ObserveMetricsPass,
 		OnLogDrop: metrics.LogsDropped,
 	})
 	defer mgr.Close() // after the HTTP server, pools and builds (deferred later)
-	pools := lim.newPools(mgr, be, log)
+	pools := lim.newPools(mgr, be, lim.spareCap(availMB, *backend), log)
 	if pools != nil {
 		builds.OnForget(pools.Drop)
 	}

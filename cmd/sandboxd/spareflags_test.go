@@ -18,8 +18,9 @@ func TestSpareFloors(t *testing.T) {
 		wantErr    bool
 	}{
 		{"default: one per 256 MiB", nil, false, 8192, "local", map[string]int{"base": 32}, false},
-		{"default: at most --pool-max", nil, false, 23 << 10, "local", map[string]int{"base": 64}, false},
-		{"default: at most a lower --pool-max", []string{"--pool-max=10"}, false, 23 << 10, "local", map[string]int{"base": 10}, false},
+		{"default: one per 256 MiB past --pool-max", nil, false, 23 << 10, "local", map[string]int{"base": 92}, false},
+		{"default: --pool-max does not bound it", []string{"--pool-max=10"}, false, 23 << 10, "local", map[string]int{"base": 92}, false},
+		{"default: at most --spare-max", []string{"--spare-max=10"}, false, 23 << 10, "local", map[string]int{"base": 10}, false},
 		{"default: at least 2", nil, false, 300, "local", map[string]int{"base": 2}, false},
 		{"default with the code interpreter", nil, true, 8192, "local", map[string]int{"base": 32, "code-interpreter-v1": 1}, false},
 		{"default, code interpreter, short of memory", nil, true, 1024, "local", map[string]int{"base": 4}, false},
@@ -35,11 +36,7 @@ func TestSpareFloors(t *testing.T) {
 		{"no name", []string{"--spare-min==2"}, false, 0, "local", nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var o limitOpts
-			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			o.register(fs)
-			err := fs.Parse(c.args)
+			o, err := parseLimitOpts(c.args)
 			if (err != nil) != c.wantErr {
 				t.Fatalf("parse %v: %v, want error %v", c.args, err, c.wantErr)
 			}
@@ -51,4 +48,40 @@ func TestSpareFloors(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestSpareCap(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		args    []string
+		availMB int
+		backend string
+		want    int
+	}{
+		{"local: one per 256 MiB", nil, 23 << 10, "local", 92},
+		{"local: at least 64", nil, 4096, "local", 64},
+		{"local: not --pool-max", []string{"--pool-max=10"}, 4096, "local", 64},
+		{"Incus: 64", nil, 23 << 10, "incus", 64},
+		{"given", []string{"--spare-max=7"}, 23 << 10, "local", 7},
+		{"given on Incus", []string{"--spare-max=200"}, 1024, "incus", 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := parseLimitOpts(c.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := o.spareCap(c.availMB, c.backend); got != c.want {
+				t.Errorf("spareCap = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+// parseLimitOpts parses args as serve's limit flags.
+func parseLimitOpts(args []string) (*limitOpts, error) {
+	var o limitOpts
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.register(fs)
+	return &o, fs.Parse(args)
 }
