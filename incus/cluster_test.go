@@ -186,7 +186,13 @@ func (m *remoteMember) options(t testing.TB, ns string) incus.Options {
 	o.Cluster = &incus.ClusterOptions{
 		Relay: m.dialer, RelayPort: m.relayPort, SandboxSubnet: m.subnet,
 		MemberEnvd: envdBin, MemberResolvConf: m.resolv,
-		ProbeInterval: 100 * time.Millisecond,
+		// ProbeInterval: the default (500 ms, each probe bounded by 375
+		// ms). At 100 ms (75 ms a probe) two probes overlapping a stall
+		// of the test process under -race on a busy 2-core host marked
+		// the member unreachable for 25 ms, long enough for the
+		// conformance suite's parallel creates to find no member (CI of
+		// 96ee07f). No test here needs a faster probe: a relay down at
+		// start is seen by the backend's two probes before New returns.
 		// The member is this host: its pool's mode can be read here.
 		SimpleQuotas: incus.PoolSimpleQuotas(o.Pool),
 	}
