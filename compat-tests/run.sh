@@ -274,12 +274,12 @@ run_js() { # run_js MODE
 }
 
 # run_js_files DIR OUT FILE...: one node test runner over FILEs (relative to
-# DIR), its TAP appended to OUT and its counts added to js_pass and js_fail
+# DIR), its TAP (first in OUT.part, beside OUT in the log dir) appended to
+# OUT and its counts added to js_pass and js_fail
 # (cancelled tests, and a runner that printed no summary, are failures).
 run_js_files() {
-  local dir=$1 out=$2 part n
+  local dir=$1 out=$2 part=$2.part n
   shift 2
-  part=$(mktemp -t compat-js-tap.XXXXXX)
   (cd "$dir" && "${runner[@]}" env "${mode_env[@]}" timeout --kill-after=10 1200 node --test --test-reporter=tap --test-concurrency=1 \
     --test-timeout=300000 "$@") 2>&1 | tee "$part"
   cat "$part" >>"$out"
