@@ -67,6 +67,10 @@ type Config struct {
 	// `sandboxd serve` (say, --log-level debug for each create's phases).
 	FairSplit, FairClientsProc bool
 	FairServeArgs              string
+	// FairPools runs only the fairness scenario's last part, with the warm
+	// pools at their defaults (B's creates served as a user's are, from
+	// the spare pool while it has members), not its cold-create halves.
+	FairPools bool
 }
 
 // Bench is one run: the harness, the config and the rows measured so far.
@@ -147,6 +151,7 @@ func run() int {
 	fs.StringVar(&cfg.NetSubnet, "network-subnet", "", "network scenario: --egress-subnet of its sandboxd (empty: sandboxd's default); give each sandboxd on a host its own")
 	fs.BoolVar(&cfg.FairSplit, "fairness-split", false, "fairness scenario: tenant A floods a second sandboxd of its own, started at nice 19 with --egress-subnet 10.136.0.0/16 (a flooding tenant's requests and destroys in a process at low priority)")
 	fs.BoolVar(&cfg.FairClientsProc, "fairness-clients-process", false, "fairness scenario: tenant A's 8 clients run in a process of their own at nice 19, as if on another machine (by default they are goroutines of the bench, at its priority)")
+	fs.BoolVar(&cfg.FairPools, "fairness-pools", false, "fairness scenario: only its part with the warm pools at sandboxd's defaults (the spare pool on: both tenants' creates served as by default; the rows count where B's creates came from), not its cold-create halves")
 	fs.StringVar(&cfg.FairServeArgs, "fairness-serve-args", "", "fairness scenario: more flags for its sandboxd (space-separated), e.g. '--log-level debug' with -keep-logs for each create's phases")
 	fs.StringVar(&cfg.Out, "out", "bench/out/results.json", "JSON results file")
 	fs.StringVar(&cfg.BinDir, "bin", "bin", "directory with envd and sandboxd")

@@ -370,7 +370,7 @@ func newPoolEnv(b *testing.B, minWarm int, lead time.Duration) *poolEnv {
 // kick wakes the refiller: a claim on a key of another tenant (whose
 // min_warm is 0, so its pool never fills).
 func (e *poolEnv) kick() {
-	e.p.Claim(pool.Key{Tenant: "kick", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024})
+	e.p.Claim(pool.Key{Tenant: "kick", Template: "base", CPUCount: 2, MemoryMB: 512, DiskMB: 1024}, false)
 }
 
 func (e *poolEnv) ready() int {
@@ -413,7 +413,7 @@ func BenchmarkPoolClaimHit(b *testing.B) {
 			left = size
 			b.StartTimer()
 		}
-		if _, ok := e.p.Claim(benchPoolKey); !ok {
+		if _, ok := e.p.Claim(benchPoolKey, false); !ok {
 			b.Fatal("claim missed a full pool")
 		}
 		left--
@@ -427,7 +427,7 @@ func BenchmarkPoolClaimMiss(b *testing.B) {
 	e := newPoolEnv(b, 0, -1)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := e.p.Claim(benchPoolKey); ok {
+		if _, ok := e.p.Claim(benchPoolKey, false); ok {
 			b.Fatal("claim hit an empty pool")
 		}
 	}
@@ -447,7 +447,7 @@ func BenchmarkPoolClaimMissParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		k := keys[int(next.Add(1))%len(keys)]
 		for pb.Next() {
-			e.p.Claim(k)
+			e.p.Claim(k, false)
 		}
 	})
 }

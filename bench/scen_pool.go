@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -245,6 +247,24 @@ func withVariant(measure, variant string) string {
 	return measure + " — " + variant
 }
 
+// tally counts where the creates ids were served from, as "cold 3, spare 97".
+func tally(served map[string]string, ids []string) string {
+	n := map[string]int{}
+	for _, id := range ids {
+		from := served[id]
+		if from == "" {
+			from = "unknown"
+		}
+		n[from]++
+	}
+	keys := slices.Sorted(maps.Keys(n))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // servedFrom reads sandboxd's audit lines: sandbox id -> "pool" (claimed
 // at once), "refill" (a miss that waited and got a refill) or "cold", for
 // every successful create so far.
@@ -393,7 +413,11 @@ func warmBurstOnce(ctx context.Context, b *Bench, variant, flag string) error {
 
 // fairnessScenario: tenant B creates one sandbox at a time, alone and
 // while tenant A floods creates from many clients, in alternating rounds,
-// with the build's default per-tenant limits on.
+// with the build's default per-tenant limits on: first with the warm pools
+// off, so that both sides create cold (what the kernel and sandboxd's
+// create share between tenants), then with the pools at their defaults
+// (what a user meets: B's creates served from the spare pool while it has
+// members). -fairness-pools runs the latter only.
 func fairnessScenario(ctx context.Context, b *Bench) error {
 	if !b.flags["create-rate"] {
 		b.add(unavailable("fairness", "tenant B's create latency while tenant A floods, vs B alone",
@@ -404,22 +428,29 @@ func fairnessScenario(ctx context.Context, b *Bench) error {
 	// creates a second and B competes only with those. Without rate
 	// limits, A's 8 clients keep 8 creates going, and only cold-create
 	// admission stands between A and the CPUs B needs.
-	for _, limited := range []bool{true, false} {
-		for _, v := range coldVariants(b.flags) {
-			if err := fairnessOnce(ctx, b, v.name, v.flag, limited); err != nil || ctx.Err() != nil {
-				return err
+	if !b.cfg.FairPools {
+		for _, limited := range []bool{true, false} {
+			for _, v := range coldVariants(b.flags) {
+				if err := fairnessOnce(ctx, b, v.name, v.flag, limited, false); err != nil || ctx.Err() != nil {
+					return err
+				}
 			}
 		}
 	}
-	return nil
+	if !b.flags["pool"] {
+		return nil
+	}
+	return fairnessOnce(ctx, b, "", "", true, true)
 }
 
-func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited bool) error {
+// fairnessOnce measures B alone and flooded on a sandboxd of its own; pools
+// keeps its warm pools at their defaults, else they are off.
+func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited, pools bool) error {
 	// The bench's destroys keep pace with the flood: a destroy refused by
 	// the lifecycle limit would leave a sandbox (and its egress address)
 	// behind for the next sandboxd of the run.
 	extra := []string{"--lifecycle-rate=0"}
-	if b.flags["pool"] {
+	if b.flags["pool"] && !pools {
 		extra = append(extra, "--pool=false") // cold creates on both sides
 	}
 	if flag != "" {
@@ -471,7 +502,8 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 		gap = 50 * time.Millisecond
 	}
 
-	runB := func(count int, took *[]time.Duration, errs *int) {
+	var aloneIDs, floodedIDs []string
+	runB := func(count int, took *[]time.Duration, errs *int, ids *[]string) {
 		b.loop(ctx, count, func(int) {
 			t0 := time.Now()
 			sb, err := h.createAs(ctx, keyB, true)
@@ -481,6 +513,7 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 				b.logf("tenant b: %v", err)
 			} else {
 				*took = append(*took, d)
+				*ids = append(*ids, sb.ID)
 				_ = h.destroy(context.WithoutCancel(ctx), sb.ID)
 			}
 			time.Sleep(gap)
@@ -515,7 +548,7 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 			finish = func() (floodCounts, error) { close(stop); return <-done, nil }
 		}
 		time.Sleep(time.Second) // let A use up its burst first
-		runB(blockN, &flooded, &floodErrs)
+		runB(blockN, &flooded, &floodErrs, &floodedIDs)
 		c, err := finish()
 		if err != nil {
 			b.logf("tenant a: %v", err)
@@ -531,23 +564,32 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited b
 		if r < n%rounds {
 			blockN++
 		}
-		runB(blockN, &alone, &aloneErrs)
+		runB(blockN, &alone, &aloneErrs, &aloneIDs)
 		flood(blockN)
 		// The flood's last destroys are still being torn down in the
 		// kernel: B's next alone block waits for a quiet box.
 		time.Sleep(500 * time.Millisecond)
 	}
-	alonePhrase := "tenant B cold create, alone"
+	createPhrase := "tenant B cold create"
+	if pools {
+		createPhrase = "tenant B create, warm pools at their defaults"
+	}
+	alonePhrase := createPhrase + ", alone"
 	if !limited {
 		alonePhrase += " (no create rate limit)"
 	}
 	a := durDist("fairness", withVariant(alonePhrase, variant), alone, aloneErrs)
-	f := durDist("fairness", withVariant("tenant B cold create while "+floodPhrase, variant), flooded, floodErrs)
+	f := durDist("fairness", withVariant(createPhrase+" while "+floodPhrase, variant), flooded, floodErrs)
+	if pools {
+		served := h.servedFrom()
+		a.Note = "B's creates served from: " + tally(served, aloneIDs)
+		f.Note = "B's creates served from: " + tally(served, floodedIDs) + "; "
+	}
 	if a.P50 != nil && f.P50 != nil {
 		f.Compare = fmt.Sprintf("p50 %.1f×, p99 %.1f× B alone", *f.P50 / *a.P50, *f.P99 / *a.P99)
 	}
 	f.Goal = "p99 ≤ 1.5× B alone (issue 24)"
-	f.Note = "B's errors include any 429: B must never be limited by A's flood"
+	f.Note += "B's errors include any 429: B must never be limited by A's flood"
 	rate := float64(okA.Load()) / floodFor.Seconds()
 	measure := "tenant A's creates let through during the flood"
 	if !limited {

@@ -35,6 +35,14 @@
 //     sees them; sandboxd's start-up Reconcile destroys members a previous
 //     process left (backend sandboxes without a row), and Run drains the
 //     pool when it ends.
+//   - The last SpareReserve members of a spare pool are for lone creates
+//     (a tenant's only create in progress): a claim in the background of
+//     its tenant's others misses there instead. A tenant's flood would
+//     otherwise take every member the moment it is ready, and another
+//     tenant's single create, served warm in a millisecond or two on a quiet
+//     host, would wait for a cold start behind the flood, 10–20 times as
+//     long. The flood loses nothing it needs: once the pool is down to the
+//     reserve it creates cold anyway.
 //   - An empty pool is a miss, counted and reported at once: Claim never
 //     waits. A caller that cannot start a cold create right away (package
 //     sandbox bounds them) may wait on Ready and Take a member that becomes
@@ -161,6 +169,11 @@ type Config struct {
 	ForgetAfter time.Duration
 	// MaxPerPool caps a tenant's pool's target; default 64.
 	MaxPerPool int
+	// SpareReserve is how many of a spare pool's ready members only lone
+	// claims may take (Claim's background false); default 2, negative
+	// none. It is what another tenant's creates need while one tenant
+	// floods: one at hand, one being refilled.
+	SpareReserve int
 	// MaxSpare caps a spare pool's target, floor and claim rate alike;
 	// default MaxPerPool. A spare pool serves every tenant, so the cap
 	// meant for one tenant's pool would bound a burst of all of them.
@@ -284,6 +297,10 @@ func New(cfg Config) *Pools {
 	if cfg.MaxSpare <= 0 {
 		cfg.MaxSpare = cfg.MaxPerPool
 	}
+	if cfg.SpareReserve == 0 {
+		cfg.SpareReserve = DefaultSpareReserve
+	}
+	cfg.SpareReserve = max(cfg.SpareReserve, 0)
 	if cfg.Parallel <= 0 {
 		cfg.Parallel = 2
 	}
@@ -331,11 +348,16 @@ func (pl *pool) rateNow(now time.Time, halfLife time.Duration) float64 {
 	return pl.rate * math.Exp2(-float64(dt)/float64(halfLife))
 }
 
+// DefaultSpareReserve is Config.SpareReserve's default.
+const DefaultSpareReserve = 2
+
 // Claim takes a ready member of key, or else of key's spare pool, or
 // reports a miss. It never waits. A miss wakes the refiller at once; after
 // a hit the caller calls Refill once it has handed the member over. Either
 // way the claim feeds the claim rates of key and of its spare pool.
-func (p *Pools) Claim(key Key) (*Member, bool) {
+// background says the claim's tenant has other creates in progress: it may
+// not take the spare pool's reserve.
+func (p *Pools) Claim(key Key, background bool) (*Member, bool) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -354,7 +376,7 @@ func (p *Pools) Claim(key Key) (*Member, bool) {
 	}
 	if sp != nil {
 		sc := p.count(sp.key)
-		if m := sp.take(p.reachable); m != nil {
+		if m := p.takeSpare(sp, background); m != nil {
 			c.Spare++
 			sc.Hits++
 			return m, true
@@ -398,7 +420,15 @@ func (p *Pools) spareOf(key Key) (Key, bool) {
 	return p.cfg.Spare(key)
 }
 
-// take removes and returns the oldest ready member, or nil.
+// takeSpare takes a member of spare pool sp, leaving the reserve to lone
+// claims; p.mu is held.
+func (p *Pools) takeSpare(sp *pool, background bool) *Member {
+	if sp == nil || (background && len(sp.ready) <= p.cfg.SpareReserve) {
+		return nil
+	}
+	return sp.take(p.reachable)
+}
+
 // take takes the oldest ready member that reachable accepts. The others
 // stay: a member cut off for a moment is claimable again when it answers,
 // and one that is gone for good fails its recheck.
@@ -428,8 +458,8 @@ func (p *Pools) Ready() <-chan struct{} {
 // Take takes a ready member of key (or of its spare pool) for a caller
 // whose Claim missed and who waited for a refill. It neither counts a claim
 // nor feeds the claim rate (Claim did both); it counts the member as Waited
-// and wakes the refiller.
-func (p *Pools) Take(key Key) (*Member, bool) {
+// and wakes the refiller. background is as for Claim.
+func (p *Pools) Take(key Key, background bool) (*Member, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -438,7 +468,7 @@ func (p *Pools) Take(key Key) (*Member, bool) {
 	m := p.pools[key].take(p.reachable)
 	if m == nil {
 		if sk, ok := p.spareOf(key); ok {
-			if m = p.pools[sk].take(p.reachable); m != nil {
+			if m = p.takeSpare(p.pools[sk], background); m != nil {
 				p.count(sk).Waited++
 			}
 		}

@@ -166,14 +166,14 @@ func TestClaimSkipsUnreachable(t *testing.T) {
 		}
 		be.down.Store("m1", struct{}{})
 		be.down.Store("m2", struct{}{})
-		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m3" {
+		if m, ok := e.p.Claim(keyA, false); !ok || m.ID != "m3" {
 			t.Fatalf("claim with m1 and m2 cut off: %+v %v, want m3", m, ok)
 		}
-		if m, ok := e.p.Claim(keyA); ok {
+		if m, ok := e.p.Claim(keyA, false); ok {
 			t.Fatalf("claim with only cut-off members ready: got %s, want a miss", m.ID)
 		}
 		be.down.Delete("m1")
-		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m1" {
+		if m, ok := e.p.Claim(keyA, false); !ok || m.ID != "m1" {
 			t.Fatalf("claim once m1 answers again: %+v %v, want m1", m, ok)
 		}
 	})
@@ -187,7 +187,7 @@ func TestFillsToMinWarmAndRefillsOnClaim(t *testing.T) {
 		if s := e.stat(keyA); s.Ready != 3 || s.Target != 3 {
 			t.Fatalf("after fill: %+v, want 3 ready, target 3", s)
 		}
-		m, ok := e.p.Claim(keyA)
+		m, ok := e.p.Claim(keyA, false)
 		if !ok {
 			t.Fatal("claim missed a full pool")
 		}
@@ -218,7 +218,7 @@ func TestFillsToMinWarmAndRefillsOnClaim(t *testing.T) {
 		}
 		// The claimed member is never handed out again.
 		for range 3 {
-			m2, ok := e.p.Claim(keyA)
+			m2, ok := e.p.Claim(keyA, false)
 			if !ok || m2.ID == m.ID {
 				t.Fatalf("claim: %+v %v (first claim was %s)", m2, ok, m.ID)
 			}
@@ -235,7 +235,7 @@ func TestMissOnEmptyPool(t *testing.T) {
 		e := start(t, Config{}, 0)
 		other := keyA
 		other.Template = "python"
-		if _, ok := e.p.Claim(other); ok {
+		if _, ok := e.p.Claim(other, false); ok {
 			t.Fatal("claim hit an empty pool")
 		}
 		c := e.p.Counts()
@@ -260,7 +260,7 @@ func TestAdaptiveSizingAndTrim(t *testing.T) {
 		// Two claims a second for two minutes: the average reaches
 		// 2 × (1 - 2^-2) = 1.5/s, so the target is round(1.5 × 5) = 8.
 		for range 240 {
-			e.p.Claim(k)
+			e.p.Claim(k, false)
 			time.Sleep(500 * time.Millisecond)
 		}
 		synctest.Wait()
@@ -353,7 +353,7 @@ func TestUnhealthyMemberNeverClaimable(t *testing.T) {
 		e := start(t, Config{Health: health, Parallel: 1, Tick: time.Second}, 1)
 		time.Sleep(500 * time.Millisecond)
 		synctest.Wait()
-		if _, ok := e.p.Claim(keyA); ok {
+		if _, ok := e.p.Claim(keyA, false); ok {
 			t.Fatal("claimed a member whose envd failed /health")
 		}
 		if got := e.be.Len(); got != 0 {
@@ -362,7 +362,7 @@ func TestUnhealthyMemberNeverClaimable(t *testing.T) {
 		fail.Store(false)
 		time.Sleep(5 * time.Second) // backoff, then retry
 		synctest.Wait()
-		if _, ok := e.p.Claim(keyA); !ok {
+		if _, ok := e.p.Claim(keyA, false); !ok {
 			t.Fatal("no member after envd recovered")
 		}
 	})
@@ -397,7 +397,7 @@ func TestDrainDestroysMembers(t *testing.T) {
 		e := start(t, Config{Parallel: 4}, 3)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		claimed, ok := e.p.Claim(keyA)
+		claimed, ok := e.p.Claim(keyA, false)
 		if !ok {
 			t.Fatal("claim missed")
 		}
@@ -406,7 +406,7 @@ func TestDrainDestroysMembers(t *testing.T) {
 		if ids := e.be.IDs(); len(ids) != 1 || ids[0] != claimed.ID {
 			t.Fatalf("after drain backend holds %v, want only the claimed %s", ids, claimed.ID)
 		}
-		if _, ok := e.p.Claim(keyA); ok {
+		if _, ok := e.p.Claim(keyA, false); ok {
 			t.Fatal("claim after drain")
 		}
 	})
@@ -430,7 +430,7 @@ func TestUnknownTemplatePoolDropped(t *testing.T) {
 		e.be.FailCreate.Store(&boom)
 		k := keyA
 		k.Template = "nope"
-		e.p.Claim(k) // a miss: the pool is born with min_warm 1
+		e.p.Claim(k, false) // a miss: the pool is born with min_warm 1
 		time.Sleep(time.Second)
 		synctest.Wait()
 		for _, s := range e.p.Stats() {
@@ -449,14 +449,14 @@ func TestTakeAfterMiss(t *testing.T) {
 		e := start(t, Config{Lead: -1}, 1)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if _, ok := e.p.Claim(keyA); !ok {
+		if _, ok := e.p.Claim(keyA, false); !ok {
 			t.Fatal("claim missed a full pool")
 		}
-		if _, ok := e.p.Claim(keyA); ok {
+		if _, ok := e.p.Claim(keyA, false); ok {
 			t.Fatal("second claim hit: the refill cannot be ready yet")
 		}
 		ready := e.p.Ready()
-		if _, ok := e.p.Take(keyA); ok {
+		if _, ok := e.p.Take(keyA, false); ok {
 			t.Fatal("take hit before the refill was ready")
 		}
 		select {
@@ -465,7 +465,7 @@ func TestTakeAfterMiss(t *testing.T) {
 		default:
 		}
 		<-ready // the refill the claims started
-		m, ok := e.p.Take(keyA)
+		m, ok := e.p.Take(keyA, false)
 		if !ok || e.be.Get(m.ID) == nil {
 			t.Fatalf("take after Ready: %+v %v", m, ok)
 		}
@@ -476,7 +476,7 @@ func TestTakeAfterMiss(t *testing.T) {
 		ready = e.p.Ready()
 		e.stop()
 		<-ready // the drain wakes waiters
-		if _, ok := e.p.Take(keyA); ok {
+		if _, ok := e.p.Take(keyA, false); ok {
 			t.Fatal("take after the drain")
 		}
 		if e.p.Ready() != nil {
@@ -511,7 +511,7 @@ func TestDropTemplate(t *testing.T) {
 		if got := e.be.Len(); got != 0 {
 			t.Fatalf("after the starting member finished the backend holds %d, want 0", got)
 		}
-		if _, ok := e.p.Claim(keyA); ok {
+		if _, ok := e.p.Claim(keyA, false); ok {
 			t.Fatal("claim of a dropped template hit")
 		}
 	})
@@ -556,17 +556,17 @@ func TestSpareServesAfterOwnPool(t *testing.T) {
 				t.Errorf("spare member %s carries a tenant's data: %+v", m.ID, sp)
 			}
 		}
-		own, ok := e.p.Claim(keyA)
+		own, ok := e.p.Claim(keyA, false)
 		if !ok || own.Key != keyA {
 			t.Fatalf("first claim of a: %+v %v, want a's own member", own, ok)
 		}
 		for i, k := range []Key{keyA, keyB} {
-			m, ok := e.p.Claim(k)
+			m, ok := e.p.Claim(k, false)
 			if !ok || !m.Key.IsSpare() {
 				t.Fatalf("claim %d of %s: %+v %v, want a spare member", i, k.Tenant, m, ok)
 			}
 		}
-		if _, ok := e.p.Claim(keyB); ok {
+		if _, ok := e.p.Claim(keyB, false); ok {
 			t.Fatal("claim hit with both pools empty")
 		}
 		want := map[tenant.ID]Count{
@@ -585,10 +585,69 @@ func TestSpareServesAfterOwnPool(t *testing.T) {
 		if s, o := e.stat(spare), e.stat(keyA); s.Ready != 2 || o.Ready != 1 {
 			t.Fatalf("after refill: spare %+v, a %+v", s, o)
 		}
-		if m, ok := e.p.Claim(keyB); !ok || !m.Key.IsSpare() {
+		if m, ok := e.p.Claim(keyB, false); !ok || !m.Key.IsSpare() {
 			t.Fatalf("b after refill: %+v %v, want a spare member", m, ok)
 		}
 	})
+}
+
+// The last SpareReserve members of a spare pool go to lone claims only: a
+// claim in the background of its tenant's other creates misses there, by
+// Claim and by Take alike, and a lone claim still gets them.
+func TestSpareReserveIsForLoneClaims(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reserve int
+		// background claims that hit before the first miss; then the lone
+		// claims that hit
+		background, lone int
+	}{
+		{"default reserve", 0, 2, 2},
+		{"reserve of 3", 3, 1, 3},
+		{"no reserve", -1, 4, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				spare := keyA
+				spare.Tenant = ""
+				adm := &admission{minWarmOf: func(k Key) int {
+					if k.IsSpare() {
+						return 4
+					}
+					return 0
+				}, seeds: func() []Key { return []Key{spare} }}
+				e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: -1, Parallel: 4, SpareReserve: tc.reserve}, 0)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if s := e.stat(spare); s.Ready != 4 {
+					t.Fatalf("spare pool %+v, want 4 ready", s)
+				}
+				hits := 0
+				for {
+					if _, ok := e.p.Claim(keyA, true); !ok {
+						break
+					}
+					hits++
+				}
+				if hits != tc.background {
+					t.Errorf("background claims hit %d times, want %d", hits, tc.background)
+				}
+				if m, ok := e.p.Take(keyA, true); ok {
+					t.Errorf("a background Take got %s out of the reserve", m.ID)
+				}
+				keyB := keyA
+				keyB.Tenant = "b"
+				for i := range tc.lone {
+					if m, ok := e.p.Claim(keyB, false); !ok || !m.Key.IsSpare() {
+						t.Fatalf("lone claim %d: %+v %v, want a spare member", i, m, ok)
+					}
+				}
+				if m, ok := e.p.Claim(keyB, false); ok {
+					t.Errorf("a lone claim got %s from an empty spare pool", m.ID)
+				}
+			})
+		})
+	}
 }
 
 // With spare pools the adaptive size follows the host-wide claim rate in
@@ -605,9 +664,9 @@ func TestSpareFollowsHostWideRate(t *testing.T) {
 		private.Template = "private"
 		// Three tenants, each 2/3 claim a second: 2/s host-wide, for 2 min.
 		for i := range 240 {
-			e.p.Claim(keys[i%3])
+			e.p.Claim(keys[i%3], false)
 			if i%2 == 0 {
-				e.p.Claim(private)
+				e.p.Claim(private, false)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
@@ -750,7 +809,7 @@ func TestRecheck(t *testing.T) {
 					t.Fatalf("after the recheck: %+v, want 2 ready", s)
 				}
 				for i, want := range tc.wantClaims {
-					m, ok := e.p.Claim(keyA)
+					m, ok := e.p.Claim(keyA, false)
 					if !ok || m.ID != want {
 						t.Fatalf("claim %d: %+v %v, want %s", i, m, ok, want)
 					}
@@ -779,7 +838,7 @@ func TestRecheckHoldsMemberOut(t *testing.T) {
 		if s := e.stat(keyA); s.Ready != 1 || s.Starting != 0 {
 			t.Fatalf("during the recheck: %+v, want 1 ready (under check), none starting", s)
 		}
-		if m, ok := e.p.Claim(keyA); ok {
+		if m, ok := e.p.Claim(keyA, false); ok {
 			t.Fatalf("claimed %s, a member under its recheck", m.ID)
 		}
 		time.Sleep(recheckTimeout)
@@ -789,7 +848,7 @@ func TestRecheckHoldsMemberOut(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // its replacement
 		synctest.Wait()
-		if m, ok := e.p.Claim(keyA); !ok || m.ID != "m2" {
+		if m, ok := e.p.Claim(keyA, false); !ok || m.ID != "m2" {
 			t.Fatalf("claim after the recheck: %+v %v, want m2", m, ok)
 		}
 	})

@@ -18,12 +18,14 @@ import (
 // Pool is what the Admitter needs of the warm pools (package pool).
 type Pool interface {
 	// Claim takes a ready member of key, or reports a miss; it never waits.
-	Claim(key pool.Key) (*pool.Member, bool)
+	// background: the tenant has other creates in progress (it may not
+	// take a spare pool's reserve).
+	Claim(key pool.Key, background bool) (*pool.Member, bool)
 	// Ready is closed the next time any member becomes ready.
 	Ready() <-chan struct{}
 	// Take takes a ready member of key after a missed Claim (a miss that
 	// waited for a cold-create slot and got a refill first).
-	Take(key pool.Key) (*pool.Member, bool)
+	Take(key pool.Key, background bool) (*pool.Member, bool)
 	// ReservedMB is the memory of all members, for the host budget.
 	ReservedMB() int
 	// Refill wakes the refiller once a claimed member was handed over.
@@ -93,6 +95,28 @@ type Admitter struct {
 type tenantState struct {
 	mu                 sync.Mutex
 	pending, pendingMB int
+	// inflight counts the tenant's tickets not yet released, and
+	// concurrentAt is when it last had two: a create of a tenant with
+	// others in progress, or that had some within concurrentMemory, is in
+	// the background of its tenant's flood (it may not take a spare pool's
+	// reserve).
+	inflight     int
+	concurrentAt time.Time
+}
+
+// concurrentMemory is how long a tenant that had concurrent creates counts
+// as flooding: its clients' destroys and think time leave gaps where one
+// of its creates runs alone, and that one is not a lone user's.
+const concurrentMemory = time.Second
+
+// enterLocked counts a create of the tenant in and reports whether it is
+// in the background of others; ts.mu is held.
+func (ts *tenantState) enterLocked(now time.Time) (background bool) {
+	ts.inflight++
+	if ts.inflight > 1 {
+		ts.concurrentAt = now
+	}
+	return ts.inflight > 1 || (!ts.concurrentAt.IsZero() && now.Sub(ts.concurrentAt) < concurrentMemory)
 }
 
 func (a *Admitter) tenant(t tenant.ID) *tenantState {
@@ -133,7 +157,10 @@ type Ticket struct {
 
 	member *pool.Member
 	waited time.Duration
-	slot   *gateWaiter // the cold-create slot held; nil when none or released
+	// background: at admission its tenant had other creates in progress
+	// (tenantState.enterLocked); entered: it counts in ts.inflight.
+	background, entered bool
+	slot                *gateWaiter // the cold-create slot held; nil when none or released
 	// pending: the claimed member counts in ts and pendingMB until its row
 	// is in.
 	pending bool
@@ -213,6 +240,12 @@ func (tk *Ticket) Commit(ctx context.Context) error {
 // the create's own undos (the backend's sandbox) have run.
 func (tk *Ticket) Release() {
 	tk.ReleaseSlot()
+	if tk.entered {
+		tk.entered = false
+		tk.ts.mu.Lock()
+		tk.ts.inflight--
+		tk.ts.mu.Unlock()
+	}
 	if tk.member != nil && !tk.refilled {
 		tk.refilled = true
 		tk.a.pool.Refill() // its claim left that to the end of the create
@@ -297,8 +330,9 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 	if err := a.checkQuota(ctx, sb.Tenant, charge, ts); err != nil {
 		return nil, err
 	}
+	tk.background, tk.entered = ts.enterLocked(time.Now()), true
 	if a.pool != nil && !req.Cold {
-		tk.member, _ = a.pool.Claim(req.Key)
+		tk.member, _ = a.pool.Claim(req.Key, tk.background)
 	}
 	if tk.member == nil && a.gate != nil {
 		if err := a.checkHost(ctx, charge); err != nil {
@@ -308,7 +342,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		ts.pendingMB += charge
 		unlockTenant()
 		t0 := time.Now()
-		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold)
+		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold, tk.background)
 		tk.waited = time.Since(t0)
 		ts.mu.Lock()
 		locked = true
@@ -365,7 +399,7 @@ func (a *Admitter) insertCold(ctx context.Context, tk *Ticket) error {
 // awaitCold waits for whichever comes first: a cold-create slot of the
 // gate (w, held until released with gate.leave) or a member of key that a
 // pool refill made ready.
-func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold bool) (*pool.Member, *gateWaiter, error) {
+func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, cold, background bool) (*pool.Member, *gateWaiter, error) {
 	w := a.gate.enter(t)
 	if w == nil {
 		return nil, nil, errdefs.New(errdefs.ErrRateLimited, fmt.Sprintf(
@@ -381,7 +415,7 @@ func (a *Admitter) awaitCold(ctx context.Context, t tenant.ID, key pool.Key, col
 		var ready <-chan struct{}
 		if a.pool != nil && !cold {
 			ready = a.pool.Ready() // before Take: a member readied in between wakes us
-			if mb, ok := a.pool.Take(key); ok {
+			if mb, ok := a.pool.Take(key, background); ok {
 				a.gate.leave(w)
 				return mb, nil, nil
 			}

@@ -3,10 +3,14 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/pool"
+	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/tenant"
 )
 
@@ -108,4 +112,92 @@ func TestAdmitSpareMember(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimRecorder is a Pool that records each claim's background flag and
+// always misses.
+type claimRecorder struct {
+	mu         sync.Mutex
+	background []bool
+}
+
+func (r *claimRecorder) Claim(_ pool.Key, background bool) (*pool.Member, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.background = append(r.background, background)
+	return nil, false
+}
+func (r *claimRecorder) Ready() <-chan struct{}                   { return make(chan struct{}) }
+func (r *claimRecorder) Take(pool.Key, bool) (*pool.Member, bool) { return nil, false }
+func (r *claimRecorder) ReservedMB() int                          { return 0 }
+func (r *claimRecorder) Refill()                                  {}
+
+func (r *claimRecorder) last() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.background[len(r.background)-1]
+}
+
+// A create claims in the background while its tenant has another in
+// progress, or had two at once within concurrentMemory; another tenant's
+// create, and a sequential user's, claim alone (and may take a spare
+// pool's reserve).
+func TestClaimBackgroundOfATenantsFlood(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newTestEnv(t, nil)
+		rec := &claimRecorder{}
+		e.m.UsePool(rec)
+		admit := func(name string) *Ticket {
+			t.Helper()
+			tk, err := e.m.adm.Admit(as(name), AdmitRequest{
+				Sandbox: &store.Sandbox{ID: NewID(), Tenant: tenant.ID(name), Template: "base", MemoryMB: 512, State: store.StateCreating,
+					StartedAt: time.Now(), EndAt: time.Now().Add(time.Minute)},
+				Key: pool.Key{Tenant: tenant.ID(name), Template: "base", MemoryMB: 512},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tk
+		}
+		steps := []struct {
+			name       string
+			sleep      time.Duration
+			tenant     string
+			release    bool // release the ticket at once
+			background bool
+		}{
+			{"a's first create", 0, "a", false, false},
+			{"a's second while the first runs", 0, "a", false, true},
+			{"b's create beside a's two", 0, "b", true, false},
+			{"b's next, sequential", 0, "b", true, false},
+		}
+		var open []*Ticket
+		for _, st := range steps {
+			time.Sleep(st.sleep)
+			tk := admit(st.tenant)
+			if got := rec.last(); got != st.background {
+				t.Errorf("%s: background = %v, want %v", st.name, got, st.background)
+			}
+			if st.release {
+				tk.Release()
+			} else {
+				open = append(open, tk)
+			}
+		}
+		for _, tk := range open {
+			tk.Release()
+		}
+		// a's clients pause between creates: within concurrentMemory its
+		// next create is still the flood's; after it, a lone one.
+		for _, c := range []struct {
+			sleep      time.Duration
+			background bool
+		}{{concurrentMemory / 2, true}, {concurrentMemory, false}} {
+			time.Sleep(c.sleep)
+			admit("a").Release()
+			if got := rec.last(); got != c.background {
+				t.Errorf("a's create %v later: background = %v, want %v", c.sleep, got, c.background)
+			}
+		}
+	})
 }

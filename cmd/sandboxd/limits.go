@@ -45,6 +45,7 @@ type limitOpts struct {
 	spare                   bool
 	spareMin                spareMinFlag
 	spareMax                int
+	spareReserve            int
 }
 
 // spareMinFlag is --spare-min: TEMPLATE=N pairs, comma-separated.
@@ -185,6 +186,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	_ = o.spareMin.Set(defaultSpareMin)
 	o.spareMin.set = false
 	fs.IntVar(&o.spareMax, "spare-max", 0, fmt.Sprintf("largest target of a spare pool, its floor and what the host-wide claim rate grows it to; 0: on the local backend one per %d MiB available at start, at least %d, elsewhere %d", localSpareMB, defaultSpareMax, defaultSpareMax))
+	fs.IntVar(&o.spareReserve, "spare-reserve", pool.DefaultSpareReserve, "ready members of a spare pool kept for lone creates (a tenant's only create in progress): a tenant's flood leaves them to other tenants, whose creates stay warm meanwhile; 0: none")
 	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default base=2 grows with the memory available at start: on the local backend one base per 256 MiB, up to --pool-max (an idle member holds ≈ 2.5 MiB), on Incus one per GiB, up to 20 (a cold create costs Incus ≈ 0.27 s of CPU); it gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available`)
 	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once; a tenant alone may hold all, one of several all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
 	fs.IntVar(&o.coldQueue, "create-queue", sandbox.DefaultColdQueue, "creates waiting for a cold-create slot, shared fairly between the tenants waiting; a create beyond its tenant's share gets 429 + Retry-After; negative: unbounded")
@@ -234,6 +236,7 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, spareM
 		Log:  log.With("component", "pool"),
 		Lead: o.poolLead, HalfLife: o.poolHalfLife, IdleAfter: o.poolIdle, ForgetAfter: o.poolForget,
 		MaxPerPool: o.poolMax, MaxSpare: spareMax, Parallel: o.poolParallel,
+		SpareReserve: o.spareReserveConfig(),
 	}
 	if o.spare {
 		cfg.Spare = mgr.Admission().SpareKey
@@ -241,6 +244,15 @@ func (o *limitOpts) newPools(mgr *sandbox.Manager, be sbxruntime.Backend, spareM
 	p := pool.New(cfg)
 	mgr.UsePool(p)
 	return p
+}
+
+// spareReserveConfig is --spare-reserve as pool.Config.SpareReserve, where
+// 0 is the default and negative none.
+func (o *limitOpts) spareReserveConfig() int {
+	if o.spareReserve <= 0 {
+		return -1
+	}
+	return o.spareReserve
 }
 
 // background runs fn in a goroutine that stop cancels and waits for.

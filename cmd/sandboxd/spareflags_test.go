@@ -5,6 +5,8 @@ import (
 	"io"
 	"maps"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/pool"
 )
 
 func TestSpareFloors(t *testing.T) {
@@ -72,6 +74,29 @@ func TestSpareCap(t *testing.T) {
 			}
 			if got := o.spareCap(c.availMB, c.backend); got != c.want {
 				t.Errorf("spareCap = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+func TestSpareReserveFlag(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want int // pool.Config.SpareReserve
+	}{
+		{"default", nil, pool.DefaultSpareReserve},
+		{"given", []string{"--spare-reserve=5"}, 5},
+		{"none", []string{"--spare-reserve=0"}, -1},
+		{"negative is none", []string{"--spare-reserve=-3"}, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := parseLimitOpts(c.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := o.spareReserveConfig(); got != c.want {
+				t.Errorf("SpareReserve = %d, want %d", got, c.want)
 			}
 		})
 	}
