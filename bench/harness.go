@@ -184,6 +184,8 @@ func (h *Harness) launchSandboxd(ctx context.Context, attempt int, extra []strin
 	// No code-interpreter template build (pip) competing with what is
 	// measured; an older sandboxd ignores the variable.
 	cmd.Env = append(os.Environ(), "SANDBOXD_CODE_INTERPRETER=off")
+	// BENCH_SANDBOXD_ENV: variables for sandboxd alone, not the bench's
+	// own process (say GOMAXPROCS=2, the runtime's default, to compare).
 	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("BENCH_SANDBOXD_ENV"))...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group: a Ctrl-C in the terminal reaches only the bench,

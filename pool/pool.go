@@ -35,14 +35,16 @@
 //     sees them; sandboxd's start-up Reconcile destroys members a previous
 //     process left (backend sandboxes without a row), and Run drains the
 //     pool when it ends.
-//   - The last SpareReserve members of a spare pool are for lone creates
-//     (a tenant's only create in progress): a claim in the background of
-//     its tenant's others misses there instead. A tenant's flood would
-//     otherwise take every member the moment it is ready, and another
-//     tenant's single create, served warm in a millisecond or two on a quiet
-//     host, would wait for a cold start behind the flood, 10–20 times as
-//     long. The flood loses nothing it needs: once the pool is down to the
-//     reserve it creates cold anyway.
+//   - Once two tenants have claimed from a spare pool within spareShared,
+//     its last SpareReserve members are for lone creates (a tenant's only
+//     create in progress): a claim in the background of its tenant's others
+//     misses there instead. A tenant's flood would otherwise take every
+//     member the moment it is ready, and another tenant's single create,
+//     served warm in a millisecond or two on a quiet host, would wait for a
+//     cold start behind the flood, 10–20 times as long. The flood loses
+//     nothing it needs: once the pool is down to the reserve it creates
+//     cold anyway. A host with one tenant keeps no reserve: its bursts may
+//     take every member (work-conserving).
 //   - An empty pool is a miss, counted and reported at once: Claim never
 //     waits. A caller that cannot start a cold create right away (package
 //     sandbox bounds them) may wait on Ready and Take a member that becomes
@@ -169,10 +171,10 @@ type Config struct {
 	ForgetAfter time.Duration
 	// MaxPerPool caps a tenant's pool's target; default 64.
 	MaxPerPool int
-	// SpareReserve is how many of a spare pool's ready members only lone
-	// claims may take (Claim's background false); default 2, negative
-	// none. It is what another tenant's creates need while one tenant
-	// floods: one at hand, one being refilled.
+	// SpareReserve is how many of a shared spare pool's ready members
+	// only lone claims may take (Claim's background false); default 2,
+	// negative none. It is what another tenant's creates need while one
+	// tenant floods: one at hand, one being refilled.
 	SpareReserve int
 	// MaxSpare caps a spare pool's target, floor and claim rate alike;
 	// default MaxPerPool. A spare pool serves every tenant, so the cap
@@ -268,7 +270,11 @@ type pool struct {
 	rate      float64   // claims per second, as of rateAt
 	rateAt    time.Time //
 	lastClaim time.Time
-	created   time.Time
+	// A spare pool's last claimer, and when a claim of another tenant
+	// followed one's: the pool is shared, and keeps its reserve.
+	lastTenant tenant.ID
+	sharedAt   time.Time
+	created    time.Time
 
 	failures int
 	retryAt  time.Time
@@ -351,6 +357,10 @@ func (pl *pool) rateNow(now time.Time, halfLife time.Duration) float64 {
 // DefaultSpareReserve is Config.SpareReserve's default.
 const DefaultSpareReserve = 2
 
+// spareShared is how long a spare pool that two tenants claimed from keeps
+// its reserve: long enough for a tenant that creates every few minutes.
+const spareShared = time.Hour
+
 // Claim takes a ready member of key, or else of key's spare pool, or
 // reports a miss. It never waits. A miss wakes the refiller at once; after
 // a hit the caller calls Refill once it has handed the member over. Either
@@ -375,8 +385,12 @@ func (p *Pools) Claim(key Key, background bool) (*Member, bool) {
 		return m, true
 	}
 	if sp != nil {
+		if sp.lastTenant != "" && sp.lastTenant != key.Tenant {
+			sp.sharedAt = now
+		}
+		sp.lastTenant = key.Tenant
 		sc := p.count(sp.key)
-		if m := p.takeSpare(sp, background); m != nil {
+		if m := p.takeSpare(sp, background, now); m != nil {
 			c.Spare++
 			sc.Hits++
 			return m, true
@@ -420,10 +434,14 @@ func (p *Pools) spareOf(key Key) (Key, bool) {
 	return p.cfg.Spare(key)
 }
 
-// takeSpare takes a member of spare pool sp, leaving the reserve to lone
-// claims; p.mu is held.
-func (p *Pools) takeSpare(sp *pool, background bool) *Member {
-	if sp == nil || (background && len(sp.ready) <= p.cfg.SpareReserve) {
+// takeSpare takes a member of spare pool sp, leaving the reserve of a
+// shared pool to lone claims; p.mu is held.
+func (p *Pools) takeSpare(sp *pool, background bool, now time.Time) *Member {
+	if sp == nil {
+		return nil
+	}
+	shared := !sp.sharedAt.IsZero() && now.Sub(sp.sharedAt) < spareShared
+	if background && shared && len(sp.ready) <= p.cfg.SpareReserve {
 		return nil
 	}
 	return sp.take(p.reachable)
@@ -468,7 +486,7 @@ func (p *Pools) Take(key Key, background bool) (*Member, bool) {
 	m := p.pools[key].take(p.reachable)
 	if m == nil {
 		if sk, ok := p.spareOf(key); ok {
-			if m = p.takeSpare(p.pools[sk], background); m != nil {
+			if m = p.takeSpare(p.pools[sk], background, time.Now()); m != nil {
 				p.count(sk).Waited++
 			}
 		}

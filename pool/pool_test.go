@@ -591,20 +591,29 @@ func TestSpareServesAfterOwnPool(t *testing.T) {
 	})
 }
 
-// The last SpareReserve members of a spare pool go to lone claims only: a
-// claim in the background of its tenant's other creates misses there, by
-// Claim and by Take alike, and a lone claim still gets them.
+// Once two tenants claimed from a spare pool, its last SpareReserve members
+// go to lone claims only: a claim in the background of its tenant's other
+// creates misses there, by Claim and by Take alike, and a lone claim still
+// gets them. A pool only one tenant claims from keeps no reserve.
 func TestSpareReserveIsForLoneClaims(t *testing.T) {
+	keyB := keyA
+	keyB.Tenant = "b"
 	for _, tc := range []struct {
 		name    string
 		reserve int
-		// background claims that hit before the first miss; then the lone
-		// claims that hit
+		// first claims before a's background ones (one member each), then
+		// idle without claims (the pool refills meanwhile)
+		first []Key
+		idle  time.Duration
+		// a's background claims that hit before the first miss; then b's
+		// lone claims that hit
 		background, lone int
 	}{
-		{"default reserve", 0, 2, 2},
-		{"reserve of 3", 3, 1, 3},
-		{"no reserve", -1, 4, 0},
+		{"shared, default reserve", 0, []Key{keyB}, 0, 1, 2},
+		{"shared, reserve of 3", 3, []Key{keyB}, 0, 0, 3},
+		{"shared, no reserve", -1, []Key{keyB}, 0, 3, 0},
+		{"one tenant: no reserve", 0, []Key{keyA}, 0, 3, 0},
+		{"shared an hour ago: no longer", 0, []Key{keyB, keyA}, spareShared + time.Second, 4, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -616,12 +625,20 @@ func TestSpareReserveIsForLoneClaims(t *testing.T) {
 					}
 					return 0
 				}, seeds: func() []Key { return []Key{spare} }}
-				e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: -1, Parallel: 4, SpareReserve: tc.reserve}, 0)
+				e := start(t, Config{Admission: adm, Spare: spareOfAll, Lead: -1, Parallel: 4, SpareReserve: tc.reserve,
+					Tick: time.Hour, Recheck: -1}, 0)
 				time.Sleep(time.Second)
 				synctest.Wait()
 				if s := e.stat(spare); s.Ready != 4 {
 					t.Fatalf("spare pool %+v, want 4 ready", s)
 				}
+				for _, k := range tc.first {
+					if _, ok := e.p.Claim(k, false); !ok {
+						t.Fatalf("first claim of %s missed", k.Tenant)
+					}
+				}
+				time.Sleep(tc.idle)
+				synctest.Wait()
 				hits := 0
 				for {
 					if _, ok := e.p.Claim(keyA, true); !ok {
@@ -633,10 +650,8 @@ func TestSpareReserveIsForLoneClaims(t *testing.T) {
 					t.Errorf("background claims hit %d times, want %d", hits, tc.background)
 				}
 				if m, ok := e.p.Take(keyA, true); ok {
-					t.Errorf("a background Take got %s out of the reserve", m.ID)
+					t.Errorf("a background Take got %s", m.ID)
 				}
-				keyB := keyA
-				keyB.Tenant = "b"
 				for i := range tc.lone {
 					if m, ok := e.p.Claim(keyB, false); !ok || !m.Key.IsSpare() {
 						t.Fatalf("lone claim %d: %+v %v, want a spare member", i, m, ok)

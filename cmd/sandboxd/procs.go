@@ -18,8 +18,9 @@ import (
 // Ps than CPUs leave a woken goroutine an idle P, and which of sandboxd's
 // goroutines runs is then the kernel's choice among runnable threads.
 // Measured on 2 CPUs while one tenant floods creates (issue 24,
-// docs/benchmarks-history.md "N9"): another tenant's warm create took
-// 4-6 ms at p50 instead of 16-21 with 4 Ps instead of 2.
+// docs/benchmarks-history.md, N9): another tenant's warm create took
+// 2.9-3.6 ms at p50 and 17-29 ms at p99 with 8 Ps, 14-21 and 44-67 ms with
+// 2; 16 Ps did no better and slowed the flood.
 const procsPerCPU = 4
 
 // procsChosen: the operator set GOMAXPROCS. Read as the package
