@@ -399,10 +399,13 @@ func (p *process) run(outs []output, ended func()) {
 
 	p.end = endEvent(p.cmd.ProcessState, waitErr)
 	ended()
+	// done closes before the end event goes out: a client that got it and
+	// then lists the processes no longer finds this one (List and Connect
+	// read done).
+	close(p.done)
 	// Never waits for a reader: one that is behind gets the end event from
 	// stream once it has caught up.
 	p.events.finish(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}})
-	close(p.done)
 }
 
 // forward publishes each read as soon as it returns, until EOF, a PTY hang-up

@@ -90,6 +90,6 @@ func expired(ctx context.Context, deadline time.Time) error {
 
 // endOf is the end event of a process that has ended.
 func endOf(p *process) *rpc.ProcessEvent {
-	<-p.done // immediate in practice: the fanout closes just before done
+	<-p.done // immediate: done closes before the fanout ends
 	return &rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: p.end}}
 }
