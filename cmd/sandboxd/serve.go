@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -103,7 +104,6 @@ func serve(args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	procs := raiseProcs() // before the store sizes its reader pool by it
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -314,7 +314,7 @@ func serve(args []string) error {
 	stopSampler := background(ctx, func(ctx context.Context) { mgr.RunMetrics(ctx, *metricsEvery) })
 	defer stopSampler()
 	attrs := []any{"addr", ln.Addr().String(), "backend", *backend, "data_dir", *dataDir,
-		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled(), "gomaxprocs", procs}
+		"e2b_api_url", scheme + "://" + ln.Addr().String() + server.E2BPrefix, "version", version, "tracing", telemetry.Enabled(), "gomaxprocs", goruntime.GOMAXPROCS(0)}
 	if lb, ok := be.(*local.Backend); ok {
 		attrs = append(attrs, "envd", *envdPath, "userns", lb.UserNS())
 	}
