@@ -247,7 +247,7 @@ func withVariant(measure, variant string) string {
 	return measure + " — " + variant
 }
 
-// tally counts where the creates ids were served from, as "cold 3, spare 97".
+// tally says where the creates of ids were served from, as "cold 3, spare 97".
 func tally(served map[string]string, ids []string) string {
 	n := map[string]int{}
 	for _, id := range ids {
