@@ -157,10 +157,9 @@ type Ticket struct {
 
 	member *pool.Member
 	waited time.Duration
-	// background: at admission its tenant had other creates in progress
-	// (tenantState.enterLocked); entered: it counts in ts.inflight.
-	background, entered bool
-	slot                *gateWaiter // the cold-create slot held; nil when none or released
+	// entered: it counts in ts.inflight (tenantState.enterLocked).
+	entered bool
+	slot    *gateWaiter // the cold-create slot held; nil when none or released
 	// pending: the claimed member counts in ts and pendingMB until its row
 	// is in.
 	pending bool
@@ -330,9 +329,12 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 	if err := a.checkQuota(ctx, sb.Tenant, charge, ts); err != nil {
 		return nil, err
 	}
-	tk.background, tk.entered = ts.enterLocked(time.Now()), true
+	// background: the tenant has other creates in progress, so this one
+	// may not take a spare pool's reserve.
+	background := ts.enterLocked(time.Now())
+	tk.entered = true
 	if a.pool != nil && !req.Cold {
-		tk.member, _ = a.pool.Claim(req.Key, tk.background)
+		tk.member, _ = a.pool.Claim(req.Key, background)
 	}
 	if tk.member == nil && a.gate != nil {
 		if err := a.checkHost(ctx, charge); err != nil {
@@ -342,7 +344,7 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (_ *Ticket, err 
 		ts.pendingMB += charge
 		unlockTenant()
 		t0 := time.Now()
-		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold, tk.background)
+		tk.member, tk.slot, err = a.awaitCold(ctx, sb.Tenant, req.Key, req.Cold, background)
 		tk.waited = time.Since(t0)
 		ts.mu.Lock()
 		locked = true
