@@ -26,6 +26,7 @@ type backendOpts struct {
 	userNS       userNSFlag
 	pauseReserve int
 	favorDynMods bool
+	ownCPUGroup  bool
 	trackWriters bool
 	initPath     string
 	spawnPath    string
@@ -71,6 +72,7 @@ func (o *backendOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.spawnPath, "local-spawn", "", "--backend local: host path of sandboxd-spawn, the small C program that starts a sandbox in place of libcontainer's start chain, with about half the CPU of a create (default: sandboxd-spawn beside this binary; none: libcontainer starts every sandbox, through --local-init)")
 	fs.StringVar(&o.initPath, "local-init", "", "--backend local: host path of sandboxd-init, the small helper that starts sandboxes so that the init libcontainer re-executes is not this 30 MB binary (default: sandboxd-init beside this binary; none: start them from this process, 1-2 ms slower per create)")
 	fs.BoolVar(&o.favorDynMods, "local-cgroup-favordynmods", true, "--backend local: turn on the cgroup2 mount option favordynmods (Linux 6.0+; it stays on), so that moving a new sandbox's init into its cgroup does not wait for an RCU grace period (about 6-12 ms of a create that comes alone); false leaves the host's cgroup mount as it is")
+	fs.BoolVar(&o.ownCPUGroup, "local-cpu-group", true, "--backend local: when sandboxd runs in the root of the cpu cgroup hierarchy (not placed by systemd or a container), it moves into a cpu cgroup of its own beside its sandboxes' (/sandboxd.daemon for the default run dir), weighted as one process a CPU, and leaves it at a clean stop. In a cpu cgroup, its own or another's, it runs 4 Go processors a CPU unless GOMAXPROCS is set: another tenant's claim from the spare pool while one floods took 3.6-4.4 ms at p50 instead of 13-21 (BENCHMARKS.md); false: it stays where it is with Go's default")
 	fs.BoolVar(&o.trackWriters, "local-track-writers", false, "--backend local: record which process wrote each file a sandbox changes (the writer of its changes, with fanotify on Linux 5.17+); off by default: a shell loop writing small files runs 1.45-1.56x as long on a 2-core host; one large file, no slower (BENCHMARKS.md)")
 	fs.StringVar(&o.baseRootfs, "base-rootfs", defaultBaseRootfs, "--backend local: root filesystem directory of the template base (Debian with Python, Node and npm, git, curl, sudo …; `make base` or scripts/base-rootfs.sh builds it, once); empty: base is the host view, as the template host")
 	fs.IntVar(&o.pauseReserve, "pause-reserve-mb", 0, "--backend local: what a pause to disk must leave free on --pause-dir's filesystem (0: 5% of it, at least 256 MiB, and 5% of its inodes; negative: nothing); without room the sandbox is paused in memory")

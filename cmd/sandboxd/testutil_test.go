@@ -484,20 +484,24 @@ func e2eSandboxCgroups(id string) []string {
 }
 
 // removeCgroupParent removes the (empty) cgroup parent sandboxd made for the
-// env's run dir, in every hierarchy, when a test's sandboxd did not remove
-// it itself (it does on a clean stop with no sandbox left; not after a
-// SIGKILL). A parent that still has child cgroups is a leak and fails the
+// env's run dir, and its own cpu group beside it, in every hierarchy, when a
+// test's sandboxd did not remove them itself (it does on a clean stop with
+// no sandbox left; not after a SIGKILL). A parent that still has child cgroups is a leak and fails the
 // test.
 func (e *e2eEnv) removeCgroupParent() {
 	parent := cgroupParent(e.runDir)
 	if parent == "/sandboxd" { // shared with other instances: never ours to remove
 		return
 	}
-	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", parent))
-	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parent))
-	for _, p := range append(v1, v2...) {
+	for _, p := range e2eCgroupDirs(parent) {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			e.t.Errorf("cleanup: remove the run dir's cgroup parent %s: %v", p, err)
+		}
+	}
+	// sandboxd's own cpu group (--local-cpu-group), which a SIGKILL leaves.
+	for _, p := range e2eCgroupDirs(parent + ".daemon") {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.t.Errorf("cleanup: remove sandboxd's cpu group %s: %v", p, err)
 		}
 	}
 }

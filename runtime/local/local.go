@@ -97,6 +97,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -164,6 +165,12 @@ type Options struct {
 	// CgroupParent is the cgroup (in every hierarchy) under which each
 	// sandbox gets <id>. Default /sandboxd.
 	CgroupParent string
+	// OwnCPUGroup: from the root of the cpu controller's hierarchy, this
+	// process moves into a cpu cgroup of its own beside CgroupParent
+	// (<CgroupParent>.daemon), weighted as many processes at nice 0 as Go
+	// has processors at New, and back at Close (cpugroup.go). CPUGrouped
+	// tells the caller it may then run more Go processors than CPUs.
+	OwnCPUGroup bool
 	// Templates maps extra template names to root filesystems: a directory
 	// is used as the read-only lower layer as it is; an image archive (a
 	// docker-save tarball, or an OCI layout directory, optionally
@@ -254,6 +261,8 @@ type Backend struct {
 	// nice is this process's nice value at New, its sandboxes' too: a
 	// background create's thread runs at another (lowerThreadPriority).
 	nice int
+	// cpuGroup is this process's own cpu cgroup (Options.OwnCPUGroup).
+	cpuGroup cpuGroup
 	// cpuParent is CgroupParent's directory in the hierarchy of the cpu
 	// controller, found once: a manager's paths cost ≈ 0.3 ms to compute.
 	cpuParent func() (string, error)
@@ -548,6 +557,15 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		_ = unmountEnvdCopy(b.envdCopyDir())
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if opts.OwnCPUGroup {
+		// Before the helpers below start, so that they start in the group.
+		name := opts.CgroupParent + cpuGroupSuffix
+		if b.cpuGroup, err = joinCPUGroup(name, goruntime.GOMAXPROCS(0)); err != nil {
+			b.log.Warn("local backend: sandboxd stays in the root cpu cgroup, its share of the CPU growing with its threads", "err", err)
+		} else if b.cpuGroup.leave != nil {
+			b.log.Info("local backend: sandboxd runs in a cpu cgroup of its own", "cgroup", name)
+		}
+	}
 	if opts.SpawnPath != "" {
 		b.spawnNS, err = b.newSpawnMountNS()
 		if err != nil {
@@ -678,8 +696,18 @@ func (b *Backend) Close() error {
 	if b.opts.CgroupParent != "/" {
 		removeEmptyCgroup(b.opts.CgroupParent)
 	}
+	if b.cpuGroup.leave != nil {
+		if err := b.cpuGroup.leave(); err != nil {
+			b.log.Warn("local backend: close", "err", err)
+		}
+	}
 	return nil
 }
+
+// CPUGrouped reports whether this process runs in a cpu cgroup other than
+// its hierarchy's root (Options.OwnCPUGroup moved it, or another put it
+// there), where its share of the CPU does not grow with its threads.
+func (b *Backend) CPUGrouped() bool { return b.cpuGroup.grouped }
 
 func (b *Backend) cgroupPath(id string) string { return filepath.Join(b.opts.CgroupParent, id) }
 
