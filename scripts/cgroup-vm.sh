@@ -122,7 +122,7 @@ esac
 # same on any cgroup layout; with the guest's CPU shared (the other guest,
 # a busy host) its pip step ran into the case's 3-minute deadline. It runs
 # on the host, in both user-namespace modes.
-cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestBackgroundCreate)$'
+cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestBackgroundCreate|TestJoinCPUGroup)$'
 cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec)$'
 # The v1 guest runs fewer: the CI hosts are hybrid, so `make test-go` runs
 # every one of these tests on the v1 controllers already. What only a pure
