@@ -353,7 +353,7 @@ var givenGOMAXPROCS = os.Getenv("GOMAXPROCS")
 // procsPerCPU is the Go processors sandboxd runs a CPU once in a cpu cgroup
 // (--local-cpu-group). With one a CPU a thread the kernel preempts while it
 // holds a processor stalls the others' requests behind it. On 2 CPUs, 4 a
-// CPU took another tenant's claim during a flood from 13-21 to 2.9-4.4 ms
+// CPU took another tenant's claim during a flood from 13-18 to 3.1-4.4 ms
 // at p50; 2 a CPU to 4.0-5.6 ms, 8 a CPU no further than 4 (issue 24).
 const procsPerCPU = 4
 
