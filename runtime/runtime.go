@@ -115,6 +115,16 @@ type LocalEnvdChannel interface {
 	LocalEnvdChannel() bool
 }
 
+// LivenessChecker is a backend that can tell at once, from what it holds
+// on the host and without waking the sandbox, whether a sandbox still runs:
+// Alive fails with ErrNotFound for one that is gone, ErrNotRunning for one
+// whose init exited and ErrPaused for a paused one. The control plane then hands a
+// claimed warm member over without a round trip to its envd and sends
+// envd's /init with the first request that reaches the sandbox.
+type LivenessChecker interface {
+	Alive(ctx context.Context, id string) error
+}
+
 // TemplateLister is a backend that can say which templates it can create
 // sandboxes from.
 type TemplateLister interface {

@@ -31,7 +31,11 @@ func (m *Manager) initEnvd(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return envdconn.Answered("/init", status, msg)
+	if err := envdconn.Answered("/init", status, msg); err != nil {
+		return err
+	}
+	m.uninit.forget(sb.ID) // a deferred one (claiminit.go) is done too
+	return nil
 }
 
 // envdInitBody is the body of envd's /init for sb.

@@ -119,9 +119,15 @@ type Config struct {
 	// it was served from: "pool" (a warm member) or "cold".
 	OnCreateFrom func(template, servedFrom string, took time.Duration)
 	// OnClaimFallback, when set, counts creates whose claimed member
-	// (servedFrom "pool" or "spare") failed envd's /init and that went on
-	// as cold creates.
+	// (servedFrom "pool" or "spare") failed envd's /init, or was not
+	// running, and that went on as cold creates.
 	OnClaimFallback func(template, servedFrom string)
+	// DeferClaimInit hands a claimed warm member over before its envd has
+	// had /init, on a backend that can tell whether it runs without asking
+	// it (runtime.LivenessChecker): the /init runs in the background, and
+	// the sandbox's first request waits for it (claiminit.go). Off, or on
+	// another backend, the create waits for the /init.
+	DeferClaimInit bool
 
 	// Settings holds the per-tenant quotas (max sandboxes, max memory) and
 	// min_warm; nil means no quotas and no min_warm.
@@ -239,6 +245,11 @@ type Manager struct {
 	// one its claim's /init uses.
 	envd     envdconn.Keeper
 	keepEnvd bool
+
+	// liveness is the backend's, when a claim defers envd's /init
+	// (Config.DeferClaimInit); uninit holds the sandboxes still to get it.
+	liveness runtime.LivenessChecker
+	uninit   uninitialised
 }
 
 // OnStop registers fn to run after a sandbox is paused or killed, so that
@@ -316,6 +327,9 @@ func New(cfg Config) *Manager {
 	m.logs.onDrop = cfg.OnLogDrop
 	if lc, ok := cfg.Backend.(runtime.LocalEnvdChannel); ok {
 		m.keepEnvd = lc.LocalEnvdChannel()
+	}
+	if lc, ok := cfg.Backend.(runtime.LivenessChecker); ok && cfg.DeferClaimInit {
+		m.liveness = lc
 	}
 	m.adm = &Admitter{
 		store: cfg.Store, settings: cfg.Settings, log: cfg.Log,
@@ -656,7 +670,7 @@ func (m *Manager) create(ctx context.Context, sb *store.Sandbox, key pool.Key, s
 		if bad.Key.IsSpare() {
 			servedFrom = "spare"
 		}
-		m.log.WarnContext(ctx, "claimed member's envd failed its /init: destroyed, "+then,
+		m.log.WarnContext(ctx, "claimed member failed (its envd's /init, or not running): destroyed, "+then,
 			"sandbox_id", bad.ID, "tenant", string(sb.Tenant), "template", sb.Template, "served_from", servedFrom, "err", err)
 		if m.cfg.OnClaimFallback != nil {
 			m.cfg.OnClaimFallback(sb.Template, servedFrom)
@@ -735,7 +749,14 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 	// build did.
 	policyErr := make(chan error, 1)
 	go func() { policyErr <- m.applyPolicy(ctx, sb) }()
-	if !initialized {
+	deferredInit := !initialized && tk.Member() != nil && m.deferInitAtClaim()
+	switch {
+	case deferredInit:
+		if err := m.claimedAlive(ctx, sb.ID); err != nil {
+			<-policyErr
+			return tk.Member(), fmt.Errorf("create sandbox: claimed member: %w", err)
+		}
+	case !initialized:
 		ictx, ispan := tracer.Start(ctx, "envd.init")
 		err := m.initEnvd(ictx, sb)
 		telemetry.End(ispan, err)
@@ -766,10 +787,20 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 		sb.LastActiveAt = sb.StartedAt
 	}
 	sb.State = store.StateRunning
+	if deferredInit {
+		// Before the row says running: DialSandbox routes only to running
+		// sandboxes, and must find this one's /init still to send.
+		m.uninit.add(sb.ID)
+		r.Add(func() { m.uninit.forget(id) })
+	}
 	if err := tk.Commit(ctx); err != nil {
 		return nil, err
 	}
 	r.Success()
+	if deferredInit {
+		row := *sb
+		m.bg.Go(func() { _ = m.initDeferred(context.WithoutCancel(ctx), &row, "claim") })
+	}
 	took := m.now().Sub(start)
 	if m.cfg.OnCreateFrom != nil {
 		m.cfg.OnCreateFrom(sb.Template, tk.ServedFrom(), took)
@@ -785,8 +816,21 @@ func (m *Manager) createOnce(ctx context.Context, span trace.Span, sb *store.San
 		// Where the time went: quota, claim, wait and row; the backend's
 		// create (0 from a pool); envd's /init; the rest (row update).
 		"admit_ms", tAdmitted.Sub(start).Milliseconds(), "backend_ms", tBackend.Sub(tAdmitted).Milliseconds(),
-		"init_ms", tInit.Sub(tBackend).Milliseconds())...)
+		"init_ms", tInit.Sub(tBackend).Milliseconds(), "envd_init", envdInitWhen(initialized, deferredInit))...)
 	return nil, nil
+}
+
+// envdInitWhen says, for a create's audit line, how its envd got /init:
+// as the backend's readiness probe, from the create, or after it (in the
+// background, or by the first request to reach the sandbox).
+func envdInitWhen(byBackend, deferred bool) string {
+	switch {
+	case byBackend:
+		return "backend"
+	case deferred:
+		return "deferred"
+	}
+	return "create"
 }
 
 // tracer is the lifecycle's: a span per create (and fork), with one for
@@ -919,6 +963,7 @@ func (m *Manager) destroyUninitialised(ctx context.Context, sb *store.Sandbox, c
 // ended drops what the Manager keeps of a killed sandbox: its metrics
 // history now, its log after KilledRetention (Sweep), as the store its row.
 func (m *Manager) ended(id string) {
+	m.uninit.forget(id)
 	m.history.forget(id)
 	m.logs.end(id, m.now())
 }
@@ -1232,6 +1277,9 @@ func (m *Manager) DialSandbox(ctx context.Context, id string, port int) (net.Con
 		return nil, errdefs.ErrNotFound
 	}
 	m.touch(ctx, m.remember(&sb))
+	if err := m.initDeferred(ctx, &sb, "dial"); err != nil {
+		return nil, fmt.Errorf("dial sandbox %s port %d: deferred envd /init: %w", id, port, backendErr(err))
+	}
 	conn, err := m.backend.Dial(ctx, id, port)
 	if err != nil {
 		return nil, fmt.Errorf("dial sandbox %s port %d: %w", id, port, backendErr(err))

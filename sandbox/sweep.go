@@ -144,6 +144,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		rows[live[i].ID] = &live[i]
 		// Adopted after a restart: the log starts afresh (it is in memory).
 		m.logs.open(live[i].ID)
+		if m.deferInitAtClaim() && live[i].State != store.StateKilled {
+			// A crash may have come between a claim and its deferred
+			// /init: each sandbox's first request sends it (again).
+			m.uninit.add(live[i].ID)
+		}
 	}
 	inBackend := make(map[string]runtime.State, len(held))
 	onDisk := map[string]bool{}

@@ -46,6 +46,7 @@ type limitOpts struct {
 	spareMin                spareMinFlag
 	spareMax                int
 	spareReserve            int
+	deferClaimInit          bool
 }
 
 // spareMinFlag is --spare-min: TEMPLATE=N pairs, comma-separated.
@@ -188,6 +189,7 @@ func (o *limitOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.spareMax, "spare-max", 0, fmt.Sprintf("largest target of a spare pool, its floor and what the host-wide claim rate grows it to; 0: on the local backend one per %d MiB available at start, at least %d, elsewhere %d", localSpareMB, defaultSpareMax, defaultSpareMax))
 	fs.IntVar(&o.spareReserve, "spare-reserve", pool.DefaultSpareReserve, "ready members of a spare pool kept for lone creates (a tenant's only create in progress) once two tenants claimed from it within the hour: a tenant's flood leaves them to the others, whose creates stay warm meanwhile; 0: none")
 	fs.Var(&o.spareMin, "spare-min", `spare members kept per template (default shape) when idle, as TEMPLATE=N,...; "" for none; the default base=2 grows with the memory available at start: on the local backend one base per 256 MiB, up to --pool-max (an idle member holds ≈ 2.5 MiB), on Incus one per GiB, up to 20 (a cold create costs Incus ≈ 0.27 s of CPU); it gets code-interpreter-v1=1 too when --code-interpreter=build and 2 GiB are available`)
+	fs.BoolVar(&o.deferClaimInit, "defer-claim-init", true, "answer a create served from a warm pool before the member's envd has its /init (env vars, access token, user), on a backend that tells at once whether the member runs (local): the /init runs in the background and the sandbox's first request waits for it, so no request reaches the envd before it; false, and on Incus: the create waits for the /init")
 	fs.IntVar(&o.coldParallel, "cold-parallel", 0, "cold creates (pool misses) in flight at once; a tenant alone may hold all, one of several all but one; the rest wait, fairly between tenants, for a slot or a warm refill; 0: one per CPU (at least 2) plus one; negative: no bound")
 	fs.IntVar(&o.coldQueue, "create-queue", sandbox.DefaultColdQueue, "creates waiting for a cold-create slot, shared fairly between the tenants waiting; a create beyond its tenant's share gets 429 + Retry-After; negative: unbounded")
 }

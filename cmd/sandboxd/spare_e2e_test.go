@@ -197,3 +197,59 @@ func TestLoneTenantBurstDefaults(t *testing.T) {
 		return created <= 3 && limited >= 3, fmt.Sprintf("%d created, %d × 429", created, limited)
 	})
 }
+
+// TestClaimDefersEnvdInit: a create served from the spare pool answers
+// before the member's envd has its /init (audit envd_init=deferred); the
+// /init runs in the background, and the sandbox's first requests find its
+// token and env vars in force. After a SIGKILL the next sandboxd sends
+// /init again with the sandbox's first request, which the real envd takes
+// (the same token). With --defer-claim-init=false the create waits for it.
+func TestClaimDefersEnvdInit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the create's audit envd_init
+	}{
+		{"default", nil, "deferred"},
+		{"off", []string{"--defer-claim-init=false"}, "create"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newE2EEnv(t, "alice")
+			e.serveArgs = append([]string{"--spare-min=base=2", "--pool-lead=-1s", "--log-level=debug"}, tc.args...)
+			s := e.start()
+			waitSpare(t, s, 2)
+			key := e.keys["alice"]
+			sb, _ := e.create(t, "/v2/sandboxes", key, map[string]any{
+				"allow_internet_access": true, "secure": true, "timeout": 600, "envVars": map[string]string{"WHO": "alice"},
+			})
+			id, tok := sb.SandboxID, *sb.EnvdAccessToken
+			if l := e2eAuditLine(s, "create", id); l == nil || l["served_from"] != "spare" || l["envd_init"] != tc.want {
+				t.Fatalf("create audit line %v; want served_from=spare, envd_init=%s", l, tc.want)
+			}
+			check := func(s *e2eServer) {
+				t.Helper()
+				wantStatus(t, "GET /files without the token", s.envd(t, id, "", http.MethodGet, "/files?path=/etc/hostname", nil, ""), http.StatusUnauthorized)
+				if out := s.mustRun(t, id, tok, "echo $WHO"); out.stdout != "alice\n" {
+					t.Errorf("the claimed sandbox runs with WHO=%q, want its create's env", out.stdout)
+				}
+			}
+			check(s)
+			if tc.want != "deferred" {
+				return
+			}
+			if err := s.stop(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			s2 := e.start()
+			check(s2)
+			reinit := false
+			for _, l := range s2.logLines() {
+				reinit = reinit || (l["msg"] == "deferred envd /init" && l["sandbox_id"] == id && l["by"] == "dial" && l["err"] == nil)
+			}
+			if !reinit {
+				t.Error("no deferred /init by the first request after the restart")
+			}
+			wantStatus(t, "kill", s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
+		})
+	}
+}

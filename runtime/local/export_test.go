@@ -127,3 +127,16 @@ func (b *Backend) SpawnMountPoints() ([]string, error) {
 	r := <-ch
 	return r.mps, r.err
 }
+
+// EnvdPid is the host pid of sandbox id's envd (its init), or 0.
+func (b *Backend) EnvdPid(id string) int {
+	b.mu.Lock()
+	s := b.sbx[id]
+	b.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.initPid
+}

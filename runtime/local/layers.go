@@ -120,15 +120,11 @@ func (b *Backend) Commit(ctx context.Context, id, key string) error {
 // destroyed, paused or resumed meanwhile. A sandbox paused in memory stays
 // frozen; a running one is thawed afterwards.
 func (b *Backend) withFrozenUpper(ctx context.Context, id string, fn func(s *sandbox, upper string) error) error {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id)
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	upper := s.upperDir()
 	var thaw func() error
 	if s.meta.Paused == pausedDisk {

@@ -894,6 +894,21 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 	return s, nil
 }
 
+// lockLive returns sandbox id locked (s.mu), for a call that must not
+// race its destroy, pause or resume: ErrNotFound once it is destroyed.
+func (b *Backend) lockLive(ctx context.Context, id string) (*sandbox, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	return s, nil
+}
+
 // container returns s's libcontainer handle, loading it first if its start
 // left it to load (loadLater): nil, and no error, while s is paused to
 // disk. The caller holds s.mu.

@@ -1877,6 +1877,36 @@ func TestContainerLoadFails(t *testing.T) {
 	}
 }
 
+// TestAliveAfterEnvdExits: a sandbox whose envd (its init) was killed from
+// the host is not alive (ErrNotRunning), from the handle alone, and its
+// destroy still works. The claim of a warm member relies on it.
+func TestAliveAfterEnvdExits(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	t.Cleanup(func() { _ = b.Close() })
+	id := mustCreate(t, b, runtime.Spec{})
+	if err := b.Alive(t.Context(), id); err != nil {
+		t.Fatalf("Alive of a running sandbox: %v", err)
+	}
+	pid := b.EnvdPid(id)
+	if pid <= 0 {
+		t.Fatalf("envd pid %d", pid)
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(runtimetest.Within(10 * time.Second))
+	for err := b.Alive(t.Context(), id); !errors.Is(err, runtime.ErrNotRunning); err = b.Alive(t.Context(), id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Alive after envd was killed: %v, want ErrNotRunning", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+}
+
 // TestInitFailsLeavesNothing: a template the init cannot set up (a file
 // where envd's mount point needs a directory) fails the create inside
 // sandboxd-spawn's or libcontainer's start, after the init was cloned. The

@@ -223,6 +223,26 @@ func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 	return envdconn.Dial(ctx, s.dialEnvd, s.meta.Spec.AccessToken, id, port)
 }
 
+var _ runtime.LivenessChecker = (*Backend)(nil)
+
+// Alive reports whether sandbox id runs from its handle alone (its init's
+// exit and its freeze, as sandbox.state reads them): a claim asks it of a
+// warm member without waking the member's envd.
+func (b *Backend) Alive(ctx context.Context, id string) error {
+	s, err := b.lockLive(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	switch st, err := s.state(); {
+	case err != nil:
+		return err
+	case st == runtime.StatePaused:
+		return fmt.Errorf("sandbox %s: %w", id, runtime.ErrPaused)
+	}
+	return nil
+}
+
 var _ runtime.LocalEnvdChannel = (*Backend)(nil)
 
 // LocalEnvdChannel reports that envd's channel is a unix socket on this
@@ -237,15 +257,11 @@ func (s *sandbox) dialEnvd(ctx context.Context) (net.Conn, error) {
 
 // Stats reads the sandbox's cgroup counters and its disk's usage.
 func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id)
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	if s.meta.Paused == pausedDisk {
 		// Nothing runs and nothing is charged: only the limits hold.
 		return runtime.Stats{

@@ -106,15 +106,11 @@ func (b *Backend) quarantineSaved(id string) error {
 // stays), or, for PauseDisk, ends them and keeps only the upper layer on
 // disk.
 func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) error {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id)
 	if err != nil {
 		return fmt.Errorf("pause: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return fmt.Errorf("pause sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	if s.meta.Paused == pausedDisk {
 		return nil
 	}
@@ -159,15 +155,11 @@ func (b *Backend) Pause(ctx context.Context, id string, kind runtime.PauseKind) 
 // Resume thaws a sandbox paused in memory, or starts one paused to disk
 // afresh on its saved upper layer.
 func (b *Backend) Resume(ctx context.Context, id string) (bool, error) {
-	s, err := b.get(ctx, id)
+	s, err := b.lockLive(ctx, id)
 	if err != nil {
 		return false, fmt.Errorf("resume: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return false, fmt.Errorf("resume sandbox %s: %w", id, runtime.ErrNotFound)
-	}
 	if s.meta.Paused == pausedDisk {
 		if err := b.resumeFromDisk(ctx, s); err != nil {
 			return false, fmt.Errorf("resume sandbox %s from disk: %w", id, err)

@@ -65,6 +65,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend) {
 		{"CreateCancelled", testCreateCancelled},
 		{"DestroyTwice", testDestroyTwice},
 		{"PauseResume", testPauseResume},
+		{"Alive", testAlive},
 		{"Fork", testFork},
 		{"Stats", testStats},
 		{"List", testList},
@@ -407,6 +408,37 @@ func testDestroyTwice(t *testing.T, b runtime.Backend) {
 		t.Fatal(err)
 	}
 	assertNoTrace(t, b, id)
+}
+
+// testAlive: a backend that can tell whether a sandbox runs
+// (runtime.LivenessChecker) says so through a pause and after a destroy.
+func testAlive(t *testing.T, b runtime.Backend) {
+	lc, ok := b.(runtime.LivenessChecker)
+	if !ok {
+		t.Skip("the backend is not a runtime.LivenessChecker")
+	}
+	ctx := ctxFor(t)
+	sb := create(t, b)
+	for _, step := range []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"created", func() error { return nil }, nil},
+		{"paused", func() error { return b.Pause(ctx, sb.ID, runtime.PauseMemory) }, runtime.ErrPaused},
+		{"resumed", func() error { _, err := b.Resume(ctx, sb.ID); return err }, nil},
+		{"destroyed", func() error { return b.Destroy(ctx, sb.ID) }, runtime.ErrNotFound},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if err := lc.Alive(ctx, sb.ID); !errors.Is(err, step.want) || (step.want == nil) != (err == nil) {
+			t.Errorf("%s: Alive = %v, want %v", step.name, err, step.want)
+		}
+	}
+	if err := lc.Alive(ctx, NewID()); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Alive of an unknown id = %v, want ErrNotFound", err)
+	}
 }
 
 func testPauseResume(t *testing.T, b runtime.Backend) {

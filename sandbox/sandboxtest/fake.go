@@ -54,16 +54,21 @@ type Backend struct {
 	inits map[string][]map[string]any
 	// unhealthy ids answer /health with 503.
 	unhealthy map[string]bool
+	// exited ids' init is gone: Alive and Dial fail.
+	exited map[string]bool
 
 	srv *http.Server
 	ln  *pipeListener
 }
 
-var _ runtime.Backend = (*Backend)(nil)
+var (
+	_ runtime.Backend         = (*Backend)(nil)
+	_ runtime.LivenessChecker = (*Backend)(nil)
+)
 
 // New returns a fake backend; Close stops its fake envd.
 func New() *Backend {
-	b := &Backend{sbx: map[string]*runtime.Sandbox{}, disk: map[string]bool{}, inits: map[string][]map[string]any{}, unhealthy: map[string]bool{}}
+	b := &Backend{sbx: map[string]*runtime.Sandbox{}, disk: map[string]bool{}, inits: map[string][]map[string]any{}, unhealthy: map[string]bool{}, exited: map[string]bool{}}
 	b.ln = &pipeListener{ch: make(chan net.Conn), done: make(chan struct{})}
 	b.srv = &http.Server{
 		Handler: http.HandlerFunc(b.envd),
@@ -240,6 +245,7 @@ func (b *Backend) Destroy(_ context.Context, id string) error {
 	if _, ok := b.sbx[id]; ok {
 		delete(b.sbx, id)
 		delete(b.disk, id)
+		delete(b.exited, id)
 		b.Destroys.Add(1)
 	}
 	return nil
@@ -302,16 +308,42 @@ func (b *Backend) Resume(_ context.Context, id string) (bool, error) {
 	return restarted, nil
 }
 
+// Exit ends sandbox id's init, as a crash inside it would: Alive and Dial
+// fail with runtime.ErrNotRunning until it is destroyed.
+func (b *Backend) Exit(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.exited[id] = true
+}
+
+// Alive reports sandbox id's state as the backend holds it (Exit, Pause).
+func (b *Backend) Alive(_ context.Context, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.aliveLocked(id)
+}
+
+func (b *Backend) aliveLocked(id string) error {
+	sb, ok := b.sbx[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
+	case b.exited[id]:
+		return fmt.Errorf("%s: %w", id, runtime.ErrNotRunning)
+	case sb.State == runtime.StatePaused:
+		return fmt.Errorf("%s: %w", id, runtime.ErrPaused)
+	}
+	return nil
+}
+
 // Dial reaches the fake envd for runtime.EnvdPort; other ports are refused.
 func (b *Backend) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
 	b.mu.Lock()
-	sb, ok := b.sbx[id]
+	err := b.aliveLocked(id)
 	b.mu.Unlock()
 	switch {
-	case !ok:
-		return nil, fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
-	case sb.State == runtime.StatePaused:
-		return nil, fmt.Errorf("%s: %w", id, runtime.ErrPaused)
+	case err != nil:
+		return nil, err
 	case port != runtime.EnvdPort:
 		return nil, errors.New("fake backend: only the envd port")
 	}
