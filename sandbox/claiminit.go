@@ -121,6 +121,9 @@ func (m *Manager) initDeferred(ctx context.Context, sb *store.Sandbox, by string
 		}
 		m.log.Log(ctx, level, "deferred envd /init", "sandbox_id", sb.ID, "tenant", string(sb.Tenant), "by", by,
 			"took_ms", m.now().Sub(t0).Milliseconds(), "err", err)
+		if m.cfg.OnDeferredInit != nil {
+			m.cfg.OnDeferredInit(by, err)
+		}
 		return err
 	})
 }

@@ -128,6 +128,9 @@ type Config struct {
 	// the sandbox's first request waits for it (claiminit.go). Off, or on
 	// another backend, the create waits for the /init.
 	DeferClaimInit bool
+	// OnDeferredInit, when set, observes each such /init: by "claim" (in
+	// the background) or "dial" (a request's), and its error.
+	OnDeferredInit func(by string, err error)
 
 	// Settings holds the per-tenant quotas (max sandboxes, max memory) and
 	// min_warm; nil means no quotas and no min_warm.

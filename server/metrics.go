@@ -46,6 +46,9 @@ type Metrics struct {
 	// Creates whose claimed member failed envd's /init and went on cold
 	// (ClaimFallback).
 	claimFallbacks *prometheus.CounterVec // template, served_from
+	// deferredInits counts the /init of claimed members sent after the
+	// create's answer (DeferredInit).
+	deferredInits *prometheus.CounterVec // by, result
 
 	proxyRequests *prometheus.CounterVec // port_class, code
 	proxyBytes    *prometheus.CounterVec // direction
@@ -103,8 +106,12 @@ func NewMetrics() *Metrics {
 	})
 	m.claimFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxd_pool_claim_fallbacks_total",
-		Help: "Creates whose claimed warm member (served_from: pool or spare) failed envd's /init: the member was destroyed and the create went on cold.",
+		Help: "Creates whose claimed warm member (served_from: pool or spare) failed envd's /init or was not running: the member was destroyed and the create went on cold.",
 	}, []string{"template", "served_from"})
+	m.deferredInits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_envd_deferred_inits_total",
+		Help: "envd /init requests of claimed warm members sent after the create's answer (--defer-claim-init), by who sent them (claim: in the background; dial: a request to the sandbox, after a failure or a restart) and result (ok, error).",
+	}, []string{"by", "result"})
 	m.proxyBytesIn = m.proxyBytes.WithLabelValues(proxy.DirectionIn)
 	m.proxyBytesOut = m.proxyBytes.WithLabelValues(proxy.DirectionOut)
 
@@ -113,7 +120,7 @@ func NewMetrics() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.CreateLatency,
 		m.proxyRequests, m.proxyBytes, m.proxyStreams,
-		m.metricsPass, m.metricsSampled, m.logEntryDropped, m.claimFallbacks,
+		m.metricsPass, m.metricsSampled, m.logEntryDropped, m.claimFallbacks, m.deferredInits,
 		sandboxCollector{m}, hostMemoryCollector{m},
 	)
 	return m
@@ -144,8 +151,21 @@ func (m *Metrics) ObserveCreate(template, servedFrom string, d time.Duration) {
 	m.CreateLatency.WithLabelValues(template, servedFrom).Observe(d.Seconds())
 }
 
-// ClaimFallback counts a create whose claimed member failed envd's /init
-// and that went on as a cold create.
+// DeferredInit counts a claimed member's /init sent after the create's
+// answer, by "claim" or "dial", failed when err is not nil.
+func (m *Metrics) DeferredInit(by string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.deferredInits.WithLabelValues(by, result).Inc()
+}
+
+// ClaimFallback counts a create whose claimed member failed envd's /init,
+// or was not running, and that went on as a cold create.
 func (m *Metrics) ClaimFallback(template, servedFrom string) {
 	if m == nil {
 		return

@@ -253,7 +253,7 @@ func serve(args []string) error {
 		Store:     st, Backend: be, BackendName: *backend, Log: log.With("component", "sandbox"),
 		EnvdVersion: envdapi.Version, MaxTimeout: *maxTimeout,
 		OnCreateFrom:    metrics.ObserveCreate,
-		OnClaimFallback: metrics.ClaimFallback, DeferClaimInit: lim.deferClaimInit,
+		OnClaimFallback: metrics.ClaimFallback, DeferClaimInit: lim.deferClaimInit, OnDeferredInit: metrics.DeferredInit,
 		Settings: settings, HostMemoryMB: lim.hostMemoryMB, HostReserveMB: lim.hostReserveMB,
 		ColdParallel: lim.coldParallel, ColdQueue: lim.coldQueue,
 		Spare: lim.pool && lim.spare, SpareMin: lim.spareFloors(*codeInterp == "build", availMB, *backend),

@@ -237,6 +237,12 @@ func TestClaimDefersEnvdInit(t *testing.T) {
 			if tc.want != "deferred" {
 				return
 			}
+			// By the claim in the background, unless the first request
+			// came before that goroutine ran.
+			claimed, dialled := s.gauge(t, `sandboxd_envd_deferred_inits_total{by="claim",result="ok"}`), s.gauge(t, `sandboxd_envd_deferred_inits_total{by="dial",result="ok"}`)
+			if claimed+dialled != 1 {
+				t.Errorf("deferred /init counted %v times by the claim and %v by a request, want once", claimed, dialled)
+			}
 			if err := s.stop(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -248,6 +254,9 @@ func TestClaimDefersEnvdInit(t *testing.T) {
 			}
 			if !reinit {
 				t.Error("no deferred /init by the first request after the restart")
+			}
+			if n := s2.gauge(t, `sandboxd_envd_deferred_inits_total{by="dial",result="ok"}`); n != 1 {
+				t.Errorf("deferred /init by a request counted %v times after the restart, want 1", n)
 			}
 			wantStatus(t, "kill", s2.api(t, http.MethodDelete, "/sandboxes/"+id, key, nil), http.StatusNoContent)
 		})
