@@ -363,8 +363,8 @@ var errRateLimited = errors.New("rate limited (429)")
 
 // create is POST /v2/sandboxes, the current SDKs' create. It returns once
 // sandboxd answers 201: a cold sandbox's envd has answered /health and
-// /init; a claimed warm member's gets its /init with its first request
-// (sandboxd --defer-claim-init).
+// /init; a claimed warm member's /init follows in the background, and its
+// first request waits for it (sandboxd --defer-claim-init).
 func (h *Harness) create(ctx context.Context, internet bool) (*Sandbox, error) {
 	return h.createAs(ctx, h.key, internet)
 }

@@ -504,8 +504,8 @@ func fairnessOnce(ctx context.Context, b *Bench, variant, flag string, limited, 
 
 	// Each of B's sandboxes then runs one command through the proxy, as
 	// an SDK user's first commands.run: the create's answer may leave
-	// work to the first request (a claimed member's envd gets its /init
-	// with it), and B's wait for a sandbox that ran something is the sum.
+	// work to the first request (a claimed member's envd /init follows
+	// the answer), and B's wait for a sandbox that ran something is the sum.
 	type bSide struct {
 		took, first []time.Duration
 		errs        int

@@ -118,9 +118,9 @@ type LocalEnvdChannel interface {
 // LivenessChecker is a backend that can tell at once, from what it holds
 // on the host and without waking the sandbox, whether a sandbox still runs:
 // Alive fails with ErrNotFound for one that is gone, ErrNotRunning for one
-// whose init exited and ErrPaused for a paused one. The control plane then hands a
-// claimed warm member over without a round trip to its envd and sends
-// envd's /init with the first request that reaches the sandbox.
+// whose init exited and ErrPaused for a paused one. The control plane then
+// hands a claimed warm member over without a round trip to its envd, whose
+// /init follows in the background (package sandbox, claiminit.go).
 type LivenessChecker interface {
 	Alive(ctx context.Context, id string) error
 }
