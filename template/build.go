@@ -276,8 +276,7 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 		// Until its result is written: no layer collection meanwhile.
-		s.layers.RLock()
-		defer s.layers.RUnlock()
+		defer s.holdLayers()()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(s.stopCtx, timeout)
 		defer cancel()

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -158,6 +159,12 @@ type Service struct {
 	// queued layer from the cache; a collection of layers runs only
 	// with it write-held, so between builds.
 	layers sync.RWMutex
+	// collectWanted is set by every call of collectLayers. Whoever lets
+	// go of layers runs the collection while it is set: one asked for
+	// while a build or another collection held the lock (a template's
+	// delete during the collection at start) is not left to the next
+	// CollectEvery.
+	collectWanted atomic.Bool
 }
 
 type resolveKey struct {
@@ -605,10 +612,31 @@ func layersOf(b store.Build) []string {
 // crash. Nothing runs while a build does: it may have taken a queued
 // layer from the cache, and its result is not written yet.
 func (s *Service) collectLayers(ctx context.Context) {
-	if s.cfg.Layered == nil || !s.layers.TryLock() {
+	if s.cfg.Layered == nil {
 		return
 	}
-	defer s.layers.Unlock()
+	s.collectWanted.Store(true)
+	for s.collectWanted.Load() && s.layers.TryLock() {
+		s.collectWanted.Store(false)
+		s.collectOnce(ctx)
+		s.layers.Unlock()
+	}
+}
+
+// holdLayers read-holds layers for a build; the func it returns lets go
+// and runs the collection asked for meanwhile, if any.
+func (s *Service) holdLayers() (release func()) {
+	s.layers.RLock()
+	return func() {
+		s.layers.RUnlock()
+		if s.collectWanted.Load() {
+			s.collectLayers(s.stopCtx)
+		}
+	}
+}
+
+// collectOnce is one pass of collectLayers, with layers write-held.
+func (s *Service) collectOnce(ctx context.Context) {
 	queued, err := s.cfg.Store.LayerRemovals(ctx)
 	if err != nil || len(queued) == 0 {
 		if err != nil {
