@@ -103,12 +103,17 @@ func newEnv(t testing.TB) testEnv {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
+	// A /24 of 10.137.0.0/16, a block that no default, other test or
+	// script uses. A /24 of the local backend's default 10.133.0.0/16
+	// collided one time in 256 with a sandboxd on the default subnet
+	// running beside: in a CI run, 10.133.0.2 was routed already and a
+	// create here failed.
 	var x [1]byte
 	_, _ = rand.Read(x[:])
 	e := testEnv{
 		root:         filepath.Join("/run/sandboxd-test", randHex()),
 		cgroupParent: "/sandboxd-test-" + randHex(),
-		egress:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 133, x[0], 0}), 24),
+		egress:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 137, x[0], 0}), 24),
 	}
 	// Last, after remove (whose New installs them again): the rules of a
 	// subnet stay when the backend goes, for sandboxes that outlive
