@@ -274,9 +274,8 @@ func (s *Service) run(tpl store.Template, b store.Build, spec BuildSpec, l *buil
 	}
 	select {
 	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
 		// Until its result is written: no layer collection meanwhile.
-		defer s.holdLayers()()
+		defer s.holdLayersInSlot()()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(s.stopCtx, timeout)
 		defer cancel()

@@ -62,3 +62,46 @@ func TestCollectLayersAfterBuilds(t *testing.T) {
 		t.Fatalf("removed %v, want [l1 l2]", got)
 	}
 }
+
+// blockingRemover is a layer store whose removals wait until let is
+// closed, after saying on started that one began.
+type blockingRemover struct {
+	runtime.Layered
+	started, let chan struct{}
+}
+
+func (r *blockingRemover) RemoveLayer(ctx context.Context, _ string) error {
+	r.started <- struct{}{}
+	select {
+	case <-r.let:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// A build that lets go of the layers after a collection was asked for
+// frees its build slot first: the collection it then runs does not hold
+// the next build back.
+func TestCollectionAfterBuildFreesSlot(t *testing.T) {
+	ctx := t.Context()
+	st, _ := storetest.Open(t)
+	rm := &blockingRemover{started: make(chan struct{}, 1), let: make(chan struct{})}
+	s := &Service{cfg: Config{Store: st, Layered: rm}, log: slog.New(slog.DiscardHandler), stopCtx: ctx, slots: make(chan struct{}, 1)}
+	if err := st.QueueLayerRemovals(ctx, []string{"l1"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s.slots <- struct{}{} // the build's slot
+	release := s.holdLayersInSlot()
+	s.collectLayers(ctx) // asked for during the build: runs at release
+	done := make(chan struct{})
+	go func() { defer close(done); release() }()
+	<-rm.started // the collection runs, its removal waits
+	select {
+	case s.slots <- struct{}{}: // the next build's slot
+	case <-time.After(10 * time.Second):
+		t.Fatal("the build slot is still held while the collection runs")
+	}
+	close(rm.let)
+	<-done
+}

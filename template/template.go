@@ -635,6 +635,18 @@ func (s *Service) holdLayers() (release func()) {
 	}
 }
 
+// holdLayersInSlot is holdLayers for a build that holds one of the build
+// slots: the func it returns frees the slot before it lets go of the
+// layers, so that a collection run then (the removal of a large layer
+// takes seconds) never holds a queued build back.
+func (s *Service) holdLayersInSlot() (release func()) {
+	let := s.holdLayers()
+	return func() {
+		<-s.slots
+		let()
+	}
+}
+
 // collectOnce is one pass of collectLayers, with layers write-held.
 func (s *Service) collectOnce(ctx context.Context) {
 	queued, err := s.cfg.Store.LayerRemovals(ctx)
