@@ -88,7 +88,9 @@ func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label stri
 		return err
 	}
 	defer h.Close()
+	cpu0 := readCPUTimes()
 	each, wall, errs, ids, limited := createBurst(ctx, b, h, fire)
+	cpu := cpuBetween(cpu0, readCPUTimes(), fire)
 	from := h.servedFrom()
 	count := map[string]int{}
 	for _, id := range ids {
@@ -96,8 +98,8 @@ func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label stri
 	}
 	r := durDist("spare", label+", each", each, errs)
 	r.Goal = goal
-	r.Compare = fmt.Sprintf("%d × 429; served spare %d, cold %d; all done in %.0f ms",
-		limited, count["spare"], count["cold"], float64(wall)/float64(time.Millisecond))
+	r.Compare = fmt.Sprintf("%d × 429; served spare %d, cold %d; all done in %.0f ms; %s",
+		limited, count["spare"], count["cold"], float64(wall)/float64(time.Millisecond), cpu)
 	b.add(r)
 	h.destroyAll(context.WithoutCancel(ctx), ids, 4)
 	return nil
