@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/procstat"
 )
 
 // Machine is the report's header: what the numbers were measured on.
@@ -225,39 +227,16 @@ func readProcMem(pid int) (procMem, error) {
 
 const mib = 1 << 20
 
-// cpuTimes are the host's CPU times so far (/proc/stat's first line), in
-// clock ticks: busy (everything but idle and iowait) and all.
-type cpuTimes struct{ busy, all int64 }
-
-func readCPUTimes() cpuTimes {
-	line, _, _ := strings.Cut(readTrim("/proc/stat"), "\n")
-	f := strings.Fields(line)
-	var t cpuTimes
-	for i, s := range f {
-		if i == 0 || i > 8 {
-			continue // "cpu"; guest time, counted in user time already
-		}
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return cpuTimes{}
-		}
-		t.all += v
-		if i != 4 && i != 5 { // idle, iowait
-			t.busy += v
-		}
-	}
-	return t
-}
-
 // cpuBetween describes the host's CPU from a to b for n requests: how busy
 // its CPUs were and the busy CPU time a request. A burst whose CPUs were
 // nearly all busy is bound by the CPU time its requests take, whatever
 // their order; one with CPUs to spare waits for something else.
-func cpuBetween(a, b cpuTimes, n int) string {
-	all, busy := b.all-a.all, b.busy-a.busy
-	if all <= 0 || n <= 0 {
+// a and b are from procstat.Read; a zero one was not read.
+func cpuBetween(a, b procstat.CPU, n int) string {
+	all, busy := float64(b.All())-float64(a.All()), float64(b.Busy())-float64(a.Busy())
+	if a.All() == 0 || all <= 0 || n <= 0 {
 		return "host CPU not read"
 	}
-	// /proc/stat counts in USER_HZ ticks, 100 a second on Linux.
-	return fmt.Sprintf("host CPUs %.0f %% busy, %.1f CPU-ms a create", 100*float64(busy)/float64(all), float64(busy)*10/float64(n))
+	tickMS := float64(procstat.Tick) / float64(time.Millisecond)
+	return fmt.Sprintf("host CPUs %.0f %% busy, %.1f CPU-ms a create", 100*busy/all, busy*tickMS/float64(n))
 }

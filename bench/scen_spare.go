@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/procstat"
 )
 
 // spareScenario measures issue 24's rows against sandboxes with the
@@ -88,9 +90,10 @@ func spareBurst(ctx context.Context, b *Bench, fire, spare int, goal, label stri
 		return err
 	}
 	defer h.Close()
-	cpu0 := readCPUTimes()
+	cpu0, _ := procstat.Read()
 	each, wall, errs, ids, limited := createBurst(ctx, b, h, fire)
-	cpu := cpuBetween(cpu0, readCPUTimes(), fire)
+	cpu1, _ := procstat.Read()
+	cpu := cpuBetween(cpu0, cpu1, fire)
 	from := h.servedFrom()
 	count := map[string]int{}
 	for _, id := range ids {

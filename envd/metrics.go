@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	cgtree "github.com/sandboxd/sandboxd/envd/internal/cgroup"
+	"github.com/sandboxd/sandboxd/internal/procstat"
 )
 
 // Metrics is the body of GET /metrics, with E2B's field names. Memory and CPU
@@ -192,17 +193,10 @@ func (cg cgroup) cpuUsec() uint64 {
 	if cg.v2 != "" && fileExists(filepath.Join(cg.v2, "cpu.stat")) {
 		return statField(filepath.Join(cg.v2, "cpu.stat"), "usage_usec")
 	}
-	// /proc/stat: user+nice+system+irq+softirq+steal ticks of all CPUs.
-	f := strings.Fields(firstLine("/proc/stat"))
-	var ticks uint64
-	for i, v := range f {
-		if i == 0 || i == 4 || i == 5 || i > 8 {
-			continue
-		}
-		n, _ := strconv.ParseUint(v, 10, 64)
-		ticks += n
-	}
-	return ticks * 10000 // USER_HZ is 100 on Linux
+	// The whole machine's busy time (a sandbox without a cgroup of its
+	// own: envd on a plain host, the SDKs' debug mode).
+	c, _ := procstat.Read()
+	return c.Busy() * uint64(procstat.Tick/time.Microsecond)
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -218,11 +212,6 @@ func readString(p string) string {
 func readUint(p string) uint64 {
 	n, _ := strconv.ParseUint(readString(p), 10, 64)
 	return n
-}
-
-func firstLine(p string) string {
-	line, _, _ := strings.Cut(readString(p), "\n")
-	return line
 }
 
 func statField(p, key string) uint64 {

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/procstat"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/egress"
 	"github.com/sandboxd/sandboxd/runtime/local"
@@ -923,26 +924,13 @@ func BenchmarkCreateDestroyCPU(b *testing.B) {
 
 // hostBusy is the CPU time the host has spent busy since boot, all CPUs:
 // /proc/stat's user, nice, system, irq and softirq (not idle, iowait or
-// steal), in USER_HZ ticks (100 a second).
+// steal).
 func hostBusy(b *testing.B) time.Duration {
-	data, err := os.ReadFile("/proc/stat")
+	c, err := procstat.Read()
 	if err != nil {
 		b.Fatal(err)
 	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	if len(f) < 8 || f[0] != "cpu" {
-		b.Fatalf("/proc/stat: %q", line)
-	}
-	var ticks int64
-	for _, i := range []int{1, 2, 3, 6, 7} {
-		v, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return time.Duration(c.User+c.Nice+c.System+c.IRQ+c.SoftIRQ) * procstat.Tick
 }
 
 // timeCommand returns a floor that runs argv and times it to its exit.
