@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/faultinject"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/envdconn"
 	"github.com/sandboxd/sandboxd/sandbox"
@@ -447,12 +448,28 @@ func (bd *builder) from(ctx context.Context, spec BuildSpec) error {
 			return bd.fromBackend(ctx, ref)
 		}
 		bd.log.add("info", phaseBase, "FROM "+ref)
-		key, env, err := bd.s.pull(ctx, ref, spec.Registry, bd.log)
+		im, err := bd.s.resolveImage(ctx, ref, spec.Registry)
 		if err != nil {
 			return failStep(phaseBase, "image %s: %v", ref, err)
 		}
-		bd.st.layers, bd.st.chain = []string{key}, key
-		for _, kv := range env {
+		bd.st.layers, bd.st.chain = []string{im.key}, im.key
+		have, err := bd.s.cfg.Layered.HasLayer(ctx, im.key)
+		if err != nil {
+			return failStep(phaseBase, "layer cache: %v", err)
+		}
+		if have {
+			bd.log.add("info", phaseBase, "CACHED "+ref+"@"+im.digest)
+		} else {
+			bd.log.add("info", phaseBase, "Pulling "+ref+"@"+im.digest)
+			// Recorded before the import, as a step's layer before its
+			// commit: a crash in between leaves no layer unnamed.
+			bd.recordLayers(ctx)
+			if err := bd.s.cfg.Layered.ImportImage(ctx, im.key, im.img); err != nil {
+				return failStep(phaseBase, "image %s: %v", ref, registryError(err))
+			}
+			faultinject.Pause("template-image-imported", im.key)
+		}
+		for _, kv := range im.env {
 			if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 				bd.st.env[k] = v
 			}
@@ -545,6 +562,7 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 	made := !have || force
 	if !made {
 		bd.log.add("info", name, "CACHED "+desc)
+		bd.st.layers = append(bd.st.layers, key)
 	} else {
 		bd.log.add("info", name, desc)
 		if err := bd.ensureBox(ctx, name); err != nil {
@@ -559,16 +577,19 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 		if err != nil {
 			return err
 		}
+		// Recorded before it exists, so that a crash between the commit
+		// and the record leaves no layer the store does not name; one
+		// named but never made is removed as a no-op. A cached layer is
+		// another build's already (its row, or the removal queue).
+		bd.st.layers = append(bd.st.layers, key)
+		bd.recordLayers(ctx)
 		if err := bd.s.cfg.Layered.Commit(ctx, bd.box, key); err != nil {
 			return failStep(name, "save the step's layer: %v", err)
 		}
+		faultinject.Pause("template-layer-committed", key)
 		bd.dropBox() // the next step starts on the new stack
 	}
-	bd.st.layers = append(bd.st.layers, key)
 	bd.st.chain = key
-	if made {
-		bd.recordLayers(ctx) // a cached layer is another build's already (its row, or the removal queue)
-	}
 	return nil
 }
 

@@ -15,17 +15,24 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
-// pull resolves ref in its registry and makes its root filesystem a layer
-// (unless one of the same manifest digest exists already), returning the
-// layer's key and the image's ENV.
-func (s *Service) pull(ctx context.Context, ref string, auth *RegistryAuth, l *buildLog) (string, []string, error) {
+// remoteImage is an image resolved in its registry: its layer's key (of
+// its manifest digest), the image and its ENV.
+type remoteImage struct {
+	key, digest string
+	img         v1.Image
+	env         []string
+}
+
+// resolveImage resolves ref in its registry; its root filesystem is not
+// fetched yet (Layered.ImportImage does that).
+func (s *Service) resolveImage(ctx context.Context, ref string, auth *RegistryAuth) (remoteImage, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return "", nil, fmt.Errorf("not an image reference: %w", err)
+		return remoteImage{}, fmt.Errorf("not an image reference: %w", err)
 	}
 	if slices.Contains(s.cfg.PlainHTTPRegistries, r.Context().RegistryStr()) {
 		if r, err = name.ParseReference(ref, name.Insecure); err != nil {
-			return "", nil, fmt.Errorf("not an image reference: %w", err)
+			return remoteImage{}, fmt.Errorf("not an image reference: %w", err)
 		}
 	}
 	opts := []remote.Option{
@@ -38,34 +45,21 @@ func (s *Service) pull(ctx context.Context, ref string, auth *RegistryAuth, l *b
 	case auth.Kind == "registry" || auth.Kind == "":
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: auth.Username, Password: auth.Password}))
 	default:
-		return "", nil, fmt.Errorf("%s registries are not supported by sandboxd; use a registry with a username and password", auth.Kind)
+		return remoteImage{}, fmt.Errorf("%s registries are not supported by sandboxd; use a registry with a username and password", auth.Kind)
 	}
 	img, err := remote.Image(r, opts...)
 	if err != nil {
-		return "", nil, registryError(err)
+		return remoteImage{}, registryError(err)
 	}
 	d, err := img.Digest()
 	if err != nil {
-		return "", nil, registryError(err)
+		return remoteImage{}, registryError(err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return "", nil, registryError(err)
+		return remoteImage{}, registryError(err)
 	}
-	key := hashKey("image", d.String())
-	have, err := s.cfg.Layered.HasLayer(ctx, key)
-	if err != nil {
-		return "", nil, err
-	}
-	if have {
-		l.add("info", phaseBase, "CACHED "+ref+"@"+d.String())
-	} else {
-		l.add("info", phaseBase, "Pulling "+ref+"@"+d.String())
-		if err := s.cfg.Layered.ImportImage(ctx, key, img); err != nil {
-			return "", nil, registryError(err)
-		}
-	}
-	return key, cf.Config.Env, nil
+	return remoteImage{key: hashKey("image", d.String()), digest: d.String(), img: img, env: cf.Config.Env}, nil
 }
 
 // registryError says what a registry's refusal means.

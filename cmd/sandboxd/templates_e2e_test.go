@@ -438,39 +438,71 @@ func TestTemplateFromRegistryE2E(t *testing.T) {
 
 // A sandboxd stopped mid-build (SIGTERM) fails the build and removes its
 // build sandbox before it exits; one killed (SIGKILL) fails it at its next
-// start, whose reconcile removes the build sandbox. The env's cleanup
-// checks that no sandbox is left on the host either way.
+// start, whose reconcile removes the build sandbox. Killed just after a
+// step's layer is committed, or an image's imported (a fault-injection
+// build stops there: the windows are milliseconds), the layer is already
+// named by the build's record, so the template's delete removes it. The
+// env's cleanup checks that no sandbox is left on the host either way.
 func TestTemplateBuildCrashE2E(t *testing.T) {
+	parent, faultBin := t, ""
 	for _, tc := range []struct {
-		sig  syscall.Signal
-		want string
+		name      string
+		sig       syscall.Signal
+		point     string // a faultinject pause point to kill sandboxd at
+		fromImage bool   // the build starts from an image in a registry
+		want      string
 	}{
-		{syscall.SIGTERM, "sandboxd stopped during the build"},
-		{syscall.SIGKILL, "sandboxd restarted during the build"},
+		{"terminated", syscall.SIGTERM, "", false, "sandboxd stopped during the build"},
+		{"killed", syscall.SIGKILL, "", false, "sandboxd restarted during the build"},
+		{"killed-at-commit", syscall.SIGKILL, "template-layer-committed", false, "sandboxd restarted during the build"},
+		{"killed-at-import", syscall.SIGKILL, "template-image-imported", true, "sandboxd restarted during the build"},
 	} {
-		t.Run(tc.sig.String(), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			e := newE2EEnv(t, "a")
-			s := e.start()
-			ka := e.keys["a"]
-			b := requestBuild(t, s, ka, "slow", nil)
-			r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, map[string]any{
+			marker := filepath.Join(t.TempDir(), "paused")
+			if tc.point != "" {
+				if faultBin == "" {
+					faultBin = buildFaultSandboxd(parent) // outlives this subtest
+				}
+				e.launch = e2eLaunch{bin: faultBin, env: []string{"SANDBOXD_FAULT_PAUSE=" + tc.point + ":" + marker}}
+			}
+			spec := map[string]any{
 				"steps": []map[string]any{
 					{"type": "RUN", "args": []string{"echo first > /home/user/first.txt"}},
 					{"type": "RUN", "args": []string{"touch /tmp/running; sleep 600"}},
 				},
-			})
-			wantStatus(t, "start build", r, http.StatusAccepted)
-			// The first step's layer made, the second step's sandbox up.
-			e2eEventually(t, "the build sandbox running", time.Minute, 50*time.Millisecond, func() (bool, string) {
-				r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
-				ents, _ := os.ReadDir(filepath.Join(e.runDir, "sandboxes"))
-				for _, ent := range ents {
-					if strings.HasPrefix(ent.Name(), "bld-") && strings.Contains(string(r.body), `"building"`) && len(e.templateLayers()) > 0 {
-						return true, ""
-					}
+			}
+			if tc.fromImage {
+				img, err := testimage.Busybox()
+				if err != nil {
+					t.Fatal(err)
 				}
-				return false, string(r.body)
-			})
+				reg := testRegistry(t, "", "")
+				spec["fromImage"] = pushImage(t, reg, "test/busybox:1", "", "", img)
+				e.serveArgs = append(e.serveArgs, "--plain-http-registries="+reg)
+			}
+			s := e.start()
+			ka := e.keys["a"]
+			b := requestBuild(t, s, ka, "slow", nil)
+			r := s.api(t, http.MethodPost, "/v2/templates/"+b.TemplateID+"/builds/"+b.BuildID, ka, spec)
+			wantStatus(t, "start build", r, http.StatusAccepted)
+			if tc.point != "" {
+				e2eEventually(t, "sandboxd stopped at "+tc.point, time.Minute, 10*time.Millisecond, func() (bool, string) {
+					return e2eExists(marker), ""
+				})
+			} else {
+				// The first step's layer made, the second step's sandbox up.
+				e2eEventually(t, "the build sandbox running", time.Minute, 50*time.Millisecond, func() (bool, string) {
+					r := s.api(t, http.MethodGet, "/templates/"+b.TemplateID+"/builds/"+b.BuildID+"/status", ka, nil)
+					ents, _ := os.ReadDir(filepath.Join(e.runDir, "sandboxes"))
+					for _, ent := range ents {
+						if strings.HasPrefix(ent.Name(), "bld-") && strings.Contains(string(r.body), `"building"`) && len(e.templateLayers()) > 0 {
+							return true, ""
+						}
+					}
+					return false, string(r.body)
+				})
+			}
 			if err := s.stop(tc.sig); err != nil {
 				t.Fatal(err)
 			}
@@ -479,6 +511,7 @@ func TestTemplateBuildCrashE2E(t *testing.T) {
 					t.Errorf("after SIGTERM mid-build, left on the host: %v", left)
 				}
 			}
+			e.launch = e2eLaunch{}
 			s = e.start()
 			st := waitBuild(t, s, ka, b)
 			if st.Status != "error" || st.Reason == nil || st.Reason.Message != tc.want {
