@@ -34,6 +34,7 @@ type Machine struct {
 	Commit      string            `json:"commit"`
 	Dirty       bool              `json:"dirty"`
 	Load        []string          `json:"loadavgAtStart"`
+	Host        HostState         `json:"hostAtStart"`
 	Binaries    map[string]string `json:"binaries"`
 }
 
@@ -104,6 +105,7 @@ func machineFacts(root string) Machine {
 		m.Dirty = len(strings.TrimSpace(string(out))) > 0
 	}
 	m.Load = loadavg()
+	m.Host = hostState()
 	return m
 }
 
@@ -239,4 +241,82 @@ func cpuBetween(a, b procstat.CPU, n int) string {
 	}
 	tickMS := float64(procstat.Tick) / float64(time.Millisecond)
 	return fmt.Sprintf("host CPUs %.0f %% busy, %.1f CPU-ms a create", 100*busy/all, busy*tickMS/float64(n))
+}
+
+// HostState is what a boot has accumulated that a create may pay for.
+// On machine G the same build's figures drifted by 10–20 % between hours
+// of one boot (N9–N12) with no cause measured: every report now says how
+// long the box has been up and what the kernel holds, so that a drift can
+// be set against it.
+type HostState struct {
+	UptimeH float64 `json:"uptimeH"`
+	// DyingCgroups are cgroups removed but not yet freed (a memory cgroup
+	// stays while pages charged to it are cached): on cgroup v1 the memory
+	// hierarchy's count above the live ones (the pids hierarchy's), on v2
+	// the root's nr_dying_descendants. -1 when unknown.
+	DyingCgroups  int     `json:"dyingCgroups"`
+	SlabUnreclMiB float64 `json:"slabUnreclaimableMiB"`
+	Mounts        int     `json:"mounts"`
+}
+
+func hostState() HostState {
+	s := HostState{DyingCgroups: -1}
+	if f := strings.Fields(readTrim("/proc/uptime")); len(f) > 0 {
+		up, _ := strconv.ParseFloat(f[0], 64)
+		s.UptimeH = up / 3600
+	}
+	if raw, err := os.ReadFile("/sys/fs/cgroup/cgroup.stat"); err == nil {
+		s.DyingCgroups = statField(string(raw), "nr_dying_descendants")
+	} else if raw, err := os.ReadFile("/proc/cgroups"); err == nil {
+		s.DyingCgroups = dyingV1(string(raw))
+	}
+	s.SlabUnreclMiB = float64(meminfo()["SUnreclaim"]) / (1 << 20)
+	if raw, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		s.Mounts = strings.Count(string(raw), "\n")
+	}
+	return s
+}
+
+func (s HostState) String() string {
+	dying := "unknown"
+	if s.DyingCgroups >= 0 {
+		dying = strconv.Itoa(s.DyingCgroups)
+	}
+	return fmt.Sprintf("up %.1f h, %s dying cgroups, %.0f MiB unreclaimable slab, %d mounts", s.UptimeH, dying, s.SlabUnreclMiB, s.Mounts)
+}
+
+// statField is key's value in a cgroup.stat, -1 if absent.
+func statField(stat, key string) int {
+	for _, l := range strings.Split(stat, "\n") {
+		if v, ok := strings.CutPrefix(l, key+" "); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// dyingV1 estimates the dying cgroups of a v1 host from /proc/cgroups:
+// the memory hierarchy counts its dying cgroups (a removed memory cgroup
+// lives on while it holds pages), the pids hierarchy, which sandboxd and
+// the usual runtimes join with it, only about the live ones. -1 without
+// either.
+func dyingV1(procCgroups string) int {
+	n := map[string]int{}
+	for _, l := range strings.Split(procCgroups, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if c, err := strconv.Atoi(f[2]); err == nil {
+			n[f[0]] = c
+		}
+	}
+	mem, ok1 := n["memory"]
+	pids, ok2 := n["pids"]
+	if !ok1 || !ok2 {
+		return -1
+	}
+	return max(mem-pids, 0)
 }

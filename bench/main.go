@@ -224,8 +224,8 @@ func run() int {
 
 	b := &Bench{cfg: cfg, log: os.Stderr}
 	rep := Report{Machine: machineFacts(cfg.Root), Started: time.Now().UTC(), Command: commandLine(), Config: cfg}
-	fmt.Fprintf(b.log, "bench: %s, %d CPUs, %.1f GiB, kernel %s, load %s\n",
-		rep.Machine.CPUModel, rep.Machine.CPUs, rep.Machine.MemTotalMiB/1024, rep.Machine.Kernel, strings.Join(rep.Machine.Load, " "))
+	fmt.Fprintf(b.log, "bench: %s, %d CPUs, %.1f GiB, kernel %s, load %s; %s\n",
+		rep.Machine.CPUModel, rep.Machine.CPUs, rep.Machine.MemTotalMiB/1024, rep.Machine.Kernel, strings.Join(rep.Machine.Load, " "), rep.Machine.Host)
 
 	// Run private copies of the binaries: bin/ is shared with whoever runs
 	// `make build` on this box meanwhile.
@@ -439,8 +439,9 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&sb, "- machine: %d CPUs (%s), %.1f GiB RAM, kernel %s, %s, cgroup %s, pid_max %d\n",
 		m.CPUs, m.CPUModel, m.MemTotalMiB/1024, m.Kernel, m.OS, m.CgroupMode, m.PidMax)
 	fmt.Fprintf(&sb, "- tools: %s, %s, SDKs: %s, %s (%s, node %s)\n", m.GoVersion, orDash(m.Bubblewrap), orDash(m.JSSDK), orDash(m.PythonSDK), orDash(m.Python), orDash(m.Node))
-	fmt.Fprintf(&sb, "- load average (1/5/15 min): %s at start, %s at end — the box is shared; see the per-scenario loads in the JSON\n\n",
+	fmt.Fprintf(&sb, "- load average (1/5/15 min): %s at start, %s at end — the box is shared; see the per-scenario loads in the JSON\n",
 		strings.Join(m.Load, " "), strings.Join(r.LoadEnd, " "))
+	fmt.Fprintf(&sb, "- host at start: %s\n\n", m.Host)
 
 	var dists, values, na []Row
 	for _, row := range r.Rows {
