@@ -18,6 +18,12 @@
 # start-up and shutdown are not a create's. PROFILE_WHOLE=1 counts the
 # whole run, as figures before 2026-12-04 12:00Z did.
 #
+# With PROFILE_KERNEL=1 it also records call stacks and lists the kernel's
+# functions with the most CPU per create over every process (idle left
+# out), each counting what it calls: where a create's kernel work goes
+# (clone into new namespaces, mounts, exec, exit, a network namespace's
+# cleanup, cgroup directories, netlink), whichever process did it.
+#
 # With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
 # and lists the functions of that process kind with the most CPU per
 # create, each counting what it calls. The kernel's frames always come out;
@@ -46,7 +52,9 @@ if [[ ${PROFILE_WHOLE:-} != 1 ]]; then
   window=(-D -1 --control "fifo:$out/ctl,$out/ack")
   export BENCH_PERF_CTL="$out/ctl,$out/ack"
 fi
-perf record -q -a -F "$freq" ${PROFILE_COMM:+-g} "${window[@]}" -o "$out/perf.data" -- \
+stacks=
+[[ -n ${PROFILE_COMM:-} || ${PROFILE_KERNEL:-} == 1 ]] && stacks=-g
+perf record -q -a -F "$freq" $stacks "${window[@]}" -o "$out/perf.data" -- \
   ./bin/bench -scenario burst -burst "$n" ${PROFILE_BIN:+-bin "$PROFILE_BIN"} -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
 perf script -i "$out/perf.data" -F comm 2>/dev/null |
   awk -v n="$n" -v f="$freq" '
@@ -69,6 +77,18 @@ if [[ -n ${PROFILE_COMM:-} ]]; then
       function flush() { for (s in seen) cnt[s]++; delete seen }
       /^[^ \t]/ { flush(); next }      # a sample: its stack follows
       NF >= 2 { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
+      END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
+    sort -rn | head -${PROFILE_TOP:-40}
+fi
+if [[ ${PROFILE_KERNEL:-} == 1 ]]; then
+  echo
+  echo "kernel functions by CPU per create, every process but idle, callees included (top ${PROFILE_TOP:-40})"
+  perf script -i "$out/perf.data" -F comm,ip,sym 2>/dev/null |
+    awk -v n="$n" -v f="$freq" '
+      function flush() { if (!idle) for (s in seen) cnt[s]++; delete seen }
+      /^[^ \t]/ { flush(); c=$0; sub(/^ +/, "", c); idle = (c ~ /^swapper/); next }
+      # kernel frames only: their addresses are in the top half
+      NF >= 2 && $1 ~ /^ffff/ { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
       END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
     sort -rn | head -${PROFILE_TOP:-40}
 fi

@@ -72,6 +72,7 @@ func serve(args []string) error {
 		metricsKeep  = fs.Int("metrics-history", sandbox.DefaultMetricsHistory, "metrics samples kept per sandbox, in memory (720 at 5 s: the last hour)")
 		otelEndpoint = fs.String("otel-endpoint", "", "OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces of the API, the creates and the data-plane proxy; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing")
 		otelRatio    = fs.Float64("otel-sample-ratio", 1, "share of new traces sampled, 0..1 (a caller's sampled traceparent is always followed)")
+		debugAddr    = fs.String("debug-addr", "", "loopback address (e.g. 127.0.0.1:6060) serving Go's profiles at /debug/pprof/: CPU, heap, goroutines, the execution trace, and mutex and blocking profiles, which are sampled only while it is set; empty: none")
 		codeInterp   = fs.String("code-interpreter", "build", "build: build E2B's code-interpreter-v1 template (public, owned by tenant sandboxd) in the background at start unless built; off: do not")
 	)
 	templates := templateFlag{}
@@ -144,6 +145,12 @@ func serve(args []string) error {
 			log.Warn("tracing: flush at exit", "err", err)
 		}
 	}()
+
+	stopDebug, err := serveDebug(*debugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
 
 	metrics := server.NewMetrics()
 	if certMgr != nil {
