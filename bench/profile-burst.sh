@@ -26,9 +26,10 @@
 #
 # With PROFILE_COMM set (sandboxd, envd, ...), it also records call stacks
 # and lists the functions of that process kind with the most CPU per
-# create, each counting what it calls. The kernel's frames always come out;
-# in a system-wide record perf often stops at the Go side of a syscall, so
-# for Go frames profile the process itself.
+# create, each counting what it calls, then its CPU by where it was spent:
+# the kernel or the Go package of the innermost frame. The kernel's frames
+# always come out; in a system-wide record perf often stops at the Go side
+# of a syscall, so for Go frames profile the process itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-100}
@@ -78,6 +79,24 @@ if [[ -n ${PROFILE_COMM:-} ]]; then
       /^[^ \t]/ { flush(); next }      # a sample: its stack follows
       NF >= 2 { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
       END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
+    sort -rn | head -${PROFILE_TOP:-40}
+  echo
+  echo "$PROFILE_COMM: CPU per create by where it was spent (each sample's innermost frame): the kernel, or the Go package of the function"
+  perf script -i "$out/perf.data" --comm "$PROFILE_COMM" -F comm,ip,sym 2>/dev/null |
+    awk -v n="$n" -v f="$freq" '
+      /^[^ \t]/ { leaf=1; next }
+      leaf && NF >= 2 {
+        leaf=0; s=$2; sub(/\+0x[0-9a-f]+$/, "", s)
+        if ($1 ~ /^ffff/) p="[kernel]"
+        else if (s == "[unknown]") p=s
+        else {
+          # a Go symbol: the package is its path up to the first dot after the last slash
+          k=split(s, seg, "/"); last=seg[k]; d=index(last, ".")
+          p=(d ? substr(s, 1, length(s)-length(last)+d-1) : s)
+        }
+        cnt[p]++
+      }
+      END { for (p in cnt) printf "%8.2f ms  %s\n", cnt[p]*1000/f/n, p }' |
     sort -rn | head -${PROFILE_TOP:-40}
 fi
 if [[ ${PROFILE_KERNEL:-} == 1 ]]; then

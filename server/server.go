@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	rtrace "runtime/trace"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -165,7 +166,18 @@ func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
 			start := time.Now()
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			var t tenant.ID
-			r = r.WithContext(withTenantSlot(r.Context(), &t))
+			ctx := withTenantSlot(r.Context(), &t)
+			if rtrace.IsEnabled() {
+				// While an execution trace runs (--debug-addr), each
+				// request is a task of its own, so that `go tool trace`
+				// shows where one request's goroutines waited; the tenant
+				// is logged on it once known (reportTenant).
+				var task *rtrace.Task
+				ctx, task = rtrace.NewTask(ctx, "http request")
+				defer task.End()
+				rtrace.Log(ctx, "request", r.Method+" "+r.URL.Path)
+			}
+			r = r.WithContext(ctx)
 			next.ServeHTTP(ww, r)
 			if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
 				return
@@ -188,6 +200,9 @@ func withTenantSlot(ctx context.Context, t *tenant.ID) context.Context {
 func reportTenant(ctx context.Context, t tenant.ID) {
 	if slot, ok := ctx.Value(tenantSlotKey{}).(*tenant.ID); ok {
 		*slot = t
+	}
+	if rtrace.IsEnabled() {
+		rtrace.Log(ctx, "tenant", string(t))
 	}
 }
 
