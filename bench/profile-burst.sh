@@ -70,6 +70,8 @@ perf script -i "$out/perf.data" -F comm 2>/dev/null |
       for (k in cnt) if (cnt[k]*1000/f/n >= 0.05) printf "| %s | %.2f | %.0f%% |\n", (k=="swapper" ? "idle (swapper)" : k), cnt[k]*1000/f/n, 100*cnt[k]/tot | "sort -t\"|\" -k3 -rn"
     }'
 echo "($n creates and destroys; perf at $freq Hz on all CPUs, $([[ ${PROFILE_WHOLE:-} == 1 ]] && echo "the whole run" || echo "from the first create to 2.5 s after the last destroy"); $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg))"
+# The listings end with awk, not head: head would end sort with SIGPIPE,
+# which pipefail turns into the script's failure before the next listing.
 if [[ -n ${PROFILE_COMM:-} ]]; then
   echo
   echo "$PROFILE_COMM: functions by CPU per create, callees included (top ${PROFILE_TOP:-40})"
@@ -79,7 +81,7 @@ if [[ -n ${PROFILE_COMM:-} ]]; then
       /^[^ \t]/ { flush(); next }      # a sample: its stack follows
       NF >= 2 { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
       END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
-    sort -rn | head -${PROFILE_TOP:-40}
+    sort -rn | awk -v k="${PROFILE_TOP:-40}" 'NR <= k'
   echo
   echo "$PROFILE_COMM: CPU per create by where it was spent (each sample's innermost frame): the kernel, or the Go package of the function"
   perf script -i "$out/perf.data" --comm "$PROFILE_COMM" -F comm,ip,sym 2>/dev/null |
@@ -97,7 +99,7 @@ if [[ -n ${PROFILE_COMM:-} ]]; then
         cnt[p]++
       }
       END { for (p in cnt) printf "%8.2f ms  %s\n", cnt[p]*1000/f/n, p }' |
-    sort -rn | head -${PROFILE_TOP:-40}
+    sort -rn | awk -v k="${PROFILE_TOP:-40}" 'NR <= k'
 fi
 if [[ ${PROFILE_KERNEL:-} == 1 ]]; then
   echo
@@ -109,5 +111,5 @@ if [[ ${PROFILE_KERNEL:-} == 1 ]]; then
       # kernel frames only: their addresses are in the top half
       NF >= 2 && $1 ~ /^ffff/ { s=$2; sub(/\+0x[0-9a-f]+$/, "", s); if (s != "[unknown]") seen[s]=1 }
       END { flush(); for (s in cnt) printf "%8.2f ms  %s\n", cnt[s]*1000/f/n, s }' |
-    sort -rn | head -${PROFILE_TOP:-40}
+    sort -rn | awk -v k="${PROFILE_TOP:-40}" 'NR <= k'
 fi
