@@ -58,15 +58,16 @@ func debugMux() *http.ServeMux {
 }
 
 // serveDebug serves the profiles on addr until the returned stop is
-// called; "" serves nothing. It turns on the contention profiles, and
-// stop turns them off again.
-func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+// called, and returns the address it listens on (addr's port may be 0);
+// "" serves nothing. It turns on the contention profiles, and stop turns
+// them off again.
+func serveDebug(addr string, log *slog.Logger) (bound string, stop func(), err error) {
 	if addr == "" {
-		return func() {}, nil
+		return "", func() {}, nil
 	}
 	ln, err := debugListen(addr)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	goruntime.SetMutexProfileFraction(debugMutexFraction)
 	goruntime.SetBlockProfileRate(debugBlockRateNs)
@@ -80,8 +81,9 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 			log.Warn("debug listener", "err", err)
 		}
 	}()
-	log.Info("profiles served", "debug_addr", ln.Addr().String(), "path", "/debug/pprof/")
-	return func() {
+	bound = ln.Addr().String()
+	log.Info("profiles served", "debug_addr", bound, "path", "/debug/pprof/")
+	return bound, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if err := hs.Shutdown(ctx); err != nil {

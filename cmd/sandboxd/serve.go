@@ -146,7 +146,7 @@ func serve(args []string) error {
 		}
 	}()
 
-	stopDebug, err := serveDebug(*debugAddr, log)
+	_, stopDebug, err := serveDebug(*debugAddr, log)
 	if err != nil {
 		return err
 	}
