@@ -265,7 +265,19 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		span.End()
 	}()
 	ctx = context.WithValue(ctx, proxyTargetKey{}, target)
-	p.rp.ServeHTTP(rec, r.WithContext(ctx))
+	var body *requestBody
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody {
+		body = &requestBody{src: r.Body}
+		ctx = context.WithValue(ctx, requestBodyKey{}, body)
+	}
+	out := r.WithContext(ctx)
+	if body != nil {
+		out.Body = body
+	}
+	p.rp.ServeHTTP(rec, out)
+	if body != nil && rec.Status >= http.StatusBadRequest {
+		p.drainAfterError(rec, r, body, target)
+	}
 }
 
 // tracer is the proxy's: a span per proxied request, whose context goes on
@@ -295,33 +307,82 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del("X-Api-Key")
 	pr.Out.Header.Del(headerTrafficToken)
 	telemetry.Inject(pr.In.Context(), pr.Out.Header)
-	if pr.In.ProtoMajor == 1 && pr.Out.Body != nil && pr.Out.Body != http.NoBody {
-		rb := &requestBody{ReadCloser: pr.Out.Body}
-		pr.Out.Body = rb
-		pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), requestBodyKey{}, rb))
-	}
 }
 
-// requestBody notes whether the client's request body was read to its end.
-// An answer that comes before (envd's 507 to an upload too large for the
-// disk, with the body still arriving) leaves the client's HTTP/1.1
-// connection in a state Go's server may close after the answer without
-// saying so, when the transport closed the body first; a client that then
-// reuses the connection gets it closed under its next request. So such an
-// answer says Connection: close (answerEarly).
+// requestBody stands between an HTTP/1.1 client's request body and the
+// transport that forwards it, for the answers that come before the body's
+// end (envd's 507 to an upload too large for the disk, with the body still
+// arriving).
+//
+// Such an answer says Connection: close (answerEarly): Go's server may close
+// the connection after it without saying so, and a client that reused it
+// would meet the close under its next request.
+//
+// And an error answer is followed by a bounded drain of the rest of the body
+// (drainAfterError). Without it, Go's server closes the connection with more
+// than 256 KiB unread, the kernel answers the client's next bytes with a
+// reset, and a client that reads the answer only once its upload is sent
+// (undici, so the JS SDK's files.write) loses the answer to "fetch failed".
+// Close detaches the transport instead of closing the client's body (the
+// server closes that after the handler), so that the drain can still read
+// it; a transport read after Close fails.
 type requestBody struct {
-	io.ReadCloser
-	eof atomic.Bool
+	src      io.ReadCloser
+	eof      atomic.Bool
+	detached atomic.Bool
 }
 
 type requestBodyKey struct{}
 
+// errBodyDetached ends a transport's read of a body the handler is done with.
+var errBodyDetached = errors.New("proxy: request body read after the answer")
+
 func (b *requestBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
+	if b.detached.Load() {
+		return 0, errBodyDetached
+	}
+	n, err := b.src.Read(p)
 	if err == io.EOF {
 		b.eof.Store(true)
 	}
 	return n, err
+}
+
+func (b *requestBody) Close() error {
+	b.detached.Store(true)
+	return nil
+}
+
+// The drain's bounds: an upload larger or slower than this still loses the
+// answer, as before, rather than hold a connection and a goroutine for it.
+var (
+	drainMaxBytes int64 = 64 << 20
+	drainTimeout        = 10 * time.Second
+)
+
+// drainAfterError reads and discards what is left of the client's body once
+// an error answer is written, so that a client that sends its whole body
+// before it reads gets the answer (requestBody). The answer is flushed
+// first: a client that reads as it sends has it at once.
+func (p *Proxy) drainAfterError(w http.ResponseWriter, r *http.Request, b *requestBody, t proxyTarget) {
+	b.detached.Store(true)
+	if b.eof.Load() || r.Context().Err() != nil {
+		return
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	// The deadline also ends a transport read still in flight, which holds
+	// the server body's lock the drain waits for.
+	_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
+	n, err := io.CopyN(io.Discard, b.src, drainMaxBytes)
+	_ = rc.SetReadDeadline(time.Time{})
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	p.log.Debug("proxy: drained the request body after an error answer", "sandbox_id", t.id, "port", t.port,
+		"bytes", n, "complete", err == io.EOF)
 }
 
 // modifyResponse is ReverseProxy's ModifyResponse: what the proxy changes

@@ -824,3 +824,69 @@ func TestProxyEarlyAnswerSaysClose(t *testing.T) {
 		}
 	}
 }
+
+// A client that reads the answer only once its whole upload is sent (undici,
+// so the JS SDK) gets an early error answer: the proxy drains the rest of
+// the body instead of letting the server reset the connection under it. A
+// client that stalls gets the answer at once and the connection closed
+// after the drain's bound.
+func TestProxyErrorAnswerDrainsUpload(t *testing.T) {
+	env := newProxyEnv(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInsufficientStorage) // the body unread
+		_, _ = w.Write([]byte(`{"code":507,"message":"disk full"}`))
+	}))
+	t.Cleanup(up.Close)
+	env.d.set("sbx2", &fakeProxySandbox{ports: map[int]string{3000: up.Listener.Addr().String()}})
+	old := drainTimeout
+	drainTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { drainTimeout = old })
+
+	// More than the loopback's socket buffers hold, so that a reset comes
+	// while the client still writes.
+	const size = 24 << 20
+	for _, tc := range []struct {
+		name string
+		send int // bytes of the body the client sends before it reads
+	}{
+		{"whole upload, then read", size},
+		{"stalled upload", 64 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", env.srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: x\r\n%s: sbx2\r\n%s: 3000\r\nContent-Length: %d\r\n\r\n",
+				headerSandboxID, headerSandboxPort, size)
+			chunk := make([]byte, 64<<10)
+			for sent := 0; sent < tc.send; sent += len(chunk) {
+				if _, err := c.Write(chunk); err != nil {
+					t.Fatalf("write after %d bytes: %v", sent, err)
+				}
+			}
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("reading the answer: %v", err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(body), "disk full") {
+				t.Fatalf("answer %d %q (%v); want 507 with envd's body", resp.StatusCode, body, err)
+			}
+			if !resp.Close {
+				t.Error("the answer does not say Connection: close")
+			}
+			// The server ends the connection: at once after a drained
+			// body, after the drain's bound for a stalled one.
+			if _, err := br.ReadByte(); err == nil {
+				t.Error("the connection stayed open")
+			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Errorf("the connection stayed open: %v", err)
+			}
+		})
+	}
+}
