@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/cgstat"
 	"github.com/sandboxd/sandboxd/internal/procstat"
 )
 
@@ -266,7 +267,9 @@ func hostState() HostState {
 		s.UptimeH = up / 3600
 	}
 	if raw, err := os.ReadFile("/sys/fs/cgroup/cgroup.stat"); err == nil {
-		s.DyingCgroups = statField(string(raw), "nr_dying_descendants")
+		if n, ok := cgstat.Field(string(raw), "nr_dying_descendants"); ok {
+			s.DyingCgroups = int(n)
+		}
 	} else if raw, err := os.ReadFile("/proc/cgroups"); err == nil {
 		s.DyingCgroups = dyingV1(string(raw))
 	}
@@ -283,18 +286,6 @@ func (s HostState) String() string {
 		dying = strconv.Itoa(s.DyingCgroups)
 	}
 	return fmt.Sprintf("up %.1f h, %s dying cgroups, %.0f MiB unreclaimable slab, %d mounts", s.UptimeH, dying, s.SlabUnreclMiB, s.Mounts)
-}
-
-// statField is key's value in a cgroup.stat, -1 if absent.
-func statField(stat, key string) int {
-	for _, l := range strings.Split(stat, "\n") {
-		if v, ok := strings.CutPrefix(l, key+" "); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-				return n
-			}
-		}
-	}
-	return -1
 }
 
 // dyingV1 estimates the dying cgroups of a v1 host from /proc/cgroups:

@@ -23,17 +23,4 @@ pids	8	56	1
 			t.Errorf("%s: dyingV1 = %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	for _, tc := range []struct {
-		stat, key string
-		want      int
-	}{
-		{"nr_descendants 58\nnr_dying_descendants 7\n", "nr_dying_descendants", 7},
-		{"nr_descendants 58\nnr_dying_descendants 7\n", "nr_descendants", 58},
-		{"nr_descendants 58\n", "nr_dying_descendants", -1},
-		{"nr_dying_descendants x\n", "nr_dying_descendants", -1},
-	} {
-		if got := statField(tc.stat, tc.key); got != tc.want {
-			t.Errorf("statField(%q, %q) = %d, want %d", tc.stat, tc.key, got, tc.want)
-		}
-	}
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	cgtree "github.com/sandboxd/sandboxd/envd/internal/cgroup"
+	"github.com/sandboxd/sandboxd/internal/cgstat"
 	"github.com/sandboxd/sandboxd/internal/procstat"
 )
 
@@ -214,12 +215,8 @@ func readUint(p string) uint64 {
 	return n
 }
 
+// statField is key's value in the flat-keyed cgroup file p, 0 if absent.
 func statField(p, key string) uint64 {
-	for _, line := range strings.Split(readString(p), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == key {
-			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	n, _ := cgstat.Field(readString(p), key)
+	return n
 }

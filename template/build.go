@@ -373,6 +373,9 @@ type builder struct {
 	st    state
 	box   string // the scratch sandbox on the current root, "" if none
 	boxes int
+	// recorded is how many of st.layers the build's row holds: layers only
+	// grow once the base is set, so a count tells what is new.
+	recorded int
 }
 
 func (s *Service) build(ctx context.Context, tpl store.Template, id string, spec BuildSpec, l *buildLog) (Result, error) {
@@ -596,14 +599,18 @@ func (bd *builder) step(ctx context.Context, n, total int, st Step, force bool) 
 // recordLayers writes the layers the build has so far into its row
 // (Result.Partial), so that a crash of sandboxd loses none. A failure is
 // logged: the build goes on, and only a crash would lose those layers.
+// Layers the row holds already are not written again (an image's layer,
+// recorded before its import, and then the base's).
 func (bd *builder) recordLayers(ctx context.Context) {
-	if len(bd.st.layers) == 0 {
+	if len(bd.st.layers) == bd.recorded {
 		return
 	}
 	raw, _ := json.Marshal(Result{Layers: bd.st.layers, Partial: true})
 	if err := bd.s.cfg.Store.RecordBuildResult(ctx, bd.tpl.ID, bd.id, raw, bd.s.cfg.Now()); err != nil {
 		bd.s.log.Warn("template build: record its layers so far", "build_id", bd.id, "err", err)
+		return
 	}
+	bd.recorded = len(bd.st.layers)
 }
 
 // ensureBox starts a scratch sandbox on the root built so far.
