@@ -87,6 +87,12 @@ type Proxy struct {
 	// limits, when set, rate-limits the data plane per sandbox owner
 	// (class tenant.DataPlane).
 	limits *ratelimit.Tenants
+	// drainMax and drainTimeout bound the drain of a request body after an
+	// error answer (drainAfterError): an upload larger or slower than this
+	// still loses the answer, as before, rather than hold a connection and
+	// a goroutine for it.
+	drainMax     int64
+	drainTimeout time.Duration
 }
 
 // Config configures a Proxy.
@@ -151,7 +157,8 @@ func New(lc Lifecycle, cfg Config) *Proxy {
 	if m == nil {
 		m = noMetrics{}
 	}
-	p := &Proxy{d: lc, domain: cfg.Domain, log: log, m: m, limits: cfg.Limits}
+	p := &Proxy{d: lc, domain: cfg.Domain, log: log, m: m, limits: cfg.Limits,
+		drainMax: 64 << 20, drainTimeout: 10 * time.Second}
 	p.up = NewUpstream(lc.DialSandbox, m.Bytes)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
@@ -353,13 +360,6 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
-// The drain's bounds: an upload larger or slower than this still loses the
-// answer, as before, rather than hold a connection and a goroutine for it.
-var (
-	drainMaxBytes int64 = 64 << 20
-	drainTimeout        = 10 * time.Second
-)
-
 // drainAfterError reads and discards what is left of the client's body once
 // an error answer is written, so that a client that sends its whole body
 // before it reads gets the answer (requestBody). The answer is flushed
@@ -375,8 +375,8 @@ func (p *Proxy) drainAfterError(w http.ResponseWriter, r *http.Request, b *reque
 	}
 	// The deadline also ends a transport read still in flight, which holds
 	// the server body's lock the drain waits for.
-	_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
-	n, err := io.CopyN(io.Discard, b.src, drainMaxBytes)
+	_ = rc.SetReadDeadline(time.Now().Add(p.drainTimeout))
+	n, err := io.CopyN(io.Discard, b.src, p.drainMax)
 	_ = rc.SetReadDeadline(time.Time{})
 	if err == io.EOF {
 		b.eof.Store(true)

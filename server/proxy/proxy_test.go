@@ -839,9 +839,7 @@ func TestProxyErrorAnswerDrainsUpload(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	env.d.set("sbx2", &fakeProxySandbox{ports: map[int]string{3000: up.Listener.Addr().String()}})
-	old := drainTimeout
-	drainTimeout = 500 * time.Millisecond
-	t.Cleanup(func() { drainTimeout = old })
+	env.p.drainTimeout = 500 * time.Millisecond // before any request
 
 	// More than the loopback's socket buffers hold, so that a reset comes
 	// while the client still writes.
