@@ -137,6 +137,10 @@ type clusterMember struct {
 	downSince time.Time
 	// lost: its sandboxes were given up; they are deleted when it is back.
 	lost bool
+	// retired: Incus says Evacuated or Blocked, its operator took it out
+	// of service: no new sandbox goes there, even while Incus calls every
+	// other member offline.
+	retired bool
 	// poolFree and poolTotal are the space of its storage pool, as read
 	// at the last refresh (less the replicas made since); 0 total:
 	// unknown, not guarded.
@@ -297,14 +301,31 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		c.mu.Unlock()
 		var mem uint64
 		var pool *PoolResources
-		if m.Status == "Online" {
-			if !known {
-				if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
-					mem = r.Memory.Total
-				} else {
-					b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
-				}
+		switch {
+		case known:
+		case m.Status == "Online":
+			if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
+				mem = r.Memory.Total
+			} else {
+				b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
 			}
+		case m.Status == "Offline":
+			// Incus calls a member offline when its heartbeats lag (a
+			// busy host, the database's election), and place then tries
+			// the members whose relay answers: one whose memory is not
+			// known would take nothing, so a sandboxd started in such a
+			// gap had no member with room until a refresh after it. A
+			// member really down does not answer; the next refresh asks
+			// again.
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if r, err := b.c.Resources(rctx, targetOf(m.Name)); err == nil {
+				mem = r.Memory.Total
+			} else {
+				b.log.Debug("incus cluster: resources of a member Incus calls offline", "member", m.Name, "err", err)
+			}
+			cancel()
+		}
+		if m.Status == "Online" {
 			var err error
 			if pool, err = b.c.StoragePoolResources(ctx, b.opts.Pool, targetOf(m.Name)); err != nil {
 				b.log.Warn("incus cluster: member's storage pool", "member", m.Name, "pool", b.opts.Pool, "err", err)
@@ -333,6 +354,7 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 			}
 		}
 		cm.online = m.Status == "Online"
+		cm.retired = m.Status == "Evacuated" || m.Status == "Blocked"
 		c.mu.Unlock()
 	}
 	c.mu.Lock()
@@ -611,7 +633,7 @@ func (b *Backend) place(spec runtime.Spec, want, spread []string) (string, error
 		// None that Incus calls online: while the cluster's database
 		// elects a new leader it calls them all offline. Members whose
 		// relay answers are tried then.
-		best = c.pick(want, l, need, (*clusterMember).reachable)
+		best = c.pick(want, l, need, func(m *clusterMember) bool { return m.reachable() && !m.retired })
 	}
 	if best == "" {
 		if len(want) > 0 {

@@ -83,6 +83,7 @@ func TestPlace(t *testing.T) {
 		group     map[string]int // sandboxes of its tenant per member
 		only      []string
 		offline   []string       // as Incus says; their relays answer
+		retired   []string       // evacuated in Incus (so offline); their relays answer
 		poolFree  map[string]int // GiB free of a 100 GiB pool (reserve: 10)
 		memMiB    int
 		placed    string
@@ -100,6 +101,8 @@ func TestPlace(t *testing.T) {
 		{name: "storage member, busier", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, want: []string{"m1"}, memMiB: 512, placed: "m1"},
 		{name: "offline in Incus avoided", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m2": {512}}, offline: []string{"m1"}, memMiB: 512, placed: "m2"},
 		{name: "all offline in Incus, relays answer", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, offline: []string{"m1", "m2"}, memMiB: 512, placed: "m2"},
+		{name: "all offline in Incus, the emptier one evacuated", members: map[string]int{"m1": 4, "m2": 4}, sandboxes: map[string][]int{"m1": {512}}, offline: []string{"m1"}, retired: []string{"m2"}, memMiB: 512, placed: "m1"},
+		{name: "the only member evacuated", members: map[string]int{"m1": 4}, retired: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 		{name: "only the members given", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m3": {512}}, only: []string{"m3"}, memMiB: 512, placed: "m3"},
 		{name: "storage member not given", members: map[string]int{"m1": 4, "m2": 4}, only: []string{"m2"}, want: []string{"m1"}, memMiB: 512, err: ErrNoCapacity},
 		{name: "replica holders: the emptier", members: map[string]int{"m1": 4, "m2": 4, "m3": 4}, sandboxes: map[string][]int{"m1": {512, 512}, "m3": {512}}, want: []string{"m1", "m3"}, memMiB: 512, placed: "m3"},
@@ -130,6 +133,9 @@ func TestPlace(t *testing.T) {
 			}
 			for _, m := range tc.offline {
 				b.cluster.members[m].online = false
+			}
+			for _, m := range tc.retired {
+				b.cluster.members[m].online, b.cluster.members[m].retired = false, true
 			}
 			for m, gib := range tc.poolFree {
 				b.cluster.members[m].poolTotal, b.cluster.members[m].poolFree = 100<<30, uint64(gib)<<30
@@ -266,4 +272,58 @@ type nopRelay struct{}
 
 func (nopRelay) Dial(context.Context, string, netip.AddrPort) (net.Conn, error) {
 	return nil, errors.New("no relay in this test")
+}
+
+// A member Incus calls offline (its heartbeats lag on a busy host, or the
+// database elects a leader) still has its memory read when it answers, so
+// that a sandboxd started in such a gap can place on a member whose relay
+// answers; an evacuated member is not asked, and one that does not answer
+// stays unknown until a later refresh.
+func TestRefreshMembersOffline(t *testing.T) {
+	var srvURL string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/1.0/cluster/members":
+			var ms []string
+			for name, status := range map[string]string{"m1": "Offline", "m2": "Offline", "m3": "Evacuated"} {
+				ms = append(ms, fmt.Sprintf(`{"server_name":%q,"url":%q,"status":%q}`, name, srvURL, status))
+			}
+			fmt.Fprintf(w, `{"type":"sync","status_code":200,"metadata":[%s]}`, strings.Join(ms, ","))
+		case "/1.0/resources":
+			if r.URL.Query().Get("target") == "m2" { // down: Incus cannot reach it
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = io.WriteString(w, `{"type":"error","error":"Member unreachable","error_code":503}`)
+				return
+			}
+			_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{"memory":{"total":4294967296}}}`)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"type":"error","error":"not found","error_code":404}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	srvURL = srv.URL
+	cl, err := newCluster(ClusterOptions{Relay: nopRelay{}, LostAfter: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{
+		c: NewClientWith(srv.Client(), srv.URL), log: slog.New(slog.DiscardHandler), cluster: cl,
+		sbx: map[string]*sandbox{}, ips: map[netip.Addr]string{}, deleting: map[string]chan struct{}{},
+	}
+	if err := b.refreshMembers(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint64{"m1": 4 << 30, "m2": 0, "m3": 0} {
+		if m := cl.members[name]; m == nil || m.online || m.memory != want || m.retired != (name == "m3") {
+			t.Errorf("%s: %+v; want offline with %d bytes of memory", name, m, want)
+		}
+	}
+	b.mu.Lock()
+	placed, err := b.place(runtime.Spec{MemoryMB: 512}, nil, nil)
+	b.mu.Unlock()
+	if err != nil || placed != "m1" {
+		t.Fatalf("place = %q, %v; want m1, the offline member whose relay answers and whose memory is known", placed, err)
+	}
 }
