@@ -266,7 +266,20 @@ func (b *Backend) OnLost(fn func(id string)) {
 	b.cluster.mu.Unlock()
 }
 
-// refreshMembers reads the member list (and each new member's memory).
+// offlineAsk bounds a question to a member Incus calls offline: one really
+// down makes Incus wait for its heartbeat timeout, and the refresh must not.
+const offlineAsk = 2 * time.Second
+
+// memberRead is what a refresh learned of one member: its memory (0: not
+// read) and its storage pool's space (nil: not read).
+type memberRead struct {
+	mem  uint64
+	pool *PoolResources
+}
+
+// refreshMembers reads the member list, each new member's memory and each
+// member's storage pool, the members at once: a refresh costs the slowest
+// member's answer, not their sum.
 func (b *Backend) refreshMembers(ctx context.Context) error {
 	c := b.cluster
 	var ms []ClusterMember
@@ -287,61 +300,52 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 		}
 		b.c.SetEndpoints(urls)
 	}
-	seen := map[string]bool{}
-	for _, m := range ms {
-		seen[m.Name] = true
+	hosts := make(map[string]string, len(ms))
+	reads := make([]memberRead, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
 		u, err := url.Parse(m.URL)
 		if err != nil || u.Hostname() == "" {
 			b.log.Warn("incus cluster: member without a usable address", "member", m.Name, "url", m.URL)
 			continue
 		}
+		hosts[m.Name] = u.Hostname()
 		c.mu.Lock()
 		cm := c.members[m.Name]
-		known := cm != nil && cm.memory > 0
+		knownMem := cm != nil && cm.memory > 0
+		// Incus calls a member offline when its heartbeats lag (a busy
+		// host, the database's election), and place then tries the
+		// members whose relay answers: one whose memory is not known
+		// would take nothing, and one whose pool is not known would take
+		// sandboxes past its reserve. So such a member is asked too, if
+		// its relay answers (a new one has not been probed yet).
+		ask := m.Status == "Online" || m.Status == "Offline" && (cm == nil || cm.reachable())
 		c.mu.Unlock()
-		var mem uint64
-		var pool *PoolResources
-		switch {
-		case known:
-		case m.Status == "Online":
-			if r, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
-				mem = r.Memory.Total
-			} else {
-				b.log.Warn("incus cluster: member resources", "member", m.Name, "err", err)
-			}
-		case m.Status == "Offline":
-			// Incus calls a member offline when its heartbeats lag (a
-			// busy host, the database's election), and place then tries
-			// the members whose relay answers: one whose memory is not
-			// known would take nothing, so a sandboxd started in such a
-			// gap had no member with room until a refresh after it. A
-			// member really down does not answer; the next refresh asks
-			// again.
-			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if r, err := b.c.Resources(rctx, targetOf(m.Name)); err == nil {
-				mem = r.Memory.Total
-			} else {
-				b.log.Debug("incus cluster: resources of a member Incus calls offline", "member", m.Name, "err", err)
-			}
-			cancel()
+		if !ask {
+			continue
 		}
-		if m.Status == "Online" {
-			var err error
-			if pool, err = b.c.StoragePoolResources(ctx, b.opts.Pool, targetOf(m.Name)); err != nil {
-				b.log.Warn("incus cluster: member's storage pool", "member", m.Name, "pool", b.opts.Pool, "err", err)
-			}
+		wg.Go(func() { reads[i] = b.readMember(ctx, m, !knownMem) })
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i, m := range ms {
+		seen[m.Name] = true
+		host, ok := hosts[m.Name]
+		if !ok {
+			continue
 		}
 		c.mu.Lock()
+		cm := c.members[m.Name]
 		if cm == nil {
 			cm = &clusterMember{name: m.Name, down: make(chan struct{})}
 			c.members[m.Name] = cm
 		}
 		cm.api = m.URL
-		cm.relay = net.JoinHostPort(u.Hostname(), strconv.Itoa(c.opts.RelayPort))
-		if mem > 0 {
-			cm.memory = mem
+		cm.relay = net.JoinHostPort(host, strconv.Itoa(c.opts.RelayPort))
+		if r := reads[i]; r.mem > 0 {
+			cm.memory = r.mem
 		}
-		if pool != nil && pool.Space.Total > 0 {
+		if pool := reads[i].pool; pool != nil && pool.Space.Total > 0 {
 			wasLow := c.poolLow(cm)
 			cm.poolTotal, cm.poolFree = pool.Space.Total, pool.Space.Total-min(pool.Space.Used, pool.Space.Total)
 			if low := c.poolLow(cm); low != wasLow {
@@ -365,6 +369,33 @@ func (b *Backend) refreshMembers(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	return nil
+}
+
+// readMember asks m for its memory (when mem) and its storage pool's
+// space. An online member's failure is a warning; an offline one's is
+// expected (it may be down) and logged at debug.
+func (b *Backend) readMember(ctx context.Context, m ClusterMember, mem bool) memberRead {
+	level := slog.LevelWarn
+	if m.Status != "Online" {
+		level = slog.LevelDebug
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, offlineAsk)
+		defer cancel()
+	}
+	var r memberRead
+	if mem {
+		if res, err := b.c.Resources(ctx, targetOf(m.Name)); err == nil {
+			r.mem = res.Memory.Total
+		} else {
+			b.log.Log(ctx, level, "incus cluster: member resources", "member", m.Name, "status", m.Status, "err", err)
+		}
+	}
+	pool, err := b.c.StoragePoolResources(ctx, b.opts.Pool, targetOf(m.Name))
+	if err != nil {
+		b.log.Log(ctx, level, "incus cluster: member's storage pool", "member", m.Name, "status", m.Status, "pool", b.opts.Pool, "err", err)
+	}
+	r.pool = pool
+	return r
 }
 
 // probe dials every member's relay once (TCP only: a relay that accepts

@@ -275,28 +275,47 @@ func (nopRelay) Dial(context.Context, string, netip.AddrPort) (net.Conn, error) 
 }
 
 // A member Incus calls offline (its heartbeats lag on a busy host, or the
-// database elects a leader) still has its memory read when it answers, so
-// that a sandboxd started in such a gap can place on a member whose relay
-// answers; an evacuated member is not asked, and one that does not answer
-// stays unknown until a later refresh.
+// database elects a leader) still has its memory and its pool read when it
+// answers, so that a sandboxd started in such a gap can place on a member
+// whose relay answers, within its pool's reserve; an evacuated member is
+// not asked, one that does not answer stays unknown until a later
+// refresh, and one whose relay is down is not asked at all. The members
+// are asked at once.
 func TestRefreshMembersOffline(t *testing.T) {
 	var srvURL string
+	var mu sync.Mutex
+	asked := map[string]int{} // target → questions about its resources or pool
+	// m1 and m4 answer only once both are asked: a refresh that asked one
+	// member after the other would run out of its bound on the first.
+	var both sync.WaitGroup
+	both.Add(2)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		switch r.URL.Path {
-		case "/1.0/cluster/members":
+		target := r.URL.Query().Get("target")
+		if r.URL.Path != "/1.0/cluster/members" {
+			mu.Lock()
+			asked[target]++
+			first := asked[target] == 1 && r.URL.Path == "/1.0/resources"
+			mu.Unlock()
+			if first && (target == "m1" || target == "m4") {
+				both.Done()
+				both.Wait()
+			}
+		}
+		switch {
+		case r.URL.Path == "/1.0/cluster/members":
 			var ms []string
-			for name, status := range map[string]string{"m1": "Offline", "m2": "Offline", "m3": "Evacuated"} {
+			for name, status := range map[string]string{"m1": "Offline", "m2": "Offline", "m3": "Evacuated", "m4": "Offline"} {
 				ms = append(ms, fmt.Sprintf(`{"server_name":%q,"url":%q,"status":%q}`, name, srvURL, status))
 			}
 			fmt.Fprintf(w, `{"type":"sync","status_code":200,"metadata":[%s]}`, strings.Join(ms, ","))
-		case "/1.0/resources":
-			if r.URL.Query().Get("target") == "m2" { // down: Incus cannot reach it
-				w.WriteHeader(http.StatusServiceUnavailable)
-				_, _ = io.WriteString(w, `{"type":"error","error":"Member unreachable","error_code":503}`)
-				return
-			}
+		case target == "m2": // down: Incus cannot reach it
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"type":"error","error":"Member unreachable","error_code":503}`)
+		case r.URL.Path == "/1.0/resources":
 			_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{"memory":{"total":4294967296}}}`)
+		case r.URL.Path == "/1.0/storage-pools/sbx/resources":
+			_, _ = io.WriteString(w, `{"type":"sync","status_code":200,"metadata":{"space":{"used":1073741824,"total":10737418240}}}`)
 		default:
 			w.WriteHeader(http.StatusNotFound)
 			_, _ = io.WriteString(w, `{"type":"error","error":"not found","error_code":404}`)
@@ -304,26 +323,58 @@ func TestRefreshMembersOffline(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	srvURL = srv.URL
-	cl, err := newCluster(ClusterOptions{Relay: nopRelay{}, LostAfter: time.Second})
+	cl, err := newCluster(ClusterOptions{Relay: nopRelay{}, LostAfter: time.Second, PoolReserve: 0.1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := &Backend{
-		c: NewClientWith(srv.Client(), srv.URL), log: slog.New(slog.DiscardHandler), cluster: cl,
+		c: NewClientWith(srv.Client(), srv.URL), log: slog.New(slog.DiscardHandler), cluster: cl, opts: Options{Pool: "sbx"},
 		sbx: map[string]*sandbox{}, ips: map[netip.Addr]string{}, deleting: map[string]chan struct{}{},
 	}
 	if err := b.refreshMembers(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]uint64{"m1": 4 << 30, "m2": 0, "m3": 0} {
-		if m := cl.members[name]; m == nil || m.online || m.memory != want || m.retired != (name == "m3") {
+	for name, want := range map[string]uint64{"m1": 4 << 30, "m2": 0, "m3": 0, "m4": 4 << 30} {
+		m := cl.members[name]
+		if m == nil || m.online || m.memory != want || m.retired != (name == "m3") {
 			t.Errorf("%s: %+v; want offline with %d bytes of memory", name, m, want)
+			continue
+		}
+		// The pool is known where the memory is: a member placed on
+		// while offline keeps its pool's reserve.
+		wantPool := uint64(0)
+		if want > 0 {
+			wantPool = 10 << 30
+		}
+		if m.poolTotal != wantPool {
+			t.Errorf("%s: a pool of %d bytes known; want %d", name, m.poolTotal, wantPool)
 		}
 	}
 	b.mu.Lock()
 	placed, err := b.place(runtime.Spec{MemoryMB: 512}, nil, nil)
 	b.mu.Unlock()
-	if err != nil || placed != "m1" {
-		t.Fatalf("place = %q, %v; want m1, the offline member whose relay answers and whose memory is known", placed, err)
+	if err != nil || (placed != "m1" && placed != "m4") {
+		t.Fatalf("place = %q, %v; want m1 or m4, an offline member whose relay answers and whose memory is known", placed, err)
+	}
+
+	// Once its relay stops answering, a member Incus calls offline is
+	// not asked again (each question would wait for its bound), and one
+	// whose memory is known is asked only for its pool.
+	cl.mu.Lock()
+	cl.members["m2"].probed(false)
+	cl.members["m2"].probed(false)
+	cl.mu.Unlock()
+	mu.Lock()
+	before := maps.Clone(asked)
+	mu.Unlock()
+	if err := b.refreshMembers(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for target, want := range map[string]int{"m1": 1, "m2": 0, "m3": 0, "m4": 1} {
+		if got := asked[target] - before[target]; got != want {
+			t.Errorf("second refresh asked %s %d times; want %d", target, got, want)
+		}
 	}
 }
