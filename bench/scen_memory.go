@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -335,6 +339,11 @@ func densityScenario(ctx context.Context, b *Bench) error {
 			_ = b.h.destroy(context.WithoutCancel(ctx), sb.ID)
 		}
 	}
+	hold := 20 * time.Second // four passes at the default interval
+	if b.cfg.Quick {
+		hold = 2 * time.Second
+	}
+	idle := b.idleCost(ctx, up, hold)
 	time.Sleep(settle)
 	after := b.snap(b.cfg.Quick)
 	c := b.cost(before, after, set)
@@ -362,7 +371,7 @@ func densityScenario(ctx context.Context, b *Bench) error {
 		b.add(last)
 	}
 	ex := durDist("density", fmt.Sprintf("commands.run('true') via proxy with %d idle sandboxes", up), execs, execErrs)
-	b.add(ex)
+	b.add(ex, idle)
 	b.add(c.rows("density", strconv.Itoa(up)+" idle", up)...)
 
 	t1 := time.Now()
@@ -371,4 +380,74 @@ func densityScenario(ctx context.Context, b *Bench) error {
 	d.Compare = fmt.Sprintf("all %d gone in %.1f s", len(dt), time.Since(t1).Seconds())
 	b.add(d)
 	return nil
+}
+
+// idleCost is sandboxd's own CPU while the n sandboxes of the density
+// scenario idle, over hold, in % of one CPU, with its metrics passes (which
+// sample every running sandbox each --metrics-interval) in that time: what
+// sandboxd spends on sandboxes nobody uses.
+func (b *Bench) idleCost(ctx context.Context, n int, hold time.Duration) Row {
+	measure := fmt.Sprintf("sandboxd's CPU while %d sandboxes idle", n)
+	pid := b.h.sandboxd.Process.Pid
+	sum0, count0, err := b.metricsPasses(ctx)
+	if err != nil {
+		return unavailable("density", measure, err.Error())
+	}
+	cpu0 := cpuTime(pid)
+	select {
+	case <-ctx.Done():
+		return unavailable("density", measure, "interrupted")
+	case <-time.After(hold):
+	}
+	cpu1 := cpuTime(pid)
+	sum1, count1, err := b.metricsPasses(ctx)
+	if err != nil {
+		return unavailable("density", measure, err.Error())
+	}
+	r := value("density", measure, "% of a CPU", 100*float64(cpu1-cpu0)/float64(hold), n)
+	r.Note = fmt.Sprintf("over %v; %d metrics passes ended in it", hold, int(count1-count0))
+	if count1 > count0 {
+		r.Note += fmt.Sprintf(", %.2f s each", (sum1-sum0)/(count1-count0))
+	}
+	return r
+}
+
+// metricsPasses reads the sum and count of sandboxd's metrics pass
+// histogram (sandboxd_sandbox_metrics_pass_seconds) from its /metrics.
+func (b *Bench) metricsPasses(ctx context.Context) (sum, count float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.h.addr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := b.h.api.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	found := 0
+	for line := range strings.SplitSeq(string(body), "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "sandboxd_sandbox_metrics_pass_seconds_sum":
+			sum, err = strconv.ParseFloat(v, 64)
+			found++
+		case "sandboxd_sandbox_metrics_pass_seconds_count":
+			count, err = strconv.ParseFloat(v, 64)
+			found++
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("sandboxd's /metrics: %s: %w", name, err)
+		}
+	}
+	if found != 2 {
+		return 0, 0, errors.New("sandboxd's /metrics has no metrics pass histogram")
+	}
+	return sum, count, nil
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
@@ -16,13 +17,24 @@ import (
 
 // envd's own log lines: envd keeps its recent records in memory and serves
 // them (envdapi.LogsPath); the Manager copies the new ones into the
-// sandbox's log in each metrics pass, when a logs request comes for a
-// running sandbox, and right before a pause or a kill. They keep envd's
+// sandbox's log in the metrics passes (a quiet envd's in fewer of them:
+// envdLogsMaxGap), when a logs request comes for a running sandbox, and
+// right before a pause or a kill. They keep envd's
 // time, level and fields, with source "envd".
 
 // envdLogsTimeout bounds one read of envd's records: a frozen or dead envd
 // must not hold up the pause, kill or request it comes before.
 const envdLogsTimeout = time.Second
+
+// envdLogsMaxGap is the most metrics passes between two of the pass's reads
+// of an envd whose reads keep finding nothing new (one a minute at the
+// default interval). Each read is a connection, a request and a wake-up of
+// envd: for every one of thousands of idle sandboxes each pass, that was
+// much of what sandboxd did while they idled (the benchmarks notebook,
+// N16). A logs request, a pause and a kill read at once, whatever the
+// gap; a quiet envd that starts logging is read every pass again after at
+// most one gap, and envd keeps 1,000 records (and says how many it lost).
+const envdLogsMaxGap = 12
 
 // envdCursor is where the copy of a sandbox's envd records stands.
 type envdCursor struct {
@@ -30,6 +42,28 @@ type envdCursor struct {
 	// records after the same seq.
 	mu  sync.Mutex
 	pos envdPos
+	// gap is how many passes the metrics pass takes from one of its reads
+	// to the next: 1, doubled by each read that finds nothing new, up to
+	// envdLogsMaxGap (under mu). wait counts down the passes to the next
+	// read; it is atomic so that the pass never waits for a read of a
+	// logs request in flight.
+	gap  int
+	wait atomic.Int32
+}
+
+// due says whether the metrics pass reads envd's records this time, and
+// counts the pass.
+func (c *envdCursor) due() bool { return c.wait.Add(-1) < 0 }
+
+// read sets the gap after a read, which found new records or not; the
+// caller holds mu.
+func (c *envdCursor) read(news bool) {
+	if news || c.gap == 0 {
+		c.gap = 1
+	} else {
+		c.gap = min(2*c.gap, envdLogsMaxGap)
+	}
+	c.wait.Store(int32(c.gap - 1))
 }
 
 // envdPos is the run of envd (its boot id) and the seq and time of the
@@ -54,6 +88,7 @@ func (m *Manager) pullEnvdLogs(ctx context.Context, id, token string) {
 	defer cancel()
 	dial := func(ctx context.Context) (net.Conn, error) { return m.backend.Dial(ctx, id, runtime.EnvdPort) }
 	resp, err := envdconn.Logs(ctx, dial, token, c.pos.boot, c.pos.seq)
+	c.read(err == nil && (resp.Boot != c.pos.boot || resp.Last != c.pos.seq))
 	if err != nil {
 		if !errors.Is(err, runtime.ErrNotFound) && !errors.Is(err, runtime.ErrNotRunning) && ctx.Err() == nil {
 			m.log.Debug("read envd's log", "sandbox_id", id, "err", err)

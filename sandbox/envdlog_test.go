@@ -10,6 +10,7 @@ import (
 	"time"
 
 	envdapi "github.com/sandboxd/sandboxd/envd/api"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 )
 
 func TestNewRecords(t *testing.T) {
@@ -132,4 +133,57 @@ func TestSampleAllReadsEnvdLogsInParallel(t *testing.T) {
 			t.Errorf("the pass took %v of fake time, want %v", took, 2*envdLogsTimeout)
 		}
 	})
+}
+
+// TestEnvdCursorGap: the metrics pass reads a quiet envd after 1, 2, 4, 8
+// passes, then every envdLogsMaxGap-th; a read that finds new records
+// brings it back to every pass.
+func TestEnvdCursorGap(t *testing.T) {
+	var c envdCursor
+	var reads []int
+	for pass := 1; pass <= 40; pass++ {
+		if c.due() {
+			reads = append(reads, pass)
+			c.read(false)
+		}
+	}
+	if want := []int{1, 2, 4, 8, 16, 28, 40}; !slices.Equal(reads, want) {
+		t.Errorf("a quiet envd read in passes %v, want %v", reads, want)
+	}
+	c.read(true) // a logs request found records
+	var due []bool
+	for pass := range 4 {
+		d := c.due()
+		due = append(due, d)
+		if d {
+			c.read(pass == 0)
+		}
+	}
+	// Read: new records, then a quiet read (gap 1 still), then a gap of 2.
+	if want := []bool{true, true, false, true}; !slices.Equal(due, want) {
+		t.Errorf("after new records, due in the next passes: %v, want %v", due, want)
+	}
+}
+
+// TestSampleAllReadsQuietEnvdLess: forty passes over idle sandboxes reach
+// each envd seven times, not forty.
+func TestSampleAllReadsQuietEnvdLess(t *testing.T) {
+	cb := &runtimetest.EnvdDialCounter{}
+	e := newTestEnv(t, func(c *Config) {
+		cb.Backend = c.Backend
+		c.Backend = cb
+	})
+	const n = 3
+	for range n {
+		if _, err := e.m.Create(as("a"), CreateRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cb.Dials.Store(0)
+	for range 40 {
+		e.m.SampleAll(t.Context())
+	}
+	if got := cb.Dials.Load(); got != 7*n {
+		t.Errorf("40 passes over %d idle sandboxes dialled envd %d times, want %d", n, got, 7*n)
+	}
 }

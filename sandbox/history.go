@@ -186,7 +186,8 @@ const envdLogReaders = 8
 
 // SampleAll takes one sample of every running sandbox, one after another (a
 // Stats call each, no goroutine per sandbox), then copies the new log lines
-// of their envds into their logs, envdLogReaders at a time. Paused and
+// of their envds into their logs, envdLogReaders at a time (a quiet envd
+// less often: envdLogsMaxGap). Paused and
 // in-between sandboxes are skipped; the history of sandboxes no longer
 // live goes.
 func (m *Manager) SampleAll(ctx context.Context) {
@@ -221,6 +222,9 @@ func (m *Manager) SampleAll(ctx context.Context) {
 		}
 		m.history.add(sb.ID, m.now(), st, nil)
 		sampled++
+		if c := m.logs.cursor(sb.ID); c == nil || !c.due() {
+			continue
+		}
 		id, token := sb.ID, sb.EnvdAccessToken
 		reads.Go(func() error { m.pullEnvdLogs(ctx, id, token); return nil })
 	}

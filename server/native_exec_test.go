@@ -1,14 +1,12 @@
 package server
 
 import (
-	"context"
-	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/runtimetest"
 	"github.com/sandboxd/sandboxd/server/httpx"
 )
 
@@ -91,23 +89,10 @@ func countProcs(t testing.TB, e *nativeEnv, id, tok, prefix string) int {
 	return n
 }
 
-// dialCounter is the real backend, counting the streams opened to envd.
-type dialCounter struct {
-	runtime.Backend
-	envd atomic.Int64
-}
-
-func (d *dialCounter) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
-	if port == runtime.EnvdPort {
-		d.envd.Add(1)
-	}
-	return d.Backend.Dial(ctx, id, port)
-}
-
 // TestNativeExecReusesConnections: execs one after another share the API's
 // keep-alive connections to envd rather than each dialing its own.
 func TestNativeExecReusesConnections(t *testing.T) {
-	dc := &dialCounter{}
+	dc := &runtimetest.EnvdDialCounter{}
 	e := newNativeEnvWith(t, true, func(be runtime.Backend) runtime.Backend { dc.Backend = be; return dc }, nil)
 	tok := e.full()
 	sb := e.create(tok, nil)
@@ -118,14 +103,14 @@ func TestNativeExecReusesConnections(t *testing.T) {
 		}
 	}
 	run() // warms the pool
-	before := dc.envd.Load()
+	before := dc.Dials.Load()
 	const n = 5
 	for range n {
 		run()
 	}
 	// Each exec opens a stream for Start and one for stdin; a transport per
 	// call dials both every time.
-	if dials := dc.envd.Load() - before; dials >= n {
+	if dials := dc.Dials.Load() - before; dials >= n {
 		t.Errorf("%d execs dialed envd %d times; want their connections reused", n, dials)
 	}
 }

@@ -271,22 +271,17 @@ func (b *Backend) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 			PidsLimit:        uint64(b.opts.PidsMax),
 		}, nil
 	}
-	ctr, err := s.container()
+	u, err := readUsage(b.cgroupPath(id))
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
 	}
-	st, err := ctr.Stats()
-	if err != nil {
-		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, err)
-	}
-	cg := st.CgroupStats
 	out := runtime.Stats{
-		CPUTime:          time.Duration(cg.CpuStats.CpuUsage.TotalUsage),
+		CPUTime:          u.cpu,
 		CPUCount:         s.meta.Spec.CPUCount,
-		MemoryBytes:      cg.MemoryStats.Usage.Usage,
+		MemoryBytes:      u.memory,
 		MemoryLimitBytes: uint64(s.meta.Spec.MemoryMB) << 20,
-		Pids:             cg.PidsStats.Current,
-		PidsLimit:        cg.PidsStats.Limit,
+		Pids:             u.pids,
+		PidsLimit:        u.pidsMax,
 	}
 	if used, total, err := dirUsage(filepath.Join(s.dir, "disk")); err == nil {
 		out.DiskBytes, out.DiskLimitBytes = used, total
