@@ -1835,8 +1835,9 @@ func TestStarterUnavailable(t *testing.T) {
 
 // TestContainerLoadFails: a sandbox whose libcontainer handle could not be
 // loaded after its start (it loads when a call needs it) still answers, its
-// calls that need the handle fail with an error, and Destroy kills and
-// removes it by cgroup and by path.
+// calls that need the handle fail with an error, Stats (which reads the
+// cgroup itself) works, and Destroy kills and removes it by cgroup and by
+// path.
 func TestContainerLoadFails(t *testing.T) {
 	env := newEnv(t)
 	b := env.open(t)
@@ -1853,8 +1854,8 @@ func TestContainerLoadFails(t *testing.T) {
 	if err := b.Pause(t.Context(), id, runtime.PauseMemory); err == nil {
 		t.Fatal("Pause without a handle succeeded")
 	}
-	if _, err := b.Stats(t.Context(), id); err == nil {
-		t.Fatal("Stats without a handle succeeded")
+	if st, err := b.Stats(t.Context(), id); err != nil || st.Pids == 0 {
+		t.Fatalf("Stats without a handle = %+v, %v; want the cgroup's figures", st, err)
 	}
 	if err := b.Destroy(t.Context(), id); err != nil {
 		t.Fatalf("Destroy without a handle: %v", err)
@@ -2164,5 +2165,38 @@ func TestBackgroundCreatePriority(t *testing.T) {
 				t.Errorf("nice of envd and of a command = %q; want %q (this process's)", res.Stdout, want)
 			}
 		})
+	}
+}
+
+// TestEnvdSocketOnHost: sandboxd-spawn hands envd a socket sandboxd bound
+// in the sandbox's host directory. Each such socket has an inode number of
+// its own (the kernel finds a path socket through a table hashed by it: the
+// sockets envd bound in the sandboxes' disks were all inode 10, and every
+// connect walked all of them), the sandbox sees no envd socket, and no
+// process envd starts holds it (it could accept sandboxd's connections).
+func TestEnvdSocketOnHost(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	ctx := t.Context()
+	inodes := map[uint64]string{}
+	for range 3 {
+		id := mustCreate(t, b, runtime.Spec{})
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(b.HostPaths(id)[0], "envd.sock"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			t.Fatalf("%s: envd.sock in its host directory: %v (mode %#o)", id, err, st.Mode)
+		}
+		if other, ok := inodes[st.Ino]; ok {
+			t.Errorf("%s and %s: envd sockets with one inode number, %d", id, other, st.Ino)
+		}
+		inodes[st.Ino] = id
+		res, err := runtimetest.Exec(ctx, b, id, "root", "/bin/sh", "-c",
+			"ls /run/envd; find / -xdev -type s 2>/dev/null | wc -l; ls -l /proc/self/fd/ | grep -c socket:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Fields(res.Stdout); !slices.Equal(got, []string{"0", "0"}) {
+			t.Errorf("%s: /run/envd, then sockets in the root, then a command's socket descriptors: %q; want none of any", id, res.Stdout)
+		}
 	}
 }
