@@ -26,6 +26,7 @@ func run() int {
 	var (
 		listen      = flag.String("listen", "0.0.0.0:49983", "TCP address to serve on; empty to serve only on --socket")
 		socket      = flag.String("socket", "", "unix socket path to serve on (sandboxd's control channel)")
+		socketFD    = flag.Int("socket-fd", -1, "a listening unix socket handed over as this descriptor, to serve on instead of --socket (sandboxd binds it on the host)")
 		initMode    = flag.Bool("init", false, "run as the sandbox's PID 1: reap orphaned zombies")
 		defaultUser = flag.String("default-user", "user", "user for requests that name none (falls back to root if missing)")
 		workdir     = flag.String("workdir", "", "default working directory (default: the user's home)")
@@ -40,6 +41,17 @@ func run() int {
 		fmt.Println(envdapi.Version)
 		return 0
 	}
+	// First of all: a process envd starts must not inherit sandboxd's
+	// socket, or it could accept sandboxd's connections.
+	var inherited net.Listener
+	if *socketFD >= 0 {
+		l, err := inheritedUnix(*socketFD)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "envd: --socket-fd %d: %v\n", *socketFD, err)
+			return 2
+		}
+		inherited = l
+	}
 	if *initMode {
 		// Before anything can fork.
 		if err := envd.BecomeInit(); err != nil {
@@ -53,8 +65,8 @@ func run() int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if *listen == "" && *socket == "" {
-		log.Error("nothing to serve on: set --listen or --socket")
+	if *listen == "" && *socket == "" && inherited == nil {
+		log.Error("nothing to serve on: set --listen, --socket or --socket-fd")
 		return 2
 	}
 	user := *defaultUser
@@ -100,7 +112,9 @@ func run() int {
 		log.Info("envd serving", "addr", addr, "version", envdapi.Version, "default_user", user)
 		go func() { errs <- hs.Serve(l) }()
 	}
-	if *socket != "" {
+	if inherited != nil {
+		serve(inherited, fmt.Sprintf("fd %d", *socketFD))
+	} else if *socket != "" {
 		l, err := listenUnix(*socket)
 		if err != nil {
 			log.Error("listen", "socket", *socket, "err", err)
@@ -153,6 +167,26 @@ func listenUnix(path string) (net.Listener, error) {
 		l.Close()
 		_ = os.Remove(tmp)
 		return nil, err
+	}
+	return l, nil
+}
+
+// inheritedUnix takes the listening unix socket sandboxd bound on the host
+// and handed over as descriptor fd (--socket-fd). net.FileListener keeps a
+// duplicate closed on exec; fd itself, which is not, is closed here.
+func inheritedUnix(fd int) (net.Listener, error) {
+	if fd < 3 {
+		return nil, fmt.Errorf("descriptor %d is not a handed-over one", fd)
+	}
+	f := os.NewFile(uintptr(fd), "sandboxd's socket")
+	defer f.Close()
+	l, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := l.(*net.UnixListener); !ok {
+		l.Close()
+		return nil, fmt.Errorf("descriptor %d is not a unix socket", fd)
 	}
 	return l, nil
 }

@@ -22,6 +22,9 @@
 //               init's from (runtime/local's spawn namespace, which lacks
 //               the other sandboxes' mounts); the root is then handed to the
 //               init as a detached copy
+//   fd N        with the request's "listen N" (N the next descriptor, 5 or
+//               6): envd's listening socket, which the init gets as fd 3
+//               (envd's --socket-fd 3); nothing else of the spawner's passes
 // Exit status 0 when envd was executed, 1 otherwise. On an error after the
 // clone the init exits at once, and the caller still reaps it.
 //
@@ -87,6 +90,7 @@ static struct {
 	int nice;                   // the init's nice value
 	int mntns;                  // fd of the mount namespace to clone from; -1: this one's
 	int roottree;               // the root, a detached copy for the init (with mntns)
+	int listen;                 // fd of envd's listening socket, the init's fd 3; -1: none
 	const char *uidmap, *gidmap;
 	const char *cgroups[16];
 	int ncgroups;
@@ -213,6 +217,14 @@ static void parse(char *buf, size_t len)
 				fail("request: mount namespace fd %.20s", tok[0]);
 			}
 			rq.mntns = 5;
+		} else if (!strcmp(kw, "listen")) {
+			TAKE(1);
+			// After the request, the answer and the mount namespace.
+			if (strcmp(tok[0], "5") && strcmp(tok[0], "6")) {
+				errno = 0;
+				fail("request: listening socket fd %.20s", tok[0]);
+			}
+			rq.listen = tok[0][0] - '0';
 		} else if (!strcmp(kw, "uidmap")) {
 			TAKE(1);
 			rq.uidmap = tok[0];
@@ -613,6 +625,10 @@ static void set_caps(void)
 static void __attribute__((noreturn)) init(int sync, int errfd)
 {
 	answer_fd = errfd;
+	// envd's socket at fd 3, where the request was: dup2 leaves it open
+	// across the exec, and the request's descriptor goes.
+	if (rq.listen >= 0 && dup2(rq.listen, 3) < 0)
+		fail("listening socket");
 	char c;
 	ssize_t n;
 	while ((n = read(sync, &c, 1)) < 0 && errno == EINTR)
@@ -700,10 +716,12 @@ int main(void)
 		}
 	size_t len;
 	char *buf = readall(3, &len);
-	rq.mntns = rq.roottree = -1;
+	rq.mntns = rq.roottree = rq.listen = -1;
 	parse(buf, len);
 	if (rq.mntns >= 0 && fcntl(rq.mntns, F_SETFD, FD_CLOEXEC) < 0)
 		fail("mount namespace fd");
+	if (rq.listen >= 0 && (rq.listen == rq.mntns || fcntl(rq.listen, F_SETFD, FD_CLOEXEC) < 0))
+		fail("listening socket fd");
 
 	for (int i = 0; i < rq.nmounts; i++)
 		if (rq.mounts[i].flags & MS_BIND)

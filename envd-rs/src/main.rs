@@ -42,6 +42,7 @@ pub const VERSION: &str = "0.6.13";
 struct Flags {
     listen: String,
     socket: String,
+    socket_fd: i32,
     init: bool,
     default_user: String,
     workdir: String,
@@ -58,6 +59,7 @@ fn parse_flags(args: &[String]) -> Result<Flags, String> {
     let mut f = Flags {
         listen: "0.0.0.0:49983".into(),
         socket: String::new(),
+        socket_fd: -1,
         init: false,
         default_user: "user".into(),
         workdir: String::new(),
@@ -106,6 +108,13 @@ fn parse_flags(args: &[String]) -> Result<Flags, String> {
                 match name {
                     "listen" => f.listen = v,
                     "socket" => f.socket = v,
+                    "socket-fd" => {
+                        f.socket_fd = v
+                            .parse()
+                            .ok()
+                            .filter(|fd| *fd >= 3)
+                            .ok_or_else(|| format!("invalid value {v:?} for -socket-fd"))?
+                    }
                     "default-user" => f.default_user = v,
                     "workdir" => f.workdir = v,
                     "disk" => f.disk = v,
@@ -152,8 +161,8 @@ fn run() -> i32 {
         return 2;
     };
     let logger = log::Logger::new(level);
-    if f.listen.is_empty() && f.socket.is_empty() {
-        log!(logger, Error, "nothing to serve on: set --listen or --socket");
+    if f.listen.is_empty() && f.socket.is_empty() && f.socket_fd < 0 {
+        log!(logger, Error, "nothing to serve on: set --listen, --socket or --socket-fd");
         return 2;
     }
     let mut default_user = f.default_user.clone();
@@ -194,11 +203,18 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
     // is what sandboxd's readiness probe waits for, so its first request
     // (/init) is answered while the TCP listener is still being set up.
     let mut socket_path = None;
-    if !f.socket.is_empty() {
-        match listen_unix(&f.socket) {
+    if !f.socket.is_empty() || f.socket_fd >= 0 {
+        let (l, addr) = if f.socket_fd >= 0 {
+            (inherited_unix(f.socket_fd), format!("fd {}", f.socket_fd))
+        } else {
+            (listen_unix(&f.socket), f.socket.clone())
+        };
+        match l {
             Ok(l) => {
-                log!(st.log, Info, "envd serving", "addr" => f.socket, "version" => VERSION, "default_user" => default_user);
-                socket_path = Some(f.socket.clone());
+                log!(st.log, Info, "envd serving", "addr" => addr, "version" => VERSION, "default_user" => default_user);
+                if f.socket_fd < 0 {
+                    socket_path = Some(f.socket.clone());
+                }
                 let st = st.clone();
                 tokio::spawn(async move {
                     loop {
@@ -209,7 +225,7 @@ async fn serve(st: Arc<State>, f: Flags, default_user: String) -> i32 {
                 });
             }
             Err(e) => {
-                log!(st.log, Error, "listen", "socket" => f.socket, "err" => e);
+                log!(st.log, Error, "listen", "socket" => addr, "err" => e);
                 return 1;
             }
         }
@@ -336,6 +352,23 @@ async fn linger(fd: OwnedFd) {
     .await;
 }
 
+/// inherited_unix takes the listening unix socket sandboxd bound on the
+/// host and handed over as descriptor fd (--socket-fd). It is closed on
+/// exec first: a process envd starts must not hold it, or it could accept
+/// sandboxd's connections, and keep the socket alive after envd is gone.
+fn inherited_unix(fd: i32) -> std::io::Result<UnixListener> {
+    // SAFETY: fd is ours from exec (sandboxd-spawn dup2'd it there), and
+    // nothing else in this process uses it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fcntl on a descriptor this process owns.
+    if unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let l = std::os::unix::net::UnixListener::from(owned);
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
+}
+
 /// listen_unix listens on a unix socket that appears at path only once it
 /// accepts: bound under a temporary name, then renamed over path. sandboxd
 /// waits for the name (inotify) and then asks once.
@@ -369,6 +402,9 @@ mod tests {
         assert_eq!(f.pids_reserve, 8);
         assert!(parse_flags(&a("--nope")).is_err());
         assert!(parse_flags(&a("--socket")).is_err());
+        assert_eq!(parse_flags(&a("--socket-fd 3")).unwrap().socket_fd, 3);
+        assert!(parse_flags(&a("--socket-fd 2")).is_err());
+        assert!(parse_flags(&a("--socket-fd x")).is_err());
         assert!(!parse_flags(&a("--init=false")).unwrap().init);
     }
 }

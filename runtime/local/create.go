@@ -349,6 +349,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	// quota exceeded"). The inherited keyring is out of reach the same way.
 	cfg.NoNewKeyring = b.seccomp
 	tCreated := time.Now()
+	s.envdOnHost.Store(false) // until sandboxd-spawn starts it with the socket (a resume may not)
 	pid, exited, err := b.run(ctx, s, cfg, oci.Process, logPath, r)
 	if err != nil {
 		return err
@@ -374,9 +375,15 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	if err := writeJSON(filepath.Join(dir, "meta.json"), s.meta); err != nil {
 		return fmt.Errorf("meta: %w", err)
 	}
+	// A socket sandboxd bound takes connections before envd accepts
+	// them: the first request waits in its queue, nothing to watch for.
+	watch := filepath.Join(sockDir, "envd.sock")
+	if s.envdOnHost.Load() {
+		watch = ""
+	}
 	if err := envdconn.WaitHealthy(ctx, s.dialEnvd, envdconn.Health{
 		Exited: exited, LogHint: "its log is disk/envd.log", MaxDelay: 2 * time.Millisecond,
-		Socket: filepath.Join(sockDir, "envd.sock"), Init: init,
+		Socket: watch, Init: init,
 	}); err != nil {
 		return fmt.Errorf("envd: %w", err)
 	}

@@ -39,8 +39,11 @@
 //	                 directory without it is a failed or interrupted create)
 //	disk/            tmpfs of DiskSizeMB, holding all the sandbox can write:
 //	  upper/ work/   the overlay's layers
-//	  envd/          envd's socket directory (/run/envd inside)
+//	  envd/          envd's socket directory (/run/envd inside), where
+//	                 envd binds its socket when libcontainer starts it
 //	  envd.log       envd's stdout and stderr
+//	envd.sock        envd's socket when sandboxd-spawn starts it: bound
+//	                 here by sandboxd and handed to envd (envdHostSocket)
 //	rootfs/          the overlay mount, the sandbox's /
 //	ctr/             libcontainer's state (state.json; sandboxd writes it
 //	                 for a sandbox sandboxd-spawn started)
@@ -101,6 +104,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -339,6 +343,9 @@ type sandbox struct {
 	// writers is its record of writers (Options.TrackWriters), from its
 	// start (or adoption) to its destroy; nil when not tracked.
 	writers *writerRecord
+	// envdOnHost: envd serves on the socket sandboxd bound in dir
+	// (envdHostSocket) and handed over, not on one it bound in the disk.
+	envdOnHost atomic.Bool
 }
 
 // meta is what <dir>/meta.json records.
@@ -850,6 +857,9 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	}
 	if cs, err := ctr.State(); err == nil {
 		s.initPid = cs.InitProcessPid
+	}
+	if _, err := os.Lstat(filepath.Join(dir, envdHostSocket)); err == nil {
+		s.envdOnHost.Store(true)
 	}
 	return s, nil
 }

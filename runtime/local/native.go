@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -41,9 +42,22 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 	paths := m.GetPaths()
 	dirs := slices.Sorted(maps.Values(paths))
 	dirs = slices.Compact(dirs)
-	req, err := spawn.Encode(cfg, spawn.Process{Args: proc.Args, Env: proc.Env, Cwd: proc.Cwd, Nice: b.nice}, dirs, bpf)
+	args, sock, err := envdOnHostArgs(proc.Args)
 	if err != nil {
 		return 0, nil, err
+	}
+	req, err := spawn.Encode(cfg, spawn.Process{Args: args, Env: proc.Env, Cwd: proc.Cwd, Nice: b.nice}, dirs, bpf)
+	if err != nil {
+		return 0, nil, err
+	}
+	var listener *os.File
+	if sock {
+		if listener, err = listenEnvd(s.dir); err != nil {
+			return 0, nil, err
+		}
+		// envd holds it from here: a connection to an envd that exited
+		// fails at once (LocalEnvdChannel).
+		defer listener.Close()
 	}
 	// As libcontainer's start: the directories, then the limits, before
 	// the init runs anything of its own.
@@ -57,11 +71,12 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 	if err != nil {
 		return 0, nil, fmt.Errorf("log: %w", err)
 	}
-	pid, err := spawn.Start(ctx, b.opts.SpawnPath, req, logf, b.spawnNS)
+	pid, err := spawn.Start(ctx, b.opts.SpawnPath, req, logf, b.spawnNS, listener)
 	logf.Close()
 	if err != nil {
 		return 0, nil, fmt.Errorf("start: %w", err)
 	}
+	s.envdOnHost.Store(sock)
 	exited := reapChild(pid)
 	cg := b.cgroupPath(s.id)
 	r.Add(func() {
@@ -106,4 +121,49 @@ func reapChild(pid int) <-chan struct{} {
 func (b *Backend) seccompBPF(c *configs.Seccomp) ([]byte, error) {
 	b.bpfOnce.Do(func() { b.bpf, b.bpfErr = spawn.CompileSeccomp(c) })
 	return b.bpf, b.bpfErr
+}
+
+// envdOnHostArgs turns envd's arguments from a socket it binds
+// (--socket <path>) into one it is handed (--socket-fd 3, envdHostSocket);
+// sock says whether they had one.
+func envdOnHostArgs(args []string) (_ []string, sock bool, _ error) {
+	i := slices.Index(args, "--socket")
+	if i < 0 {
+		return args, false, nil
+	}
+	if i+1 >= len(args) {
+		return nil, false, errors.New("envd's arguments: --socket without a path")
+	}
+	out := slices.Clone(args)
+	out[i], out[i+1] = "--socket-fd", "3"
+	return out, true, nil
+}
+
+// listenEnvd binds envd's socket in the sandbox's host directory dir, as
+// envdHostSocket, sandboxd's to hand over, in place of one a previous start
+// of the sandbox (a resume) left there. It binds through the directory's
+// descriptor: a socket's path may not be longer than 107 bytes, and dir
+// may be deep.
+func listenEnvd(dir string) (*os.File, error) {
+	d, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("envd socket: %w", os.NewSyscallError("open", err))
+	}
+	defer unix.Close(d)
+	if err := unix.Unlinkat(d, envdHostSocket, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("envd socket: %w", os.NewSyscallError("unlink", err))
+	}
+	path := fmt.Sprintf("/proc/self/fd/%d/%s", d, envdHostSocket)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("envd socket: %w", err)
+	}
+	// The file stays when the listener is closed: envd holds its copy.
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("envd socket: %w", err)
+	}
+	return f, nil
 }

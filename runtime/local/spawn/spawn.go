@@ -290,14 +290,20 @@ func (e *encoder) add(tokens ...string) {
 // writes to out (its stdout and stderr). With mntns (an nsfs file of a mount
 // namespace; nil for none) the spawner clones the init's mount namespace
 // from that one instead of its own, handing it the root as a detached copy.
+// With listener (a listening socket; nil for none) the init gets it as its
+// fd 3, envd's --socket-fd 3.
 // It returns the init's pid once the init has executed its command: the
 // init is this process's child, for the caller to reap. On error no process
 // is left: an init that failed is reaped here.
-func Start(ctx context.Context, path string, req []byte, out, mntns *os.File) (int, error) {
+func Start(ctx context.Context, path string, req []byte, out, mntns, listener *os.File) (int, error) {
 	extra := []*os.File{nil, nil} // the request (3) and the answer (4)
 	if mntns != nil {
 		req = append(slices.Clip(req), "mntns\x005\x00"...)
 		extra = append(extra, mntns)
+	}
+	if listener != nil {
+		req = append(slices.Clip(req), "listen\x00"+strconv.Itoa(3+len(extra))+"\x00"...)
+		extra = append(extra, listener)
 	}
 	reqFile, err := memfile(req)
 	if err != nil {

@@ -205,7 +205,7 @@ func TestStartFails(t *testing.T) {
 				}
 				defer ns.Close()
 			}
-			pid, err := Start(t.Context(), bin, b.Bytes(), log, ns)
+			pid, err := Start(t.Context(), bin, b.Bytes(), log, ns, nil)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Start = %d, %v; want an error with %q", pid, err, c.want)
 			}
