@@ -150,6 +150,16 @@ fn run() -> i32 {
         println!("{VERSION}");
         return 0;
     }
+    // The handed-over socket is marked close-on-exec before anything
+    // here can start a process: a command must not inherit envd's
+    // listener.
+    if f.socket_fd >= 0 {
+        // SAFETY: fcntl on a descriptor number; a bad one fails with EBADF.
+        if unsafe { libc::fcntl(f.socket_fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+            eprintln!("envd: --socket-fd {}: {}", f.socket_fd, std::io::Error::last_os_error());
+            return 2;
+        }
+    }
     if f.init {
         // Before anything can fork.
         if let Err(e) = pid1::become_init() {
@@ -353,17 +363,14 @@ async fn linger(fd: OwnedFd) {
 }
 
 /// inherited_unix takes the listening unix socket sandboxd bound on the
-/// host and handed over as descriptor fd (--socket-fd). It is closed on
-/// exec first: a process envd starts must not hold it, or it could accept
-/// sandboxd's connections, and keep the socket alive after envd is gone.
+/// host and handed over as descriptor fd (--socket-fd), which run has
+/// marked close-on-exec: a process envd starts must not hold it, or it
+/// could accept sandboxd's connections, and keep the socket alive after
+/// envd is gone.
 fn inherited_unix(fd: i32) -> std::io::Result<UnixListener> {
     // SAFETY: fd is ours from exec (sandboxd-spawn dup2'd it there), and
-    // nothing else in this process uses it.
+    // nothing else in this process uses it (run marked it close-on-exec).
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: fcntl on a descriptor this process owns.
-    if unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     let l = std::os::unix::net::UnixListener::from(owned);
     l.set_nonblocking(true)?;
     UnixListener::from_std(l)

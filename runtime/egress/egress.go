@@ -54,10 +54,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"text/template"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -280,6 +282,11 @@ type Egress struct {
 	initErr error
 	ready   atomic.Bool // Setup succeeded
 
+	// links is route netlink in sandboxd's network namespace, for every
+	// sandbox's host end (hostLinks).
+	linksOnce sync.Once
+	links     *netlink.Handle
+
 	// Per-sandbox policies (policy.go, sandboxes.go), by sandbox address.
 	mu        sync.Mutex
 	policies  map[netip.Addr]sandboxPolicy // in force
@@ -428,7 +435,7 @@ func (e *Egress) CreateVethIn(key string, ip netip.Addr, pid int) (Info, error) 
 		PeerName:      "eth0",
 		PeerNamespace: netlink.NsPid(pid),
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	if err := e.hostLinks().LinkAdd(veth); err != nil {
 		return Info{}, fmt.Errorf("add veth %s: %w", host, err)
 	}
 	fail := func(err error) (Info, error) {
@@ -451,30 +458,56 @@ func (e *Egress) ConfigureHost(hostIf string, ip netip.Addr) error {
 	if !strings.HasPrefix(hostIf, e.prefix) {
 		return fmt.Errorf("host end %q: the egress rules only cover %s* interfaces", hostIf, e.prefix)
 	}
-	hl, err := netlink.LinkByName(hostIf)
+	hl, err := e.hostLinks().LinkByName(hostIf)
 	if err != nil {
 		return fmt.Errorf("host end %s: %w", hostIf, err)
 	}
 	return e.configureHost(hl, ip)
 }
 
+// hostLinks is a route netlink handle in sandboxd's network namespace,
+// whose one socket serves every sandbox's host end: each package-level
+// call of the netlink package opens, binds, configures and closes a socket
+// of its own, four of them a create. Its requests take turns on the
+// socket, as the kernel's handling of them does on rtnl_mutex. It is made
+// on first use, by a goroutine that is not locked to a thread (those are
+// the ones that enter a sandbox's namespace): in sandboxd's namespace.
+// Should the socket fail, the calls fall back to a socket each.
+func (e *Egress) hostLinks() *netlink.Handle {
+	e.linksOnce.Do(func() {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err == nil {
+			if err = h.SetSocketTimeout(time.Duration(nl.SocketTimeoutTv.Nano())); err != nil {
+				h.Close()
+			}
+		}
+		if err != nil {
+			e.log.Warn("egress: a route netlink socket of its own", "err", err)
+			h = &netlink.Handle{} // a socket per call, as the package's functions
+		}
+		e.links = h
+	})
+	return e.links
+}
+
 // configureHost is ConfigureHost on a link whose index is known.
 func (e *Egress) configureHost(hl netlink.Link, ip netip.Addr) error {
 	hostIf := hl.Attrs().Name
-	if err := netlink.AddrAdd(hl, &netlink.Addr{IPNet: ipNet(e.gateway)}); err != nil {
+	links := e.hostLinks()
+	if err := links.AddrAdd(hl, &netlink.Addr{IPNet: ipNet(e.gateway)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", e.gateway, hostIf, err)
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+hostIf+"/forwarding", []byte("1"), 0o644); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(hl); err != nil {
+	if err := links.LinkSetUp(hl); err != nil {
 		return fmt.Errorf("up %s: %w", hostIf, err)
 	}
 	// Add, never replace: a route to ip that exists already belongs to a
 	// live sandbox of another sandboxd with the same egress subnet, and
 	// taking it over would hand that sandbox's replies to this one.
 	route := &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: ipNet(ip), Scope: netlink.SCOPE_LINK}
-	if err := netlink.RouteAdd(route); err != nil {
+	if err := links.RouteAdd(route); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("route %s via %s: %w: %s is routed elsewhere already (does another sandboxd on this host use the same egress subnet? give each its own --egress-subnet)", ip, hostIf, ErrAddressInUse, ip)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -43,6 +44,30 @@ func cgroupManagerFor(cg *cgroups.Cgroup) (cgroups.Manager, error) {
 		return nil, err
 	}
 	return manager.NewWithPaths(cg, paths)
+}
+
+// joinedControllers are the cgroup v1 controllers a sandbox that
+// sandboxd-spawn starts joins: those sandboxd sets limits in or reads
+// (memory, pids, cpu and cpuacct, devices), and freezer, which pauses and
+// kills it. Each other hierarchy (cpuset, blkio, name=systemd, and where
+// mounted net_cls, net_prio, perf_event, hugetlb, rdma, misc) cost every
+// create a directory made, joined and removed, with nothing set in it, and
+// cpuset a copy of its parent's CPUs and memory nodes besides. On cgroup v2
+// the one directory ("") is all. Removal and the search for stray cgroups
+// still go through every hierarchy (cgroupDirs): a sandbox that
+// libcontainer started, or a build before this one, joined them all.
+var joinedControllers = map[string]bool{
+	"": true, "memory": true, "pids": true, "cpu": true, "cpuacct": true, "devices": true, "freezer": true,
+}
+
+// joinedCgroupDirs is cgroupDirs for the controllers a sandbox joins.
+func joinedCgroupDirs(path string) (map[string]string, error) {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return nil, err
+	}
+	maps.DeleteFunc(dirs, func(controller, _ string) bool { return !joinedControllers[controller] })
+	return dirs, nil
 }
 
 // cgroupDirs maps the cgroup at path (absolute, relative to each

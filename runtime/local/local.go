@@ -39,8 +39,9 @@
 //	                 directory without it is a failed or interrupted create)
 //	disk/            tmpfs of DiskSizeMB, holding all the sandbox can write:
 //	  upper/ work/   the overlay's layers
-//	  envd/          envd's socket directory (/run/envd inside), where
-//	                 envd binds its socket when libcontainer starts it
+//	  envd/          envd's socket directory, bound at /run/envd inside
+//	                 only when libcontainer starts the sandbox: envd
+//	                 binds its socket there
 //	  envd.log       envd's stdout and stderr
 //	envd.sock        envd's socket when sandboxd-spawn starts it: bound
 //	                 here by sandboxd and handed to envd (envdHostSocket)

@@ -2200,3 +2200,70 @@ func TestEnvdSocketOnHost(t *testing.T) {
 		}
 	}
 }
+
+// TestCgroupHierarchiesJoined: on a cgroup v1 or hybrid host a sandbox's
+// processes join the hierarchies sandboxd sets or reads (memory, pids,
+// cpu, cpuacct, devices, freezer) and no other; its destroy still removes
+// its directory from every hierarchy, as a sandbox of a build that joined
+// them all left it.
+func TestCgroupHierarchiesJoined(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	id := mustCreate(t, b, runtime.Spec{})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", b.EnvdPid(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join("/", env.cgroupParent, id)
+	joins := map[string]bool{"memory": true, "pids": true, "cpu": true, "cpuacct": true, "devices": true, "freezer": true}
+	v1 := false
+	for line := range strings.Lines(string(raw)) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(f) != 3 {
+			t.Fatalf("/proc/pid/cgroup line %q", line)
+		}
+		if f[1] == "" { // the unified hierarchy
+			// On v2 envd may have moved into a child of its delegated
+			// cgroup.
+			v2 := !strings.Contains(string(raw), ":memory:")
+			if v2 && f[2] != want && !strings.HasPrefix(f[2], want+"/") {
+				t.Errorf("cgroup v2: envd in %s; want %s or below", f[2], want)
+			}
+			continue
+		}
+		v1 = true
+		joined := false
+		for c := range strings.SplitSeq(f[1], ",") {
+			joined = joined || joins[c]
+		}
+		if in := f[2] == want; in != joined {
+			t.Errorf("hierarchy %s: envd in %s; want it in the sandbox's cgroup %s: %v", f[1], f[2], want, joined)
+		}
+	}
+	if !v1 {
+		return
+	}
+	var stray string
+	for _, h := range local.CgroupRoots() {
+		if filepath.Base(h) == "cpuset" || filepath.Base(h) == "blkio" {
+			stray = filepath.Join(h, env.cgroupParent, id)
+			break
+		}
+	}
+	if stray == "" {
+		t.Skip("no cpuset or blkio hierarchy mounted")
+	}
+	if err := os.MkdirAll(stray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(stray) })
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range local.CgroupRoots() {
+		if p := filepath.Join(h, env.cgroupParent, id); exists(p) {
+			t.Errorf("%s is left after the destroy", p)
+		}
+	}
+}

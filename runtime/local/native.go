@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -35,14 +36,17 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 			return 0, nil, err
 		}
 	}
-	m, err := cgroupManagerFor(cfg.Cgroups)
+	paths, err := joinedCgroupDirs(cfg.Cgroups.Path)
 	if err != nil {
 		return 0, nil, fmt.Errorf("cgroup: %w", err)
 	}
-	paths := m.GetPaths()
+	m, err := manager.NewWithPaths(cfg.Cgroups, paths)
+	if err != nil {
+		return 0, nil, fmt.Errorf("cgroup: %w", err)
+	}
 	dirs := slices.Sorted(maps.Values(paths))
 	dirs = slices.Compact(dirs)
-	args, sock, err := envdOnHostArgs(proc.Args)
+	cfg, args, sock, err := envdOnHost(cfg, proc.Args)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -123,20 +127,29 @@ func (b *Backend) seccompBPF(c *configs.Seccomp) ([]byte, error) {
 	return b.bpf, b.bpfErr
 }
 
-// envdOnHostArgs turns envd's arguments from a socket it binds
-// (--socket <path>) into one it is handed (--socket-fd 3, envdHostSocket);
-// sock says whether they had one.
-func envdOnHostArgs(args []string) (_ []string, sock bool, _ error) {
+// envdOnHost turns a start whose envd binds its socket in the socket
+// directory (--socket <path>, the directory bound at envdSocketDir) into
+// one whose envd is handed the socket sandboxd bound on the host
+// (--socket-fd 3, envdHostSocket): the arguments say so, and the config
+// (a copy; cfg is left as it is, for libcontainer's start should
+// sandboxd-spawn refuse it) loses the socket directory's bind mount, one
+// mount a create less and one host directory fewer inside. sock says
+// whether envd had a socket.
+func envdOnHost(cfg *configs.Config, args []string) (_ *configs.Config, _ []string, sock bool, _ error) {
 	i := slices.Index(args, "--socket")
 	if i < 0 {
-		return args, false, nil
+		return cfg, args, false, nil
 	}
 	if i+1 >= len(args) {
-		return nil, false, errors.New("envd's arguments: --socket without a path")
+		return nil, nil, false, errors.New("envd's arguments: --socket without a path")
 	}
 	out := slices.Clone(args)
 	out[i], out[i+1] = "--socket-fd", "3"
-	return out, true, nil
+	c := *cfg
+	c.Mounts = slices.DeleteFunc(slices.Clone(cfg.Mounts), func(m *configs.Mount) bool {
+		return m.Destination == envdSocketDir
+	})
+	return &c, out, true, nil
 }
 
 // listenEnvd binds envd's socket in the sandbox's host directory dir, as
