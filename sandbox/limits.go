@@ -62,6 +62,13 @@ func MemTotalMB() (int, error) { return meminfoMB("MemTotal") }
 // balloon.
 const memTotalEvery = time.Second
 
+// memAvailableEvery is how long a read of MemAvailable stands for the
+// host guard (checkHost), which a cold create passes twice, before its
+// wait for a slot and after: each read of /proc/meminfo cost 50-60 µs of
+// CPU on a 2-CPU host, and MemAvailable follows the sandboxes' real use,
+// which a create adds to only once it runs, well after 10 ms.
+const memAvailableEvery = 10 * time.Millisecond
+
 // cachedMB returns read, read again at most once every ttl. A failed read
 // is not kept: the next call tries again.
 func cachedMB(ttl time.Duration, read func() (int, error)) func() (int, error) {

@@ -354,7 +354,7 @@ func New(cfg Config) *Manager {
 		}
 	}
 	if m.adm.memAvailable == nil {
-		m.adm.memAvailable = MemAvailableMB
+		m.adm.memAvailable = cachedMB(memAvailableEvery, MemAvailableMB)
 	}
 	if m.adm.memTotal == nil {
 		m.adm.memTotal = cachedMB(memTotalEvery, MemTotalMB)

@@ -28,7 +28,9 @@
 # time and count), pause (freezer) and
 # pause to disk, adoption of live and paused sandboxes by a new backend, the
 # cgroup parent, favordynmods, failed and cancelled creates leaving no
-# cgroup, the hierarchies a sandbox joins (and its destroy leaves in none), libcontainer's cgroup manager in sandboxd's own process, and the
+# cgroup, the hierarchies a sandbox joins (and its destroy leaves in none,
+# killing a process that joined from outside), the device rules,
+# libcontainer's cgroup manager in sandboxd's own process, and the
 # sandboxes' delegated cgroup2 subtree (v2 only).
 # Everything else (OCI import, egress, seccomp, mounts, user-namespace
 # mapping, the conformance suite's isolation, error and port cases) does not
@@ -122,7 +124,7 @@ esac
 # same on any cgroup layout; with the guest's CPU shared (the other guest,
 # a busy host) its pip step ran into the case's 3-minute deadline. It runs
 # on the host, in both user-namespace modes.
-cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestBackgroundCreate|TestJoinCPUGroup|TestCgroupHierarchiesJoined)$'
+cgroup_run='^(TestConformance|TestRestart|TestRecovery|TestUserNSModeChange|TestTemplateResources|TestPauseToDiskFails|TestPauseToDiskNoRoom|TestResumeFromDiskFails|TestCloseCgroupParent|TestFavorDynMods|TestStartInProcess|TestStarterDies|TestContainerLoadFails|TestInitFailsLeavesNothing|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestBackgroundCreate|TestJoinCPUGroup|TestCgroupHierarchiesJoined|TestDestroyKillsEverything|TestDeviceRules)$'
 cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec)$'
 # The v1 guest runs fewer: the CI hosts are hybrid, so `make test-go` runs
 # every one of these tests on the v1 controllers already. What only a pure
@@ -133,7 +135,7 @@ cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isola
 # to test (tmpfs idmapping needs 6.3). The error paths, the starter's and
 # the template resources' tests repeat the hybrid host's: left out, they
 # give the v2 guest, the longest stage of make test, the second core sooner.
-cgroup_run_v1='^(TestConformance|TestRestart|TestRecovery|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestPauseToDiskNoRoom|TestCgroupHierarchiesJoined)$'
+cgroup_run_v1='^(TestConformance|TestRestart|TestRecovery|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestPauseToDiskNoRoom|TestCgroupHierarchiesJoined|TestDestroyKillsEverything|TestDeviceRules)$'
 cgroup_skip_v1='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec|Fork|Concurrency|CreateCancelled|CreateEnvdInit)$'
 case ${SANDBOXD_VM_TESTS:-cgroup} in
 cgroup)

@@ -206,6 +206,22 @@ func (c sandboxCgroup) remove() error {
 	return nil
 }
 
+// removeEmpty removes the cgroup's directories where they are empty, one
+// rmdir each, without the retries and the walk of remove: it fails (and
+// leaves the rest) at the first the kernel refuses, with a process or a
+// child cgroup in it. A missing directory is no error.
+func (c sandboxCgroup) removeEmpty() error {
+	if c.err != nil {
+		return fmt.Errorf("cgroup %s: %w", c.path, c.err)
+	}
+	for _, p := range c.m.GetPaths() {
+		if err := unix.Rmdir(p); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove cgroup %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // setCPUShares sets the share of the CPU of cgroup dir (its directory in
 // the cpu controller's hierarchy) against its siblings: cpu.shares on
 // cgroup v1, on v2 the cpu.weight libcontainer derives from shares (so it

@@ -350,6 +350,7 @@ func (b *Backend) start(ctx context.Context, s *sandbox, tpl *template, ip netip
 	cfg.NoNewKeyring = b.seccomp
 	tCreated := time.Now()
 	s.envdOnHost.Store(false) // until sandboxd-spawn starts it with the socket (a resume may not)
+	s.killInit = nil          // until sandboxd-spawn starts it
 	pid, exited, err := b.run(ctx, s, cfg, oci.Process, logPath, r)
 	if err != nil {
 		return err

@@ -249,6 +249,9 @@ type Backend struct {
 	// spawnNS is the mount namespace sandboxd-spawn clones sandboxes from
 	// (newSpawnMountNS); nil: sandboxd's own.
 	spawnNS *os.File
+	// devicesOnce: CgroupParent's device rules are set at the first start
+	// through sandboxd-spawn (presetDevices).
+	devicesOnce sync.Once
 	// fallbackOnce: the first create sandboxd-spawn leaves to libcontainer
 	// is logged as a warning, the others at debug.
 	fallbackOnce sync.Once
@@ -338,6 +341,9 @@ type sandbox struct {
 	layers []string
 	// initPid is envd's pid (ours) while it runs.
 	initPid int
+	// killInit SIGKILLs init (a pidfd's, reapChild) when sandboxd-spawn
+	// started it; nil otherwise.
+	killInit func() error
 	// restorePriority gives the thread of a background Create its nice
 	// value back (lowerThreadPriority); nil for other creates.
 	restorePriority func()

@@ -2267,3 +2267,128 @@ func TestCgroupHierarchiesJoined(t *testing.T) {
 		}
 	}
 }
+
+// TestDestroyKillsEverything: a destroy kills what the sandbox runs in its
+// own session (init's pid namespace goes whole), and also a process that
+// joined the sandbox's cgroup from outside that namespace, which init's
+// death does not take: the cgroup's removal finds it there, kills it and
+// removes the cgroup all the same.
+func TestDestroyKillsEverything(t *testing.T) {
+	env := newEnv(t)
+	b := env.open(t)
+	id := mustCreate(t, b, runtime.Spec{})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if res, err := runtimetest.Exec(t.Context(), b, id, "user", "/bin/sh", "-c", "(setsid sleep 600 >/dev/null 2>&1 &)"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("background sleep: %v, %v", res, err)
+	}
+	outsider := exec.Command("sleep", "600")
+	if err := outsider.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = outsider.Process.Kill(); _ = outsider.Wait() })
+	// Into every hierarchy's cgroup of the sandbox, where envd is (on
+	// cgroup v2 maybe a child its delegated subtree holds).
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", b.EnvdPid(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := 0
+	for line := range strings.Lines(string(raw)) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(f) != 3 || !strings.Contains(f[2], id) {
+			continue
+		}
+		for _, root := range local.CgroupRoots() {
+			procs := filepath.Join(root, f[2], "cgroup.procs")
+			if !exists(procs) {
+				continue
+			}
+			if err := os.WriteFile(procs, []byte(strconv.Itoa(outsider.Process.Pid)), 0o644); err == nil {
+				joined++
+			}
+		}
+	}
+	if joined == 0 {
+		t.Fatal("the outside process joined none of the sandbox's cgroups")
+	}
+	inside := sandboxPids(t, env, id)
+	if len(inside) < 3 { // envd, the sleep, the outsider
+		t.Fatalf("the sandbox's cgroup holds %q; want envd, its sleep and the outside process", inside)
+	}
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- outsider.Wait() }()
+	select {
+	case err := <-waited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Errorf("the outside process ended with %v; want SIGKILL", err)
+		}
+	case <-time.After(runtimetest.Within(10 * time.Second)):
+		t.Fatal("the outside process outlived the sandbox's destroy")
+	}
+	for _, pid := range inside {
+		if p, _ := strconv.Atoi(pid); p != outsider.Process.Pid && exists(fmt.Sprintf("/proc/%d", p)) {
+			st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			t.Errorf("process %s of the sandbox is left: %s", pid, st)
+		}
+	}
+	for _, root := range local.CgroupRoots() {
+		if p := filepath.Join(root, env.cgroupParent, id); exists(p) {
+			t.Errorf("%s is left after the destroy", p)
+		}
+	}
+}
+
+// TestDeviceRules: on a cgroup v1 host every sandbox's devices cgroup
+// allows only the devices of its spec. The sandboxes' parent takes the
+// same rules at the first start (a child starts with its parent's), so
+// that no sandbox writes its own; a parent that has a child already
+// (another's, or a sandbox of an earlier process) is left as it is, and
+// each sandbox writes its rules as before.
+func TestDeviceRules(t *testing.T) {
+	var root string
+	for _, h := range local.CgroupRoots() {
+		if filepath.Base(h) == "devices" {
+			root = h
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup v1 devices hierarchy")
+	}
+	read := func(dir string) string {
+		t.Helper()
+		raw, err := os.ReadFile(filepath.Join(dir, "devices.list"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(raw)
+	}
+	for _, busy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parent busy=%v", busy), func(t *testing.T) {
+			env := newEnv(t)
+			parent := filepath.Join(root, env.cgroupParent)
+			if busy {
+				other := filepath.Join(parent, "someone-else")
+				if err := os.MkdirAll(other, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = os.Remove(other) })
+			}
+			b := env.open(t)
+			id := mustCreate(t, b, runtime.Spec{})
+			t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+			got := read(filepath.Join(parent, id))
+			if strings.Contains(got, "a *:* rwm") || !strings.Contains(got, "c 1:3 rwm") || !strings.Contains(got, "c 136:* rwm") {
+				t.Errorf("the sandbox's devices.list:\n%s\nwant the spec's devices only (null, the ptys, ...), not every device", got)
+			}
+			if p := read(parent); busy && p != "a *:* rwm\n" {
+				t.Errorf("a parent with a child of another's became:\n%s\nwant it left allowing every device", p)
+			} else if !busy && p != got {
+				t.Errorf("the parent's devices.list:\n%s\nwant the sandbox's:\n%s", p, got)
+			}
+		})
+	}
+}

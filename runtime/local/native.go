@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
+	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -63,6 +65,7 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 		// fails at once (LocalEnvdChannel).
 		defer listener.Close()
 	}
+	b.presetDevices(paths, cfg.Cgroups.Resources)
 	// As libcontainer's start: the directories, then the limits, before
 	// the init runs anything of its own.
 	if err := m.Apply(-1); err != nil {
@@ -81,7 +84,8 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 		return 0, nil, fmt.Errorf("start: %w", err)
 	}
 	s.envdOnHost.Store(sock)
-	exited := reapChild(pid)
+	exited, kill := reapChild(pid)
+	s.killInit = kill
 	cg := b.cgroupPath(s.id)
 	r.Add(func() {
 		openCgroup(cg).kill()
@@ -93,10 +97,41 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 	return pid, exited, nil
 }
 
+// presetDevices gives CgroupParent, on a cgroup v1 host, the device rules
+// of the sandbox whose cgroup directories are paths, once per backend. A
+// v1 devices cgroup starts with its parent's rules, so that the sandboxes
+// made after it need no write of their own: libcontainer's Set reads the
+// rules, finds them as asked and leaves them, where it wrote a dozen
+// (deny all, then each device allowed), the rules being the same for every
+// sandbox. Should a sandbox ever ask for a device the parent denies, its
+// Set fails (a child cannot allow what its parent denies): loudly, never
+// looser. The kernel refuses to change a parent that has children already
+// (EINVAL: sandboxes adopted from an earlier process, which set its rules
+// then, or others' cgroups under a parent the operator shares): then the
+// parent stays as it is and each sandbox writes its own rules, as before.
+func (b *Backend) presetDevices(paths map[string]string, r *cgroups.Resources) {
+	dev, ok := paths["devices"]
+	if !ok || cgroups.DevicesSetV1 == nil || b.opts.CgroupParent == "/" {
+		return // cgroup v2, or no devices hierarchy
+	}
+	b.devicesOnce.Do(func() {
+		parent := filepath.Dir(dev)
+		err := os.MkdirAll(parent, 0o755)
+		if err == nil {
+			err = cgroups.DevicesSetV1(parent, &cgroups.Resources{Devices: r.Devices})
+		}
+		if err != nil {
+			b.log.Debug("local backend: the sandboxes' device rules stay per sandbox", "cgroup", parent, "err", err)
+		}
+	})
+}
+
 // reapChild returns a channel closed once this process's child pid has
-// exited and been reaped. It waits on a pidfd through Go's poller (no
-// thread per sandbox); the pid stays the child's until the reap.
-func reapChild(pid int) <-chan struct{} {
+// exited and been reaped, and a kill that SIGKILLs it through a pidfd of
+// its own (nil without pidfds): a signal that cannot reach another process
+// after the reap, as one by pid could. It waits on a pidfd through Go's
+// poller (no thread per sandbox); the pid stays the child's until the reap.
+func reapChild(pid int) (<-chan struct{}, func() error) {
 	done := make(chan struct{})
 	reap := func() {
 		var ws unix.WaitStatus
@@ -110,14 +145,41 @@ func reapChild(pid int) <-chan struct{} {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		go reap() // no pidfd: a thread waits
-		return done
+		return done, nil
+	}
+	// The watch closes its pidfd once the child exits; the kill's copy is
+	// closed under mu, so that a kill never uses a number the process has
+	// given to another file since.
+	var mu sync.Mutex
+	sig, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		sig = -1
 	}
 	exited := starter.WatchExit(os.NewFile(uintptr(fd), "pidfd"))
 	go func() {
 		<-exited
+		mu.Lock()
+		if sig >= 0 {
+			unix.Close(sig)
+			sig = -1
+		}
+		mu.Unlock()
 		reap()
 	}()
-	return done
+	if sig < 0 {
+		return done, nil
+	}
+	return done, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if sig < 0 {
+			return nil // exited
+		}
+		if err := unix.PidfdSendSignal(sig, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("kill init: %w", err)
+		}
+		return nil
+	}
 }
 
 // seccompBPF compiles the seccomp profile once: it is the same for every

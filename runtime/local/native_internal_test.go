@@ -1,8 +1,10 @@
 package local
 
 import (
+	"os/exec"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 )
@@ -65,4 +67,50 @@ func TestEnvdOnHost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReapChildKill: the kill reapChild returns ends the child, and once the
+// child is reaped is a no-op (its pidfd copy closed, so it can reach no
+// other process or file).
+func TestReapChildKill(t *testing.T) {
+	wait := func(t *testing.T, done <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the child was not reaped")
+		}
+	}
+	start := func(t *testing.T, args ...string) int {
+		t.Helper()
+		// Started, never waited for through os/exec: reapChild reaps it.
+		cmd := exec.Command(args[0], args[1:]...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd.Process.Pid
+	}
+	t.Run("running", func(t *testing.T) {
+		done, kill := reapChild(start(t, "sleep", "60"))
+		if kill == nil {
+			t.Skip("no pidfd here")
+		}
+		if err := kill(); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, done)
+		if err := kill(); err != nil {
+			t.Errorf("a kill after the reap: %v; want nil", err)
+		}
+	})
+	t.Run("exited", func(t *testing.T) {
+		done, kill := reapChild(start(t, "true"))
+		if kill == nil {
+			t.Skip("no pidfd here")
+		}
+		wait(t, done) // the copy is closed before the reap
+		if err := kill(); err != nil {
+			t.Errorf("a kill after the exit: %v; want nil", err)
+		}
+	})
 }

@@ -69,15 +69,21 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	b.disarmWriters(s, false)
-	// SIGKILL to init kills the whole pid namespace. A sandbox this
-	// process started (exited is set while it runs or is paused in
-	// memory) is killed by its cgroup, which thaws a paused one first:
-	// libcontainer's handle, whose load costs more than the rest of the
-	// kill, is not needed. An adopted one goes through libcontainer.
+	// SIGKILL to init kills the whole pid namespace, and nothing outside
+	// it is in the sandbox's cgroup. A sandbox this process started
+	// (exited is set while it runs or is paused in memory) is killed
+	// through init's pidfd, or by its cgroup, which thaws a paused one
+	// first (a frozen task dies only once thawed) but walks and reads the
+	// cgroup for it: libcontainer's handle, whose load costs more than the
+	// rest of the kill, is not needed. An adopted one goes through
+	// libcontainer. Should anything be left in the cgroup, its removal
+	// kills it (removeKilled).
 	release := func() error { return b.cleanup(id, dir) }
 	if s.exited != nil {
 		cg := openCgroup(b.cgroupPath(id))
-		cg.kill()
+		if s.frozen || s.killInit == nil || s.killInit() != nil {
+			cg.kill()
+		}
 		if err := s.waitExit(); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
@@ -184,14 +190,20 @@ func (b *Backend) cleanup(id, dir string) error {
 	return removeKilled(cg, dir)
 }
 
-// removeKilled is cleanup once the processes of cgroup cg are gone.
+// removeKilled is cleanup once the processes of cgroup cg are gone. A
+// cgroup the kernel refuses to remove at once (a process left in it, or on
+// cgroup v2 child cgroups the sandbox made) is killed, then removed with
+// its children.
 func removeKilled(cg sandboxCgroup, dir string) error {
 	var errs []error
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
-	if err := cg.remove(); err != nil {
-		errs = append(errs, err)
+	if cg.removeEmpty() != nil {
+		cg.kill()
+		if err := cg.remove(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

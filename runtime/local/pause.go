@@ -318,7 +318,7 @@ func (b *Backend) pauseToDisk(ctx context.Context, s *sandbox) error {
 		return fmt.Errorf("save upper layer: %w (%w)", err, runtime.ErrRestarted)
 	}
 	s.meta = m
-	s.exited, s.initPid = nil, 0
+	s.exited, s.initPid, s.killInit = nil, 0, nil
 	b.disarmWriters(s, false)
 	if s.writers != nil {
 		if byPath == nil {
