@@ -209,15 +209,28 @@ func (c sandboxCgroup) remove() error {
 // removeEmpty removes the cgroup's directories where they are empty, one
 // rmdir each, without the retries and the walk of remove: it fails (and
 // leaves the rest) at the first the kernel refuses, with a process or a
-// child cgroup in it. A missing directory is no error.
+// child cgroup in it. The devices hierarchy goes last: kill finds the
+// processes left through it. A missing directory is no error.
 func (c sandboxCgroup) removeEmpty() error {
 	if c.err != nil {
 		return fmt.Errorf("cgroup %s: %w", c.path, c.err)
 	}
-	for _, p := range c.m.GetPaths() {
+	rmdir := func(p string) error {
 		if err := unix.Rmdir(p); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("remove cgroup %s: %w", p, err)
 		}
+		return nil
+	}
+	paths := c.m.GetPaths()
+	for controller, p := range paths {
+		if controller != "devices" {
+			if err := rmdir(p); err != nil {
+				return err
+			}
+		}
+	}
+	if p, ok := paths["devices"]; ok {
+		return rmdir(p)
 	}
 	return nil
 }
