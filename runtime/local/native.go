@@ -155,6 +155,7 @@ func reapChild(pid int) (<-chan struct{}, func() error) {
 	if err != nil {
 		sig = -1
 	}
+	killable := sig >= 0 // sig is the watch's to change from here on, under mu
 	exited := starter.WatchExit(os.NewFile(uintptr(fd), "pidfd"))
 	go func() {
 		<-exited
@@ -166,7 +167,7 @@ func reapChild(pid int) (<-chan struct{}, func() error) {
 		mu.Unlock()
 		reap()
 	}()
-	if sig < 0 {
+	if !killable {
 		return done, nil
 	}
 	return done, func() error {
