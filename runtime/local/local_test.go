@@ -2261,6 +2261,13 @@ func TestCgroupHierarchiesJoined(t *testing.T) {
 	if err := b.Destroy(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
+	assertCgroupsGone(t, env, id)
+}
+
+// assertCgroupsGone fails t if sandbox id has a cgroup directory left in
+// any hierarchy.
+func assertCgroupsGone(t *testing.T, env testEnv, id string) {
+	t.Helper()
 	for _, h := range local.CgroupRoots() {
 		if p := filepath.Join(h, env.cgroupParent, id); exists(p) {
 			t.Errorf("%s is left after the destroy", p)
@@ -2335,11 +2342,7 @@ func TestDestroyKillsEverything(t *testing.T) {
 			t.Errorf("process %s of the sandbox is left: %s", pid, st)
 		}
 	}
-	for _, root := range local.CgroupRoots() {
-		if p := filepath.Join(root, env.cgroupParent, id); exists(p) {
-			t.Errorf("%s is left after the destroy", p)
-		}
-	}
+	assertCgroupsGone(t, env, id)
 }
 
 // TestDeviceRules: on a cgroup v1 host every sandbox's devices cgroup
