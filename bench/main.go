@@ -50,6 +50,7 @@ type Config struct {
 	DensityWorkers int           // concurrent creates while filling
 	MemoryN        int           // idle sandboxes in the memory scenario
 	Burst          int           // concurrent cold creates in the burst scenario
+	BurstRounds    int           // bursts fired, each destroyed before the next; the last is measured
 	Procs          int           // concurrent processes in the procs scenario
 	Budget         time.Duration // time limit of one scenario's measuring loops
 	SDKs           []string
@@ -143,6 +144,7 @@ func run() int {
 	fs.IntVar(&cfg.DensityWorkers, "density-workers", 2, "concurrent creates while filling the density scenario")
 	fs.IntVar(&cfg.MemoryN, "memory-n", 50, "idle sandboxes in the memory scenario")
 	fs.IntVar(&cfg.Burst, "burst", 50, "concurrent cold creates in the burst scenario")
+	fs.IntVar(&cfg.BurstRounds, "burst-rounds", 1, "bursts the burst scenario fires, each destroyed before the next, the last one measured: 2 or more measures a host that has created and destroyed before (what a destroy leaves for the next create, such as the local backend's parked memory cgroups)")
 	fs.IntVar(&cfg.Procs, "procs", 100, "concurrent processes in the procs scenario")
 	fs.DurationVar(&cfg.Budget, "budget", 3*time.Minute, "time limit of one scenario's measuring loop (density gets 4x)")
 	fs.StringVar(&sdks, "sdk", "python,js", "SDKs for the sdk scenario")

@@ -12,6 +12,9 @@
 #
 # PROFILE_BIN=DIR profiles the binaries in DIR (the bench's -bin) instead of
 # bin/: a directory without sandboxd-spawn measures libcontainer's start.
+# PROFILE_ROUNDS=R fires R bursts, each destroyed before the next, and
+# profiles the last (-burst-rounds): a host that has created and destroyed
+# before, whose parked memory cgroups the next creates take.
 #
 # perf counts from the first create to 2.5 s after the last destroy (the
 # bench turns it on and off through perf's control fifos): sandboxd's
@@ -56,7 +59,7 @@ fi
 stacks=
 [[ -n ${PROFILE_COMM:-} || ${PROFILE_KERNEL:-} == 1 ]] && stacks=-g
 perf record -q -a -F "$freq" $stacks "${window[@]}" -o "$out/perf.data" -- \
-  ./bin/bench -scenario burst -burst "$n" ${PROFILE_BIN:+-bin "$PROFILE_BIN"} -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
+  ./bin/bench -scenario burst -burst "$n" -burst-rounds "${PROFILE_ROUNDS:-1}" ${PROFILE_BIN:+-bin "$PROFILE_BIN"} -out "$out/results.json" 2>"$out/bench.err" | grep -E '^\| burst' || true
 perf script -i "$out/perf.data" -F comm 2>/dev/null |
   awk -v n="$n" -v f="$freq" '
     { c=$0; sub(/^ +/, "", c); sub(/ +$/, "", c)

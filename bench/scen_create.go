@@ -232,20 +232,55 @@ func createScenario(ctx context.Context, b *Bench) error {
 
 // burstScenario fires cfg.Burst cold creates at once, with no pool: every
 // one of them is a cold create competing for 2 cores. (The same against a
-// warm pool is part of the warm scenario.)
+// warm pool is part of the warm scenario.) With cfg.BurstRounds > 1 the
+// rounds before the last are fired and destroyed unmeasured.
 func burstScenario(ctx context.Context, b *Bench) error {
 	c := b.cfg.Burst
+	for range b.cfg.BurstRounds - 1 {
+		_, ids, _, _, _ := fireBurst(ctx, b, c, nil)
+		if _, errs := b.h.destroyAll(context.WithoutCancel(ctx), ids, 4); errs > 0 {
+			return fmt.Errorf("burst: %d destroys of an unmeasured round failed", errs)
+		}
+	}
+	pw, err := openPerfWindow()
+	if err != nil {
+		return err
+	}
+	took, ids, errs, wall, err := fireBurst(ctx, b, c, func() error { return pw.send("enable") })
+	if err != nil {
+		return err
+	}
+	r := durDist("burst", fmt.Sprintf("%d concurrent cold creates (no pool), each", c), took, errs)
+	r.Note = fmt.Sprintf("all done in %.0f ms", float64(wall)/float64(time.Millisecond))
+	r.Compare = r.Note
+	b.add(r, value("burst", fmt.Sprintf("%d concurrent cold creates: wall time for all", c), "ms", float64(wall)/float64(time.Millisecond), c))
+	dt, derrs := b.h.destroyAll(context.WithoutCancel(ctx), ids, 4)
+	b.add(durDist("burst", "destroy after the burst (4 at a time)", dt, derrs))
+	if pw != nil {
+		// What a destroy leaves to the background (the veth's release,
+		// the kernel's teardown of the network namespaces) is the
+		// creates' too.
+		time.Sleep(perfSettle)
+	}
+	return pw.send("disable")
+}
+
+// fireBurst fires c cold creates at once, once before (if not nil) has
+// returned nil, and returns each one's time, the ids made, the errors and
+// the time until the last answered; if before fails, nothing is fired.
+func fireBurst(ctx context.Context, b *Bench, c int, before func() error) (took []time.Duration, ids []string, errs int, wall time.Duration, err error) {
 	var (
-		mu   sync.Mutex
-		took []time.Duration
-		ids  []string
-		errs int
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		abort bool
 	)
 	start := make(chan struct{})
 	for range c {
 		wg.Go(func() {
 			<-start
+			if abort {
+				return
+			}
 			t0 := time.Now()
 			sb, err := b.h.create(ctx, true)
 			d := time.Since(t0)
@@ -260,30 +295,18 @@ func burstScenario(ctx context.Context, b *Bench) error {
 			ids = append(ids, sb.ID)
 		})
 	}
-	pw, err := openPerfWindow()
-	if err != nil {
-		return err
-	}
-	if err := pw.send("enable"); err != nil {
-		return err
+	if before != nil {
+		if err = before(); err != nil {
+			abort = true // before close: the creates see it
+			close(start)
+			wg.Wait()
+			return nil, nil, 0, 0, err
+		}
 	}
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
-	wall := time.Since(t0)
-	r := durDist("burst", fmt.Sprintf("%d concurrent cold creates (no pool), each", c), took, errs)
-	r.Note = fmt.Sprintf("all done in %.0f ms", float64(wall)/float64(time.Millisecond))
-	r.Compare = r.Note
-	b.add(r, value("burst", fmt.Sprintf("%d concurrent cold creates: wall time for all", c), "ms", float64(wall)/float64(time.Millisecond), c))
-	dt, derrs := b.h.destroyAll(context.WithoutCancel(ctx), ids, 4)
-	b.add(durDist("burst", "destroy after the burst (4 at a time)", dt, derrs))
-	if pw != nil {
-		// What a destroy leaves to the background (the veth's release,
-		// the kernel's teardown of the network namespaces) is the
-		// creates' too.
-		time.Sleep(perfSettle)
-	}
-	return pw.send("disable")
+	return took, ids, errs, time.Since(t0), nil
 }
 
 // perfSettle is how long the burst's perf window stays open after the last

@@ -163,6 +163,14 @@ func openCgroup(path string) sandboxCgroup {
 	return sandboxCgroup{path: path, m: m, err: err}
 }
 
+// dir is the cgroup's directory in controller's v1 hierarchy, "" if none.
+func (c sandboxCgroup) dir(controller string) string {
+	if c.err != nil {
+		return ""
+	}
+	return c.m.GetPaths()[controller]
+}
+
 // kill SIGKILLs every process in the cgroup, thawing it first (a frozen
 // task takes no signal), and waits briefly for them to go. It is for
 // cleanup after a crash, when init may be gone but not its children (they

@@ -43,6 +43,8 @@ func TestCgroupManagerPaths(t *testing.T) {
 // on this host's layout: the tasks, the pids limit ("max" as 0), CPU time
 // and memory.
 func TestCgroupUsage(t *testing.T) {
+	// Last, after each cgroup's Destroy: the parent they were made in.
+	t.Cleanup(func() { removeEmptyCgroup("/sandboxd-test-usage") })
 	for _, limit := range []int64{42, -1} {
 		path := fmt.Sprintf("/sandboxd-test-usage/%d-%d", os.Getpid(), limit+1)
 		m, err := cgroupManagerFor(&cgroups.Cgroup{Path: path, Resources: &cgroups.Resources{PidsLimit: &limit}})

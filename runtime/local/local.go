@@ -249,6 +249,9 @@ type Backend struct {
 	// spawnNS is the mount namespace sandboxd-spawn clones sandboxes from
 	// (newSpawnMountNS); nil: sandboxd's own.
 	spawnNS *os.File
+	// memcgs are the memory cgroups of destroyed sandboxes kept for the
+	// next creates.
+	memcgs *memcgSpares
 	// devicesOnce: CgroupParent's device rules are set at the first start
 	// through sandboxd-spawn (presetDevices).
 	devicesOnce sync.Once
@@ -504,6 +507,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	// accounts swap: v1 with memsw files, or v2 (memory.swap.max).
 	_, err = os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
 	b.swap = err == nil || cgroups.IsCgroup2UnifiedMode()
+	b.memcgs = newMemcgSpares(opts.CgroupParent)
 	if !b.seccomp {
 		b.log.Warn("local backend built without -tags seccomp: sandboxes run without a seccomp " +
 			"profile and can create user namespaces (and mount inside them)")
@@ -707,6 +711,7 @@ func (b *Backend) Close() error {
 	if err := unmountEnvdCopy(b.envdCopyDir()); err != nil {
 		b.log.Warn("local backend: close", "err", err)
 	}
+	b.memcgs.close()
 	if b.opts.CgroupParent != "/" {
 		removeEmptyCgroup(b.opts.CgroupParent)
 	}

@@ -2275,6 +2275,123 @@ func assertCgroupsGone(t *testing.T, env testEnv, id string) {
 	}
 }
 
+// TestMemoryCgroupRecycled: on a cgroup v1 memory hierarchy a destroyed
+// sandbox's memory cgroup is parked (renamed within the parent) and the
+// next create takes it: the same directory, the new sandbox's limit, its
+// high-water mark reset. A cgroup parked by a process that crashed is
+// adopted by the next backend, and Close removes what is parked.
+func TestMemoryCgroupRecycled(t *testing.T) {
+	if cgroups.IsCgroup2UnifiedMode() || !exists("/sys/fs/cgroup/memory/memory.limit_in_bytes") {
+		t.Skip("no cgroup v1 memory hierarchy: memory cgroups are made and removed")
+	}
+	env := newEnv(t)
+	parent := filepath.Join("/sys/fs/cgroup/memory", env.cgroupParent)
+	spares := func() []string {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(parent, ".memcg-spare-*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	ino := func(p string) uint64 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	read := func(id, file string) uint64 {
+		t.Helper()
+		raw, err := os.ReadFile(filepath.Join(parent, id, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	b := env.open(t)
+	a := mustCreate(t, b, runtime.Spec{MemoryMB: 256, DiskSizeMB: 64})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), a) })
+	// 48 MiB in /dev/shm, a tmpfs charged to the sandbox: a high-water
+	// mark no fresh sandbox reaches.
+	if res, err := runtimetest.Exec(t.Context(), b, a, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/dev/shm/x bs=1M count=48 2>/dev/null"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("fill /dev/shm: %v, %v", res, err)
+	}
+	const peak = 48 << 20
+	if got := read(a, "memory.max_usage_in_bytes"); got < peak {
+		t.Fatalf("sandbox a's high-water mark %d; want ≥ %d", got, peak)
+	}
+	aIno := ino(filepath.Join(parent, a))
+	if err := b.Destroy(t.Context(), a); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if exists(filepath.Join(parent, a)) {
+		t.Errorf("sandbox a's memory cgroup is left under its name")
+	}
+	parked := spares()
+	if len(parked) != 1 || ino(parked[0]) != aIno {
+		t.Fatalf("parked after the destroy: %q; want a's cgroup (inode %d)", parked, aIno)
+	}
+
+	c := mustCreate(t, b, runtime.Spec{MemoryMB: 128, DiskSizeMB: 32})
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), c) })
+	if got := ino(filepath.Join(parent, c)); got != aIno {
+		t.Errorf("sandbox c's memory cgroup has inode %d; want a's parked one, %d", got, aIno)
+	}
+	if got := spares(); len(got) != 0 {
+		t.Errorf("parked after the create: %q; want none", got)
+	}
+	if got, want := read(c, "memory.limit_in_bytes"), uint64(128+32)<<20; got != want {
+		t.Errorf("sandbox c's memory limit %d; want %d", got, want)
+	}
+	if got := read(c, "memory.max_usage_in_bytes"); got >= peak {
+		t.Errorf("sandbox c's high-water mark %d: a's (≥ %d) was not reset", got, peak)
+	}
+	if got := read(c, "memory.failcnt"); got != 0 {
+		t.Errorf("sandbox c's failure count %d; want 0", got)
+	}
+	if res, err := runtimetest.Exec(t.Context(), b, c, "user", "/bin/true"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec in sandbox c: %v, %v", res, err)
+	}
+	if err := b.Destroy(t.Context(), c); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+
+	// As after a crash: the parked cgroup stays, and a backend that never
+	// parked one takes it over.
+	if got := spares(); len(got) != 1 {
+		t.Fatalf("parked: %q; want one", got)
+	}
+	cIno := ino(spares()[0])
+	b2 := env.open(t)
+	d := mustCreate(t, b2, runtime.Spec{})
+	t.Cleanup(func() { _ = b2.Destroy(context.Background(), d) })
+	if got := ino(filepath.Join(parent, d)); got != cIno {
+		t.Errorf("the next backend's sandbox has memory cgroup inode %d; want the one parked before, %d", got, cIno)
+	}
+	if err := b2.Destroy(t.Context(), d); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if got := spares(); len(got) != 1 {
+		t.Fatalf("parked: %q; want one", got)
+	}
+	if err := b2.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if got := spares(); len(got) != 0 {
+		t.Errorf("Close left %q", got)
+	}
+	if exists(parent) {
+		t.Errorf("Close left the cgroup parent %s", parent)
+	}
+}
+
 // TestDestroyKillsEverything: a destroy kills what the sandbox runs in its
 // own session (init's pid namespace goes whole), and also a process that
 // joined the sandbox's cgroup from outside that namespace, which init's

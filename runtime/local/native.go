@@ -66,6 +66,9 @@ func (b *Backend) spawnNative(ctx context.Context, s *sandbox, cfg *configs.Conf
 		defer listener.Close()
 	}
 	b.presetDevices(paths, cfg.Cgroups.Resources)
+	if dir, ok := paths["memory"]; ok {
+		b.memcgs.take(dir) // else Apply makes it
+	}
 	// As libcontainer's start: the directories, then the limits, before
 	// the init runs anything of its own.
 	if err := m.Apply(-1); err != nil {

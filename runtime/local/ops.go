@@ -87,7 +87,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		if err := s.waitExit(); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
-		release = func() error { return removeKilled(cg, dir) } // nothing left to kill
+		release = func() error { return b.removeKilled(cg, dir) } // nothing left to kill
 	} else {
 		switch ctr, err := s.container(); {
 		case err != nil:
@@ -187,17 +187,21 @@ func (s *sandbox) waitExit() error {
 func (b *Backend) cleanup(id, dir string) error {
 	cg := openCgroup(b.cgroupPath(id))
 	cg.kill()
-	return removeKilled(cg, dir)
+	return b.removeKilled(cg, dir)
 }
 
-// removeKilled is cleanup once the processes of cgroup cg are gone. A
-// cgroup the kernel refuses to remove at once (a process left in it, or on
-// cgroup v2 child cgroups the sandbox made) is killed, then removed with
+// removeKilled is cleanup once the processes of cgroup cg are gone. Its
+// memory cgroup is parked for a later create where it may be (memcgSpares).
+// A cgroup the kernel refuses to remove at once (a process left in it, or
+// on cgroup v2 child cgroups the sandbox made) is killed, then removed with
 // its children.
-func removeKilled(cg sandboxCgroup, dir string) error {
+func (b *Backend) removeKilled(cg sandboxCgroup, dir string) error {
 	var errs []error
 	if err := removeDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	if p := cg.dir("memory"); p != "" {
+		b.memcgs.park(p) // after removeDir: the disk's pages are uncharged
 	}
 	if cg.removeEmpty() != nil {
 		cg.kill()
