@@ -135,7 +135,7 @@ cgroup_skip='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isola
 # to test (tmpfs idmapping needs 6.3). The error paths, the starter's and
 # the template resources' tests repeat the hybrid host's: left out, they
 # give the v2 guest, the longest stage of make test, the second core sooner.
-cgroup_run_v1='^(TestConformance|TestRestart|TestRecovery|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestPauseToDiskNoRoom|TestCgroupHierarchiesJoined|TestDestroyKillsEverything|TestDeviceRules|TestMemoryCgroupRecycled)$'
+cgroup_run_v1='^(TestConformance|TestRestart|TestRecovery|TestCgroupDelegation|TestReconcileNestedStrayCgroup|TestForkBomb|TestPauseToDiskNoRoom|TestCgroupHierarchiesJoined|TestDestroyKillsEverything|TestDeviceRules|TestMemoryCgroupRecycled|TestMemcgSpares)$'
 cgroup_skip_v1='^TestConformance$/./^(CreateErrors|DestroyTwice|List|DialPort|Isolation|Exec|Fork|Concurrency|CreateCancelled|CreateEnvdInit)$'
 case ${SANDBOXD_VM_TESTS:-cgroup} in
 cgroup)
