@@ -18,9 +18,9 @@ import (
 // creates, on a host whose memory controller is on cgroup v1. A memory
 // cgroup is the dearest directory a create makes: making and removing one
 // costs about 2 ms of CPU (benchmarks notebook, N17), most of it after the
-// rmdir, in the kernel's workers that take it offline, move its pages to
-// the parent and free its per-CPU statistics; a sandbox's other cgroups
-// cost 35-50 µs each. Renaming one within its parent, which cgroup v1
+// rmdir, in the kernel's workers that take it offline (its pages, list
+// LRUs and shrinker counts moved to the parent) and free it; a sandbox's
+// other cgroups cost 35-50 µs each. Renaming one within its parent, which cgroup v1
 // allows (cgroup v2 does not rename), costs microseconds.
 //
 // What a parked cgroup carries over, and why that is safe to hand to
