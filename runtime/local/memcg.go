@@ -104,14 +104,23 @@ func (m *memcgSpares) adopt() {
 	}
 }
 
-// take renames a parked cgroup to dir, the memory cgroup of a sandbox about
-// to start (a child of parent), and resets its high-water marks. It
-// reports whether it did; if not, the start makes dir as before.
-func (m *memcgSpares) take(dir string) bool {
+// holds reports whether dir is a child of the parent whose cgroups m
+// parks (never when off), having adopted an earlier process's first.
+func (m *memcgSpares) holds(dir string) bool {
 	if m == nil || m.parent == "" || filepath.Dir(dir) != m.parent {
 		return false
 	}
 	m.once.Do(m.adopt)
+	return true
+}
+
+// take renames a parked cgroup to dir, the memory cgroup of a sandbox about
+// to start (a child of parent), and resets its high-water marks. It
+// reports whether it did; if not, the start makes dir as before.
+func (m *memcgSpares) take(dir string) bool {
+	if !m.holds(dir) {
+		return false
+	}
 	for {
 		m.mu.Lock()
 		n := len(m.names)
@@ -142,10 +151,9 @@ func (m *memcgSpares) take(dir string) bool {
 // if there is room and parkable allows. It reports whether it did; if not,
 // the caller removes dir as before.
 func (m *memcgSpares) park(dir string) bool {
-	if m == nil || m.parent == "" || filepath.Dir(dir) != m.parent {
+	if !m.holds(dir) {
 		return false
 	}
-	m.once.Do(m.adopt)
 	m.mu.Lock()
 	if len(m.names) >= m.max {
 		m.mu.Unlock()
