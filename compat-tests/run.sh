@@ -65,6 +65,7 @@
 #   COMPAT_SANDBOXD=PATH      sandboxd binary (default bin/sandboxd)
 #   COMPAT_JS_TESTS="a b"     JS test files to run, relative to js/test
 #                             (default: all *.test.mjs)
+#   COMPAT_JS_SKIP="a b"      JS test files to leave out of those
 #   COMPAT_PY_ARGS="..."      extra pytest arguments, e.g. "-k watch -x"
 #   COMPAT_SERVE_ARGS="..."   more flags for sandboxd serve, e.g.
 #                             --code-interpreter=off where no test needs it
@@ -251,6 +252,12 @@ run_js() { # run_js MODE
   local js_files=("$dir"/test/*.test.mjs)
   js_files=("${js_files[@]#"$dir/"}")
   if [[ -n ${COMPAT_JS_TESTS:-} ]]; then read -ra js_files <<<"$(printf 'test/%s ' $COMPAT_JS_TESTS)"; fi
+  local skip file kept=()
+  for file in "${js_files[@]}"; do
+    for skip in ${COMPAT_JS_SKIP:-}; do [[ $file == "test/$skip" ]] && continue 2; done
+    kept+=("$file")
+  done
+  js_files=("${kept[@]}")
   # The code-interpreter file runs last, in a runner of its own: the wait
   # for the template sandboxd builds at start (pip from PyPI, Deno from npm;
   # 60-110 s in CI) overlaps the other files instead of preceding them. A
